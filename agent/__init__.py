@@ -1,0 +1,43 @@
+"""trainvitals: live training-health monitoring for TensorFlow/Keras.
+
+``import trainvitals`` is light: TensorFlow and Keras load only when the Keras callback is
+first touched, and the server's web stack is never imported here.
+
+Example:
+    ```python
+    import trainvitals
+
+    model.fit(x, y, epochs=5, callbacks=[trainvitals.VitalsCallback(project="mnist")])
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainvitals.config import AgentConfig, resolve
+from trainvitals.exceptions import ConfigurationError, TrainvitalsError
+from trainvitals.run import Run
+
+if TYPE_CHECKING:
+    from trainvitals.keras_callback import VitalsCallback
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentConfig",
+    "ConfigurationError",
+    "Run",
+    "TrainvitalsError",
+    "VitalsCallback",
+    "__version__",
+    "resolve",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "VitalsCallback":
+        from trainvitals.keras_callback import VitalsCallback
+
+        return VitalsCallback
+    raise AttributeError(f"module 'trainvitals' has no attribute {name!r}")

@@ -1,0 +1,62 @@
+"""The hand-off between the training thread (which records) and the sender thread (which sends)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from trainvitals.protocol import MAX_POINTS_PER_FRAME, POINTS, PROTOCOL_VERSION
+
+#: (series name, step, unix time, value)
+Point = tuple[str, int, float, float]
+
+
+class PointBuffer:
+    """Points recorded by the training thread, waiting for the sender thread.
+
+    ``add`` is the only call on the training path: one lock and a list append per value.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._points: list[Point] = []
+
+    def add(self, step: int, time: float, values: Mapping[str, float]) -> None:
+        with self._lock:
+            self._points.extend((name, step, time, value) for name, value in values.items())
+
+    def drain(self) -> list[Point]:
+        with self._lock:
+            points, self._points = self._points, []
+        return points
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+
+def points_frames(points: list[Point], first_seq: int) -> list[dict[str, Any]]:
+    """Pack points into ``points`` frames, columnar per series, at most MAX_POINTS_PER_FRAME each."""
+    frames = []
+    for start in range(0, len(points), MAX_POINTS_PER_FRAME):
+        frames.append(
+            {
+                "type": POINTS,
+                "v": PROTOCOL_VERSION,
+                "seq": first_seq + len(frames),
+                "series": _columns(points[start : start + MAX_POINTS_PER_FRAME]),
+            }
+        )
+    return frames
+
+
+def _columns(points: Iterable[Point]) -> dict[str, dict[str, list[Any]]]:
+    series: dict[str, dict[str, list[Any]]] = {}
+    for name, step, time, value in points:
+        columns = series.get(name)
+        if columns is None:
+            columns = series[name] = {"step": [], "time": [], "value": []}
+        columns["step"].append(step)
+        columns["time"].append(time)
+        columns["value"].append(value)
+    return series

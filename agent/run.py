@@ -1,0 +1,160 @@
+"""A run: the link between one training process and the server.
+
+:class:`Run` is what :class:`~trainvitals.VitalsCallback` (and custom loops) record into.
+It owns the point buffer and the sender thread, and makes sure the server hears how the
+run ended, even when the script dies of an uncaught exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+import weakref
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from trainvitals import environment
+from trainvitals.buffer import PointBuffer
+from trainvitals.config import AgentConfig
+from trainvitals.protocol import END_COMPLETED, END_EXCEPTION, HELLO, PROTOCOL_VERSION
+from trainvitals.transport import Sender
+
+log = logging.getLogger("trainvitals")
+
+#: How long ``finish`` waits for the server to acknowledge the last frames.
+FLUSH_TIMEOUT = 10.0
+#: ... and how long when the server is known to be unreachable.
+UNREACHABLE_FLUSH_TIMEOUT = 2.0
+
+
+class Run:
+    """One training run streaming to a trainvitals server.
+
+    Args:
+        config: where to send and what to call the run (see :func:`trainvitals.config.resolve`).
+
+    Example:
+        >>> run = Run(resolve(project="mnist"))          # doctest: +SKIP
+        >>> run.start()
+        >>> run.log(step=1, values={"loss": 0.7})
+        >>> run.finish()
+    """
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.id = uuid.uuid4().hex
+        self.started_at = time.time()
+        self._buffer = PointBuffer()
+        self._sender: Sender | None = None
+        self._finished = False
+        self._lock = threading.Lock()
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "type": HELLO,
+            "v": PROTOCOL_VERSION,
+            "run_id": self.id,
+            "project": self.config.project,
+            "name": self.config.run_name,
+            "config": _jsonable(self.config.config),
+            "host": environment.host(),
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "env": environment.describe(),
+        }
+
+    def start(self) -> None:
+        """Start the sender thread. Returns at once, whether or not the server is up."""
+        self._sender = Sender(
+            self.config.ingest_url,
+            self.hello(),
+            self._buffer,
+            flush_interval=self.config.flush_interval,
+            token=self.config.token,
+        )
+        self._sender.start()
+        _install_exit_hooks()
+        _open_runs.add(self)
+
+    def log(self, step: int, values: Mapping[str, float], time_: float | None = None) -> None:
+        """Record ``values`` at ``step``: cheap, never blocks on the network."""
+        self._buffer.add(step, time.time() if time_ is None else time_, values)
+
+    def finish(
+        self,
+        reason: str = END_COMPLETED,
+        traceback_text: str | None = None,
+        timeout: float = FLUSH_TIMEOUT,
+    ) -> bool:
+        """Send what is left and how the run ended; wait up to ``timeout`` s for the server.
+
+        Returns whether the server acknowledged everything. Calling it twice is harmless.
+        """
+        with self._lock:
+            if self._finished or self._sender is None:
+                return True
+            self._finished = True
+        _open_runs.discard(self)
+        end: dict[str, Any] = {"reason": reason, "time": time.time()}
+        if traceback_text:
+            end["traceback"] = traceback_text
+        if not self._sender.connected:
+            # The server is away: don't hold the end of training hostage to it.
+            timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
+        delivered = self._sender.close(end, timeout)
+        if not delivered:
+            log.warning(
+                "trainvitals: %d frames of run %r not acknowledged by %s after %.0f s",
+                self._sender.unacknowledged, self.config.run_name, self.config.server, timeout,
+            )
+        return delivered
+
+
+def _jsonable(value: Any) -> Any:
+    """Hyper-parameters as JSON: containers kept, anything else by its ``str``."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+# -- runs that the script leaves open -------------------------------------------------------
+# An uncaught exception skips Keras's on_train_end. The interpreter calls sys.excepthook
+# before atexit handlers, so the hook keeps the traceback and the atexit handler reports it.
+
+_open_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+_uncaught: list[str] = []
+_hooks_installed = False
+
+
+def _install_exit_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    previous = sys.excepthook
+
+    def excepthook(
+        kind: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        _uncaught.append("".join(traceback.format_exception(kind, value, tb)))
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(_finish_open_runs)
+
+
+def _finish_open_runs() -> None:
+    reason, text = (END_EXCEPTION, _uncaught[-1]) if _uncaught else ("exited", None)
+    for run in list(_open_runs):
+        run.finish(reason, text, timeout=5.0)

@@ -1,0 +1,53 @@
+"""Build the FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from trainvitals import __version__
+from trainvitals.server.deps import AppState
+from trainvitals.server.live import Hub
+from trainvitals.server.routes import api, streams, web
+from trainvitals.server.settings import Settings
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The trainvitals server as an ASGI app.
+
+    Example:
+        ```python
+        import uvicorn
+        from trainvitals.server import Settings, create_app
+
+        uvicorn.run(create_app(Settings(db="runs.db")), port=8600)
+        ```
+    """
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = Store(settings.db)
+        store.create_schema()
+        writer = Writer(store)
+        hub = Hub(settings.live_queue_size, settings.runs_push_interval)
+        hub.start()
+        app.state.trainvitals = AppState(settings=settings, store=store, writer=writer, hub=hub)
+        try:
+            yield
+        finally:
+            await hub.stop()
+            writer.close()
+            store.dispose()
+
+    app = FastAPI(title="trainvitals", version=__version__, lifespan=lifespan)
+    app.include_router(api.router)
+    app.include_router(streams.router)
+    app.include_router(web.router)
+    app.mount("/static", StaticFiles(directory=web.WEB_DIR), name="static")
+    return app

@@ -1,0 +1,120 @@
+"""The server side of one agent connection: frames in, stored, acknowledged, published.
+
+Sans-I/O apart from the awaits on the writer: the websocket route feeds text frames to
+:meth:`IngestSession.handle` and sends back whatever reply it returns, or closes the
+connection with the code of the :class:`IngestRejected` it raises.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from functools import partial
+from typing import Any
+
+from trainvitals.protocol import (
+    ACK,
+    CLOSE_INVALID_PAYLOAD,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_TOO_BIG,
+    END_COMPLETED,
+    PROTOCOL_VERSION,
+    WELCOME,
+)
+from trainvitals.server.live import Hub
+from trainvitals.server.schemas import End, FrameError, Hello, Points, parse_frame
+from trainvitals.server.storage import RUN_FIELDS, RunEnd, Store
+from trainvitals.server.writer import Writer
+
+
+class IngestRejected(Exception):
+    """Close the connection with ``code`` and ``reason``; other runs carry on."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(f"{code}: {reason}")
+        self.code = code
+        self.reason = reason
+
+
+class IngestSession:
+    """State of one agent connection: which run it speaks for and how far it got."""
+
+    def __init__(self, store: Store, writer: Writer, hub: Hub, max_frame_bytes: int) -> None:
+        self._store = store
+        self._writer = writer
+        self._hub = hub
+        self._max_frame_bytes = max_frame_bytes
+        self.run: dict[str, Any] | None = None  # the run's summary as browsers see it
+        self._last_seq = 0
+
+    async def handle(self, text: str) -> str:
+        """Process one text frame; returns the reply to send."""
+        size = len(text.encode())
+        if size > self._max_frame_bytes:
+            raise IngestRejected(
+                CLOSE_TOO_BIG, f"frame of {size} bytes exceeds the {self._max_frame_bytes}-byte limit"
+            )
+        try:
+            frame = parse_frame(text)
+        except FrameError as exc:
+            raise IngestRejected(CLOSE_INVALID_PAYLOAD, str(exc)) from None
+        if isinstance(frame, Hello):
+            return await self._hello(frame)
+        if self.run is None:
+            raise IngestRejected(
+                CLOSE_POLICY_VIOLATION, f"expected a 'hello' frame first, got {frame.type!r}"
+            )
+        if frame.seq <= self._last_seq:  # a replay of something already stored
+            return _ack(frame.seq)
+        if isinstance(frame, Points):
+            return await self._points(frame)
+        return await self._end(frame)
+
+    async def _hello(self, hello: Hello) -> str:
+        if self.run is not None:
+            raise IngestRejected(CLOSE_POLICY_VIOLATION, "a connection speaks for one run only")
+        row = await self._writer.submit(
+            partial(self._store.open_run, hello=hello.model_dump(), now=time.time())
+        )
+        self._last_seq = int(row["last_seq"])
+        self.run = {field: row[field] for field in RUN_FIELDS}
+        self._hub.run_changed(dict(self.run))
+        return json.dumps(
+            {"type": WELCOME, "v": PROTOCOL_VERSION, "run_id": hello.run_id, "last_seq": self._last_seq}
+        )
+
+    async def _points(self, frame: Points) -> str:
+        assert self.run is not None
+        run_id = self.run["id"]
+        columns = {name: (c.step, c.time, c.value) for name, c in frame.series.items()}
+        now = time.time()
+        last_step = await self._writer.submit(
+            partial(self._store.add_points, run_id=run_id, seq=frame.seq, points=columns, now=now)
+        )
+        self._last_seq = frame.seq
+        self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
+        if last_step is not None and (self.run["last_step"] or 0) < last_step:
+            self.run["last_step"] = last_step
+        self.run["last_seen"] = now
+        self._hub.run_changed(dict(self.run))
+        return _ack(frame.seq)
+
+    async def _end(self, frame: End) -> str:
+        assert self.run is not None
+        end = RunEnd(
+            status="finished" if frame.reason == END_COMPLETED else "crashed",
+            reason=frame.reason,
+            ended_at=frame.time,
+            traceback=frame.traceback,
+        )
+        await self._writer.submit(
+            partial(self._store.end_run, run_id=self.run["id"], seq=frame.seq, end=end)
+        )
+        self._last_seq = frame.seq
+        self.run.update(status=end.status, end_reason=end.reason, ended_at=end.ended_at)
+        self._hub.run_changed(dict(self.run))
+        return _ack(frame.seq)
+
+
+def _ack(seq: int) -> str:
+    return json.dumps({"type": ACK, "seq": seq})

@@ -1,0 +1,104 @@
+"""Fan-out of live updates to browsers connected to ``WS /api/v1/live``.
+
+Ingest never waits on a browser: each browser has a bounded queue drained by its own task,
+and a browser that falls that far behind is disconnected (1013) and reloads from the API.
+Run-list changes are coalesced and pushed every ``runs_push_interval`` seconds; points go
+at once, and only to the browsers that subscribed to that run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+class Subscriber:
+    """One browser connection's outbox and subscriptions."""
+
+    def __init__(self, queue_size: int) -> None:
+        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        self.runs: set[str] = set()
+        self.overflowed = asyncio.Event()
+
+    def offer(self, message: str) -> None:
+        try:
+            self.queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self.overflowed.set()
+
+
+class Hub:
+    """Routes run and point updates to subscribed browsers."""
+
+    def __init__(self, queue_size: int = 2000, runs_push_interval: float = 0.5) -> None:
+        self._subscribers: set[Subscriber] = set()
+        self._queue_size = queue_size
+        self._interval = runs_push_interval
+        self._dirty_runs: dict[str, dict[str, Any]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._push_runs_forever(), name="trainvitals-live-runs")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def subscribe(self) -> Subscriber:
+        subscriber = Subscriber(self._queue_size)
+        self._subscribers.add(subscriber)
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.discard(subscriber)
+
+    def watching(self, run_id: str) -> bool:
+        return any(run_id in s.runs for s in self._subscribers)
+
+    def run_changed(self, run: dict[str, Any]) -> None:
+        """Queue a run summary for the next coalesced push to every browser."""
+        self._dirty_runs[run["id"]] = run
+
+    def points(
+        self, run_id: str, series: Iterable[tuple[str, Sequence[int], Sequence[float], Sequence[float]]]
+    ) -> None:
+        """Push new points of ``run_id`` to the browsers that watch it."""
+        watchers = [s for s in self._subscribers if run_id in s.runs]
+        if not watchers:
+            return
+        message = json.dumps(
+            {
+                "type": "points",
+                "run_id": run_id,
+                "series": {
+                    name: {"step": list(steps), "time": list(times), "value": finite_or_none(values)}
+                    for name, steps, times, values in series
+                },
+            }
+        )
+        for subscriber in watchers:
+            subscriber.offer(message)
+
+    async def _push_runs_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            self.flush_runs()
+
+    def flush_runs(self) -> None:
+        if not self._dirty_runs:
+            return
+        message = json.dumps({"type": "runs", "runs": list(self._dirty_runs.values())})
+        self._dirty_runs = {}
+        for subscriber in self._subscribers:
+            subscriber.offer(message)
+
+
+def finite_or_none(values: Iterable[float]) -> list[float | None]:
+    """JSON has no NaN/Infinity: browsers get null, which plotly draws as a gap."""
+    return [v if math.isfinite(v) else None for v in values]

@@ -1,0 +1,271 @@
+"""Storage of runs and their series, on SQLite or PostgreSQL through SQLAlchemy Core.
+
+Points are stored for volume: each agent frame becomes one row per series holding that
+frame's points as packed arrays (int64 steps, float64 times and values). Reading a
+million-point series is then a few thousand rows and one ``numpy.concatenate``, and the
+primary key ``(run_id, series, seq)`` makes replayed frames harmless (insert-or-ignore).
+
+All methods are synchronous. Writes run on the :class:`~trainvitals.server.writer.Writer`
+thread, reads in FastAPI's thread pool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.sql.dml import Insert
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("project", String(200), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float),
+    Column("last_step", BigInteger),
+    Column("last_seen", Float, nullable=False),
+    Column("last_seq", BigInteger, nullable=False, default=0),
+    Column("host", String(255), nullable=False, default=""),
+    Column("pid", Integer, nullable=False, default=0),
+    Column("end_reason", String(200)),
+    Column("traceback", Text),
+    Column("config", Text, nullable=False, default="{}"),
+    Column("env", Text, nullable=False, default="{}"),
+    Index("ix_runs_started_at", "started_at"),
+)
+
+series = Table(
+    "series",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("name", String(256), primary_key=True),
+)
+
+chunks = Table(
+    "chunks",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("series", String(256), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("n", Integer, nullable=False),
+    Column("steps", LargeBinary, nullable=False),
+    Column("times", LargeBinary, nullable=False),
+    Column("vals", LargeBinary, nullable=False),
+)
+
+RUN_FIELDS = (
+    "id", "project", "name", "status", "started_at", "ended_at", "last_step", "last_seen",
+    "host", "pid", "end_reason",
+)  # fmt: skip
+
+#: Column arrays of one series: (steps, times, values).
+SeriesData = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
+#: One frame's points: series name -> (steps, times, values) as Python sequences.
+FramePoints = Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]]
+
+
+class StorageError(Exception):
+    """The database is unusable: a bad URL or an unreachable server."""
+
+
+def database_url(db: str) -> str:
+    """Accept a plain file path, ``sqlite:///path`` or ``postgresql://...``."""
+    if "://" not in db:
+        return "sqlite:///" + os.path.abspath(db)
+    url = make_url(db)
+    if url.drivername in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    if url.get_backend_name() not in ("sqlite", "postgresql"):
+        raise StorageError(f"Expected a SQLite path or a postgresql:// URL, but got {db!r}")
+    return db
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    status: str
+    reason: str
+    ended_at: float
+    traceback: str | None
+
+
+class Store:
+    """Runs and series in one database. ``Store("runs.db")`` or ``Store("postgresql://...")``."""
+
+    def __init__(self, db: str) -> None:
+        self.url = database_url(db)
+        self.engine: Engine = create_engine(self.url, pool_pre_ping=True)
+        self.dialect = self.engine.dialect.name
+        if self.dialect == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+
+    def create_schema(self) -> None:
+        metadata.create_all(self.engine)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def _insert_ignore(self, table: Table) -> Insert:
+        dialect_insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        return dialect_insert(table).on_conflict_do_nothing()
+
+    # -- writes (writer thread) --------------------------------------------------------------
+
+    def open_run(self, conn: Connection, hello: Mapping[str, Any], now: float) -> dict[str, Any]:
+        """Create the run if new; a reconnecting run keeps its state. Returns the run row."""
+        conn.execute(
+            self._insert_ignore(runs).values(
+                id=hello["run_id"],
+                project=hello["project"],
+                name=hello["name"],
+                status="running",
+                started_at=hello["started_at"],
+                last_seen=now,
+                last_seq=0,
+                host=hello["host"],
+                pid=hello["pid"],
+                config=json.dumps(hello["config"]),
+                env=json.dumps(hello["env"]),
+            )
+        )
+        row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
+        return dict(row)
+
+    def add_points(
+        self, conn: Connection, run_id: str, seq: int, points: FramePoints, now: float
+    ) -> int | None:
+        """Store one frame's points; returns the highest step in it (None when empty)."""
+        rows = []
+        last_step: int | None = None
+        for name, (steps, times, values) in points.items():
+            step_array = np.asarray(steps, dtype=np.int64)
+            if step_array.size == 0:
+                continue
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "series": name,
+                    "seq": seq,
+                    "n": int(step_array.size),
+                    "steps": step_array.tobytes(),
+                    "times": np.asarray(times, dtype=np.float64).tobytes(),
+                    "vals": np.asarray(values, dtype=np.float64).tobytes(),
+                }
+            )
+            top = int(step_array.max())
+            last_step = top if last_step is None else max(last_step, top)
+        if rows:
+            conn.execute(self._insert_ignore(chunks), rows)
+            conn.execute(
+                self._insert_ignore(series), [{"run_id": run_id, "name": r["series"]} for r in rows]
+            )
+        values: dict[str, Any] = {"last_seq": seq, "last_seen": now}
+        if last_step is not None:
+            larger = func.greatest if self.dialect == "postgresql" else func.max
+            values["last_step"] = larger(func.coalesce(runs.c.last_step, last_step), last_step)
+        conn.execute(
+            update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(**values)
+        )
+        return last_step
+
+    def end_run(self, conn: Connection, run_id: str, seq: int, end: RunEnd) -> None:
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.last_seq < seq)
+            .values(
+                last_seq=seq,
+                last_seen=end.ended_at,
+                status=end.status,
+                end_reason=end.reason,
+                ended_at=end.ended_at,
+                traceback=end.traceback,
+            )
+        )
+
+    # -- reads (thread pool) -----------------------------------------------------------------
+
+    def list_runs(self, limit: int = 500, project: str | None = None) -> list[dict[str, Any]]:
+        query = select(*(runs.c[f] for f in RUN_FIELDS)).order_by(runs.c.started_at.desc())
+        if project is not None:
+            query = query.where(runs.c.project == project)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query.limit(limit)).mappings()]
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(runs).where(runs.c.id == run_id)).mappings().first()
+            if row is None:
+                return None
+            names = conn.execute(
+                select(series.c.name).where(series.c.run_id == run_id).order_by(series.c.name)
+            ).scalars()
+            run = dict(row)
+            run["series"] = list(names)
+        run["config"] = json.loads(run["config"])
+        run["env"] = json.loads(run["env"])
+        run.pop("last_seq")
+        return run
+
+    def series_names(self, run_id: str) -> list[str]:
+        with self.engine.connect() as conn:
+            query = select(series.c.name).where(series.c.run_id == run_id).order_by(series.c.name)
+            return list(conn.execute(query).scalars())
+
+    def read_series(self, run_id: str, name: str) -> SeriesData:
+        """Every point of one series, ordered by step."""
+        query = (
+            select(chunks.c.steps, chunks.c.times, chunks.c.vals)
+            .where(chunks.c.run_id == run_id, chunks.c.series == name)
+            .order_by(chunks.c.seq)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        if not rows:
+            return (np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.float64))
+        steps = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.int64)
+        times = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float64)
+        values = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float64)
+        if steps.size > 1 and np.any(steps[1:] < steps[:-1]):
+            order = np.argsort(steps, kind="stable")
+            steps, times, values = steps[order], times[order], values[order]
+        return steps, times, values
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the API read while the writer thread commits; NORMAL is durable across a
+    # process crash (only an OS crash can lose the last commits).
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()

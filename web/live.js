@@ -1,0 +1,54 @@
+// The browser end of WS /api/v1/live: reconnects with backoff and re-subscribes.
+
+export class LiveSocket {
+  constructor(indicator) {
+    this.indicator = indicator;
+    this.handlers = new Set();
+    this.reconnectHandlers = new Set();
+    this.runs = new Set();
+    this.delay = 250;
+    this.connected = false;
+    this.connect();
+  }
+
+  connect() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const socket = new WebSocket(`${scheme}://${location.host}/api/v1/live`);
+    this.socket = socket;
+    socket.onopen = () => {
+      const wasReconnect = this.everConnected;
+      this.connected = this.everConnected = true;
+      this.delay = 250;
+      this.setIndicator("live", "live");
+      for (const run of this.runs) this.send({ type: "subscribe", run_id: run });
+      if (wasReconnect) for (const handler of this.reconnectHandlers) handler();
+    };
+    socket.onmessage = (event) => {
+      const message = JSON.parse(event.data);
+      for (const handler of this.handlers) handler(message);
+    };
+    socket.onclose = () => {
+      this.connected = false;
+      this.setIndicator("offline", "reconnecting");
+      setTimeout(() => this.connect(), this.delay * (0.5 + Math.random()));
+      this.delay = Math.min(this.delay * 2, 5000);
+    };
+  }
+
+  setIndicator(state, text) {
+    if (!this.indicator) return;
+    this.indicator.dataset.state = state;
+    this.indicator.textContent = text;
+  }
+
+  send(message) {
+    if (this.connected) this.socket.send(JSON.stringify(message));
+  }
+
+  subscribe(runId) { this.runs.add(runId); this.send({ type: "subscribe", run_id: runId }); }
+  unsubscribe(runId) { this.runs.delete(runId); this.send({ type: "unsubscribe", run_id: runId }); }
+
+  // Returns a function that removes the handler.
+  on(handler) { this.handlers.add(handler); return () => this.handlers.delete(handler); }
+  onReconnect(handler) { this.reconnectHandlers.add(handler); return () => this.reconnectHandlers.delete(handler); }
+}

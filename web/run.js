@@ -1,0 +1,107 @@
+// One run: its header, how it ended, and a live chart per metric.
+
+import { getRun, getSeries } from "./api.js";
+import { Chart, chartKey, chartOrder } from "./charts.js";
+import { escapeHTML, formatAgo, formatDuration, formatTime, statusBadge } from "./format.js";
+
+export async function renderRun(root, live, runId) {
+  root.innerHTML = `<p class="muted">Loading run…</p>`;
+  let run;
+  try {
+    run = await getRun(runId);
+  } catch (error) {
+    root.innerHTML = `<div class="page-head"><h1>Run not found</h1></div>
+      <p class="error">${escapeHTML(error.message)}</p><p><a href="#/">Back to runs</a></p>`;
+    return () => {};
+  }
+
+  root.innerHTML = `
+    <div class="page-head">
+      <h1 id="run-name"></h1><span id="run-status"></span>
+    </div>
+    <dl class="facts" id="run-facts"></dl>
+    <section id="run-ending"></section>
+    <div class="charts" id="charts"></div>
+    <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
+    <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
+
+  const charts = new Map();
+  const chartsRoot = root.querySelector("#charts");
+  let buffered = [];   // live messages that arrive while the history loads
+  let loaded = false;
+
+  const drawHeader = () => {
+    root.querySelector("#run-name").textContent = run.name;
+    root.querySelector("#run-status").innerHTML = statusBadge(run.status);
+    const elapsed = (run.ended_at ?? run.last_seen) - run.started_at;
+    root.querySelector("#run-facts").innerHTML = [
+      ["Project", run.project], ["Started", formatTime(run.started_at)],
+      ["Duration", formatDuration(elapsed)], ["Last step", run.last_step ?? "—"],
+      ["Last seen", formatAgo(run.last_seen)], ["Host", `${run.host} (pid ${run.pid ?? "?"})`],
+    ].map(([k, v]) => `<div><dt>${k}</dt><dd data-fact="${k}">${escapeHTML(v)}</dd></div>`).join("");
+    const ending = root.querySelector("#run-ending");
+    if (run.end_reason && run.status !== "finished") {
+      ending.innerHTML = `<div class="ending crashed"><h3>Ended: ${escapeHTML(run.end_reason)}</h3>
+        ${run.traceback ? `<pre>${escapeHTML(run.traceback)}</pre>` : ""}</div>`;
+    } else if (run.end_reason) {
+      ending.innerHTML = `<div class="ending finished">Finished at ${escapeHTML(formatTime(run.ended_at))}</div>`;
+    }
+  };
+
+  const kvRows = (object) => Object.entries(object ?? {}).map(([k, v]) =>
+    `<tr><th>${escapeHTML(k)}</th><td>${escapeHTML(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
+    || `<tr><td class="muted">none</td></tr>`;
+
+  const reload = async (names) => {
+    const { series } = await getSeries(runId, names);
+    for (const [name, data] of Object.entries(series)) chartFor(name)?.setSeries(name, data);
+  };
+  let reloading = null;
+  const reloadLater = (name) => {   // a trace grew long: swap it for a downsampled copy
+    if (reloading) return;
+    reloading = setTimeout(() => { reloading = null; reload([name]); }, 1000);
+  };
+
+  const chartFor = (name) => {
+    const key = chartKey(name);
+    if (key == null) return null;
+    let chart = charts.get(key);
+    if (!chart) {
+      chart = new Chart(chartsRoot, key, { onTooLong: reloadLater });
+      charts.set(key, chart);
+      const ordered = [...charts.values()].sort((a, b) => chartOrder(a.key, b.key));
+      chartsRoot.replaceChildren(...ordered.map((c) => c.card));
+    }
+    return chart;
+  };
+
+  const apply = (message) => {
+    if (message.type === "points" && message.run_id === runId) {
+      for (const [name, data] of Object.entries(message.series)) chartFor(name)?.extend(name, data);
+    } else if (message.type === "runs") {
+      const update = message.runs.find((r) => r.id === runId);
+      if (update) { run = { ...run, ...update }; drawHeader(); }
+    }
+  };
+
+  // Subscribe before fetching history, so nothing falls between the two.
+  const offMessage = live.on((message) => (loaded ? apply(message) : buffered.push(message)));
+  live.subscribe(runId);
+  const offReconnect = live.onReconnect(async () => { run = await getRun(runId); drawHeader(); reload(run.series); });
+
+  drawHeader();
+  root.querySelector("#run-config").innerHTML = kvRows(run.config);
+  root.querySelector("#run-env").innerHTML = kvRows(run.env);
+  await reload(run.series);
+  loaded = true;
+  for (const message of buffered) apply(message);
+  buffered = [];
+  if (!charts.size) chartsRoot.innerHTML = `<p class="muted" id="no-data">No points yet.</p>`;
+
+  const ticker = setInterval(drawHeader, 5000);
+  return () => {
+    offMessage(); offReconnect(); clearInterval(ticker);
+    live.unsubscribe(runId);
+    for (const chart of charts.values()) chart.destroy();
+  };
+}
