@@ -36,8 +36,8 @@ class PointBuffer:
 
 
 def points_frames(points: list[Point], first_seq: int) -> list[dict[str, Any]]:
-    """Pack points into ``points`` frames, columnar per series, at most MAX_POINTS_PER_FRAME each."""
-    frames = []
+    """Pack points into ``points`` frames, columnar per series, MAX_POINTS_PER_FRAME at most."""
+    frames: list[dict[str, Any]] = []
     for start in range(0, len(points), MAX_POINTS_PER_FRAME):
         frames.append(
             {

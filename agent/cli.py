@@ -22,28 +22,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser(
-        "serve", help="run the server and dashboard",
+        "serve",
+        help="run the server and dashboard",
         description="Run the trainvitals server: agent ingest, REST API and the dashboard.",
     )
     serve.add_argument("--host", default=None, help="interface to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None,
-                       help="port (default 8600; 0 picks a free one and prints it)")
-    serve.add_argument("--db", default=None, help="SQLite file path, sqlite:///path or "
-                       "postgresql://user@host/db (default ./trainvitals.db)")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port (default 8600; 0 picks a free one and prints it)",
+    )
+    serve.add_argument(
+        "--db",
+        default=None,
+        help="SQLite file path, sqlite:///path or "
+        "postgresql://user@host/db (default ./trainvitals.db)",
+    )
 
     demo = commands.add_parser(
-        "demo", help="train a small real Keras model that streams to a server",
+        "demo",
+        help="train a small real Keras model that streams to a server",
         description="Train a small CNN on scikit-learn's bundled digits, streaming to a server.",
     )
     demo.add_argument("--server", default=None, help=f"server URL (default {DEFAULT_SERVER})")
-    demo.add_argument("--scenario", default="healthy", choices=["healthy"],
-                      help="what the run shows (default healthy)")
+    demo.add_argument(
+        "--scenario",
+        default="healthy",
+        choices=["healthy"],
+        help="what the run shows (default healthy)",
+    )
     demo.add_argument("--project", default="demo", help="project name (default demo)")
     demo.add_argument("--run-name", default=None, help="run name (default generated)")
     demo.add_argument("--epochs", type=int, default=30, help="epochs (default 30)")
-    demo.add_argument("--pace", type=float, default=0.02,
-                      help="seconds to pause after each step so people can watch it draw "
-                      "(default 0.02; 0 trains at full speed)")
+    demo.add_argument(
+        "--pace",
+        type=float,
+        default=0.02,
+        help="seconds to pause after each step so people can watch it draw "
+        "(default 0.02; 0 trains at full speed)",
+    )
 
     args = parser.parse_args(argv)
     if args.command == "serve":
@@ -54,13 +72,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
-
         from trainvitals.server import Settings, create_app
+        from trainvitals.server.storage import StorageError, database_url
     except ImportError as exc:
         print(f"trainvitals serve: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
     overrides = {"host": args.host, "port": args.port, "db": args.db}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        database_url(settings.db)
+    except StorageError as exc:
+        print(f"trainvitals serve: {exc}", file=sys.stderr)
+        return 2
     # Bind first, so --port 0 can print the port it got before anyone needs it.
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -68,12 +91,16 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         sock.bind((settings.host, settings.port))
     except OSError as exc:
-        print(f"trainvitals serve: cannot listen on {settings.host}:{settings.port}: {exc}",
-              file=sys.stderr)
+        print(
+            f"trainvitals serve: cannot listen on {settings.host}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     port = sock.getsockname()[1]
-    print(f"trainvitals {__version__} serving on http://{settings.host}:{port}/ "
-          f"(db: {settings.db})", flush=True)
+    print(
+        f"trainvitals {__version__} serving on http://{settings.host}:{port}/ (db: {settings.db})",
+        flush=True,
+    )
     config = uvicorn.Config(
         create_app(settings),
         ws_max_size=2 * settings.max_frame_bytes,  # oversized frames get our 1009 with a reason
@@ -87,11 +114,20 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         from trainvitals.demo import run_demo
     except ImportError as exc:
-        print(f"trainvitals demo needs TensorFlow and scikit-learn: "
-              f"pip install tensorflow 'trainvitals[demo]' ({exc})", file=sys.stderr)
+        print(
+            f"trainvitals demo needs TensorFlow and scikit-learn: "
+            f"pip install tensorflow 'trainvitals[demo]' ({exc})",
+            file=sys.stderr,
+        )
         return 2
-    run_demo(server=args.server, scenario=args.scenario, project=args.project,
-             run_name=args.run_name, epochs=args.epochs, pace=args.pace)
+    run_demo(
+        server=args.server,
+        scenario=args.scenario,
+        project=args.project,
+        run_name=args.run_name,
+        epochs=args.epochs,
+        pace=args.pace,
+    )
     return 0
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import keras
 import numpy as np
 from sklearn.datasets import load_digits
-
 from trainvitals.config import resolve
 from trainvitals.keras_callback import VitalsCallback
 
@@ -79,11 +78,23 @@ def run_demo(
     (x, y), validation = digits()
     model = build_model()
     vitals = VitalsCallback(
-        server=settings.server, project=settings.project, run_name=settings.run_name,
-        config={"scenario": scenario, "batch_size": batch_size, "learning_rate": 1e-3,
-                "model": model.name, "dataset": "sklearn digits"},
+        server=settings.server,
+        project=settings.project,
+        run_name=settings.run_name,
+        config={
+            "scenario": scenario,
+            "batch_size": batch_size,
+            "learning_rate": 1e-3,
+            "model": model.name,
+            "dataset": "sklearn digits",
+        },
     )
     return model.fit(
-        x, y, validation_data=validation, epochs=epochs, batch_size=batch_size,
-        callbacks=[vitals, _Showcase(vitals, settings.server, pace)], verbose=2,
+        x,
+        y,
+        validation_data=validation,
+        epochs=epochs,
+        batch_size=batch_size,
+        callbacks=[vitals, _Showcase(vitals, settings.server, pace)],
+        verbose=2,
     )

@@ -14,7 +14,6 @@ from dataclasses import replace
 from typing import Any
 
 import keras
-
 from trainvitals.config import resolve
 from trainvitals.protocol import END_COMPLETED
 from trainvitals.run import Run

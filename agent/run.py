@@ -112,7 +112,10 @@ class Run:
         if not delivered:
             log.warning(
                 "trainvitals: %d frames of run %r not acknowledged by %s after %.0f s",
-                self._sender.unacknowledged, self.config.run_name, self.config.server, timeout,
+                self._sender.unacknowledged,
+                self.config.run_name,
+                self.config.server,
+                timeout,
             )
         return delivered
 

@@ -14,16 +14,14 @@ import json
 import logging
 import random
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-from websockets.sync.client import ClientConnection, connect
-
 from trainvitals.buffer import PointBuffer, points_frames
 from trainvitals.protocol import ACK, END, MAX_FRAME_BYTES, PROTOCOL_VERSION, WELCOME
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.sync.client import ClientConnection, connect
 
 log = logging.getLogger("trainvitals")
 
@@ -118,7 +116,13 @@ class Sender:
                 self._connection()
                 self._done.set()
                 return
-            except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, ProtocolError) as exc:
+            except (
+                OSError,
+                TimeoutError,
+                ConnectionClosed,
+                InvalidHandshake,
+                ProtocolError,
+            ) as exc:
                 self._report_outage(exc)
             except InvalidURI as exc:  # cannot get better by retrying
                 log.warning("trainvitals: not sending telemetry: %s", exc)
@@ -148,8 +152,11 @@ class Sender:
             self._acknowledge(int(welcome.get("last_seq", 0)))
             self._connected = True
             if self._outage_reported:
-                log.warning("trainvitals: reconnected to %s; resending %d frames",
-                            self._url, len(self._pending))
+                log.warning(
+                    "trainvitals: reconnected to %s; resending %d frames",
+                    self._url,
+                    len(self._pending),
+                )
                 self._outage_reported = False
             sent = 0  # highest seq sent on this connection
             while True:
@@ -205,7 +212,9 @@ class Sender:
             log.warning(
                 "trainvitals: cannot reach %s (%s: %s); training continues, "
                 "telemetry is kept in memory and sent when the server is back",
-                self._url, type(exc).__name__, exc,
+                self._url,
+                type(exc).__name__,
+                exc,
             )
             self._outage_reported = True
 

@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
-
 from trainvitals import __version__
 from trainvitals.server.deps import AppState
 from trainvitals.server.live import Hub

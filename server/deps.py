@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from starlette.requests import HTTPConnection
-
 from trainvitals.server.live import Hub
 from trainvitals.server.settings import Settings
 from trainvitals.server.storage import Store

@@ -16,9 +16,10 @@ def downsample_indices(values: npt.NDArray[np.float64], max_points: int) -> npt.
     n = values.size
     if n <= max_points:
         return np.arange(n)
-    buckets = max(max_points // 2, 1)
-    edges = np.linspace(0, n, buckets + 1).astype(np.intp)
     finite = np.isfinite(values)
+    # Two points a bucket (min, max), three when non-finite values may add one more.
+    buckets = max(max_points // (2 if finite.all() else 3), 1)
+    edges = np.linspace(0, n, buckets + 1).astype(np.intp)
     # Non-finite values must not win min/max; they are kept separately below.
     low = np.where(finite, values, np.inf)
     high = np.where(finite, values, -np.inf)

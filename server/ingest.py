@@ -52,7 +52,8 @@ class IngestSession:
         size = len(text.encode())
         if size > self._max_frame_bytes:
             raise IngestRejected(
-                CLOSE_TOO_BIG, f"frame of {size} bytes exceeds the {self._max_frame_bytes}-byte limit"
+                CLOSE_TOO_BIG,
+                f"frame of {size} bytes exceeds the {self._max_frame_bytes}-byte limit",
             )
         try:
             frame = parse_frame(text)
@@ -80,7 +81,12 @@ class IngestSession:
         self.run = {field: row[field] for field in RUN_FIELDS}
         self._hub.run_changed(dict(self.run))
         return json.dumps(
-            {"type": WELCOME, "v": PROTOCOL_VERSION, "run_id": hello.run_id, "last_seq": self._last_seq}
+            {
+                "type": WELCOME,
+                "v": PROTOCOL_VERSION,
+                "run_id": hello.run_id,
+                "last_seq": self._last_seq,
+            }
         )
 
     async def _points(self, frame: Points) -> str:

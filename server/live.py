@@ -66,7 +66,9 @@ class Hub:
         self._dirty_runs[run["id"]] = run
 
     def points(
-        self, run_id: str, series: Iterable[tuple[str, Sequence[int], Sequence[float], Sequence[float]]]
+        self,
+        run_id: str,
+        series: Iterable[tuple[str, Sequence[int], Sequence[float], Sequence[float]]],
     ) -> None:
         """Push new points of ``run_id`` to the browsers that watch it."""
         watchers = [s for s in self._subscribers if run_id in s.runs]
@@ -77,7 +79,11 @@ class Hub:
                 "type": "points",
                 "run_id": run_id,
                 "series": {
-                    name: {"step": list(steps), "time": list(times), "value": finite_or_none(values)}
+                    name: {
+                        "step": list(steps),
+                        "time": list(times),
+                        "value": finite_or_none(values),
+                    }
                     for name, steps, times, values in series
                 },
             }

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
-
 from trainvitals.protocol import END, HELLO, POINTS, PROTOCOL_VERSION
 
 SeriesName = Annotated[str, Field(min_length=1, max_length=256)]
@@ -75,16 +74,15 @@ def parse_frame(text: str | bytes) -> Hello | Points | End:
         return _frame_adapter.validate_json(text)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in error["loc"])
-        if error["type"] == "json_invalid":
-            raise FrameError(f"not valid JSON: {error['msg']}") from None
-        if error["loc"] and error["loc"][0] == "v" or where.endswith(".v"):
-            raise FrameError(
-                f"unsupported protocol version {error.get('input')!r}; "
-                f"this server speaks v{PROTOCOL_VERSION}"
-            ) from None
-        if error["type"] == "union_tag_invalid" or error["type"] == "union_tag_not_found":
-            raise FrameError(
-                f"unknown frame type; expected one of {HELLO!r}, {POINTS!r}, {END!r}"
-            ) from None
-        raise FrameError(f"invalid frame at {where or 'top level'}: {error['msg']}") from None
+    if error["type"] == "json_invalid":
+        raise FrameError(f"not valid JSON: {error['msg']}")
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        raise FrameError(f"unknown frame type; expected one of {HELLO!r}, {POINTS!r}, {END!r}")
+    kind, *loc = error["loc"]  # a discriminated union puts the frame type first
+    if loc == ["v"]:
+        raise FrameError(
+            f"unsupported protocol version {error.get('input')!r}; "
+            f"this server speaks v{PROTOCOL_VERSION}"
+        )
+    where = ".".join(str(part) for part in loc) or "top level"
+    raise FrameError(f"invalid {kind} frame at {where}: {error['msg']}")

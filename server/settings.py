@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from trainvitals.protocol import MAX_FRAME_BYTES
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,8 +91,8 @@ RUN_FIELDS = (
 
 #: Column arrays of one series: (steps, times, values).
 SeriesData = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
-#: One frame's points: series name -> (steps, times, values) as Python sequences.
-FramePoints = Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]]
+#: One frame's points: series name -> (steps, times, values), as lists or arrays.
+FramePoints = Mapping[str, tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]]
 
 
 class StorageError(Exception):
@@ -189,12 +189,12 @@ class Store:
             conn.execute(
                 self._insert_ignore(series), [{"run_id": run_id, "name": r["series"]} for r in rows]
             )
-        values: dict[str, Any] = {"last_seq": seq, "last_seen": now}
+        changes: dict[str, Any] = {"last_seq": seq, "last_seen": now}
         if last_step is not None:
             larger = func.greatest if self.dialect == "postgresql" else func.max
-            values["last_step"] = larger(func.coalesce(runs.c.last_step, last_step), last_step)
+            changes["last_step"] = larger(func.coalesce(runs.c.last_step, last_step), last_step)
         conn.execute(
-            update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(**values)
+            update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(**changes)
         )
         return last_step
 

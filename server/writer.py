@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
-
 from trainvitals.server.storage import Store
 
 log = logging.getLogger("trainvitals.server")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Query
-
 from trainvitals.server.deps import StoreDep, run_not_found
 from trainvitals.server.downsample import downsample_indices
+from trainvitals.server.live import finite_or_none
 
 router = APIRouter(prefix="/api/v1")
 
@@ -50,11 +49,10 @@ def get_series(
     for series_name in names:
         steps, times, values = store.read_series(run_id, series_name)
         keep = downsample_indices(values, max_points)
-        kept_values = values[keep]
         out[series_name] = {
             "step": steps[keep].tolist(),
             "time": times[keep].tolist(),
-            "value": np.where(np.isfinite(kept_values), kept_values, None).tolist(),
+            "value": finite_or_none(values[keep].tolist()),
             "count": int(values.size),
         }
     return {"series": out}

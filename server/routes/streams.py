@@ -8,7 +8,6 @@ import json
 import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-
 from trainvitals.protocol import (
     CLOSE_INVALID_PAYLOAD,
     CLOSE_TRY_AGAIN_LATER,

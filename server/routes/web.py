@@ -28,8 +28,9 @@ def plotly() -> FileResponse:
     path = plotly_js()
     if not path.is_file():
         raise HTTPException(500, "plotly.min.js is missing: reinstall with 'trainvitals[server]'")
-    return FileResponse(path, media_type="text/javascript",
-                        headers={"Cache-Control": "public, max-age=86400"})
+    return FileResponse(
+        path, media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"}
+    )
 
 
 @router.get("/healthz")

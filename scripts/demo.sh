@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# `make demo`: a server on the default SQLite file, a real Keras run streaming to it, and the
+# dashboard URL. The server stays up after training so the run can be explored; Ctrl-C stops it.
+set -euo pipefail
+
+PY=${PY:-.venv/bin/python}
+PORT=${PORT:-8600}
+DB=${DB:-demo-data/trainvitals.db}
+URL="http://127.0.0.1:$PORT"
+mkdir -p "$(dirname "$DB")"
+
+"$PY" -m trainvitals serve --port "$PORT" --db "$DB" &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+
+for _ in $(seq 1 100); do
+  if "$PY" -c "import urllib.request; urllib.request.urlopen('$URL/healthz', timeout=1)" 2>/dev/null; then
+    break
+  fi
+  kill -0 $server 2>/dev/null || { echo "the server did not start (is port $PORT taken? PORT=8601 make demo)" >&2; exit 1; }
+  sleep 0.2
+done
+
+echo
+echo "  Dashboard: $URL/"
+echo
+"$PY" -m trainvitals demo --server "$URL" "$@"
+echo
+echo "  Training finished. The dashboard stays up at $URL/ ; press Ctrl-C to stop the server."
+wait $server

@@ -1,0 +1,136 @@
+"""Test helpers: a real server process, polling with a timeout, a throwaway PostgreSQL db."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "TRAINVITALS_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def wait_for(
+    condition: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> T:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except Exception as exc:  # the condition may fail until the system is ready
+            last_error = exc
+        else:
+            if value:
+                return value
+        time.sleep(interval)
+    raise AssertionError(
+        f"timed out after {timeout} s waiting for {what or condition}"
+        + (f" (last error: {last_error!r})" if last_error else "")
+    )
+
+
+class ServerProcess:
+    """``trainvitals serve`` in a subprocess, on a free port."""
+
+    def __init__(
+        self, db: str, extra_env: dict[str, str] | None = None, python: str = sys.executable
+    ) -> None:
+        self.db = db
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        self.process = subprocess.Popen(
+            [python, "-m", "trainvitals", "serve", "--port", "0", "--db", db],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        match = re.search(r"http://[\d.]+:(\d+)/", line)
+        if not match:
+            rest = self.process.stdout.read() if self.process.poll() is not None else ""
+            self.process.kill()
+            raise RuntimeError(f"server did not start: {line!r} {rest!r}")
+        self.port = int(match.group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_for(lambda: self.get("/healthz") == {"status": "ok"}, what="server /healthz")
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return json.loads(response.read())
+
+    def get_status(self, path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout:
+            self.process.stdout.close()
+
+
+@contextmanager
+def running_server(db: str) -> Iterator[ServerProcess]:
+    server = ServerProcess(db)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A fresh PostgreSQL database, dropped afterwards; yields its URL."""
+    import psycopg
+
+    name = f"trainvitals_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        raise RuntimeError(
+            f"PostgreSQL is not reachable at {POSTGRES_ADMIN_URL} ({exc}); "
+            "`make test` starts it (scripts/ensure-services.sh)"
+        ) from exc
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run_series(
+    server: ServerProcess, run_id: str, *names: str, max_points: int = 100_000
+) -> dict[str, Any]:
+    query = "&".join(f"name={n}" for n in names)
+    series: dict[str, Any] = server.get(
+        f"/api/v1/runs/{run_id}/series?{query}&max_points={max_points}"
+    )["series"]
+    return series
+
+
+ROOT = Path(__file__).resolve().parent.parent

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+from trainvitals import ConfigurationError, resolve
+from trainvitals.config import websocket_url
+
+
+def test_defaults_come_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINVITALS_SERVER", "http://10.0.0.5:9000")
+    monkeypatch.setenv("TRAINVITALS_PROJECT", "mnist")
+    monkeypatch.setenv("TRAINVITALS_TOKEN", "s3cret")
+    config = resolve()
+    assert config.server == "http://10.0.0.5:9000"
+    assert config.project == "mnist"
+    assert config.token == "s3cret"
+    assert config.run_name.startswith("run-")
+    assert config.ingest_url == "ws://10.0.0.5:9000/api/v1/ingest"
+
+
+def test_arguments_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINVITALS_PROJECT", "from-env")
+    config = resolve(server="https://tv.example.org/base/", project="given", run_name="r1")
+    assert (config.project, config.run_name) == ("given", "r1")
+    assert config.ingest_url == "wss://tv.example.org/base/api/v1/ingest"
+
+
+def test_unset_environment_gives_local_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TRAINVITALS_SERVER", "TRAINVITALS_PROJECT", "TRAINVITALS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    config = resolve()
+    assert (config.server, config.project, config.token) == (
+        "http://127.0.0.1:8600",
+        "default",
+        None,
+    )
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.5:8600", "ftp://host", "http://"])
+def test_bad_server_url_is_a_clear_error(bad: str) -> None:
+    with pytest.raises(ConfigurationError, match="Expected a server URL"):
+        websocket_url(bad, "/x")

@@ -1,0 +1,119 @@
+"""Headless Chromium watches a real training run draw live on the dashboard."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import ServerProcess, wait_for
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = os.environ.get("TRAINVITALS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# No background networking: this machine's network is closed, and the test must not wait on it.
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: `make test` installs Debian's chromium")
+    with playwright_api.sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield instance
+        instance.close()
+
+
+@pytest.fixture
+def training(server: ServerProcess) -> Iterator[subprocess.Popen[str]]:
+    """A real Keras run (the demo's CNN on scikit-learn digits) streaming to the server."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainvitals",
+            "demo",
+            "--server",
+            server.url,
+            "--epochs",
+            "40",
+            "--pace",
+            "0.02",
+            "--run-name",
+            "browser-test",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_run_page_draws_the_live_run(
+    server: ServerProcess, training: subprocess.Popen[str], browser: Any, tmp_path: Path
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(server.url + "/")
+    row = page.locator("tr.run-row", has_text="browser-test")
+    row.wait_for(timeout=60_000)  # appears live, with no reload
+    assert row.locator("[data-status]").get_attribute("data-status") == "running"
+    row.click()
+
+    loss_chart = page.locator('[data-chart="loss"]')
+    loss_chart.wait_for(timeout=60_000)
+
+    def points() -> int:
+        return int(loss_chart.get_attribute("data-points") or 0)
+
+    first = wait_for(points, timeout=30, what="the loss chart's first points")
+    grown = wait_for(
+        lambda: points() if points() >= first + 20 else 0,
+        timeout=60,
+        what="the loss chart to grow while training streams",
+    )
+    assert grown > first
+    # Appended in place: the plot holds the same number of points as the chart reports.
+    drawn = page.evaluate(
+        """() => document.querySelector('[data-chart="loss"] .plot').data
+                 .reduce((n, trace) => n + trace.x.length, 0)"""
+    )
+    assert drawn >= grown
+    assert page.locator('[data-chart="accuracy"]').count() == 1
+    assert page.locator("#live-indicator").get_attribute("data-state") == "live"
+    wait_for(
+        lambda: page.locator('[data-chart="loss"] .legendtext', has_text="val_loss").count(),
+        timeout=60,
+        what="the validation loss of the first epoch",
+    )
+
+    screenshot = Path(os.environ.get("TRAINVITALS_SCREENSHOT", tmp_path / "dashboard.png"))
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(screenshot), full_page=True)
+    assert screenshot.stat().st_size > 10_000
+    assert not errors, errors
+
+
+def test_unknown_run_page_says_so(server: ServerProcess, browser: Any) -> None:
+    page = browser.new_page()
+    page.goto(server.url + "/#/runs/does-not-exist")
+    page.get_by_text("No run with id 'does-not-exist'").wait_for(timeout=10_000)

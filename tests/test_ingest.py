@@ -1,0 +1,123 @@
+"""Bad input closes only the offending connection, with a code and a reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from trainvitals import Run, resolve
+from trainvitals.protocol import MAX_FRAME_BYTES
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from tests.helpers import ServerProcess
+
+HELLO = {
+    "type": "hello",
+    "v": 1,
+    "run_id": "bad1",
+    "project": "p",
+    "name": "bad",
+    "started_at": 1.0,
+}
+
+
+def closed_with(ws: ClientConnection) -> tuple[int, str]:
+    with pytest.raises(ConnectionClosed) as info:
+        while True:
+            ws.recv(timeout=10)
+    assert info.value.rcvd is not None, "the server must send a close frame"
+    return info.value.rcvd.code, info.value.rcvd.reason
+
+
+def ingest(server: ServerProcess) -> ClientConnection:
+    return connect(server.url.replace("http", "ws") + "/api/v1/ingest", max_size=None)
+
+
+@pytest.mark.parametrize(
+    ("frames", "code", "reason"),
+    [
+        (["{not json"], 1007, "not valid JSON"),
+        ([b"\x00\x01binary"], 1003, "expected JSON text frames"),
+        (['{"type": "hello", "v": 9}'], 1007, "unsupported protocol version 9"),
+        (
+            ['{"type": "points", "v": 1, "seq": 1, "series": {}}'],
+            1008,
+            "expected a 'hello' frame first",
+        ),
+        (
+            [
+                json.dumps(HELLO),
+                '{"type": "points", "v": 1, "seq": 1, "series": {"loss": '
+                '{"step": [1], "time": [1.0], "value": ["x"]}}}',
+            ],
+            1007,
+            "invalid points frame at series.loss.value.0",
+        ),
+        ([json.dumps(HELLO), json.dumps(HELLO)], 1008, "one run only"),
+    ],
+)
+def test_malformed_frames_close_with_code_and_reason(
+    server: ServerProcess, frames: list[str | bytes], code: int, reason: str
+) -> None:
+    with ingest(server) as ws:
+        for frame in frames:
+            ws.send(frame)
+        got_code, got_reason = closed_with(ws)
+    assert got_code == code
+    assert reason in got_reason
+
+
+def test_oversized_frame_closes_with_1009(server: ServerProcess) -> None:
+    with ingest(server) as ws:
+        ws.send(json.dumps(HELLO))
+        ws.recv(timeout=10)
+        ws.send('{"type": "points", "v": 1, "seq": 1, "pad": "' + "x" * MAX_FRAME_BYTES + '"}')
+        code, reason = closed_with(ws)
+    assert code == 1009 and "exceeds the 4194304-byte limit" in reason
+
+
+def test_other_runs_carry_on_while_bad_connections_are_closed(server: ServerProcess) -> None:
+    good = Run(resolve(server=server.url, run_name="good"))
+    good.start()
+    good.log(1, {"loss": 1.0})
+    for bad in ("{not json", '{"type": "points", "v": 1, "seq": 1, "series": {}}'):
+        with ingest(server) as ws:
+            ws.send(bad)
+            closed_with(ws)
+    good.log(2, {"loss": 0.5})
+    assert good.finish()
+    run = server.get(f"/api/v1/runs/{good.id}")
+    assert run["status"] == "finished"
+    assert server.get(f"/api/v1/runs/{good.id}/series?name=loss")["series"]["loss"]["step"] == [
+        1,
+        2,
+    ]
+
+
+def test_welcome_reports_what_is_stored_and_replays_are_acked_not_duplicated(
+    server: ServerProcess,
+) -> None:
+    points = {
+        "type": "points",
+        "v": 1,
+        "seq": 1,
+        "series": {"loss": {"step": [1], "time": [1.0], "value": [0.3]}},
+    }
+    with ingest(server) as ws:
+        ws.send(json.dumps(HELLO))
+        assert json.loads(ws.recv(timeout=10)) == {
+            "type": "welcome",
+            "v": 1,
+            "run_id": "bad1",
+            "last_seq": 0,
+        }
+        ws.send(json.dumps(points))
+        assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": 1}
+    with ingest(server) as ws:  # the agent reconnects and replays frame 1
+        ws.send(json.dumps(HELLO))
+        assert json.loads(ws.recv(timeout=10))["last_seq"] == 1
+        ws.send(json.dumps(points))
+        assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": 1}
+    loss = server.get("/api/v1/runs/bad1/series?name=loss")["series"]["loss"]
+    assert loss["step"] == [1] and loss["count"] == 1

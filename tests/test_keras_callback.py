@@ -1,0 +1,155 @@
+"""Real ``model.fit`` runs with VitalsCallback against a real server."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+
+import trainvitals  # noqa: E402
+
+from tests.helpers import ServerProcess, run_series, wait_for  # noqa: E402
+
+BATCH, SAMPLES = 16, 96  # 6 steps an epoch
+
+
+def regression_data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(SAMPLES, 4)).astype("float32")
+    y = (x @ np.array([1.0, -2.0, 0.5, 3.0], dtype="float32") + 0.1).reshape(-1, 1)
+    return x, y
+
+
+def small_model(learning_rate: float, steps_per_execution: int = 1) -> Any:
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate),
+        loss="mse",
+        metrics=["mae"],
+        steps_per_execution=steps_per_execution,
+    )
+    return model
+
+
+def test_every_step_stores_the_loss_of_that_very_batch(server: ServerProcess) -> None:
+    x, y = regression_data()
+    # Learning rate 0 keeps the weights fixed, so each batch's loss can be computed here
+    # independently; Keras's logged running mean would differ from the 2nd step on.
+    model = small_model(learning_rate=0.0)
+    expected = [
+        float(
+            keras.losses.mean_squared_error(y[i : i + BATCH], model(x[i : i + BATCH]))
+            .numpy()
+            .mean()
+        )
+        for i in range(0, SAMPLES, BATCH)
+    ]
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, project="tests", run_name="batch-loss", config={"note": "lr0"}
+    )
+    history = model.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_data=(x[:32], y[:32]),
+        callbacks=[vitals],
+    )
+    assert vitals.run is not None
+    run = server.get(f"/api/v1/runs/{vitals.run.id}")
+    assert (run["status"], run["end_reason"], run["last_step"]) == ("finished", "completed", 12)
+    assert run["config"]["note"] == "lr0" and run["config"]["epochs"] == 2
+    assert run["env"]["tensorflow"] and run["env"]["keras"] == keras.__version__
+
+    series = run_series(server, vitals.run.id, "loss", "mae", "step_time", "val_loss", "epoch")
+    assert series["loss"]["step"] == list(range(1, 13))
+    np.testing.assert_allclose(series["loss"]["value"], expected * 2, rtol=1e-5)
+    running_mean = np.cumsum(expected) / np.arange(1, 7)
+    assert not np.allclose(series["loss"]["value"][:6], running_mean, rtol=1e-3)
+    assert series["mae"]["step"] == list(range(1, 13))
+    assert all(t > 0 for t in series["step_time"]["value"])
+    assert series["val_loss"]["step"] == [6, 12]
+    np.testing.assert_allclose(series["val_loss"]["value"], history.history["val_loss"], rtol=1e-6)
+    assert series["epoch"]["value"] == [1, 2]
+    # The batch loss rode along in the logs; it must not leak into Keras's own records.
+    assert set(history.history) == {"loss", "mae", "val_loss", "val_mae"}
+
+
+def test_learning_run_and_steps_per_execution(server: ServerProcess) -> None:
+    x, y = regression_data()
+    model = small_model(learning_rate=0.05, steps_per_execution=2)
+    vitals = trainvitals.VitalsCallback(server=server.url, run_name="spe")
+    model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    loss = run_series(server, vitals.run.id, "loss")["loss"]
+    assert loss["step"] == list(range(2, 19, 2))  # one log every two steps, global numbering
+    assert loss["value"][-1] < loss["value"][0]
+    # A later fit without the callback runs Keras's own train step again.
+    again = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert set(again.history) == {"loss", "mae"}
+
+
+def test_training_carries_on_with_one_warning_when_the_server_is_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    x, y = regression_data()
+    model = small_model(learning_rate=0.05)
+    vitals = trainvitals.VitalsCallback(server=f"http://127.0.0.1:{port}", run_name="offline")
+    with caplog.at_level(logging.WARNING, logger="trainvitals"):
+        history = model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[vitals])
+    assert len(history.history["loss"]) == 3
+    outage = [r for r in caplog.records if "cannot reach" in r.getMessage()]
+    assert len(outage) == 1, [r.getMessage() for r in caplog.records]
+    assert "training continues" in outage[0].getMessage()
+
+
+CRASHING_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np, keras, trainvitals
+
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 3:
+                raise RuntimeError("boom in batch 3")
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.ones((64, 4), "float32"); y = np.ones((64, 1), "float32")
+    vitals = trainvitals.VitalsCallback(server=sys.argv[1], run_name="crash")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[vitals, Boom()])
+    """
+)
+
+
+def test_an_exception_in_fit_is_reported_with_its_traceback(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHING_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, str(script), server.url], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1 and "boom in batch 3" in result.stderr
+    runs = wait_for(lambda: server.get("/api/v1/runs")["runs"], what="the run")
+    run = server.get(f"/api/v1/runs/{runs[0]['id']}")
+    assert (run["status"], run["end_reason"]) == ("crashed", "exception")
+    assert "RuntimeError: boom in batch 3" in run["traceback"]
+    assert run["last_step"] == 4

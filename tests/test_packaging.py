@@ -1,0 +1,121 @@
+"""The distribution as users get it: a wheel in a fresh virtualenv, the CLI, compose."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import ROOT, ServerProcess
+
+
+def test_wheel_in_a_fresh_virtualenv_serves_the_dashboard(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+            str(ROOT),
+        ],
+        check=True,
+        timeout=300,
+    )
+    wheel = next(dist.glob("trainvitals-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith("METADATA"))).decode()
+    top_level = {name.split("/")[0] for name in names}
+    assert {n for n in top_level if not n.endswith(".dist-info")} == {"trainvitals"}
+    assert "trainvitals/web/index.html" in names and "trainvitals/server/app.py" in names
+    plain = [
+        line
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
+    assert plain == ["Requires-Dist: websockets>=13.0"], "the agent install stays light"
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", f"{wheel}[server]"], check=True, timeout=600
+    )
+    light = subprocess.run(
+        [
+            python,
+            "-c",
+            "import sys, trainvitals; heavy = ('fastapi', 'plotly', 'tensorflow', 'keras'); "
+            "print(sorted(m for m in heavy if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert light.stdout.strip() == "[]"
+
+    server = ServerProcess(str(tmp_path / "wheel.db"), python=python)
+    try:
+        with urllib.request.urlopen(server.url + "/") as response:
+            assert b'<main id="app"' in response.read()
+        with urllib.request.urlopen(server.url + "/static/app.js") as response:
+            assert b"LiveSocket" in response.read()
+        with urllib.request.urlopen(server.url + "/static/vendor/plotly.min.js") as response:
+            body = response.read()
+            assert len(body) > 1_000_000 and b"plotly" in body[:2000].lower()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["demo"]])
+def test_every_command_has_help(command: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainvitals", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: trainvitals")
+
+
+def test_serve_reports_a_bad_database_url(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "serve", "--port", "0", "--db", "mysql://x@y/z"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "Expected a SQLite path or a postgresql:// URL" in result.stdout + result.stderr
+
+
+def test_compose_file_runs_the_server_on_postgres() -> None:
+    compose = ROOT / "docker-compose.yml"
+    docker = shutil.which("docker")
+    if (
+        docker
+        and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0
+    ):
+        subprocess.run([docker, "compose", "-f", str(compose), "config", "-q"], check=True)
+    spec = yaml.safe_load(compose.read_text())
+    server, postgres = spec["services"]["server"], spec["services"]["postgres"]
+    assert server["build"] == "." and (ROOT / "Dockerfile").is_file()
+    assert server["environment"]["TRAINVITALS_DB"].startswith("postgresql://")
+    assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert postgres["image"].startswith("postgres:")
+    volume = postgres["volumes"][0].split(":")[0]
+    assert volume in spec["volumes"]

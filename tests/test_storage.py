@@ -1,0 +1,116 @@
+"""The same storage code on a real SQLite file and a real PostgreSQL database."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from trainvitals.server.storage import RunEnd, StorageError, Store, database_url
+
+
+def hello(run_id: str, started_at: float = 1000.0, **extra: Any) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "project": "proj",
+        "name": f"name-{run_id}",
+        "config": {"lr": 0.1},
+        "host": "h",
+        "pid": 42,
+        "started_at": started_at,
+        "env": {"python": "3.11"},
+        **extra,
+    }
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    store = Store(db_url)
+    store.create_schema()
+    yield store
+    store.dispose()
+
+
+def test_run_lifecycle(store: Store) -> None:
+    with store.engine.begin() as conn:
+        row = store.open_run(conn, hello("r1"), now=1001.0)
+        assert (row["status"], row["last_seq"]) == ("running", 0)
+        store.add_points(conn, "r1", 1, {"loss": ([1, 2], [1.0, 2.0], [0.5, 0.4])}, now=1002.0)
+        store.end_run(conn, "r1", 2, RunEnd("crashed", "exception", 1003.0, "Traceback ..."))
+    run = store.get_run("r1")
+    assert run is not None
+    assert run["status"] == "crashed" and run["end_reason"] == "exception"
+    assert run["traceback"] == "Traceback ..." and run["ended_at"] == 1003.0
+    assert run["last_step"] == 2 and run["series"] == ["loss"]
+    assert run["config"] == {"lr": 0.1} and run["env"] == {"python": "3.11"}
+
+
+def test_reconnecting_run_keeps_its_progress(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("r1"), now=1.0)
+        store.add_points(conn, "r1", 5, {"loss": ([9], [9.0], [0.1])}, now=2.0)
+        again = store.open_run(conn, hello("r1"), now=3.0)
+    assert again["last_seq"] == 5 and again["last_step"] == 9
+
+
+def test_replayed_frames_are_stored_once(store: Store) -> None:
+    points = {"loss": ([1, 2, 3], [1.0, 2.0, 3.0], [3.0, 2.0, 1.0])}
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("r1"), now=1.0)
+        store.add_points(conn, "r1", 1, points, now=2.0)
+    with store.engine.begin() as conn:
+        store.add_points(conn, "r1", 1, points, now=3.0)  # the same frame, replayed
+    steps, _, values = store.read_series("r1", "loss")
+    assert steps.tolist() == [1, 2, 3] and values.tolist() == [3.0, 2.0, 1.0]
+
+
+def test_series_reads_in_step_order_and_keeps_nan(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("r1"), now=1.0)
+        store.add_points(conn, "r1", 2, {"loss": ([3, 4], [3.0, 4.0], [math.nan, math.inf])}, 2.0)
+        store.add_points(conn, "r1", 1, {"loss": ([1, 2], [1.0, 2.0], [1.0, 2.0])}, 2.0)
+    steps, times, values = store.read_series("r1", "loss")
+    assert steps.tolist() == [1, 2, 3, 4]
+    assert times.tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert values[:2].tolist() == [1.0, 2.0] and math.isnan(values[2]) and values[3] == math.inf
+    assert store.read_series("r1", "missing")[0].size == 0
+
+
+def test_runs_are_listed_newest_first_and_by_project(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("old", started_at=1.0), now=1.0)
+        store.open_run(conn, hello("new", started_at=2.0, project="other"), now=2.0)
+    assert [r["id"] for r in store.list_runs()] == ["new", "old"]
+    assert [r["id"] for r in store.list_runs(project="other")] == ["new"]
+    assert set(store.list_runs()[0]) >= {
+        "id",
+        "project",
+        "name",
+        "status",
+        "started_at",
+        "ended_at",
+        "last_step",
+        "last_seen",
+        "host",
+        "end_reason",
+    }
+
+
+def test_a_million_points_read_back(store: Store) -> None:
+    n, per_frame = 1_000_000, 20_000
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("big"), now=1.0)
+        for seq, start in enumerate(range(0, n, per_frame), start=1):
+            steps = np.arange(start, start + per_frame)
+            store.add_points(conn, "big", seq, {"loss": (steps, steps * 0.5, np.sqrt(steps))}, 1.0)
+    steps, times, values = store.read_series("big", "loss")
+    assert steps.size == n and steps[-1] == n - 1 and times[10] == 5.0 and values[16] == 4.0
+
+
+def test_database_urls() -> None:
+    assert database_url("runs.db").startswith("sqlite:////")
+    assert database_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    with pytest.raises(StorageError, match="Expected a SQLite path or a postgresql"):
+        database_url("mysql://u@h/db")
