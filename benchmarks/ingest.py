@@ -1,0 +1,181 @@
+"""Points per second ingested into SQLite by one server process from N concurrent agents.
+
+Each agent is a real websocket connection speaking the agent protocol (hello, then numbered
+``points`` frames, acknowledged by the server after commit), with up to WINDOW frames in
+flight, as the agent's sender does after an outage. The load generator runs in its own
+process so the server process has one core to itself on a 2-core machine.
+
+    python benchmarks/ingest.py [--agents 1 10 50 200] [--seconds 8]
+
+Prints points/s and the ratio to the 500k points/s budget, and then how long the series
+route takes to open a 1M-point series (budget: under 1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from websockets.asyncio.client import connect
+
+from tests.helpers import ServerProcess
+
+BUDGET_POINTS_PER_S = 500_000
+SERIES = ["loss", "accuracy", "grad/global_norm", "step_time", "host/rss"]
+STEPS_PER_FRAME = 200  # 5 series x 200 steps = 1000 points a frame
+WINDOW = 8
+
+
+def frame_body(first_step: int) -> str:
+    steps = list(range(first_step, first_step + STEPS_PER_FRAME))
+    times = [1.8e9 + s * 0.01 for s in steps]
+    return json.dumps(
+        {
+            name: {"step": steps, "time": times, "value": [1.0 / (s + 1) for s in steps]}
+            for name in SERIES
+        }
+    )
+
+
+async def agent(url: str, deadline: float, counts: list[int]) -> None:
+    run_id = uuid.uuid4().hex
+    body = frame_body(0)  # the same numbers each frame; storage keys on (run, series, seq)
+    points_per_frame = STEPS_PER_FRAME * len(SERIES)
+    async with connect(url, max_size=None, compression=None) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "v": 1,
+                    "run_id": run_id,
+                    "project": "bench",
+                    "name": run_id[:8],
+                    "started_at": time.time(),
+                }
+            )
+        )
+        await ws.recv()
+        seq = acked = 0
+        while time.monotonic() < deadline:
+            while seq - acked < WINDOW:
+                seq += 1
+                await ws.send(f'{{"type":"points","v":1,"seq":{seq},"series":{body}}}')
+            acked = json.loads(await ws.recv())["seq"]
+            counts[0] += points_per_frame
+        while acked < seq:
+            acked = json.loads(await ws.recv())["seq"]
+
+
+async def load(url: str, agents: int, seconds: float) -> tuple[int, float]:
+    counts = [0]
+    start = time.monotonic()
+    await asyncio.gather(*(agent(url, start + seconds, counts) for _ in range(agents)))
+    return counts[0], time.monotonic() - start
+
+
+def load_process(url: str, agents: int, seconds: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    out.put(asyncio.run(load(url, agents, seconds)))
+
+
+def measure(url: str, agents: int, seconds: float) -> float:
+    out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+    process = multiprocessing.Process(target=load_process, args=(url, agents, seconds, out))
+    process.start()
+    points, elapsed = out.get()
+    process.join()
+    return points / elapsed
+
+
+def series_open_ms(server: ServerProcess, run_id: str, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with urllib.request.urlopen(
+            f"{server.url}/api/v1/runs/{run_id}/series?name=loss&max_points=2000"
+        ) as response:
+            response.read()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+async def one_million(url: str) -> str:
+    run_id = uuid.uuid4().hex
+    async with connect(url, max_size=None, compression=None) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "v": 1,
+                    "run_id": run_id,
+                    "project": "bench",
+                    "name": "1M",
+                    "started_at": time.time(),
+                }
+            )
+        )
+        await ws.recv()
+        per_frame = 5_000
+        for seq, start in enumerate(range(0, 1_000_000, per_frame), start=1):
+            steps = list(range(start, start + per_frame))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "points",
+                        "v": 1,
+                        "seq": seq,
+                        "series": {
+                            "loss": {
+                                "step": steps,
+                                "time": [1.8e9 + s for s in steps],
+                                "value": [1.0 / (s + 1) for s in steps],
+                            }
+                        },
+                    }
+                )
+            )
+            await ws.recv()
+    return run_id
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, nargs="+", default=[1, 10, 50, 200])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ServerProcess(str(Path(tmp) / "bench.db"))
+        url = server.url.replace("http", "ws") + "/api/v1/ingest"
+        try:
+            print(
+                f"ingest into SQLite, one server process, {len(SERIES) * STEPS_PER_FRAME} "
+                f"points a frame, {WINDOW} frames in flight per agent"
+            )
+            print(f"{'agents':>7} {'points/s':>12} {'vs 500k budget':>15}")
+            for agents in args.agents:
+                rate = measure(url, agents, args.seconds)
+                print(
+                    f"{agents:>7} {rate:>12,.0f} {rate / BUDGET_POINTS_PER_S:>14.2f}x", flush=True
+                )
+            run_id = asyncio.run(one_million(url))
+            ms = series_open_ms(server, run_id)
+            print(
+                f"open a 1M-point series (max_points=2000): {ms:.0f} ms median "
+                f"= {ms / 1000:.2f}x of the 1 s budget"
+            )
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
