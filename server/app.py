@@ -48,5 +48,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api.router)
     app.include_router(streams.router)
     app.include_router(web.router)
-    app.mount("/static", StaticFiles(directory=web.WEB_DIR), name="static")
+    # follow_symlink: an editable install links the package's files rather than copying them.
+    app.mount("/static", StaticFiles(directory=web.WEB_DIR, follow_symlink=True), name="static")
     return app

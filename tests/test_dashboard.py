@@ -106,7 +106,10 @@ def test_run_page_draws_the_live_run(
         what="the validation loss of the first epoch",
     )
 
-    screenshot = Path(os.environ.get("TRAINVITALS_SCREENSHOT", tmp_path / "dashboard.png"))
+    wanted = os.environ.get("TRAINVITALS_SCREENSHOT")
+    if wanted:  # the README's picture: let a few epochs draw first
+        wait_for(lambda: points() >= 400, timeout=120, what="a few epochs for the screenshot")
+    screenshot = Path(wanted or tmp_path / "dashboard.png")
     screenshot.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(screenshot), full_page=True)
     assert screenshot.stat().st_size > 10_000

@@ -54,7 +54,7 @@ export class Chart {
     this.plot = this.card.querySelector(".plot");
     this.traces = new Map(); // series name -> { index, lastStep, length }
     const layout = structuredClone(LAYOUT);
-    if (key === "step_time") layout.yaxis.type = "log";
+    if (key === "step_time") Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
     Plotly.newPlot(this.plot, [], layout, { responsive: true, displaylogo: false });
     this.updateCount();
   }
