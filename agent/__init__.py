@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainvitals.config import AgentConfig, resolve
 from trainvitals.exceptions import ConfigurationError, TrainvitalsError
+from trainvitals.gpu import SimulatedGpu
+from trainvitals.monitor import Monitor
 from trainvitals.run import Run
 
 if TYPE_CHECKING:
@@ -27,7 +29,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AgentConfig",
     "ConfigurationError",
+    "Monitor",
     "Run",
+    "SimulatedGpu",
     "TrainvitalsError",
     "VitalsCallback",
     "__version__",

@@ -21,10 +21,14 @@ class PointBuffer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._points: list[Point] = []
+        #: The highest training step recorded so far; per-second readings are filed under it.
+        self.last_step = 0
 
     def add(self, step: int, time: float, values: Mapping[str, float]) -> None:
         with self._lock:
             self._points.extend((name, step, time, value) for name, value in values.items())
+            if step > self.last_step:
+                self.last_step = step
 
     def drain(self) -> list[Point]:
         with self._lock:

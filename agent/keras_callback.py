@@ -8,30 +8,50 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import keras
+import numpy as np
 from trainvitals.config import resolve
 from trainvitals.protocol import END_COMPLETED
 from trainvitals.run import Run
+from trainvitals.sampler import Source
 
 log = logging.getLogger("trainvitals")
 
-# The batch's own loss rides along with the logs Keras already fetches from the device each
-# step, under this key; the callback takes it out before Progbar or History can see it.
-_BATCH_LOSS = "trainvitals/batch_loss"
+# Vitals computed in the train step ride along with the logs Keras already fetches from the
+# device, under these keys; the callback takes them out before Progbar or History see them.
+_PREFIX = "trainvitals/"
+_LOSS = _PREFIX + "loss"
+_NONFINITE_LOSS = _PREFIX + "nonfinite_loss"
+_NONFINITE_INPUTS = _PREFIX + "nonfinite_inputs"
+_NONFINITE_GRADS = _PREFIX + "nonfinite_grads"
+_GRAD_NORM = _PREFIX + "grad_global_norm"
+_GRAD_NORMS = _PREFIX + "grad_norms"
+
+#: A global norm this many times the last one recorded also records the per-variable norms.
+_JUMP = 10.0
 
 
 class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     """Stream every training step's vitals to a trainvitals server.
 
-    Per step it records the loss of that very batch (taken inside the compiled train step, not
-    Keras's running mean), every metric Keras logs, and the step time; per epoch the
-    validation values. Recording is a list append: a background thread does the sending, and
-    an unreachable server costs one warning, never an exception or a slower step.
+    Per step, computed inside the compiled train step and fetched with the logs Keras already
+    brings to the host: the loss of that very batch (not Keras's running mean), the gradients'
+    global norm, NaN/Inf counts of the loss, the gradients and the input batch; and the step
+    time and every metric Keras logs. Per-variable gradient norms every ``grad_norms_every``
+    steps and on any step whose gradients are non-finite or jump tenfold. NaN/Inf in the
+    weights every ``weights_every`` steps. Per second, host and GPU memory, utilisation,
+    temperature, power and throttling (see ``system_metrics``). Per epoch, validation values.
+
+    Recording is a list append: a background thread sends, and an unreachable server costs
+    one warning, never an exception or a slower step. The callback is ``async_safe``, so it
+    does not make Keras wait for each step's results.
 
     Args:
         server: base URL of the server, e.g. ``"http://10.0.0.5:8600"``. Default:
@@ -39,9 +59,12 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         project: groups runs. Default: ``$TRAINVITALS_PROJECT``, else ``"default"``.
         run_name: shown in the dashboard; generated when not given.
         token: bearer token for the server. Default: ``$TRAINVITALS_TOKEN``.
-        config: hyper-parameters to show with the run (``fit``'s epochs, batch size and
-            steps are added).
+        config: hyper-parameters to show with the run (``fit``'s epochs and steps are added).
         flush_interval: seconds between sends (default 0.2).
+        grad_norms_every: steps between per-variable gradient norms (default 10).
+        weights_every: steps between NaN/Inf checks of the weights (default 50; 0: never).
+        system_metrics: seconds between host/GPU samples (default 1; 0 or False: off).
+        gpu: a GPU source instead of NVML, e.g. ``trainvitals.SimulatedGpu(...)``.
 
     Example:
         ```python
@@ -61,100 +84,185 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         config: dict[str, Any] | None = None,
         *,
         flush_interval: float = 0.2,
+        grad_norms_every: int = 10,
+        weights_every: int = 50,
+        system_metrics: float | bool = 1.0,
+        gpu: Source | None = None,
     ) -> None:
         super().__init__()
         self._settings = resolve(server, project, run_name, token, config, flush_interval)
+        self._grad_norms_every = max(int(grad_norms_every), 1)
+        self._weights_every = int(weights_every)
+        self._system_metrics = system_metrics
+        self._gpu = gpu
         self.run: Run | None = None
-        self._step = 0
         self._epoch_first_step = 0
-        self._last_batch_end = 0.0
+        self._batch_began: tuple[int, float] | None = None
+        self._grad_names: list[str] = []
+        self._last_norm = math.nan
         self._undo: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    # Keras may call on_train_batch_end from a thread pool, several at once and out of order:
+    # that hook only reads the logs it is given and appends to the (locked) buffer.
+    async_safe = True
 
     # -- Keras hooks --------------------------------------------------------------------------
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         params = {k: v for k, v in (self.params or {}).items() if k in ("epochs", "steps")}
-        self.run = Run(replace(self._settings, config={**params, **self._settings.config}))
+        self.run = Run(
+            replace(self._settings, config={**params, **self._settings.config}),
+            system_metrics=self._system_metrics,
+            gpu=self._gpu,
+            env=_tensorflow_env(self.model),
+        )
         self.run.start()
-        self._step = 0
+        self._epoch_first_step = 0
         self._instrument()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._epoch_first_step = self._step
-        self._last_batch_end = time.perf_counter()  # validation time is not step time
+        if self.run is not None:
+            self._epoch_first_step = self.run.last_step
+        self._batch_began = None  # validation time is not step time
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # Keras calls this on the training thread, in order, right before each execution,
+        # so the time between two of them is the step time as training experiences it.
+        now = time.perf_counter()
+        began = self._batch_began
+        self._batch_began = (batch, now)
+        if began is not None and self.run is not None and batch > began[0]:
+            step = self._epoch_first_step + batch  # the last step of the previous execution
+            self.run.log(step, {"step_time": (now - began[1]) / (batch - began[0])})
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        now = time.perf_counter()
-        values = _numbers(logs)
-        batch_loss = values.pop(_BATCH_LOSS, None)
-        if logs is not None:
-            logs.pop(_BATCH_LOSS, None)
-        # Keras's "loss" is the epoch's running mean; the series "loss" is the batch's own.
-        values.pop("loss", None)
-        if batch_loss is not None:
-            values["loss"] = batch_loss
+        logs = logs if logs is not None else {}
+        vitals = {key: logs.pop(key) for key in list(logs) if key.startswith(_PREFIX)}
+        if self.run is None:
+            return
         step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
-        values["step_time"] = (now - self._last_batch_end) / max(step - self._step, 1)
-        self._step, self._last_batch_end = step, now
-        if self.run is not None:
-            self.run.log(step, values)
+        values = _numbers(logs)
+        values.pop("loss", None)  # Keras's epoch running mean; "loss" is the batch's own
+        self._add_vitals(step, vitals, values)
+        self.run.log(step, values)
+        if self._weights_every and step % self._weights_every == 0:
+            self.run.log(step, {"nonfinite/weights": float(_nonfinite_weights(self.model))})
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        values = _numbers(logs)
-        values.pop(_BATCH_LOSS, None)
-        if logs is not None:
-            logs.pop(_BATCH_LOSS, None)
+        values = _numbers({k: v for k, v in (logs or {}).items() if not k.startswith(_PREFIX)})
+        for key in [k for k in (logs or {}) if k.startswith(_PREFIX)]:
+            logs.pop(key)  # type: ignore[union-attr]
         epoch_values = {k if k.startswith("val_") else f"epoch/{k}": v for k, v in values.items()}
         epoch_values["epoch"] = epoch + 1
         if self.run is not None:
-            self.run.log(self._step, epoch_values)
+            self.run.log(self.run.last_step, epoch_values)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        if logs is not None:
-            logs.pop(_BATCH_LOSS, None)
+        for key in [k for k in (logs or {}) if k.startswith(_PREFIX)]:
+            logs.pop(key)  # type: ignore[union-attr]
         self._uninstrument()
         if self.run is not None:
             self.run.finish(END_COMPLETED)
 
+    # -- per-step vitals ----------------------------------------------------------------------
+
+    def _add_vitals(self, step: int, vitals: dict[str, Any], values: dict[str, float]) -> None:
+        for key, name in (
+            (_LOSS, "loss"),
+            (_NONFINITE_LOSS, "nonfinite/loss"),
+            (_NONFINITE_INPUTS, "nonfinite/inputs"),
+            (_NONFINITE_GRADS, "nonfinite/grads"),
+            (_GRAD_NORM, "grad/global_norm"),
+        ):
+            if key in vitals:
+                values[name] = float(vitals[key])
+        norms = vitals.get(_GRAD_NORMS)
+        if norms is None or len(self._grad_names) != np.size(norms):
+            return
+        norm = values.get("grad/global_norm", math.nan)
+        with self._lock:
+            jumped = norm > _JUMP * self._last_norm
+            due = step % self._grad_norms_every == 0 or jumped or not math.isfinite(norm)
+            if due:
+                self._last_norm = norm
+        if due or values.get("nonfinite/grads", 0.0) > 0:
+            for name, value in zip(self._grad_names, np.ravel(norms).tolist(), strict=True):
+                values[f"grad/norm/{name}"] = value
+
     # -- the hook inside the train step ------------------------------------------------------
 
     def _instrument(self) -> None:
-        """Make the compiled train step also return the batch's loss.
+        """Make the compiled train step also return the vitals.
 
-        ``compute_loss`` and ``train_step`` are wrapped on the instance before the train
-        function is traced, so the loss tensor comes back with the logs Keras fetches anyway:
-        no extra device-to-host transfer per step.
+        ``compute_loss``, ``train_step`` and the optimizer's ``apply`` are wrapped on the
+        instances before the train function is traced, so the values come back with the logs
+        Keras fetches anyway: no extra device-to-host transfer per step.
         """
         model = self.model
+        optimizer = getattr(model, "optimizer", None)
         try:
+            from trainvitals import tf_vitals
+
             captured: dict[str, Any] = {}
-            compute_loss = model.compute_loss
-            train_step = model.train_step
+            compute_loss, train_step = model.compute_loss, model.train_step
 
             @functools.wraps(compute_loss)
             def capturing_compute_loss(*args: Any, **kwargs: Any) -> Any:
                 loss = compute_loss(*args, **kwargs)
-                captured["loss"] = loss
+                captured[_LOSS] = loss
+                captured[_NONFINITE_LOSS] = tf_vitals.nonfinite_count(loss)
                 return loss
 
             @functools.wraps(train_step)
-            def reporting_train_step(*args: Any, **kwargs: Any) -> Any:
+            def reporting_train_step(data: Any, *args: Any, **kwargs: Any) -> Any:
                 captured.clear()
-                logs = train_step(*args, **kwargs)
-                if "loss" in captured and isinstance(logs, dict):
-                    logs = {**logs, _BATCH_LOSS: captured["loss"]}
+                captured[_NONFINITE_INPUTS] = tf_vitals.nonfinite_count(data)
+                logs = train_step(data, *args, **kwargs)
+                if isinstance(logs, dict):
+                    logs = {**logs, **captured}
                 return logs
 
-            _set_instance_attr(model, "compute_loss", capturing_compute_loss)
-            _set_instance_attr(model, "train_step", reporting_train_step)
-            self._undo = [
-                functools.partial(_del_instance_attr, model, "compute_loss"),
-                functools.partial(_del_instance_attr, model, "train_step"),
+            undo = [
+                self._wrap(model, "compute_loss", capturing_compute_loss),
+                self._wrap(model, "train_step", reporting_train_step),
             ]
+            if optimizer is not None:
+                apply = optimizer.apply
+
+                @functools.wraps(apply)
+                def measuring_apply(grads: Any, trainable_variables: Any = None) -> Any:
+                    grads = list(grads)
+                    variables = (
+                        list(trainable_variables)
+                        if trainable_variables is not None
+                        else list(optimizer._trainable_variables)
+                    )
+                    self._grad_names = [
+                        tf_vitals.variable_name(v, i) for i, v in enumerate(variables)
+                    ]
+                    vitals = tf_vitals.gradient_vitals(grads, tf_vitals.loss_scale_of(optimizer))
+                    captured[_GRAD_NORM] = vitals["global_norm"]
+                    captured[_GRAD_NORMS] = vitals["norms"]
+                    captured[_NONFINITE_GRADS] = vitals["nonfinite"]
+                    return apply(grads, trainable_variables)
+
+                undo.append(self._wrap(optimizer, "apply", measuring_apply))
+            self._undo = undo
             model.make_train_function(force=True)
         except Exception as exc:  # an unusual model must still train
-            log.warning("trainvitals: cannot record the batch loss of this model (%s)", exc)
+            log.warning(
+                "trainvitals: in-step vitals unavailable for this model (%s: %s)",
+                type(exc).__name__,
+                exc,
+            )
             self._uninstrument()
+
+    @staticmethod
+    def _wrap(obj: object, name: str, function: Callable[..., Any]) -> Callable[[], None]:
+        # Bypass Keras's attribute tracking: these are plain functions, not layers or variables.
+        object.__setattr__(obj, name, function)
+        return lambda: vars(obj).pop(name, None)
 
     def _uninstrument(self) -> None:
         undo, self._undo = self._undo, []
@@ -171,14 +279,20 @@ def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
         try:
             out[key] = float(value)
         except (TypeError, ValueError):
-            continue  # strings or nested structures some callbacks put in logs
+            continue  # strings or arrays some callbacks put in logs
     return out
 
 
-def _set_instance_attr(obj: object, name: str, value: Any) -> None:
-    # Bypass Keras's attribute tracking: these are plain functions, not layers or variables.
-    object.__setattr__(obj, name, value)
+def _nonfinite_weights(model: Any) -> int:
+    from trainvitals import tf_vitals
+
+    return int(tf_vitals.nonfinite_count([w.value for w in model.weights]))
 
 
-def _del_instance_attr(obj: object, name: str) -> None:
-    vars(obj).pop(name, None)
+def _tensorflow_env(model: Any) -> dict[str, Any]:
+    try:
+        from trainvitals import tf_vitals
+
+        return tf_vitals.describe(model)
+    except Exception as exc:  # facts for the dashboard, never a reason to fail
+        return {"tensorflow_describe_error": f"{type(exc).__name__}: {exc}"}

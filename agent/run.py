@@ -23,7 +23,10 @@ from typing import Any
 from trainvitals import environment
 from trainvitals.buffer import PointBuffer
 from trainvitals.config import AgentConfig
+from trainvitals.gpu import NvmlSource, TfAllocatorSource
+from trainvitals.host import HostSource
 from trainvitals.protocol import END_COMPLETED, END_EXCEPTION, HELLO, PROTOCOL_VERSION
+from trainvitals.sampler import Sampler, Source
 from trainvitals.transport import Sender
 
 log = logging.getLogger("trainvitals")
@@ -39,6 +42,10 @@ class Run:
 
     Args:
         config: where to send and what to call the run (see :func:`trainvitals.config.resolve`).
+        system_metrics: seconds between host/GPU samples (default 1); 0 or False turns the
+            sampler off.
+        gpu: a GPU source to sample instead of NVML (e.g. :class:`trainvitals.SimulatedGpu`).
+        env: more facts for the run's environment (the callback adds TensorFlow's).
 
     Example:
         >>> run = Run(resolve(project="mnist"))          # doctest: +SKIP
@@ -47,14 +54,29 @@ class Run:
         >>> run.finish()
     """
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        system_metrics: float | bool = 1.0,
+        gpu: Source | None = None,
+        env: dict[str, Any] | None = None,
+    ) -> None:
         self.config = config
         self.id = uuid.uuid4().hex
         self.started_at = time.time()
         self._buffer = PointBuffer()
         self._sender: Sender | None = None
+        self._sampler: Sampler | None = None
+        self._interval = 0.0 if system_metrics is False else float(system_metrics)
+        self._gpu = gpu
+        self._env = dict(env or {})
         self._finished = False
         self._lock = threading.Lock()
+
+    @property
+    def last_step(self) -> int:
+        return self._buffer.last_step
 
     def hello(self) -> dict[str, Any]:
         return {
@@ -67,11 +89,16 @@ class Run:
             "host": environment.host(),
             "pid": os.getpid(),
             "started_at": self.started_at,
-            "env": environment.describe(),
+            "env": {**environment.describe(), **self._env},
         }
 
     def start(self) -> None:
-        """Start the sender thread. Returns at once, whether or not the server is up."""
+        """Start the sender (and sampler) threads. Returns at once, server up or not."""
+        if self._interval > 0:
+            sources = system_sources(self._gpu)
+            for source in sources:
+                self._env[source.name] = _jsonable(source.describe())
+            self._sampler = Sampler(sources, self._record_system, self._interval)
         self._sender = Sender(
             self.config.ingest_url,
             self.hello(),
@@ -80,6 +107,8 @@ class Run:
             token=self.config.token,
         )
         self._sender.start()
+        if self._sampler is not None:
+            self._sampler.start()
         _install_exit_hooks()
         _open_runs.add(self)
 
@@ -102,6 +131,9 @@ class Run:
                 return True
             self._finished = True
         _open_runs.discard(self)
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler.sample_once()  # the last readings before the end
         end: dict[str, Any] = {"reason": reason, "time": time.time()}
         if traceback_text:
             end["traceback"] = traceback_text
@@ -118,6 +150,21 @@ class Run:
                 timeout,
             )
         return delivered
+
+    def _record_system(self, values: Mapping[str, float]) -> None:
+        self._buffer.add(self._buffer.last_step, time.time(), values)
+
+
+def system_sources(gpu: Source | None = None) -> list[Source]:
+    """The host, the GPUs (NVML unless ``gpu`` is given) and TensorFlow's GPU allocator."""
+    sources: list[Source] = [HostSource()]
+    gpu_source = gpu if gpu is not None else NvmlSource.create()
+    if gpu_source is not None:
+        sources.append(gpu_source)
+    allocator = TfAllocatorSource.create()
+    if allocator is not None and gpu is None:
+        sources.append(allocator)
+    return sources
 
 
 def _jsonable(value: Any) -> Any:

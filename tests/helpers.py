@@ -134,3 +134,38 @@ def run_series(
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def own_memory_cgroup() -> Path | None:
+    """This process's memory cgroup directory (v1 or v2), or None when there is none."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+        if controllers == "" and Path("/sys/fs/cgroup/cgroup.controllers").exists():
+            return Path("/sys/fs/cgroup") / path.lstrip("/")
+    return None
+
+
+@contextmanager
+def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
+    """A child memory cgroup with ``limit_bytes``; yields its directory (write a pid to
+    ``cgroup.procs`` to move a process in). Needs root and a writable cgroup tree."""
+    parent = own_memory_cgroup()
+    if parent is None or not os.access(parent, os.W_OK):
+        import pytest
+
+        pytest.skip("no writable memory cgroup here (needs root)")
+    group = parent / f"trainvitals-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        v2 = (group / "memory.max").exists()
+        (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit_bytes))
+        yield group
+    finally:
+        for _ in range(100):  # the processes in it must have exited before it can go
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.05)

@@ -1,0 +1,153 @@
+"""``Monitor``: the same vitals as ``VitalsCallback``, for custom GradientTape loops."""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from trainvitals.config import resolve
+from trainvitals.protocol import END_COMPLETED, END_EXCEPTION
+from trainvitals.run import Run
+from trainvitals.sampler import Source
+
+
+class Monitor:
+    """Stream a custom training loop's vitals to a trainvitals server.
+
+    ``log`` takes the step's tensors and computes from them what the Keras callback computes
+    in the train step: the loss, the gradients' global and per-variable norms, NaN/Inf counts
+    of the loss, gradients and inputs, and the time between calls. It fetches everything from
+    the device in one go. Used as a context manager, the run ends ``completed`` or
+    ``exception`` (with the traceback) with the block.
+
+    Args:
+        server, project, run_name, token, config: as for :class:`VitalsCallback`.
+        model: names the per-variable norms (``grad/norm/<variable path>``) and enables the
+            weights' NaN/Inf check every ``weights_every`` steps.
+        grad_norms_every: steps between per-variable gradient norms (default 10); they are
+            also recorded on any step with non-finite gradients.
+        system_metrics, gpu: host/GPU sampling, as for :class:`VitalsCallback`.
+
+    Example:
+        ```python
+        with trainvitals.Monitor(project="gan", run_name="try-7", model=model) as mon:
+            for step, (x, y) in enumerate(dataset):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x, training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                mon.log(step, loss=loss, grads=grads, inputs=x, metrics={"acc": acc})
+        ```
+    """
+
+    def __init__(
+        self,
+        server: str | None = None,
+        project: str | None = None,
+        run_name: str | None = None,
+        token: str | None = None,
+        config: dict[str, Any] | None = None,
+        *,
+        model: Any = None,
+        flush_interval: float = 0.2,
+        grad_norms_every: int = 10,
+        weights_every: int = 50,
+        system_metrics: float | bool = 1.0,
+        gpu: Source | None = None,
+    ) -> None:
+        settings = resolve(server, project, run_name, token, config, flush_interval)
+        self._model = model
+        self._grad_norms_every = max(int(grad_norms_every), 1)
+        self._weights_every = int(weights_every)
+        self.run = Run(settings, system_metrics=system_metrics, gpu=gpu)
+        self._last_log: float | None = None
+        self._started = False
+
+    def start(self) -> Monitor:
+        if not self._started:
+            self.run.start()
+            self._started = True
+        return self
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.finish()
+        else:
+            self.finish(END_EXCEPTION, "".join(traceback.format_exception(kind, exc, tb)))
+
+    def finish(self, reason: str = END_COMPLETED, traceback_text: str | None = None) -> bool:
+        """End the run; returns whether the server acknowledged everything."""
+        return self.run.finish(reason, traceback_text)
+
+    def log(
+        self,
+        step: int,
+        loss: Any = None,
+        grads: Sequence[Any] | None = None,
+        inputs: Any = None,
+        metrics: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record step ``step``. Every argument is optional; tensors, arrays or numbers."""
+        self.start()
+        now = time.perf_counter()
+        values: dict[str, float] = {}
+        if self._last_log is not None:
+            values["step_time"] = now - self._last_log
+        self._last_log = now
+        tensors: dict[str, Any] = {}
+        if loss is not None or grads is not None or inputs is not None:
+            from trainvitals import tf_vitals
+
+            if loss is not None:
+                tensors["loss"] = loss
+                tensors["nonfinite/loss"] = tf_vitals.nonfinite_count(loss)
+            if inputs is not None:
+                tensors["nonfinite/inputs"] = tf_vitals.nonfinite_count(inputs)
+            if grads is not None:
+                vitals = tf_vitals.gradient_vitals(list(grads))
+                tensors["grad/global_norm"] = vitals["global_norm"]
+                tensors["nonfinite/grads"] = vitals["nonfinite"]
+                tensors["_norms"] = vitals["norms"]
+            if self._model is not None and self._weights_every and step % self._weights_every == 0:
+                tensors["nonfinite/weights"] = tf_vitals.nonfinite_count(list(self._model.weights))
+        norms_tensor = tensors.pop("_norms", None)
+        norms = None if norms_tensor is None else np.ravel(_to_python(norms_tensor)).tolist()
+        values.update({name: float(_to_python(v)) for name, v in tensors.items()})
+        if norms is not None and (
+            step % self._grad_norms_every == 0
+            or values.get("nonfinite/grads", 0.0) > 0
+            or not math.isfinite(values.get("grad/global_norm", 0.0))
+        ):
+            names = self._variable_names(len(norms))
+            values.update({f"grad/norm/{n}": float(v) for n, v in zip(names, norms, strict=True)})
+        for name, value in (metrics or {}).items():
+            values[name] = float(_to_python(value))
+        self.run.log(step, values)
+
+    def _variable_names(self, count: int) -> list[str]:
+        variables = list(getattr(self._model, "trainable_variables", None) or [])
+        if len(variables) == count:
+            from trainvitals import tf_vitals
+
+            return [tf_vitals.variable_name(v, i) for i, v in enumerate(variables)]
+        return [str(i) for i in range(count)]
+
+
+def _to_python(value: Any) -> Any:
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, list) and len(value) == 1 and not isinstance(value[0], list):
+        return value[0]
+    return value

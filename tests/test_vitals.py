@@ -1,0 +1,211 @@
+"""Per-step and per-second vitals from real training: ``fit`` and a custom loop."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+import trainvitals  # noqa: E402
+from trainvitals.gpu import THROTTLE_HW_THERMAL, THROTTLE_SW_THERMAL, NvmlSource  # noqa: E402
+
+from tests.helpers import ServerProcess, run_series, wait_for  # noqa: E402
+
+BATCH = 16
+
+
+def data(samples: int = 96) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(samples, 6)).astype("float32")
+    return x, (x.sum(axis=1, keepdims=True) * 0.3).astype("float32")
+
+
+def mlp(second_activation: str = "relu", **first_layer: Any) -> Any:
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Dense(12, activation="tanh", name="first", **first_layer),
+            keras.layers.Dense(8, activation=second_activation, name="second"),
+            keras.layers.Dense(1, name="out"),
+        ],
+        name="net",
+    )
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    return model
+
+
+def all_series(server: ServerProcess, run_id: str) -> dict[str, Any]:
+    series: dict[str, Any] = server.get(f"/api/v1/runs/{run_id}/series?max_points=100000")
+    return series["series"]  # type: ignore[no-any-return]
+
+
+def test_healthy_fit_reports_every_vital(server: ServerProcess) -> None:
+    x, y = data()
+    model = mlp()
+    vitals = trainvitals.VitalsCallback(
+        server=server.url,
+        run_name="healthy",
+        grad_norms_every=5,
+        weights_every=6,
+        system_metrics=0.1,
+    )
+    model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    series = all_series(server, vitals.run.id)
+    steps = list(range(1, 19))
+    norm = series["grad/global_norm"]
+    assert norm["step"] == steps and all(math.isfinite(v) and v > 0 for v in norm["value"])
+    for name in ("nonfinite/loss", "nonfinite/inputs", "nonfinite/grads"):
+        assert series[name]["step"] == steps and set(series[name]["value"]) == {0}, name
+    assert series["nonfinite/weights"]["step"] == [6, 12, 18]
+    assert set(series["nonfinite/weights"]["value"]) == {0}
+    per_variable = {name for name in series if name.startswith("grad/norm/")}
+    assert per_variable == {f"grad/norm/{v.path}" for v in model.trainable_variables}
+    assert series["grad/norm/net/first/kernel"]["step"] == [5, 10, 15]
+    # The per-variable norms are the pieces of the global norm.
+    at_5 = [series[name]["value"][0] for name in per_variable]
+    assert math.isclose(math.sqrt(sum(v * v for v in at_5)), norm["value"][4], rel_tol=1e-4)
+    assert len(series["step_time"]["step"]) >= 15 and min(series["step_time"]["value"]) > 0
+    rss, limit = series["host/rss"]["value"], series["host/limit"]["value"]
+    assert rss and all(0 < r < limit[0] for r in rss)
+    env = server.get(f"/api/v1/runs/{vitals.run.id}")["env"]
+    assert env["tensorflow"] == tf.__version__ and env["distribution_strategy"]
+    assert "mixed_precision_policy" in env and "tf_build" in env
+
+
+def test_nan_in_one_input_batch_is_counted_at_that_step(server: ServerProcess) -> None:
+    x, y = data()
+    x[2 * BATCH + 1, 0] = np.nan  # the third batch carries k = 3 non-finite values
+    x[2 * BATCH + 5, 3] = np.inf
+    x[2 * BATCH + 9, 2] = np.nan
+    model = mlp(second_activation="tanh")  # lets the NaN through to the loss (see below)
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, run_name="nan-input", system_metrics=False
+    )
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    series = run_series(
+        server,
+        vitals.run.id,
+        "nonfinite/inputs",
+        "nonfinite/loss",
+        "nonfinite/grads",
+        "grad/norm/net/first/kernel",
+    )
+    assert series["nonfinite/inputs"]["value"] == [0, 0, 3, 0, 0, 0]
+    assert series["nonfinite/loss"]["value"][:3] == [0, 0, 1]
+    assert series["nonfinite/grads"]["value"][:2] == [0, 0]
+    assert series["nonfinite/grads"]["value"][2] > 0
+    # Non-finite gradients record the per-variable norms at that very step.
+    assert 3 in series["grad/norm/net/first/kernel"]["step"]
+
+
+def test_nan_input_that_relu_hides_is_still_counted(server: ServerProcess) -> None:
+    x, y = data()
+    x[BATCH + 2, 0] = np.nan
+    model = mlp(second_activation="relu")  # TF's relu maps NaN to 0: loss and grads look fine
+    vitals = trainvitals.VitalsCallback(server=server.url, run_name="relu", system_metrics=False)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    series = run_series(server, vitals.run.id, "nonfinite/inputs", "nonfinite/loss")
+    assert series["nonfinite/inputs"]["value"] == [0, 1, 0, 0, 0, 0]
+    assert set(series["nonfinite/loss"]["value"]) == {0}
+
+
+def test_per_variable_norms_name_the_layer_that_blew_up(server: ServerProcess) -> None:
+    x, y = data()
+    # "first" has its weights scaled up ten-thousandfold; its L2 penalty's gradient (2·λ·W)
+    # explodes with them, while tanh saturation keeps the other layers' inputs bounded.
+    model = mlp(kernel_regularizer=keras.regularizers.L2(1e-2))
+    kernel = model.get_layer("first").kernel
+    kernel.assign(kernel.numpy() * 1e4)
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, run_name="blowup", grad_norms_every=1, system_metrics=False
+    )
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    series = all_series(server, vitals.run.id)
+    norms = {
+        name.removeprefix("grad/norm/"): s["value"][0]
+        for name, s in series.items()
+        if name.startswith("grad/norm/")
+    }
+    ranked = sorted(norms, key=norms.__getitem__, reverse=True)
+    assert ranked[0] == "net/first/kernel"
+    assert norms[ranked[0]] > 100 * norms[ranked[1]]
+
+
+def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> None:
+    x, y = data()
+    x[BATCH * 2 + 3, 1] = np.nan  # step 2 carries one NaN
+    model = mlp()
+    optimizer = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.MeanSquaredError()
+    with trainvitals.Monitor(
+        server=server.url,
+        run_name="custom",
+        model=model,
+        grad_norms_every=2,
+        weights_every=3,
+        system_metrics=0.1,
+    ) as mon:
+        for step in range(6):
+            xb, yb = x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            if step < 2:
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            mon.log(step, loss=loss, grads=grads, inputs=xb, metrics={"acc": 0.5 + step / 100})
+    series = all_series(server, mon.run.id)
+    assert series["loss"]["step"] == list(range(6))
+    assert series["nonfinite/inputs"]["value"] == [0, 0, 1, 0, 0, 0]
+    assert series["nonfinite/loss"]["value"][2] == 1
+    assert series["nonfinite/weights"]["step"] == [0, 3]
+    assert all(v > 0 for v in series["grad/global_norm"]["value"][:2])
+    assert series["step_time"]["step"] == list(range(1, 6))
+    assert series["acc"]["value"][0] == 0.5
+    per_variable = {name for name in series if name.startswith("grad/norm/")}
+    assert per_variable == {f"grad/norm/{v.path}" for v in model.trainable_variables}
+    assert {"host/rss", "host/limit"} <= set(series)
+    assert server.get(f"/api/v1/runs/{mon.run.id}")["status"] == "finished"
+
+
+def test_simulated_gpu_values_arrive_as_gpu_series(server: ServerProcess) -> None:
+    gpu = trainvitals.SimulatedGpu(
+        mem_total=16e9, mem_start=1e9, mem_growth=5e8, temp_start=60, temp_rise=2, throttle_from=3
+    )
+    mon = trainvitals.Monitor(server=server.url, run_name="gpu", gpu=gpu, system_metrics=0.02)
+    mon.log(1, metrics={"loss": 1.0})
+    wait_for(lambda: gpu.ticks >= 6, timeout=30, what="six GPU samples")
+    assert mon.finish()
+    series = all_series(server, mon.run.id)
+    used = series["gpu0/mem_used"]["value"]
+    assert used[:4] == [1e9, 1.5e9, 2e9, 2.5e9] and series["gpu0/mem_total"]["value"][0] == 16e9
+    assert series["gpu0/temp"]["value"][:4] == [60, 62, 64, 66]
+    assert series["gpu0/tf_current"]["value"][:2] == [1e9, 1.5e9]
+    throttle = series["gpu0/throttle"]["value"]
+    assert throttle[:3] == [0, 0, 0]
+    assert throttle[3] == THROTTLE_SW_THERMAL | THROTTLE_HW_THERMAL
+    for name in ("gpu0/util", "gpu0/power", "gpu0/clock_sm"):
+        assert series[name]["value"]
+    env = server.get(f"/api/v1/runs/{mon.run.id}")["env"]
+    assert env["simulated_gpu"]["gpus"][0]["name"] == "Simulated GPU"
+
+
+def test_without_nvml_there_are_no_gpu_series_and_one_info_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="trainvitals"):
+        source = NvmlSource.create()
+    if source is not None:
+        pytest.skip("this machine has a GPU with NVML: the real path runs instead")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("trainvitals: no GPU series")
