@@ -4,29 +4,64 @@
 
 const REFETCH_AT = 20000; // points in a trace before it is reloaded downsampled from the server
 
+// System and vitals series share charts by what they measure: [pattern, chart title].
+const GROUPS = [
+  [/^grad\//, "gradient norm"],
+  [/^nonfinite\//, "NaN/Inf count"],
+  [/^host\/(rss|limit|available|swap_used)$/, "host memory"],
+  [/^host\/cpu_percent$/, "host CPU %"],
+  [/^host\/cpu_temp$/, "host CPU temperature (°C)"],
+  [/^host\/disk_free$/, "disk free"],
+  [/^(gpu\d+)\/(mem_used|mem_total|tf_current|tf_peak)$/, "$1 memory"],
+  [/^(gpu\d+)\/util$/, "$1 utilisation %"],
+  [/^(gpu\d+)\/temp$/, "$1 temperature (°C)"],
+  [/^(gpu\d+)\/power$/, "$1 power (W)"],
+  [/^(gpu\d+)\/clock_sm$/, "$1 SM clock (MHz)"],
+  [/^(gpu\d+)\/(throttle|ecc_uncorrected|xid_errors)$/, "$1 throttle and errors"],
+];
+const LOG_SCALE = new Set(["step_time", "gradient norm"]);
+const BYTES = /memory$|^disk free$/;
+const TOP_VARIABLES = 5; // per-variable gradient norms shown at first; the rest in the legend
+
 // The chart a series is drawn on; null for series not charted.
 export function chartKey(name) {
   if (name === "epoch") return null;
+  for (const [pattern, title] of GROUPS) {
+    const match = name.match(pattern);
+    if (match) return title.replace(/\$(\d)/g, (_, i) => match[Number(i)]);
+  }
   let base = name;
   if (base.startsWith("val_")) base = base.slice(4);
   else if (base.startsWith("epoch/")) base = base.slice(6);
-  return base.includes("/") ? base.split("/")[0] : base;
+  return base;
 }
 
-// Loss first, then metrics, then step time, then the groups of system series.
+// Loss first, then metrics, step time, gradients, NaN/Inf, host, then GPUs.
 export function chartOrder(a, b) {
-  const rank = (key) => (key === "loss" ? 0 : key === "step_time" ? 2 : key.match(/^(grad|nonfinite|host|gpu\d*)$/) ? 3 : 1);
+  const rank = (key) => {
+    if (key === "loss") return 0;
+    if (key === "step_time") return 2;
+    if (key === "gradient norm") return 3;
+    if (key === "NaN/Inf count") return 4;
+    if (key.startsWith("host") || key === "disk free") return 5;
+    if (/^gpu\d+ /.test(key)) return 6;
+    return 1;
+  };
   return rank(a) - rank(b) || a.localeCompare(b);
 }
-
-// The same colour for the same role on every chart: per step, epoch mean, validation.
-const PALETTE = ["#2f6fed", "#9333ea", "#0d9488", "#db2777", "#65a30d", "#0891b2", "#ca8a04", "#4b5563"];
 
 function traceStyle(name, index) {
   if (name.startsWith("val_")) return { mode: "lines+markers", line: { width: 2, color: "#ea580c" }, marker: { size: 6 } };
   if (name.startsWith("epoch/")) return { mode: "lines+markers", line: { width: 2, dash: "dot", color: "#6b7280" }, marker: { size: 5 } };
+  if (/\/(limit|mem_total)$/.test(name)) return { mode: "lines", line: { width: 2, dash: "dash", color: "#d64545" } };
+  if (name.startsWith("grad/norm/")) return { mode: "lines", line: { width: 1 }, visible: "legendonly" };
+  if (name === "host/available") return { mode: "lines", line: { width: 1.2 }, visible: "legendonly" };
+  if (name === "grad/global_norm") return { mode: "lines", line: { width: 2, color: "#111827" } };
   return { mode: "lines", line: { width: 1.2, color: PALETTE[index % PALETTE.length] } };
 }
+
+// The same colour for the same role on every chart: per step, epoch mean, validation.
+const PALETTE = ["#2f6fed", "#9333ea", "#0d9488", "#db2777", "#65a30d", "#0891b2", "#ca8a04", "#4b5563"];
 
 const LAYOUT = {
   margin: { l: 56, r: 16, t: 8, b: 36 },
@@ -54,7 +89,9 @@ export class Chart {
     this.plot = this.card.querySelector(".plot");
     this.traces = new Map(); // series name -> { index, lastStep, length }
     const layout = structuredClone(LAYOUT);
-    if (key === "step_time") Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
+    if (LOG_SCALE.has(key)) Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
+    if (BYTES.test(key)) Object.assign(layout.yaxis, { tickformat: ".3~s", ticksuffix: "B" });
+    if (key === "gradient norm") layout.height = 320;
     Plotly.newPlot(this.plot, [], layout, { responsive: true, displaylogo: false });
     this.updateCount();
   }
@@ -97,6 +134,20 @@ export class Chart {
     let total = 0;
     for (const trace of this.traces.values()) total += trace.length;
     this.card.dataset.points = String(total);
+  }
+
+  // Show the per-variable gradient norms that reached the highest values; the others stay
+  // one click away in the legend (a large model has hundreds).
+  showTopVariables() {
+    const peaks = [];
+    for (const [name, trace] of this.traces) {
+      if (!name.startsWith("grad/norm/")) continue;
+      const ys = this.plot.data[trace.index].y.filter((v) => v != null && isFinite(v));
+      peaks.push([ys.length ? Math.max(...ys) : -Infinity, trace.index]);
+    }
+    peaks.sort((a, b) => b[0] - a[0]);
+    const top = peaks.slice(0, TOP_VARIABLES).map(([, index]) => index);
+    if (top.length) Plotly.restyle(this.plot, { visible: true }, top);
   }
 
   destroy() { Plotly.purge(this.plot); this.card.remove(); }

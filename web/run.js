@@ -52,7 +52,8 @@ export async function renderRun(root, live, runId) {
     `<tr><th>${escapeHTML(k)}</th><td>${escapeHTML(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
     || `<tr><td class="muted">none</td></tr>`;
 
-  const reload = async (names) => {
+  // names: the series to (re)load; none means every series of the run.
+  const reload = async (names = []) => {
     const { series } = await getSeries(runId, names);
     for (const [name, data] of Object.entries(series)) chartFor(name)?.setSeries(name, data);
   };
@@ -87,12 +88,13 @@ export async function renderRun(root, live, runId) {
   // Subscribe before fetching history, so nothing falls between the two.
   const offMessage = live.on((message) => (loaded ? apply(message) : buffered.push(message)));
   live.subscribe(runId);
-  const offReconnect = live.onReconnect(async () => { run = await getRun(runId); drawHeader(); reload(run.series); });
+  const offReconnect = live.onReconnect(async () => { run = await getRun(runId); drawHeader(); reload(); });
 
   drawHeader();
   root.querySelector("#run-config").innerHTML = kvRows(run.config);
   root.querySelector("#run-env").innerHTML = kvRows(run.env);
-  await reload(run.series);
+  await reload();
+  charts.get("gradient norm")?.showTopVariables();
   loaded = true;
   for (const message of buffered) apply(message);
   buffered = [];
