@@ -17,6 +17,7 @@ from typing import Any
 
 import keras
 import numpy as np
+from trainvitals import tf_vitals
 from trainvitals.config import resolve
 from trainvitals.protocol import END_COMPLETED
 from trainvitals.run import Run
@@ -27,12 +28,7 @@ log = logging.getLogger("trainvitals")
 # Vitals computed in the train step ride along with the logs Keras already fetches from the
 # device, under these keys; the callback takes them out before Progbar or History see them.
 _PREFIX = "trainvitals/"
-_LOSS = _PREFIX + "loss"
-_NONFINITE_LOSS = _PREFIX + "nonfinite_loss"
-_NONFINITE_INPUTS = _PREFIX + "nonfinite_inputs"
-_NONFINITE_GRADS = _PREFIX + "nonfinite_grads"
-_GRAD_NORM = _PREFIX + "grad_global_norm"
-_GRAD_NORMS = _PREFIX + "grad_norms"
+_VITALS = _PREFIX + "vitals"  # one float32 vector: see tf_vitals.step_vitals
 
 #: A global norm this many times the last one recorded also records the per-variable norms.
 _JUMP = 10.0
@@ -99,6 +95,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._epoch_first_step = 0
         self._batch_began: tuple[int, float] | None = None
         self._grad_names: list[str] = []
+        self._has_loss = self._has_grads = False  # what the traced step could measure
         self._last_norm = math.nan
         self._undo: list[Callable[[], None]] = []
         self._lock = threading.Lock()
@@ -138,13 +135,14 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         logs = logs if logs is not None else {}
-        vitals = {key: logs.pop(key) for key in list(logs) if key.startswith(_PREFIX)}
+        packed = logs.pop(_VITALS, None)
         if self.run is None:
             return
         step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
         values = _numbers(logs)
         values.pop("loss", None)  # Keras's epoch running mean; "loss" is the batch's own
-        self._add_vitals(step, vitals, values)
+        if packed is not None:
+            self._add_vitals(step, np.asarray(packed), values)
         self.run.log(step, values)
         if self._weights_every and step % self._weights_every == 0:
             self.run.log(step, {"nonfinite/weights": float(_nonfinite_weights(self.model))})
@@ -167,27 +165,24 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     # -- per-step vitals ----------------------------------------------------------------------
 
-    def _add_vitals(self, step: int, vitals: dict[str, Any], values: dict[str, float]) -> None:
-        for key, name in (
-            (_LOSS, "loss"),
-            (_NONFINITE_LOSS, "nonfinite/loss"),
-            (_NONFINITE_INPUTS, "nonfinite/inputs"),
-            (_NONFINITE_GRADS, "nonfinite/grads"),
-            (_GRAD_NORM, "grad/global_norm"),
-        ):
-            if key in vitals:
-                values[name] = float(vitals[key])
-        norms = vitals.get(_GRAD_NORMS)
-        if norms is None or len(self._grad_names) != np.size(norms):
+    def _add_vitals(self, step: int, packed: np.ndarray, values: dict[str, float]) -> None:
+        head = dict(zip(tf_vitals.PACKED, packed[: len(tf_vitals.PACKED)].tolist(), strict=True))
+        if self._has_loss:
+            values["loss"] = head["loss"]
+            values["nonfinite/loss"] = head["nonfinite/loss"]
+        values["nonfinite/inputs"] = head["nonfinite/inputs"]
+        if not self._has_grads:
             return
-        norm = values.get("grad/global_norm", math.nan)
+        norm = values["grad/global_norm"] = head["grad/global_norm"]
+        values["nonfinite/grads"] = head["nonfinite/grads"]
         with self._lock:
             jumped = norm > _JUMP * self._last_norm
             due = step % self._grad_norms_every == 0 or jumped or not math.isfinite(norm)
             if due:
                 self._last_norm = norm
-        if due or values.get("nonfinite/grads", 0.0) > 0:
-            for name, value in zip(self._grad_names, np.ravel(norms).tolist(), strict=True):
+        norms = packed[len(tf_vitals.PACKED) :]
+        if (due or head["nonfinite/grads"] > 0) and len(norms) == len(self._grad_names):
+            for name, value in zip(self._grad_names, norms.tolist(), strict=True):
                 values[f"grad/norm/{name}"] = value
 
     # -- the hook inside the train step ------------------------------------------------------
@@ -202,25 +197,29 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         model = self.model
         optimizer = getattr(model, "optimizer", None)
         try:
-            from trainvitals import tf_vitals
-
             captured: dict[str, Any] = {}
             compute_loss, train_step = model.compute_loss, model.train_step
 
             @functools.wraps(compute_loss)
             def capturing_compute_loss(*args: Any, **kwargs: Any) -> Any:
-                loss = compute_loss(*args, **kwargs)
-                captured[_LOSS] = loss
-                captured[_NONFINITE_LOSS] = tf_vitals.nonfinite_count(loss)
+                captured["loss"] = loss = compute_loss(*args, **kwargs)
                 return loss
 
             @functools.wraps(train_step)
             def reporting_train_step(data: Any, *args: Any, **kwargs: Any) -> Any:
                 captured.clear()
-                captured[_NONFINITE_INPUTS] = tf_vitals.nonfinite_count(data)
                 logs = train_step(data, *args, **kwargs)
+                # Python runs here once, while the step is traced: these say what it measures.
+                self._has_loss, self._has_grads = "loss" in captured, "grads" in captured
                 if isinstance(logs, dict):
-                    logs = {**logs, **captured}
+                    vitals = tf_vitals.step_vitals(
+                        captured.get("loss"),
+                        data,
+                        captured.get("grads"),
+                        captured.get("scale"),
+                        xla=bool(getattr(model, "jit_compile", False)),
+                    )
+                    logs = {**logs, _VITALS: vitals}
                 return logs
 
             undo = [
@@ -241,10 +240,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
                     self._grad_names = [
                         tf_vitals.variable_name(v, i) for i, v in enumerate(variables)
                     ]
-                    vitals = tf_vitals.gradient_vitals(grads, tf_vitals.loss_scale_of(optimizer))
-                    captured[_GRAD_NORM] = vitals["global_norm"]
-                    captured[_GRAD_NORMS] = vitals["norms"]
-                    captured[_NONFINITE_GRADS] = vitals["nonfinite"]
+                    captured["grads"] = grads
+                    captured["scale"] = tf_vitals.loss_scale_of(optimizer)
                     return apply(grads, trainable_variables)
 
                 undo.append(self._wrap(optimizer, "apply", measuring_apply))
@@ -284,15 +281,11 @@ def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
 
 
 def _nonfinite_weights(model: Any) -> int:
-    from trainvitals import tf_vitals
-
     return int(tf_vitals.nonfinite_count([w.value for w in model.weights]))
 
 
 def _tensorflow_env(model: Any) -> dict[str, Any]:
     try:
-        from trainvitals import tf_vitals
-
         return tf_vitals.describe(model)
     except Exception as exc:  # facts for the dashboard, never a reason to fail
         return {"tensorflow_describe_error": f"{type(exc).__name__}: {exc}"}

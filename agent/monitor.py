@@ -104,32 +104,33 @@ class Monitor:
         if self._last_log is not None:
             values["step_time"] = now - self._last_log
         self._last_log = now
-        tensors: dict[str, Any] = {}
         if loss is not None or grads is not None or inputs is not None:
             from trainvitals import tf_vitals
 
+            grad_list = None if grads is None else list(grads)
+            packed = np.asarray(tf_vitals.step_vitals(loss, inputs, grad_list))  # one fetch
+            head = dict(
+                zip(tf_vitals.PACKED, packed[: len(tf_vitals.PACKED)].tolist(), strict=True)
+            )
             if loss is not None:
-                tensors["loss"] = loss
-                tensors["nonfinite/loss"] = tf_vitals.nonfinite_count(loss)
+                values["loss"], values["nonfinite/loss"] = head["loss"], head["nonfinite/loss"]
             if inputs is not None:
-                tensors["nonfinite/inputs"] = tf_vitals.nonfinite_count(inputs)
-            if grads is not None:
-                vitals = tf_vitals.gradient_vitals(list(grads))
-                tensors["grad/global_norm"] = vitals["global_norm"]
-                tensors["nonfinite/grads"] = vitals["nonfinite"]
-                tensors["_norms"] = vitals["norms"]
+                values["nonfinite/inputs"] = head["nonfinite/inputs"]
+            if grad_list is not None:
+                norm = values["grad/global_norm"] = head["grad/global_norm"]
+                values["nonfinite/grads"] = head["nonfinite/grads"]
+                if (
+                    step % self._grad_norms_every == 0
+                    or head["nonfinite/grads"] > 0
+                    or not math.isfinite(norm)
+                ):
+                    norms = packed[len(tf_vitals.PACKED) :].tolist()
+                    names = self._variable_names(len(norms))
+                    values.update({f"grad/norm/{n}": v for n, v in zip(names, norms, strict=True)})
             if self._model is not None and self._weights_every and step % self._weights_every == 0:
-                tensors["nonfinite/weights"] = tf_vitals.nonfinite_count(list(self._model.weights))
-        norms_tensor = tensors.pop("_norms", None)
-        norms = None if norms_tensor is None else np.ravel(_to_python(norms_tensor)).tolist()
-        values.update({name: float(_to_python(v)) for name, v in tensors.items()})
-        if norms is not None and (
-            step % self._grad_norms_every == 0
-            or values.get("nonfinite/grads", 0.0) > 0
-            or not math.isfinite(values.get("grad/global_norm", 0.0))
-        ):
-            names = self._variable_names(len(norms))
-            values.update({f"grad/norm/{n}": float(v) for n, v in zip(names, norms, strict=True)})
+                values["nonfinite/weights"] = float(
+                    tf_vitals.nonfinite_count(list(self._model.weights))
+                )
         for name, value in (metrics or {}).items():
             values[name] = float(_to_python(value))
         self.run.log(step, values)

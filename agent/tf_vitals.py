@@ -7,10 +7,15 @@ reach the host with the logs Keras fetches anyway) and eagerly by
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
+
+#: Order of the scalars at the head of the packed vitals vector; per-variable norms follow.
+PACKED = ("loss", "nonfinite/loss", "nonfinite/inputs", "nonfinite/grads", "grad/global_norm")
 
 
 def _dense(tensor: Any) -> Any:
@@ -19,39 +24,98 @@ def _dense(tensor: Any) -> Any:
     return tf.convert_to_tensor(tensor)
 
 
-def nonfinite_count(structure: Any) -> tf.Tensor:
-    """NaN/Inf elements across every floating tensor in a (nested) structure, as int64."""
-    total = tf.constant(0, tf.int64)
-    for tensor in tf.nest.flatten(structure):
-        if tensor is None:
-            continue
-        dense = _dense(tensor)
-        if not dense.dtype.is_floating:
-            continue
-        total += tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(dense)), tf.int64))
+def _floating(structure: Any) -> list[Any]:
+    tensors = (_dense(t) for t in tf.nest.flatten(structure) if t is not None)
+    return [t for t in tensors if t.dtype.is_floating]
+
+
+# DebugNumericSummaryV2 (the op behind tfdbg v2) in CONCISE_HEALTH mode counts NaN, -Inf and
+# +Inf in one pass and one op; the obvious is_finite/logical_not/cast/reduce_sum takes four,
+# and on small models the number of ops is what a step pays for. XLA cannot compile it, and it
+# has no bfloat16 kernel: those take the four-op path.
+_CONCISE_HEALTH = 3
+_FUSED_DTYPES = (tf.float16, tf.float32, tf.float64)
+
+
+def nonfinite_count(structure: Any, xla: bool = False) -> tf.Tensor:
+    """NaN/Inf elements across every floating tensor in a (nested) structure, as float32."""
+    fused: list[Any] = []
+    plain: list[Any] = []
+    for tensor in _floating(structure):
+        (plain if xla or tensor.dtype not in _FUSED_DTYPES else fused).append(tensor)
+    total = tf.constant(0.0, tf.float32)
+    if fused:
+        summaries = tf.stack(
+            [
+                tf.raw_ops.DebugNumericSummaryV2(
+                    input=t,
+                    tensor_debug_mode=_CONCISE_HEALTH,
+                    tensor_id=-1,
+                    output_dtype=tf.float32,
+                )
+                for t in fused
+            ]
+        )
+        total += tf.reduce_sum(summaries[:, 2:])  # [id, elements, -inf, +inf, nan]
+    for tensor in plain:
+        total += tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(tensor)), tf.float32))
     return total
 
 
-def gradient_vitals(grads: Sequence[Any], loss_scale: Any = None) -> dict[str, tf.Tensor]:
-    """Global norm, per-variable norms (a vector, in the order of ``grads``) and NaN/Inf count.
+def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:
+    """Each tensor's sum of squares, as a float32 vector (0 for a missing gradient).
 
-    ``loss_scale``: the mixed-precision loss scale the gradients carry, divided out so the
-    norms are those of the true gradients.
+    One ``l2_loss`` op per tensor: on small models the number of ops, not their size, is what
+    a training step pays for.
     """
     squares = []
-    for grad in grads:
-        if grad is None:
+    for tensor in tensors:
+        if tensor is None:
             squares.append(tf.constant(0.0, tf.float32))
             continue
-        squares.append(tf.reduce_sum(tf.square(tf.cast(_dense(grad), tf.float32))))
-    stacked = tf.stack(squares) if squares else tf.zeros([0], tf.float32)
+        square = 2.0 * tf.nn.l2_loss(_dense(tensor))
+        squares.append(square if square.dtype == tf.float32 else tf.cast(square, tf.float32))
+    return tf.stack(squares) if squares else tf.zeros([0], tf.float32)
+
+
+def step_vitals(
+    loss: Any, inputs: Any, grads: Sequence[Any] | None, loss_scale: Any = None, xla: bool = False
+) -> tf.Tensor:
+    """Everything a step reports, packed into one float32 vector so that fetching it costs one
+    transfer: the scalars named in :data:`PACKED`, then the per-variable gradient norms.
+
+    ``xla``: the step is compiled with XLA (``jit_compile``), which some ops cannot join.
+    """
+    nan = tf.constant(float("nan"), tf.float32)
+    zero = tf.constant(0.0, tf.float32)
+    if loss is None:
+        loss32, nonfinite_loss = nan, zero
+    else:
+        loss32 = tf.cast(tf.reduce_mean(loss), tf.float32)
+        nonfinite_loss = nonfinite_count(loss, xla)
+    nonfinite_inputs = nonfinite_count(inputs, xla)
+    if grads is None:
+        return tf.stack([loss32, nonfinite_loss, nonfinite_inputs, zero, nan])
+    present = [g for g in grads if g is not None]
+    squares = squared_norms(grads)
     if loss_scale is not None:
-        stacked = stacked / tf.square(tf.cast(loss_scale, tf.float32))
-    return {
-        "global_norm": tf.sqrt(tf.reduce_sum(stacked)),
-        "norms": tf.sqrt(stacked),
-        "nonfinite": nonfinite_count([g for g in grads if g is not None]),
-    }
+        squares = squares / tf.square(tf.cast(loss_scale, tf.float32))
+    head = tf.stack(
+        [
+            loss32,
+            nonfinite_loss,
+            nonfinite_inputs,
+            nonfinite_count(present, xla),
+            tf.sqrt(tf.reduce_sum(squares)),
+        ]
+    )
+    return tf.concat([head, tf.sqrt(squares)], axis=0)
+
+
+def unpack(vector: Any) -> tuple[dict[str, float], list[float]]:
+    """The packed vector as ``({series name: value}, per-variable norms)``."""
+    values = [float(v) for v in vector]
+    return dict(zip(PACKED, values[: len(PACKED)], strict=True)), values[len(PACKED) :]
 
 
 def loss_scale_of(optimizer: Any) -> Any:
@@ -89,6 +153,9 @@ def describe(model: Any = None) -> dict[str, Any]:
         env["mixed_precision_policy"] = keras.config.dtype_policy().name
     except Exception:
         pass
+    worker = _worker_from_tf_config(os.environ.get("TF_CONFIG"))
+    if worker:
+        env["worker"] = worker
     if model is not None:
         strategy = getattr(model, "distribute_strategy", None)
         if strategy is not None:
@@ -96,3 +163,14 @@ def describe(model: Any = None) -> dict[str, Any]:
             env["replicas"] = int(getattr(strategy, "num_replicas_in_sync", 1))
         env["jit_compile"] = bool(getattr(model, "jit_compile", False))
     return env
+
+
+def _worker_from_tf_config(text: str | None) -> dict[str, Any] | None:
+    """This process's place in a multi-worker job, from ``TF_CONFIG``."""
+    if not text:
+        return None
+    try:
+        task = json.loads(text).get("task", {})
+        return {"type": str(task.get("type", "")), "index": int(task.get("index", 0))}
+    except (ValueError, AttributeError, TypeError):
+        return None

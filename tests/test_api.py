@@ -12,7 +12,10 @@ from tests.helpers import ServerProcess, run_series, wait_for
 
 
 def stream_run(server: ServerProcess, steps: int, name: str = "r", **values_at: float) -> Run:
-    run = Run(resolve(server=server.url, project="api", run_name=name, config={"lr": 3e-4}))
+    run = Run(
+        resolve(server=server.url, project="api", run_name=name, config={"lr": 3e-4}),
+        system_metrics=False,  # only the series logged here
+    )
     run.start()
     for step in range(1, steps + 1):
         run.log(step, {"loss": 1.0 / step, "accuracy": step / steps, **values_at}, time_=1e9 + step)

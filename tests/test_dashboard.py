@@ -102,8 +102,13 @@ def test_run_page_draws_the_live_run(
     for section in ("gradient norm", "NaN/Inf count", "host memory", "step_time"):
         page.locator(f'[data-chart="{section}"]').wait_for(timeout=30_000)
     # The memory chart draws the effective limit beside the process's RSS.
-    wait_for(lambda: page.locator('[data-chart="host memory"] .legendtext', has_text="host/limit")
-             .count(), timeout=30, what="the memory limit line")
+    wait_for(
+        lambda: page.locator(
+            '[data-chart="host memory"] .legendtext', has_text="host/limit"
+        ).count(),
+        timeout=30,
+        what="the memory limit line",
+    )
     assert page.locator("#live-indicator").get_attribute("data-state") == "live"
     wait_for(
         lambda: page.locator('[data-chart="loss"] .legendtext', has_text="val_loss").count(),

@@ -45,7 +45,11 @@ def test_wheel_in_a_fresh_virtualenv_serves_the_dashboard(tmp_path: Path) -> Non
         for line in metadata.splitlines()
         if line.startswith("Requires-Dist:") and "extra ==" not in line
     ]
-    assert plain == ["Requires-Dist: websockets>=13.0"], "the agent install stays light"
+    assert plain == [  # the agent install stays light: no web stack, no numerics
+        "Requires-Dist: websockets>=13.0",
+        "Requires-Dist: psutil>=5.9",
+        "Requires-Dist: nvidia-ml-py>=12.535",
+    ]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
