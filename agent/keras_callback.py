@@ -217,7 +217,6 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
                         data,
                         captured.get("grads"),
                         captured.get("scale"),
-                        xla=bool(getattr(model, "jit_compile", False)),
                     )
                     logs = {**logs, _VITALS: vitals}
                 return logs

@@ -29,35 +29,10 @@ def _floating(structure: Any) -> list[Any]:
     return [t for t in tensors if t.dtype.is_floating]
 
 
-# DebugNumericSummaryV2 (the op behind tfdbg v2) in CONCISE_HEALTH mode counts NaN, -Inf and
-# +Inf in one pass and one op; the obvious is_finite/logical_not/cast/reduce_sum takes four,
-# and on small models the number of ops is what a step pays for. XLA cannot compile it, and it
-# has no bfloat16 kernel: those take the four-op path.
-_CONCISE_HEALTH = 3
-_FUSED_DTYPES = (tf.float16, tf.float32, tf.float64)
-
-
-def nonfinite_count(structure: Any, xla: bool = False) -> tf.Tensor:
+def nonfinite_count(structure: Any) -> tf.Tensor:
     """NaN/Inf elements across every floating tensor in a (nested) structure, as float32."""
-    fused: list[Any] = []
-    plain: list[Any] = []
-    for tensor in _floating(structure):
-        (plain if xla or tensor.dtype not in _FUSED_DTYPES else fused).append(tensor)
     total = tf.constant(0.0, tf.float32)
-    if fused:
-        summaries = tf.stack(
-            [
-                tf.raw_ops.DebugNumericSummaryV2(
-                    input=t,
-                    tensor_debug_mode=_CONCISE_HEALTH,
-                    tensor_id=-1,
-                    output_dtype=tf.float32,
-                )
-                for t in fused
-            ]
-        )
-        total += tf.reduce_sum(summaries[:, 2:])  # [id, elements, -inf, +inf, nan]
-    for tensor in plain:
+    for tensor in _floating(structure):
         total += tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(tensor)), tf.float32))
     return total
 
@@ -79,36 +54,41 @@ def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:
 
 
 def step_vitals(
-    loss: Any, inputs: Any, grads: Sequence[Any] | None, loss_scale: Any = None, xla: bool = False
+    loss: Any, inputs: Any, grads: Sequence[Any] | None, loss_scale: Any = None
 ) -> tf.Tensor:
     """Everything a step reports, packed into one float32 vector so that fetching it costs one
     transfer: the scalars named in :data:`PACKED`, then the per-variable gradient norms.
 
-    ``xla``: the step is compiled with XLA (``jit_compile``), which some ops cannot join.
+    Counting NaN/Inf element by element costs more than the norms themselves, and NaN/Inf
+    always make a sum of squares non-finite. So the sums of squares (which the norms need
+    anyway) are checked, and the exact counts run, inside one ``tf.cond``, only on a step
+    that has a NaN or an Inf somewhere.
     """
-    nan = tf.constant(float("nan"), tf.float32)
     zero = tf.constant(0.0, tf.float32)
-    if loss is None:
-        loss32, nonfinite_loss = nan, zero
-    else:
-        loss32 = tf.cast(tf.reduce_mean(loss), tf.float32)
-        nonfinite_loss = nonfinite_count(loss, xla)
-    nonfinite_inputs = nonfinite_count(inputs, xla)
-    if grads is None:
-        return tf.stack([loss32, nonfinite_loss, nonfinite_inputs, zero, nan])
-    present = [g for g in grads if g is not None]
-    squares = squared_norms(grads)
+    loss32 = (
+        tf.constant(float("nan")) if loss is None else tf.cast(tf.reduce_mean(loss), tf.float32)
+    )
+    input_tensors = _floating(inputs)
+    present = [g for g in grads if g is not None] if grads is not None else []
+    squares = squared_norms(grads) if grads is not None else tf.zeros([0], tf.float32)
+    checksum = tf.reduce_sum(squared_norms(input_tensors)) + tf.reduce_sum(squares)
+    if loss is not None:
+        checksum += tf.reduce_sum(tf.cast(loss, tf.float32))
+    counts = tf.cond(
+        tf.math.is_finite(checksum),
+        lambda: tf.zeros([3], tf.float32),
+        lambda: tf.stack(
+            [
+                nonfinite_count(loss) if loss is not None else zero,
+                nonfinite_count(input_tensors),
+                nonfinite_count(present),
+            ]
+        ),
+    )
     if loss_scale is not None:
         squares = squares / tf.square(tf.cast(loss_scale, tf.float32))
-    head = tf.stack(
-        [
-            loss32,
-            nonfinite_loss,
-            nonfinite_inputs,
-            nonfinite_count(present, xla),
-            tf.sqrt(tf.reduce_sum(squares)),
-        ]
-    )
+    norm = tf.sqrt(tf.reduce_sum(squares)) if grads is not None else tf.constant(float("nan"))
+    head = tf.stack([loss32, counts[0], counts[1], counts[2], norm])
     return tf.concat([head, tf.sqrt(squares)], axis=0)
 
 
