@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from tests.helpers import ServerProcess
 
@@ -48,24 +48,26 @@ def frame_body(first_step: int) -> str:
     )
 
 
+async def say_hello(ws: ClientConnection, run_id: str, name: str) -> None:
+    """Open the run as an agent does: ``hello``, then wait for ``welcome``."""
+    hello = {
+        "type": "hello",
+        "v": 1,
+        "run_id": run_id,
+        "project": "bench",
+        "name": name,
+        "started_at": time.time(),
+    }
+    await ws.send(json.dumps(hello))
+    await ws.recv()
+
+
 async def agent(url: str, deadline: float, counts: list[int]) -> None:
     run_id = uuid.uuid4().hex
     body = frame_body(0)  # the same numbers each frame; storage keys on (run, series, seq)
     points_per_frame = STEPS_PER_FRAME * len(SERIES)
     async with connect(url, max_size=None, compression=None) as ws:
-        await ws.send(
-            json.dumps(
-                {
-                    "type": "hello",
-                    "v": 1,
-                    "run_id": run_id,
-                    "project": "bench",
-                    "name": run_id[:8],
-                    "started_at": time.time(),
-                }
-            )
-        )
-        await ws.recv()
+        await say_hello(ws, run_id, run_id[:8])
         seq = acked = 0
         while time.monotonic() < deadline:
             while seq - acked < WINDOW:
@@ -112,19 +114,7 @@ def series_open_ms(server: ServerProcess, run_id: str, repeats: int = 5) -> floa
 async def one_million(url: str) -> str:
     run_id = uuid.uuid4().hex
     async with connect(url, max_size=None, compression=None) as ws:
-        await ws.send(
-            json.dumps(
-                {
-                    "type": "hello",
-                    "v": 1,
-                    "run_id": run_id,
-                    "project": "bench",
-                    "name": "1M",
-                    "started_at": time.time(),
-                }
-            )
-        )
-        await ws.recv()
+        await say_hello(ws, run_id, "1M")
         per_frame = 5_000
         for seq, start in enumerate(range(0, 1_000_000, per_frame), start=1):
             steps = list(range(start, start + per_frame))

@@ -18,6 +18,12 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+#: The fields every run has, by the contract in shared/DESIGN.md.
+RUN_CONTRACT_FIELDS = frozenset({
+    "id", "project", "name", "status", "started_at", "ended_at", "last_step", "last_seen",
+    "host", "end_reason",
+})  # fmt: skip
+
 POSTGRES_ADMIN_URL = os.environ.get(
     "TRAINVITALS_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )

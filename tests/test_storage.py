@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from trainvitals.server.storage import RunEnd, StorageError, Store, database_url
 
+from tests.helpers import RUN_CONTRACT_FIELDS
+
 
 def hello(run_id: str, started_at: float = 1000.0, **extra: Any) -> dict[str, Any]:
     return {
@@ -84,18 +86,7 @@ def test_runs_are_listed_newest_first_and_by_project(store: Store) -> None:
         store.open_run(conn, hello("new", started_at=2.0, project="other"), now=2.0)
     assert [r["id"] for r in store.list_runs()] == ["new", "old"]
     assert [r["id"] for r in store.list_runs(project="other")] == ["new"]
-    assert set(store.list_runs()[0]) >= {
-        "id",
-        "project",
-        "name",
-        "status",
-        "started_at",
-        "ended_at",
-        "last_step",
-        "last_seen",
-        "host",
-        "end_reason",
-    }
+    assert set(store.list_runs()[0]) >= RUN_CONTRACT_FIELDS
 
 
 def test_a_million_points_read_back(store: Store) -> None:
