@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import keras
-import numpy as np
 from trainvitals import tf_vitals
 from trainvitals.config import resolve
 from trainvitals.protocol import END_COMPLETED
 from trainvitals.run import Run
 from trainvitals.sampler import Source
+from trainvitals.vitals import StepVitals
 
 log = logging.getLogger("trainvitals")
 
@@ -29,9 +27,6 @@ log = logging.getLogger("trainvitals")
 # device, under these keys; the callback takes them out before Progbar or History see them.
 _PREFIX = "trainvitals/"
 _VITALS = _PREFIX + "vitals"  # one float32 vector: see tf_vitals.step_vitals
-
-#: A global norm this many times the last one recorded also records the per-variable norms.
-_JUMP = 10.0
 
 
 class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
@@ -87,7 +82,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     ) -> None:
         super().__init__()
         self._settings = resolve(server, project, run_name, token, config, flush_interval)
-        self._grad_norms_every = max(int(grad_norms_every), 1)
+        self._vitals = StepVitals(grad_norms_every)
         self._weights_every = int(weights_every)
         self._system_metrics = system_metrics
         self._gpu = gpu
@@ -96,9 +91,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._batch_began: tuple[int, float] | None = None
         self._grad_names: list[str] = []
         self._has_loss = self._has_grads = False  # what the traced step could measure
-        self._last_norm = math.nan
         self._undo: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
 
     # Keras may call on_train_batch_end from a thread pool, several at once and out of order:
     # that hook only reads the logs it is given and appends to the (locked) buffer.
@@ -142,7 +135,18 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         values = _numbers(logs)
         values.pop("loss", None)  # Keras's epoch running mean; "loss" is the batch's own
         if packed is not None:
-            self._add_vitals(step, np.asarray(packed), values)
+            head, norms = tf_vitals.unpack(packed)
+            values.update(
+                self._vitals.values(
+                    step,
+                    head,
+                    norms,
+                    self._grad_names,
+                    loss=self._has_loss,
+                    inputs=True,
+                    grads=self._has_grads,
+                )
+            )
         self.run.log(step, values)
         if self._weights_every and step % self._weights_every == 0:
             self.run.log(step, {"nonfinite/weights": float(_nonfinite_weights(self.model))})
@@ -164,26 +168,6 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.run.finish(END_COMPLETED)
 
     # -- per-step vitals ----------------------------------------------------------------------
-
-    def _add_vitals(self, step: int, packed: np.ndarray, values: dict[str, float]) -> None:
-        head = dict(zip(tf_vitals.PACKED, packed[: len(tf_vitals.PACKED)].tolist(), strict=True))
-        if self._has_loss:
-            values["loss"] = head["loss"]
-            values["nonfinite/loss"] = head["nonfinite/loss"]
-        values["nonfinite/inputs"] = head["nonfinite/inputs"]
-        if not self._has_grads:
-            return
-        norm = values["grad/global_norm"] = head["grad/global_norm"]
-        values["nonfinite/grads"] = head["nonfinite/grads"]
-        with self._lock:
-            jumped = norm > _JUMP * self._last_norm
-            due = step % self._grad_norms_every == 0 or jumped or not math.isfinite(norm)
-            if due:
-                self._last_norm = norm
-        norms = packed[len(tf_vitals.PACKED) :]
-        if (due or head["nonfinite/grads"] > 0) and len(norms) == len(self._grad_names):
-            for name, value in zip(self._grad_names, norms.tolist(), strict=True):
-                values[f"grad/norm/{name}"] = value
 
     # -- the hook inside the train step ------------------------------------------------------
 

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import math
 import time
 import traceback
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-import numpy as np
 from trainvitals.config import resolve
 from trainvitals.protocol import END_COMPLETED, END_EXCEPTION
 from trainvitals.run import Run
 from trainvitals.sampler import Source
+from trainvitals.vitals import StepVitals
 
 
 class Monitor:
@@ -62,7 +61,8 @@ class Monitor:
     ) -> None:
         settings = resolve(server, project, run_name, token, config, flush_interval)
         self._model = model
-        self._grad_norms_every = max(int(grad_norms_every), 1)
+        self._vitals = StepVitals(grad_norms_every)
+        self._names: list[str] = []
         self._weights_every = int(weights_every)
         self.run = Run(settings, system_metrics=system_metrics, gpu=gpu)
         self._last_log: float | None = None
@@ -108,25 +108,18 @@ class Monitor:
             from trainvitals import tf_vitals
 
             grad_list = None if grads is None else list(grads)
-            packed = np.asarray(tf_vitals.step_vitals(loss, inputs, grad_list))  # one fetch
-            head = dict(
-                zip(tf_vitals.PACKED, packed[: len(tf_vitals.PACKED)].tolist(), strict=True)
+            head, norms = tf_vitals.unpack(tf_vitals.step_vitals(loss, inputs, grad_list))
+            values.update(
+                self._vitals.values(
+                    step,
+                    head,
+                    norms,
+                    self._variable_names(len(norms)),
+                    loss=loss is not None,
+                    inputs=inputs is not None,
+                    grads=grad_list is not None,
+                )
             )
-            if loss is not None:
-                values["loss"], values["nonfinite/loss"] = head["loss"], head["nonfinite/loss"]
-            if inputs is not None:
-                values["nonfinite/inputs"] = head["nonfinite/inputs"]
-            if grad_list is not None:
-                norm = values["grad/global_norm"] = head["grad/global_norm"]
-                values["nonfinite/grads"] = head["nonfinite/grads"]
-                if (
-                    step % self._grad_norms_every == 0
-                    or head["nonfinite/grads"] > 0
-                    or not math.isfinite(norm)
-                ):
-                    norms = packed[len(tf_vitals.PACKED) :].tolist()
-                    names = self._variable_names(len(norms))
-                    values.update({f"grad/norm/{n}": v for n, v in zip(names, norms, strict=True)})
             if self._model is not None and self._weights_every and step % self._weights_every == 0:
                 values["nonfinite/weights"] = float(
                     tf_vitals.nonfinite_count(list(self._model.weights))
@@ -136,12 +129,16 @@ class Monitor:
         self.run.log(step, values)
 
     def _variable_names(self, count: int) -> list[str]:
-        variables = list(getattr(self._model, "trainable_variables", None) or [])
-        if len(variables) == count:
+        if len(self._names) != count:
             from trainvitals import tf_vitals
 
-            return [tf_vitals.variable_name(v, i) for i, v in enumerate(variables)]
-        return [str(i) for i in range(count)]
+            variables = list(getattr(self._model, "trainable_variables", None) or [])
+            self._names = (
+                [tf_vitals.variable_name(v, i) for i, v in enumerate(variables)]
+                if len(variables) == count
+                else [str(i) for i in range(count)]
+            )
+        return self._names
 
 
 def _to_python(value: Any) -> Any:

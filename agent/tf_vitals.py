@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 #: Order of the scalars at the head of the packed vitals vector; per-variable norms follow.
@@ -92,10 +93,12 @@ def step_vitals(
     return tf.concat([head, tf.sqrt(squares)], axis=0)
 
 
-def unpack(vector: Any) -> tuple[dict[str, float], list[float]]:
-    """The packed vector as ``({series name: value}, per-variable norms)``."""
-    values = [float(v) for v in vector]
-    return dict(zip(PACKED, values[: len(PACKED)], strict=True)), values[len(PACKED) :]
+def unpack(packed: Any) -> tuple[dict[str, float], Any]:
+    """A fetched :func:`step_vitals` vector as ``({name in PACKED: value}, per-variable norms)``
+    (the norms stay a numpy array: they are only turned into points when they are due)."""
+    vector = np.asarray(packed)
+    head = dict(zip(PACKED, vector[: len(PACKED)].tolist(), strict=True))
+    return head, vector[len(PACKED) :]
 
 
 def loss_scale_of(optimizer: Any) -> Any:

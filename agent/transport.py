@@ -82,10 +82,6 @@ class Sender:
     def start(self) -> None:
         self._thread.start()
 
-    def wake(self) -> None:
-        """Send now rather than at the next interval."""
-        self._wake.set()
-
     def close(self, end: dict[str, Any], timeout: float) -> bool:
         """Queue the ``end`` frame, then wait up to ``timeout`` s for everything to be acked.
 

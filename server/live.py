@@ -58,9 +58,6 @@ class Hub:
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.discard(subscriber)
 
-    def watching(self, run_id: str) -> bool:
-        return any(run_id in s.runs for s in self._subscribers)
-
     def run_changed(self, run: dict[str, Any]) -> None:
         """Queue a run summary for the next coalesced push to every browser."""
         self._dirty_runs[run["id"]] = run

@@ -1,0 +1,65 @@
+"""A step's vitals as series values: what the callback and ``Monitor`` both record.
+
+No TensorFlow here: the tensors are computed by ``tf_vitals.step_vitals`` and fetched as one
+vector; this decides which series that vector becomes, and when the per-variable gradient norms
+are worth recording (every N steps, and at once when the gradients turn non-finite or jump).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+
+#: A global norm this many times the last one recorded also records the per-variable norms.
+JUMP = 10.0
+
+
+class StepVitals:
+    """Series values of one step's packed vitals. Thread-safe: Keras may deliver steps from
+    several threads at once.
+
+    Args:
+        grad_norms_every: steps between per-variable gradient norms.
+    """
+
+    def __init__(self, grad_norms_every: int = 10) -> None:
+        self._every = max(int(grad_norms_every), 1)
+        self._last_norm = math.nan
+        self._lock = threading.Lock()
+
+    def values(
+        self,
+        step: int,
+        head: Mapping[str, float],
+        norms: Sequence[float],
+        names: Sequence[str],
+        *,
+        loss: bool,
+        inputs: bool,
+        grads: bool,
+    ) -> dict[str, float]:
+        """``head`` and ``norms`` as ``tf_vitals.unpack`` gives them; ``loss``, ``inputs`` and
+        ``grads`` say which of them the step measured."""
+        values: dict[str, float] = {}
+        if loss:
+            values["loss"] = head["loss"]
+            values["nonfinite/loss"] = head["nonfinite/loss"]
+        if inputs:
+            values["nonfinite/inputs"] = head["nonfinite/inputs"]
+        if not grads:
+            return values
+        norm = values["grad/global_norm"] = head["grad/global_norm"]
+        nonfinite = values["nonfinite/grads"] = head["nonfinite/grads"]
+        with self._lock:
+            due = (
+                step % self._every == 0
+                or norm > JUMP * self._last_norm
+                or not math.isfinite(norm)
+                or nonfinite > 0
+            )
+            if due:
+                self._last_norm = norm
+        if due and len(norms) == len(names):
+            values.update({f"grad/norm/{n}": float(v) for n, v in zip(names, norms, strict=True)})
+        return values
