@@ -101,6 +101,15 @@ def test_run_page_draws_the_live_run(
     assert page.locator('[data-chart="accuracy"]').count() == 1
     for section in ("gradient norm", "NaN/Inf count", "host memory", "step_time"):
         page.locator(f'[data-chart="{section}"]').wait_for(timeout=30_000)
+    # Per-variable gradient norms that arrive while the page is open are drawn, not hidden.
+    wait_for(
+        lambda: page.evaluate(
+            """() => document.querySelector('[data-chart="gradient norm"] .plot').data
+                 .filter((t) => t.name.startsWith('grad/norm/') && t.visible === true).length"""
+        ),
+        timeout=30,
+        what="per-variable gradient norms drawn",
+    )
     # The memory chart draws the effective limit beside the process's RSS.
     wait_for(
         lambda: page.locator(

@@ -88,9 +88,10 @@ export class Chart {
     container.appendChild(this.card);
     this.plot = this.card.querySelector(".plot");
     this.traces = new Map(); // series name -> { index, lastStep, length }
+    this.visibleVariables = 0;
     const layout = structuredClone(LAYOUT);
     if (LOG_SCALE.has(key)) Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
-    if (BYTES.test(key)) Object.assign(layout.yaxis, { tickformat: ".3~s", ticksuffix: "B" });
+    if (BYTES.test(key)) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
     if (key === "gradient norm") layout.height = 320;
     Plotly.newPlot(this.plot, [], layout, { responsive: true, displaylogo: false });
     this.updateCount();
@@ -108,7 +109,12 @@ export class Chart {
       Object.assign(existing, { lastStep, length: x.length });
     } else {
       const index = this.traces.size;
-      Plotly.addTraces(this.plot, { name, x, y, type: "scatter", ...traceStyle(name, index) });
+      const style = traceStyle(name, index);
+      if (name.startsWith("grad/norm/") && this.visibleVariables < TOP_VARIABLES) {
+        style.visible = true; // the first ones to arrive; showTopVariables() ranks them later
+        this.visibleVariables += 1;
+      }
+      Plotly.addTraces(this.plot, { name, x, y, type: "scatter", ...style });
       this.traces.set(name, { index, lastStep, length: x.length });
     }
     this.updateCount();
@@ -146,8 +152,11 @@ export class Chart {
       peaks.push([ys.length ? Math.max(...ys) : -Infinity, trace.index]);
     }
     peaks.sort((a, b) => b[0] - a[0]);
-    const top = peaks.slice(0, TOP_VARIABLES).map(([, index]) => index);
-    if (top.length) Plotly.restyle(this.plot, { visible: true }, top);
+    if (!peaks.length) return;
+    const top = new Set(peaks.slice(0, TOP_VARIABLES).map(([, index]) => index));
+    const indices = peaks.map(([, index]) => index);
+    Plotly.restyle(this.plot, { visible: indices.map((i) => (top.has(i) ? true : "legendonly")) }, indices);
+    this.visibleVariables = top.size;
   }
 
   destroy() { Plotly.purge(this.plot); this.card.remove(); }
