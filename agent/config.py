@@ -26,6 +26,8 @@ class AgentConfig:
     token: str | None
     config: dict[str, Any] = field(default_factory=dict)
     flush_interval: float = 0.2
+    #: Seconds without anything sent before a heartbeat goes out ($TRAINVITALS_HEARTBEAT_INTERVAL).
+    heartbeat_interval: float = 5.0
 
     @property
     def ingest_url(self) -> str:
@@ -48,6 +50,19 @@ def generate_run_name() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
+def _positive_env(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ConfigurationError(f"${name} must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def resolve(
     server: str | None = None,
     project: str | None = None,
@@ -64,6 +79,7 @@ def resolve(
         token=token or os.environ.get("TRAINVITALS_TOKEN") or None,
         config=dict(config or {}),
         flush_interval=flush_interval,
+        heartbeat_interval=_positive_env("TRAINVITALS_HEARTBEAT_INTERVAL", 5.0),
     )
     resolved.ingest_url  # noqa: B018 - validates the URL now, not in the sender thread
     if flush_interval <= 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -17,7 +18,7 @@ import traceback
 import uuid
 import weakref
 from collections.abc import Mapping
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any
 
 from trainvitals import environment
@@ -105,6 +106,7 @@ class Run:
             self._buffer,
             flush_interval=self.config.flush_interval,
             token=self.config.token,
+            heartbeat_interval=self.config.heartbeat_interval,
         )
         self._sender.start()
         if self._sampler is not None:
@@ -181,9 +183,12 @@ def _jsonable(value: Any) -> Any:
 # -- runs that the script leaves open -------------------------------------------------------
 # An uncaught exception skips Keras's on_train_end. The interpreter calls sys.excepthook
 # before atexit handlers, so the hook keeps the traceback and the atexit handler reports it.
+# SIGTERM's default action kills the process without running atexit handlers, so the signal
+# handler reports the ending first, then lets the signal do what it would have done.
 
 _open_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 _uncaught: list[str] = []
+_signals: list[str] = []
 _hooks_installed = False
 
 
@@ -202,9 +207,30 @@ def _install_exit_hooks() -> None:
 
     sys.excepthook = excepthook
     atexit.register(_finish_open_runs)
+    if threading.current_thread() is threading.main_thread():  # signals live there only
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            _chain_signal(signum)
+
+
+def _chain_signal(signum: int) -> None:
+    previous = signal.getsignal(signum)
+    if previous in (signal.SIG_IGN, None):
+        return
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        _signals.append(f"signal:{signal.Signals(number).name}")
+        if previous == signal.SIG_DFL:
+            _finish_open_runs()
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)  # end as the signal would have ended it
+        elif callable(previous):
+            previous(number, frame)  # e.g. SIGINT's KeyboardInterrupt: the script may catch it
+
+    signal.signal(signum, handler)
 
 
 def _finish_open_runs() -> None:
-    reason, text = (END_EXCEPTION, _uncaught[-1]) if _uncaught else ("exited", None)
+    text = _uncaught[-1] if _uncaught else None
+    reason = _signals[-1] if _signals else END_EXCEPTION if text else "exited"
     for run in list(_open_runs):
         run.finish(reason, text, timeout=5.0)

@@ -14,12 +14,20 @@ import json
 import logging
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from trainvitals.buffer import PointBuffer, points_frames
-from trainvitals.protocol import ACK, END, MAX_FRAME_BYTES, PROTOCOL_VERSION, WELCOME
+from trainvitals.protocol import (
+    ACK,
+    END,
+    HEARTBEAT,
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    WELCOME,
+)
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
@@ -52,6 +60,8 @@ class Sender:
         buffer: where the training thread records points.
         flush_interval: seconds between sends.
         token: sent as ``Authorization: Bearer <token>`` when set.
+        heartbeat_interval: seconds without anything sent before a ``heartbeat`` goes out, so
+            the server knows the process lives while no step completes.
     """
 
     def __init__(
@@ -61,11 +71,13 @@ class Sender:
         buffer: PointBuffer,
         flush_interval: float = 0.2,
         token: str | None = None,
+        heartbeat_interval: float = 5.0,
     ) -> None:
         self._url = url
         self._hello = json.dumps(hello)
         self._buffer = buffer
         self._interval = flush_interval
+        self._heartbeat_interval = heartbeat_interval
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._pending: deque[tuple[int, str]] = deque()  # packed, not yet acknowledged
         self._next_seq = 1
@@ -155,12 +167,19 @@ class Sender:
                 )
                 self._outage_reported = False
             sent = 0  # highest seq sent on this connection
+            last_send = time.monotonic()
             while True:
                 self._pack()
                 for seq, text in self._pending:
                     if seq > sent:
                         ws.send(text)
                         sent = seq
+                        last_send = time.monotonic()
+                if time.monotonic() - last_send >= self._heartbeat_interval:
+                    ws.send(
+                        json.dumps({"type": HEARTBEAT, "v": PROTOCOL_VERSION, "time": time.time()})
+                    )
+                    last_send = time.monotonic()
                 if self._end_packed and not self._pending:
                     return
                 if self._closing.is_set():

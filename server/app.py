@@ -10,6 +10,7 @@ from fastapi.staticfiles import StaticFiles
 from trainvitals import __version__
 from trainvitals.server.deps import AppState
 from trainvitals.server.live import Hub
+from trainvitals.server.liveness import Liveness
 from trainvitals.server.routes import api, streams, web
 from trainvitals.server.settings import Settings
 from trainvitals.server.storage import Store
@@ -36,10 +37,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         writer = Writer(store)
         hub = Hub(settings.live_queue_size, settings.runs_push_interval)
         hub.start()
-        app.state.trainvitals = AppState(settings=settings, store=store, writer=writer, hub=hub)
+        liveness = Liveness(store, writer, hub, settings.lost_after)
+        await liveness.start()
+        app.state.trainvitals = AppState(
+            settings=settings, store=store, writer=writer, hub=hub, liveness=liveness
+        )
         try:
             yield
         finally:
+            await liveness.stop()
             await hub.stop()
             writer.close()
             store.dispose()

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from starlette.requests import HTTPConnection
 from trainvitals.server.live import Hub
+from trainvitals.server.liveness import Liveness
 from trainvitals.server.settings import Settings
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer
@@ -19,6 +20,7 @@ class AppState:
     store: Store
     writer: Writer
     hub: Hub
+    liveness: Liveness
 
 
 def get_state(connection: HTTPConnection) -> AppState:

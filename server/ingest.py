@@ -22,7 +22,8 @@ from trainvitals.protocol import (
     WELCOME,
 )
 from trainvitals.server.live import Hub
-from trainvitals.server.schemas import End, FrameError, Hello, Points, parse_frame
+from trainvitals.server.liveness import Liveness
+from trainvitals.server.schemas import End, FrameError, Heartbeat, Hello, Points, parse_frame
 from trainvitals.server.storage import RUN_FIELDS, RunEnd, Store
 from trainvitals.server.writer import Writer
 
@@ -39,16 +40,19 @@ class IngestRejected(Exception):
 class IngestSession:
     """State of one agent connection: which run it speaks for and how far it got."""
 
-    def __init__(self, store: Store, writer: Writer, hub: Hub, max_frame_bytes: int) -> None:
+    def __init__(
+        self, store: Store, writer: Writer, hub: Hub, liveness: Liveness, max_frame_bytes: int
+    ) -> None:
         self._store = store
         self._writer = writer
         self._hub = hub
+        self._liveness = liveness
         self._max_frame_bytes = max_frame_bytes
         self.run: dict[str, Any] | None = None  # the run's summary as browsers see it
         self._last_seq = 0
 
-    async def handle(self, text: str) -> str:
-        """Process one text frame; returns the reply to send."""
+    async def handle(self, text: str) -> str | None:
+        """Process one text frame; returns the reply to send, if any."""
         size = len(text.encode())
         if size > self._max_frame_bytes:
             raise IngestRejected(
@@ -65,6 +69,9 @@ class IngestSession:
             raise IngestRejected(
                 CLOSE_POLICY_VIOLATION, f"expected a 'hello' frame first, got {frame.type!r}"
             )
+        if isinstance(frame, Heartbeat):
+            await self._heartbeat()
+            return None
         if frame.seq <= self._last_seq:  # a replay of something already stored
             return _ack(frame.seq)
         if isinstance(frame, Points):
@@ -79,6 +86,8 @@ class IngestSession:
         )
         self._last_seq = int(row["last_seq"])
         self.run = {field: row[field] for field in RUN_FIELDS}
+        if self.run["status"] == "running":
+            self._liveness.seen(hello.run_id, time.time())
         self._hub.run_changed(dict(self.run))
         return json.dumps(
             {
@@ -102,8 +111,18 @@ class IngestSession:
         if last_step is not None and (self.run["last_step"] or 0) < last_step:
             self.run["last_step"] = last_step
         self.run["last_seen"] = now
+        self._liveness.seen(run_id, now)
         self._hub.run_changed(dict(self.run))
         return _ack(frame.seq)
+
+    async def _heartbeat(self) -> None:
+        assert self.run is not None
+        now = time.time()
+        if self.run["status"] == "running":
+            self._liveness.seen(self.run["id"], now)
+        await self._writer.submit(partial(self._store.touch, run_id=self.run["id"], now=now))
+        self.run["last_seen"] = now
+        self._hub.run_changed(dict(self.run))
 
     async def _end(self, frame: End) -> str:
         assert self.run is not None
@@ -117,6 +136,7 @@ class IngestSession:
             partial(self._store.end_run, run_id=self.run["id"], seq=frame.seq, end=end)
         )
         self._last_seq = frame.seq
+        self._liveness.ended(self.run["id"])
         self.run.update(status=end.status, end_reason=end.reason, ended_at=end.ended_at)
         self._hub.run_changed(dict(self.run))
         return _ack(frame.seq)

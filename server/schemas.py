@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
-from trainvitals.protocol import END, HELLO, POINTS, PROTOCOL_VERSION
+from trainvitals.protocol import END, HEARTBEAT, HELLO, POINTS, PROTOCOL_VERSION
 
 SeriesName = Annotated[str, Field(min_length=1, max_length=256)]
 Version = Literal[1]
@@ -52,6 +52,13 @@ class Points(_Frame):
     series: dict[SeriesName, Columns]
 
 
+class Heartbeat(_Frame):
+    """The agent is alive; not numbered, not acknowledged."""
+
+    type: Literal["heartbeat"]
+    time: float
+
+
 class End(_Frame):
     type: Literal["end"]
     seq: Annotated[int, Field(ge=1)]
@@ -60,15 +67,16 @@ class End(_Frame):
     traceback: str | None = None
 
 
-Frame = Annotated[Hello | Points | End, Field(discriminator="type")]
-_frame_adapter: TypeAdapter[Hello | Points | End] = TypeAdapter(Frame)
+AnyFrame = Hello | Points | Heartbeat | End
+Frame = Annotated[AnyFrame, Field(discriminator="type")]
+_frame_adapter: TypeAdapter[AnyFrame] = TypeAdapter(Frame)
 
 
 class FrameError(ValueError):
     """A frame that is not valid JSON or not a valid frame; ``str()`` is a short reason."""
 
 
-def parse_frame(text: str | bytes) -> Hello | Points | End:
+def parse_frame(text: str | bytes) -> AnyFrame:
     """Validate one agent frame, or raise :class:`FrameError` with a reason fit for a close."""
     try:
         return _frame_adapter.validate_json(text)
@@ -77,7 +85,9 @@ def parse_frame(text: str | bytes) -> Hello | Points | End:
     if error["type"] == "json_invalid":
         raise FrameError(f"not valid JSON: {error['msg']}")
     if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
-        raise FrameError(f"unknown frame type; expected one of {HELLO!r}, {POINTS!r}, {END!r}")
+        raise FrameError(
+            f"unknown frame type; expected one of {HELLO!r}, {POINTS!r}, {HEARTBEAT!r}, {END!r}"
+        )
     kind, *loc = error["loc"]  # a discriminated union puts the frame type first
     if loc == ["v"]:
         raise FrameError(

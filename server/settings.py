@@ -21,3 +21,5 @@ class Settings(BaseSettings):
     runs_push_interval: float = 0.5
     #: Messages a browser may fall behind before it is disconnected (1013) to protect ingest.
     live_queue_size: int = 2000
+    #: Seconds without any frame (points or heartbeat) before a running run becomes ``lost``.
+    lost_after: float = 30.0

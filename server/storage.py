@@ -158,8 +158,37 @@ class Store:
                 env=json.dumps(hello["env"]),
             )
         )
+        # A run given up as lost that speaks again is alive after all.
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == hello["run_id"], runs.c.status == "lost")
+            .values(status="running", end_reason=None, ended_at=None, last_seen=now)
+        )
         row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
         return dict(row)
+
+    def touch(self, conn: Connection, run_id: str, now: float) -> None:
+        """The run is alive (a heartbeat)."""
+        conn.execute(update(runs).where(runs.c.id == run_id).values(last_seen=now))
+
+    def mark_lost(self, conn: Connection, run_id: str, now: float) -> dict[str, Any] | None:
+        """Give up on a running run that went silent; returns its summary, or None when it
+        is not running any more."""
+        changed = conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.status == "running")
+            .values(status="lost", end_reason="heartbeat_lost", ended_at=runs.c.last_seen)
+        ).rowcount
+        if not changed:
+            return None
+        row = conn.execute(select(*(runs.c[f] for f in RUN_FIELDS)).where(runs.c.id == run_id))
+        return dict(row.mappings().one())
+
+    def running_runs(self) -> dict[str, float]:
+        """``{run id: last seen}`` of every run still marked running."""
+        query = select(runs.c.id, runs.c.last_seen).where(runs.c.status == "running")
+        with self.engine.connect() as conn:
+            return {run_id: last_seen for run_id, last_seen in conn.execute(query)}
 
     def add_points(
         self, conn: Connection, run_id: str, seq: int, points: FramePoints, now: float

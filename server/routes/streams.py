@@ -29,7 +29,9 @@ _MAX_REASON = 123
 @router.websocket(INGEST_PATH)
 async def ingest(websocket: WebSocket, state: StateDep) -> None:
     await websocket.accept()
-    session = IngestSession(state.store, state.writer, state.hub, state.settings.max_frame_bytes)
+    session = IngestSession(
+        state.store, state.writer, state.hub, state.liveness, state.settings.max_frame_bytes
+    )
     try:
         while True:
             message = await websocket.receive()
@@ -40,7 +42,9 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
                 raise IngestRejected(
                     CLOSE_UNSUPPORTED_DATA, "expected JSON text frames, got a binary frame"
                 )
-            await websocket.send_text(await session.handle(text))
+            reply = await session.handle(text)
+            if reply is not None:
+                await websocket.send_text(reply)
     except IngestRejected as exc:
         run = session.run["id"] if session.run else "unknown run"
         log.warning("closing ingest connection (%s): %d %s", run, exc.code, exc.reason)

@@ -1,0 +1,74 @@
+"""Runs that go silent: no frame, not even a heartbeat, for ``lost_after`` seconds.
+
+A host that dies or a network that is cut leaves no ending; the run becomes ``lost`` with
+``end_reason: heartbeat_lost``. The state is rebuilt from storage when the server starts, so
+runs that were running before a restart are judged by their stored ``last_seen`` and come back
+to ``running`` as soon as their agent reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from functools import partial
+
+from trainvitals.server.live import Hub
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
+
+log = logging.getLogger("trainvitals.server")
+
+
+class Liveness:
+    """Last-seen times of running runs, and the task that gives up on silent ones."""
+
+    def __init__(self, store: Store, writer: Writer, hub: Hub, lost_after: float) -> None:
+        self._store, self._writer, self._hub = store, writer, hub
+        self.lost_after = lost_after
+        self._seen: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def seen(self, run_id: str, when: float) -> None:
+        self._seen[run_id] = when
+
+    def ended(self, run_id: str) -> None:
+        self._seen.pop(run_id, None)
+
+    async def start(self) -> None:
+        stored = await asyncio.to_thread(self._store.running_runs)
+        for run_id, last_seen in stored.items():
+            self._seen.setdefault(run_id, last_seen)
+        self._task = asyncio.create_task(self._watch(), name="trainvitals-liveness")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def check(self, now: float) -> list[str]:
+        """Mark every run silent for longer than ``lost_after`` as lost; returns their ids."""
+        silent = [run_id for run_id, seen in self._seen.items() if now - seen > self.lost_after]
+        for run_id in silent:
+            self._seen.pop(run_id, None)
+            run = await self._writer.submit(partial(self._store.mark_lost, run_id=run_id, now=now))
+            if run is not None:
+                log.warning(
+                    "run %s (%s) lost: nothing heard for %.0f s",
+                    run_id,
+                    run["name"],
+                    self.lost_after,
+                )
+                self._hub.run_changed(run)
+        return silent
+
+    async def _watch(self) -> None:
+        interval = min(1.0, self.lost_after / 4)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.check(time.time())
+            except Exception:  # a database hiccup must not end the watch
+                log.exception("liveness check failed")

@@ -1,0 +1,161 @@
+"""How runs end, with real processes: heartbeats, lost runs, signals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainvitals.server.live import Hub
+from trainvitals.server.liveness import Liveness
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
+
+from tests.helpers import ServerProcess, wait_for
+
+LOST_AFTER = 1.5
+
+IDLE_AGENT = textwrap.dedent(
+    """
+    import sys, threading, trainvitals
+    mon = trainvitals.Monitor(server=sys.argv[1], run_name="idle", system_metrics=False)
+    mon.log(1, metrics={"loss": 1.0})
+    print("logged", flush=True)
+    threading.Event().wait()  # alive, but no step ever completes again
+    """
+)
+
+
+@pytest.fixture
+def quick_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(
+        str(tmp_path / "tv.db"), extra_env={"TRAINVITALS_LOST_AFTER": str(LOST_AFTER)}
+    )
+    yield server
+    server.stop()
+
+
+def only_run(server: ServerProcess) -> dict[str, Any]:
+    runs = wait_for(lambda: server.get("/api/v1/runs")["runs"], what="the run")
+    run: dict[str, Any] = server.get(f"/api/v1/runs/{runs[0]['id']}")
+    return run
+
+
+def test_heartbeats_keep_an_idle_run_alive_and_a_killed_one_is_lost(
+    quick_server: ServerProcess, tmp_path: Path
+) -> None:
+    script = tmp_path / "idle.py"
+    script.write_text(IDLE_AGENT)
+    agent = subprocess.Popen(
+        [sys.executable, str(script), quick_server.url],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TRAINVITALS_HEARTBEAT_INTERVAL": "0.2"},
+    )
+    try:
+        assert agent.stdout is not None and agent.stdout.readline().strip() == "logged"
+        started = only_run(quick_server)["last_seen"]
+
+        def alive_long_after() -> bool:
+            run = only_run(quick_server)
+            assert run["status"] == "running", run  # heartbeats, no steps: still running
+            return bool(run["last_seen"] > started + 3 * LOST_AFTER)
+
+        wait_for(alive_long_after, timeout=20, what="heartbeats across 3 lost_after windows")
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        killed_at = time.time()
+        lost = wait_for(
+            lambda: (run := only_run(quick_server))["status"] == "lost" and run,
+            timeout=15,
+            what="the run to be lost",
+        )
+        assert lost["end_reason"] == "heartbeat_lost"
+        assert lost["ended_at"] <= killed_at
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def test_sigterm_is_recorded_and_still_ends_the_process(server: ServerProcess) -> None:
+    training = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainvitals",
+            "demo",
+            "--server",
+            server.url,
+            "--epochs",
+            "200",
+            "--pace",
+            "0.05",
+            "--run-name",
+            "terminated",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(
+            lambda: (only_run(server)["last_step"] or 0) >= 5,
+            timeout=120,
+            what="training to be under way",
+        )
+        training.send_signal(signal.SIGTERM)
+        assert training.wait(30) == -signal.SIGTERM  # the process's normal behaviour is kept
+    finally:
+        training.kill()
+        training.wait()
+    run = only_run(server)
+    assert (run["status"], run["end_reason"]) == ("crashed", "signal:SIGTERM")
+
+
+def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
+    """After a restart, runs stored as running are judged by their stored last_seen."""
+    store = Store(str(tmp_path / "tv.db"))
+    store.create_schema()
+    hello = {
+        "run_id": "r1",
+        "project": "p",
+        "name": "n",
+        "config": {},
+        "host": "h",
+        "pid": 1,
+        "started_at": 100.0,
+        "env": {},
+    }
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        writer = Writer(store)
+        try:
+            await writer.submit(lambda conn: store.open_run(conn, hello, now=100.0))
+            liveness = Liveness(store, writer, Hub(), lost_after=30.0)
+            await liveness.start()
+            await liveness.stop()
+            early = await liveness.check(now=120.0)
+            late = await liveness.check(now=131.0)
+            return early, late
+        finally:
+            writer.close()
+
+    early, late = asyncio.run(scenario())
+    assert (early, late) == ([], ["r1"])
+    run = store.get_run("r1")
+    assert run is not None and (run["status"], run["end_reason"], run["ended_at"]) == (
+        "lost",
+        "heartbeat_lost",
+        100.0,
+    )
+    with store.engine.begin() as conn:  # the agent reconnects: alive after all
+        assert store.open_run(conn, hello, now=140.0)["status"] == "running"
+    assert store.get_run("r1")["end_reason"] is None  # type: ignore[index]
+    store.dispose()
