@@ -36,6 +36,32 @@ def cgroup_memory_limit(
     return min(real) if real else None
 
 
+def cgroup_oom_kills(
+    proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
+) -> int | None:
+    """How many processes the kernel's OOM killer has killed in this process's memory cgroup
+    (v2 ``memory.events``, v1 ``memory.oom_control``), or None where no counter is readable."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            counter = Path(root) / path.lstrip("/") / "memory.events"
+        elif "memory" in controllers.split(","):
+            counter = Path(root) / "memory" / path.lstrip("/") / "memory.oom_control"
+        else:
+            continue
+        try:
+            fields = dict(row.split() for row in counter.read_text().splitlines() if row.strip())
+        except (OSError, ValueError):
+            continue
+        if "oom_kill" in fields:
+            return int(fields["oom_kill"])
+    return None
+
+
 def _limits_up(base: Path, path: str, filename: str) -> list[int]:
     """The limit file's values from the process's cgroup up to the mount's root."""
     found = []

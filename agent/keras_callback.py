@@ -56,6 +56,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         weights_every: steps between NaN/Inf checks of the weights (default 50; 0: never).
         system_metrics: seconds between host/GPU samples (default 1; 0 or False: off).
         gpu: a GPU source instead of NVML, e.g. ``trainvitals.SimulatedGpu(...)``.
+        watchdog: start a small watchdog process that reports a SIGKILL, an OOM kill or a
+            segfault, which the training process cannot report itself (default True).
 
     Example:
         ```python
@@ -79,6 +81,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         weights_every: int = 50,
         system_metrics: float | bool = 1.0,
         gpu: Source | None = None,
+        watchdog: bool = True,
     ) -> None:
         super().__init__()
         self._settings = resolve(server, project, run_name, token, config, flush_interval)
@@ -86,6 +89,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._weights_every = int(weights_every)
         self._system_metrics = system_metrics
         self._gpu = gpu
+        self._watchdog = watchdog
         self.run: Run | None = None
         self._epoch_first_step = 0
         self._batch_began: tuple[int, float] | None = None
@@ -106,6 +110,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             system_metrics=self._system_metrics,
             gpu=self._gpu,
             env=_tensorflow_env(self.model),
+            watchdog=self._watchdog,
         )
         self.run.start()
         self._epoch_first_step = 0

@@ -30,7 +30,7 @@ class Monitor:
             weights' NaN/Inf check every ``weights_every`` steps.
         grad_norms_every: steps between per-variable gradient norms (default 10); they are
             also recorded on any step with non-finite gradients.
-        system_metrics, gpu: host/GPU sampling, as for :class:`VitalsCallback`.
+        system_metrics, gpu, watchdog: as for :class:`VitalsCallback`.
 
     Example:
         ```python
@@ -58,13 +58,14 @@ class Monitor:
         weights_every: int = 50,
         system_metrics: float | bool = 1.0,
         gpu: Source | None = None,
+        watchdog: bool = True,
     ) -> None:
         settings = resolve(server, project, run_name, token, config, flush_interval)
         self._model = model
         self._vitals = StepVitals(grad_norms_every)
         self._names: list[str] = []
         self._weights_every = int(weights_every)
-        self.run = Run(settings, system_metrics=system_metrics, gpu=gpu)
+        self.run = Run(settings, system_metrics=system_metrics, gpu=gpu, watchdog=watchdog)
         self._last_log: float | None = None
         self._started = False
 

@@ -29,6 +29,7 @@ from trainvitals.host import HostSource
 from trainvitals.protocol import END_COMPLETED, END_EXCEPTION, HELLO, PROTOCOL_VERSION
 from trainvitals.sampler import Sampler, Source
 from trainvitals.transport import Sender
+from trainvitals.watchdog import Watchdog
 
 log = logging.getLogger("trainvitals")
 
@@ -47,6 +48,8 @@ class Run:
             sampler off.
         gpu: a GPU source to sample instead of NVML (e.g. :class:`trainvitals.SimulatedGpu`).
         env: more facts for the run's environment (the callback adds TensorFlow's).
+        watchdog: start the watchdog process that reports SIGKILL, OOM kills and segfaults,
+            which the process cannot report itself (default True).
 
     Example:
         >>> run = Run(resolve(project="mnist"))          # doctest: +SKIP
@@ -62,6 +65,7 @@ class Run:
         system_metrics: float | bool = 1.0,
         gpu: Source | None = None,
         env: dict[str, Any] | None = None,
+        watchdog: bool = True,
     ) -> None:
         self.config = config
         self.id = uuid.uuid4().hex
@@ -72,6 +76,8 @@ class Run:
         self._interval = 0.0 if system_metrics is False else float(system_metrics)
         self._gpu = gpu
         self._env = dict(env or {})
+        self._use_watchdog = watchdog
+        self._watchdog: Watchdog | None = None
         self._finished = False
         self._lock = threading.Lock()
 
@@ -100,15 +106,24 @@ class Run:
             for source in sources:
                 self._env[source.name] = _jsonable(source.describe())
             self._sampler = Sampler(sources, self._record_system, self._interval)
+        hello = self.hello()
         self._sender = Sender(
             self.config.ingest_url,
-            self.hello(),
+            hello,
             self._buffer,
             flush_interval=self.config.flush_interval,
             token=self.config.token,
             heartbeat_interval=self.config.heartbeat_interval,
         )
         self._sender.start()
+        if self._use_watchdog:
+            try:
+                self._watchdog = Watchdog(self.config.ingest_url, hello, self.config.token)
+            except OSError as exc:
+                log.warning(
+                    "trainvitals: no watchdog (%s): a SIGKILL or OOM kill will show as a lost run",
+                    exc,
+                )
         if self._sampler is not None:
             self._sampler.start()
         _install_exit_hooks()
@@ -143,6 +158,8 @@ class Run:
             # The server is away: don't hold the end of training hostage to it.
             timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
         delivered = self._sender.close(end, timeout)
+        if self._watchdog is not None:
+            self._watchdog.done()
         if not delivered:
             log.warning(
                 "trainvitals: %d frames of run %r not acknowledged by %s after %.0f s",

@@ -19,14 +19,16 @@ from trainvitals.server.liveness import Liveness
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer
 
-from tests.helpers import ServerProcess, wait_for
+from tests.helpers import ServerProcess, memory_cgroup, run_series, wait_for
 
 LOST_AFTER = 1.5
 
 IDLE_AGENT = textwrap.dedent(
     """
     import sys, threading, trainvitals
-    mon = trainvitals.Monitor(server=sys.argv[1], run_name="idle", system_metrics=False)
+    # No watchdog: this agent stands for a host that dies whole, or a network that is cut.
+    mon = trainvitals.Monitor(server=sys.argv[1], run_name="idle", system_metrics=False,
+                              watchdog=False)
     mon.log(1, metrics={"loss": 1.0})
     print("logged", flush=True)
     threading.Event().wait()  # alive, but no step ever completes again
@@ -117,6 +119,125 @@ def test_sigterm_is_recorded_and_still_ends_the_process(server: ServerProcess) -
         training.wait()
     run = only_run(server)
     assert (run["status"], run["end_reason"]) == ("crashed", "signal:SIGTERM")
+
+
+def demo_training(server: ServerProcess, name: str) -> subprocess.Popen[bytes]:
+    """A real Keras run (the demo's CNN on scikit-learn digits), paced to last minutes."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainvitals",
+            "demo",
+            "--server",
+            server.url,
+            "--epochs",
+            "200",
+            "--pace",
+            "0.05",
+            "--run-name",
+            name,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def test_sigkill_is_reported_by_the_watchdog_within_seconds(server: ServerProcess) -> None:
+    training = demo_training(server, "killed")
+    try:
+        wait_for(
+            lambda: (only_run(server)["last_step"] or 0) >= 5,
+            timeout=120,
+            what="training to be under way",
+        )
+        training.send_signal(signal.SIGKILL)
+        training.wait(10)
+        crashed = wait_for(
+            lambda: (run := only_run(server))["status"] == "crashed" and run,
+            timeout=5,
+            what="the watchdog's report",
+        )
+        assert crashed["end_reason"] == "signal:SIGKILL"
+    finally:
+        training.kill()
+        training.wait()
+
+
+GREEDY = textwrap.dedent(
+    """
+    import sys, time, trainvitals
+    mon = trainvitals.Monitor(server=sys.argv[1], run_name="greedy", system_metrics=0.05)
+    hoard = []
+    for step in range(1, 100_000):
+        hoard.append(bytearray(16 * 2**20))  # 16 MiB a step, touched: a leak that never ends
+        time.sleep(0.05)  # a training step's worth of time, so the sampler sees the climb
+        mon.log(step, metrics={"loss": 1.0 / step})
+        if step == 5:
+            print("leaking", flush=True)
+    """
+)
+
+
+def test_a_real_oom_kill_in_a_memory_cgroup_is_reported(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    script = tmp_path / "greedy.py"
+    script.write_text(GREEDY)
+    with memory_cgroup(400 * 2**20) as group:
+        result = subprocess.run(
+            [
+                "sh",
+                "-c",
+                f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"',
+                sys.executable,
+                str(script),
+                server.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == -signal.SIGKILL, result.stderr  # the kernel killed it
+        assert "leaking" in result.stdout
+        run = wait_for(
+            lambda: (run := only_run(server))["status"] == "crashed" and run,
+            timeout=15,
+            what="the watchdog's report",
+        )
+    assert run["end_reason"] == "oom_killed"
+    rss = run_series(server, run["id"], "host/rss", "host/limit")
+    assert rss["host/limit"]["value"][-1] == 400 * 2**20
+    assert max(rss["host/rss"]["value"]) > 300 * 2**20  # the evidence: memory near the limit
+
+
+SEGFAULT = textwrap.dedent(
+    """
+    import ctypes, sys, trainvitals
+    mon = trainvitals.Monitor(server=sys.argv[1], run_name="segv", system_metrics=False)
+    mon.log(1, metrics={"loss": 1.0})
+    print("crashing", flush=True)
+    ctypes.string_at(0)
+    """
+)
+
+
+def test_a_segfault_is_reported_with_the_faulthandler_dump(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    script = tmp_path / "segv.py"
+    script.write_text(SEGFAULT)
+    result = subprocess.run(
+        [sys.executable, str(script), server.url], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == -signal.SIGSEGV
+    run = wait_for(
+        lambda: (run := only_run(server))["status"] == "crashed" and run,
+        timeout=15,
+        what="the watchdog's report",
+    )
+    assert run["end_reason"] == "signal:SIGSEGV"
+    assert "Segmentation fault" in run["traceback"] and "segv.py" in run["traceback"]
 
 
 def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
