@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -54,12 +55,16 @@ class ServerProcess:
     """``trainvitals serve`` in a subprocess, on a free port."""
 
     def __init__(
-        self, db: str, extra_env: dict[str, str] | None = None, python: str = sys.executable
+        self,
+        db: str,
+        extra_env: dict[str, str] | None = None,
+        python: str = sys.executable,
+        port: int = 0,
     ) -> None:
         self.db = db
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         self.process = subprocess.Popen(
-            [python, "-m", "trainvitals", "serve", "--port", "0", "--db", db],
+            [python, "-m", "trainvitals", "serve", "--port", str(port), "--db", db],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -140,6 +145,13 @@ def run_series(
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A port nothing listens on now (for a server that must come back on the same port)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def own_memory_cgroup() -> Path | None:
