@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from trainvitals.protocol import MAX_POINTS_PER_FRAME, POINTS, PROTOCOL_VERSION
@@ -18,9 +18,10 @@ class PointBuffer:
     ``add`` is the only call on the training path: one lock and a list append per value.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_step: Callable[[int], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._points: list[Point] = []
+        self._on_step = on_step
         #: The highest training step recorded so far; per-second readings are filed under it.
         self.last_step = 0
 
@@ -28,6 +29,8 @@ class PointBuffer:
         with self._lock:
             self._points.extend((name, step, time, value) for name, value in values.items())
             if step > self.last_step:
+                if self._on_step is not None:
+                    self._on_step(step - self.last_step)
                 self.last_step = step
 
     def drain(self) -> list[Point]:

@@ -28,6 +28,10 @@ class AgentConfig:
     flush_interval: float = 0.2
     #: Seconds without anything sent before a heartbeat goes out ($TRAINVITALS_HEARTBEAT_INTERVAL).
     heartbeat_interval: float = 5.0
+    #: A stall is max(stall_factor x p95 step interval, stall_floor) seconds without a step
+    #: ($TRAINVITALS_STALL_FACTOR, $TRAINVITALS_STALL_FLOOR).
+    stall_factor: float = 10.0
+    stall_floor: float = 30.0
 
     @property
     def ingest_url(self) -> str:
@@ -80,6 +84,8 @@ def resolve(
         config=dict(config or {}),
         flush_interval=flush_interval,
         heartbeat_interval=_positive_env("TRAINVITALS_HEARTBEAT_INTERVAL", 5.0),
+        stall_factor=_positive_env("TRAINVITALS_STALL_FACTOR", 10.0),
+        stall_floor=_positive_env("TRAINVITALS_STALL_FLOOR", 30.0),
     )
     resolved.ingest_url  # noqa: B018 - validates the URL now, not in the sender thread
     if flush_interval <= 0:

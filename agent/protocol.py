@@ -23,6 +23,8 @@ MAX_POINTS_PER_FRAME: Final = 50_000
 HELLO: Final = "hello"
 POINTS: Final = "points"
 END: Final = "end"
+#: No step for far longer than usual: carries every thread's stack. Numbered like points.
+STALL: Final = "stall"
 #: Sent when nothing else was sent for a while: the run is alive even if no step completes.
 HEARTBEAT: Final = "heartbeat"
 # Server -> agent frame types.

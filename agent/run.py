@@ -26,8 +26,9 @@ from trainvitals.buffer import PointBuffer
 from trainvitals.config import AgentConfig
 from trainvitals.gpu import NvmlSource, TfAllocatorSource
 from trainvitals.host import HostSource
-from trainvitals.protocol import END_COMPLETED, END_EXCEPTION, HELLO, PROTOCOL_VERSION
+from trainvitals.protocol import END_COMPLETED, END_EXCEPTION, HELLO, PROTOCOL_VERSION, STALL
 from trainvitals.sampler import Sampler, Source
+from trainvitals.stall import StallDetector, thread_stacks
 from trainvitals.transport import Sender
 from trainvitals.watchdog import Watchdog
 
@@ -70,7 +71,8 @@ class Run:
         self.config = config
         self.id = uuid.uuid4().hex
         self.started_at = time.time()
-        self._buffer = PointBuffer()
+        self._stall = StallDetector(config.stall_factor, config.stall_floor)
+        self._buffer = PointBuffer(on_step=lambda steps: self._stall.step(time.monotonic(), steps))
         self._sender: Sender | None = None
         self._sampler: Sampler | None = None
         self._interval = 0.0 if system_metrics is False else float(system_metrics)
@@ -114,6 +116,7 @@ class Run:
             flush_interval=self.config.flush_interval,
             token=self.config.token,
             heartbeat_interval=self.config.heartbeat_interval,
+            tick=self._check_stall,
         )
         self._sender.start()
         if self._use_watchdog:
@@ -169,6 +172,26 @@ class Run:
                 timeout,
             )
         return delivered
+
+    def _check_stall(self) -> None:
+        stalled = self._stall.check(time.monotonic())
+        if stalled is not None and self._sender is not None:
+            idle, threshold = stalled
+            log.warning(
+                "trainvitals: no training step for %.0f s (threshold %.1f s); "
+                "reporting every thread's stack",
+                idle,
+                threshold,
+            )
+            self._sender.send_event(
+                {
+                    "type": STALL,
+                    "time": time.time(),
+                    "idle": idle,
+                    "threshold": threshold,
+                    "stacks": thread_stacks(),
+                }
+            )
 
     def _record_system(self, values: Mapping[str, float]) -> None:
         self._buffer.add(self._buffer.last_step, time.time(), values)

@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainvitals.buffer import PointBuffer, points_frames
@@ -62,6 +62,8 @@ class Sender:
         token: sent as ``Authorization: Bearer <token>`` when set.
         heartbeat_interval: seconds without anything sent before a ``heartbeat`` goes out, so
             the server knows the process lives while no step completes.
+        tick: called on this thread at every send interval, connected or not (the run's
+            hang check: this thread keeps running while the training thread is stuck).
     """
 
     def __init__(
@@ -72,12 +74,15 @@ class Sender:
         flush_interval: float = 0.2,
         token: str | None = None,
         heartbeat_interval: float = 5.0,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         self._url = url
         self._hello = json.dumps(hello)
         self._buffer = buffer
         self._interval = flush_interval
         self._heartbeat_interval = heartbeat_interval
+        self._tick = tick
+        self._events: deque[dict[str, Any]] = deque()  # numbered frames other than points
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._pending: deque[tuple[int, str]] = deque()  # packed, not yet acknowledged
         self._next_seq = 1
@@ -105,6 +110,11 @@ class Sender:
         self._wake.set()
         self._done.wait(timeout)
         return self._done.is_set()
+
+    def send_event(self, frame: dict[str, Any]) -> None:
+        """Queue a frame (e.g. a ``stall``) to be numbered and sent after the points so far."""
+        self._events.append(frame)
+        self._wake.set()
 
     @property
     def connected(self) -> bool:
@@ -205,11 +215,20 @@ class Sender:
             self._pending.popleft()
 
     def _pack(self) -> None:
+        if self._tick is not None:
+            try:
+                self._tick()
+            except Exception:
+                log.exception("trainvitals: hang check failed")
         points = self._buffer.drain()
         if points:
             for frame in points_frames(points, self._next_seq):
                 self._pending.append((frame["seq"], json.dumps(frame)))
             self._next_seq = self._pending[-1][0] + 1
+        while self._events:
+            event = {**self._events.popleft(), "v": PROTOCOL_VERSION, "seq": self._next_seq}
+            self._pending.append((self._next_seq, json.dumps(event)))
+            self._next_seq += 1
         if self._closing.is_set() and not self._end_packed and self._end is not None:
             end = {**self._end, "type": END, "v": PROTOCOL_VERSION, "seq": self._next_seq}
             self._pending.append((self._next_seq, json.dumps(end)))

@@ -23,7 +23,15 @@ from trainvitals.protocol import (
 )
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
-from trainvitals.server.schemas import End, FrameError, Heartbeat, Hello, Points, parse_frame
+from trainvitals.server.schemas import (
+    End,
+    FrameError,
+    Heartbeat,
+    Hello,
+    Points,
+    Stall,
+    parse_frame,
+)
 from trainvitals.server.storage import RUN_FIELDS, RunEnd, Store
 from trainvitals.server.writer import Writer
 
@@ -76,6 +84,8 @@ class IngestSession:
             return _ack(frame.seq)
         if isinstance(frame, Points):
             return await self._points(frame)
+        if isinstance(frame, Stall):
+            return await self._stall(frame)
         return await self._end(frame)
 
     async def _hello(self, hello: Hello) -> str:
@@ -86,7 +96,7 @@ class IngestSession:
         )
         self._last_seq = int(row["last_seq"])
         self.run = {field: row[field] for field in RUN_FIELDS}
-        if self.run["status"] == "running":
+        if self.run["status"] in ("running", "stalled"):
             self._liveness.seen(hello.run_id, time.time())
         self._hub.run_changed(dict(self.run))
         return json.dumps(
@@ -108,17 +118,41 @@ class IngestSession:
         )
         self._last_seq = frame.seq
         self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
-        if last_step is not None and (self.run["last_step"] or 0) < last_step:
-            self.run["last_step"] = last_step
+        if last_step is not None:
+            if (self.run["last_step"] or 0) < last_step:
+                self.run["last_step"] = last_step
+            if self.run["status"] == "stalled":
+                self.run["status"] = "running"
         self.run["last_seen"] = now
         self._liveness.seen(run_id, now)
+        self._hub.run_changed(dict(self.run))
+        return _ack(frame.seq)
+
+    async def _stall(self, frame: Stall) -> str:
+        assert self.run is not None
+        report = (
+            f"No training step for {frame.idle:.1f} s (threshold {frame.threshold:.1f} s).\n\n"
+            f"{frame.stacks}"
+        )
+        await self._writer.submit(
+            partial(
+                self._store.mark_stalled,
+                run_id=self.run["id"],
+                seq=frame.seq,
+                when=frame.time,
+                report=report,
+            )
+        )
+        self._last_seq = frame.seq
+        if self.run["status"] == "running":
+            self.run["status"] = "stalled"
         self._hub.run_changed(dict(self.run))
         return _ack(frame.seq)
 
     async def _heartbeat(self) -> None:
         assert self.run is not None
         now = time.time()
-        if self.run["status"] == "running":
+        if self.run["status"] in ("running", "stalled"):
             self._liveness.seen(self.run["id"], now)
         await self._writer.submit(partial(self._store.touch, run_id=self.run["id"], now=now))
         self.run["last_seen"] = now

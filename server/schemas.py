@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
-from trainvitals.protocol import END, HEARTBEAT, HELLO, POINTS, PROTOCOL_VERSION
+from trainvitals.protocol import END, HEARTBEAT, HELLO, POINTS, PROTOCOL_VERSION, STALL
 
 SeriesName = Annotated[str, Field(min_length=1, max_length=256)]
 Version = Literal[1]
@@ -59,6 +59,17 @@ class Heartbeat(_Frame):
     time: float
 
 
+class Stall(_Frame):
+    """No step for far longer than usual; where every thread is."""
+
+    type: Literal["stall"]
+    seq: Annotated[int, Field(ge=1)]
+    time: float
+    idle: float
+    threshold: float
+    stacks: Annotated[str, Field(max_length=1_000_000)]
+
+
 class End(_Frame):
     type: Literal["end"]
     seq: Annotated[int, Field(ge=1)]
@@ -67,7 +78,7 @@ class End(_Frame):
     traceback: str | None = None
 
 
-AnyFrame = Hello | Points | Heartbeat | End
+AnyFrame = Hello | Points | Heartbeat | Stall | End
 Frame = Annotated[AnyFrame, Field(discriminator="type")]
 _frame_adapter: TypeAdapter[AnyFrame] = TypeAdapter(Frame)
 
@@ -86,7 +97,8 @@ def parse_frame(text: str | bytes) -> AnyFrame:
         raise FrameError(f"not valid JSON: {error['msg']}")
     if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         raise FrameError(
-            f"unknown frame type; expected one of {HELLO!r}, {POINTS!r}, {HEARTBEAT!r}, {END!r}"
+            f"unknown frame type; expected one of {HELLO!r}, {POINTS!r}, {HEARTBEAT!r}, "
+            f"{STALL!r}, {END!r}"
         )
     kind, *loc = error["loc"]  # a discriminated union puts the frame type first
     if loc == ["v"]:

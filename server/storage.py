@@ -32,6 +32,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    case,
     create_engine,
     event,
     func,
@@ -60,6 +61,8 @@ runs = Table(
     Column("pid", Integer, nullable=False, default=0),
     Column("end_reason", String(200)),
     Column("traceback", Text),
+    Column("stalled_at", Float),
+    Column("stall_stacks", Text),
     Column("config", Text, nullable=False, default="{}"),
     Column("env", Text, nullable=False, default="{}"),
     Index("ix_runs_started_at", "started_at"),
@@ -176,7 +179,7 @@ class Store:
         is not running any more."""
         changed = conn.execute(
             update(runs)
-            .where(runs.c.id == run_id, runs.c.status == "running")
+            .where(runs.c.id == run_id, runs.c.status.in_(("running", "stalled")))
             .values(status="lost", end_reason="heartbeat_lost", ended_at=runs.c.last_seen)
         ).rowcount
         if not changed:
@@ -185,8 +188,8 @@ class Store:
         return dict(row.mappings().one())
 
     def running_runs(self) -> dict[str, float]:
-        """``{run id: last seen}`` of every run still marked running."""
-        query = select(runs.c.id, runs.c.last_seen).where(runs.c.status == "running")
+        """``{run id: last seen}`` of every run still marked running or stalled."""
+        query = select(runs.c.id, runs.c.last_seen).where(runs.c.status.in_(("running", "stalled")))
         with self.engine.connect() as conn:
             return {run_id: last_seen for run_id, last_seen in conn.execute(query)}
 
@@ -219,6 +222,8 @@ class Store:
                 self._insert_ignore(series), [{"run_id": run_id, "name": r["series"]} for r in rows]
             )
         changes: dict[str, Any] = {"last_seq": seq, "last_seen": now}
+        if last_step is not None:  # steps again: a stalled run is running once more
+            changes["status"] = case((runs.c.status == "stalled", "running"), else_=runs.c.status)
         if last_step is not None:
             larger = func.greatest if self.dialect == "postgresql" else func.max
             changes["last_step"] = larger(func.coalesce(runs.c.last_step, last_step), last_step)
@@ -226,6 +231,21 @@ class Store:
             update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(**changes)
         )
         return last_step
+
+    def mark_stalled(
+        self, conn: Connection, run_id: str, seq: int, when: float, report: str
+    ) -> None:
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.last_seq < seq)
+            .values(
+                last_seq=seq,
+                last_seen=when,
+                stalled_at=when,
+                stall_stacks=report,
+                status=case((runs.c.status == "running", "stalled"), else_=runs.c.status),
+            )
+        )
 
     def end_run(self, conn: Connection, run_id: str, seq: int, end: RunEnd) -> None:
         conn.execute(

@@ -280,3 +280,52 @@ def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
         assert store.open_run(conn, hello, now=140.0)["status"] == "running"
     assert store.get_run("r1")["end_reason"] is None  # type: ignore[index]
     store.dispose()
+
+
+HANGING = textwrap.dedent(
+    """
+    import sys, time, numpy as np, keras, trainvitals
+
+    def batches():
+        rng = np.random.default_rng(0)
+        for i in range(10**6):
+            if i == 30:
+                print("hanging", flush=True)
+                time.sleep(float(sys.argv[2]))  # the input pipeline hangs for a while
+            yield rng.normal(size=(16, 4)).astype("float32"), np.ones((16, 1), "float32")
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    vitals = trainvitals.VitalsCallback(server=sys.argv[1], run_name="hang", system_metrics=False)
+    model.fit(batches(), steps_per_epoch=60, epochs=1, verbose=0, callbacks=[vitals])
+    """
+)
+
+
+def test_a_hung_input_generator_is_stalled_with_its_stack_then_running_again(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING)
+    training = subprocess.Popen(
+        [sys.executable, str(script), server.url, "12"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TRAINVITALS_STALL_FLOOR": "2"},
+    )
+    try:
+        assert training.stdout is not None and training.stdout.readline().strip() == "hanging"
+        stalled = wait_for(
+            lambda: (run := only_run(server))["status"] == "stalled" and run,
+            timeout=10,
+            what="the run to be stalled",
+        )
+        report = stalled["stall_stacks"]
+        assert report.startswith("No training step for")
+        assert "in batches" in report and "time.sleep" in report  # where it hangs
+        assert training.wait(120) == 0  # the generator wakes up and training completes
+    finally:
+        training.kill()
+        training.wait()
+    run = only_run(server)
+    assert (run["status"], run["last_step"]) == ("finished", 60)

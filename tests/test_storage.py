@@ -105,3 +105,17 @@ def test_database_urls() -> None:
     assert database_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
     with pytest.raises(StorageError, match="Expected a SQLite path or a postgresql"):
         database_url("mysql://u@h/db")
+
+
+def test_a_stalled_run_runs_again_when_steps_resume(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("r1"), now=1.0)
+        store.add_points(conn, "r1", 1, {"loss": ([1], [1.0], [0.5])}, now=2.0)
+        store.mark_stalled(conn, "r1", 2, when=40.0, report="No training step for 38 s")
+    stalled = store.get_run("r1")
+    assert stalled is not None and stalled["status"] == "stalled"
+    assert stalled["stall_stacks"] == "No training step for 38 s"
+    with store.engine.begin() as conn:
+        store.add_points(conn, "r1", 3, {"loss": ([2], [41.0], [0.4])}, now=41.0)
+    resumed = store.get_run("r1")
+    assert resumed is not None and resumed["status"] == "running"

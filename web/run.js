@@ -40,7 +40,10 @@ export async function renderRun(root, live, runId) {
       ["Last seen", formatAgo(run.last_seen)], ["Host", `${run.host} (pid ${run.pid ?? "?"})`],
     ].map(([k, v]) => `<div><dt>${k}</dt><dd data-fact="${k}">${escapeHTML(v)}</dd></div>`).join("");
     const ending = root.querySelector("#run-ending");
-    if (run.end_reason && run.status !== "finished") {
+    if (run.status === "stalled") {
+      ending.innerHTML = `<div class="ending stalled" data-panel="stall"><h3>Stalled: where every thread is</h3>
+        <pre>${escapeHTML(run.stall_stacks ?? "")}</pre></div>`;
+    } else if (run.end_reason && run.status !== "finished") {
       ending.innerHTML = `<div class="ending crashed"><h3>Ended: ${escapeHTML(run.end_reason)}</h3>
         ${run.traceback ? `<pre>${escapeHTML(run.traceback)}</pre>` : ""}</div>`;
     } else if (run.end_reason) {
@@ -81,7 +84,13 @@ export async function renderRun(root, live, runId) {
       for (const [name, data] of Object.entries(message.series)) chartFor(name)?.extend(name, data);
     } else if (message.type === "runs") {
       const update = message.runs.find((r) => r.id === runId);
-      if (update) { run = { ...run, ...update }; drawHeader(); }
+      if (update) {
+        const changed = update.status !== run.status;
+        run = { ...run, ...update };
+        drawHeader();
+        // The live summary has no stacks or traceback: fetch the run when its state changes.
+        if (changed) getRun(runId).then((full) => { run = full; drawHeader(); });
+      }
     }
   };
 
