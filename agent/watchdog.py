@@ -1,7 +1,7 @@
 """The watchdog: says how a training process ended when the process itself could not.
 
 SIGKILL, the kernel's OOM killer and a segfault leave no chance to speak from inside. So
-:class:`Watchdog` starts ``python -m trainvitals.watchdog``, a small process in a session of
+:class:`Watchdog` starts :func:`main` in a small Python process, in a session of
 its own, that holds a pipe from the training process and watches its pid. A clean ending says
 ``done`` down the pipe. If instead the process disappears, the watchdog tells the server,
 speaking as the run: ``hello``, then an ``end`` numbered after the last frame the server
@@ -28,6 +28,8 @@ from trainvitals.protocol import END, PROTOCOL_VERSION
 #: How long the watchdog keeps trying to reach the server with the news.
 REPORT_FOR = 60.0
 
+_ENTRY = "import sys; from trainvitals.watchdog import main; sys.exit(main(sys.argv[1:]))"
+
 
 class Watchdog:
     """The training side: starts the watchdog process; :meth:`done` on a clean ending.
@@ -49,8 +51,10 @@ class Watchdog:
         self._process = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "trainvitals.watchdog",
+                "-c",
+                # Not `-m trainvitals.watchdog`: the package imports this module, and runpy
+                # would warn about running it again as __main__ in every training's stderr.
+                _ENTRY,
                 "--url",
                 url,
                 "--pid",
@@ -147,7 +151,7 @@ def _report(url: str, hello: dict[str, Any], reason: str, traceback_text: str | 
 def main(argv: list[str] | None = None) -> int:
     from trainvitals.host import cgroup_oom_kills
 
-    parser = argparse.ArgumentParser(prog="python -m trainvitals.watchdog")
+    parser = argparse.ArgumentParser(prog="trainvitals-watchdog")
     parser.add_argument("--url", required=True)
     parser.add_argument("--pid", type=int, required=True)
     parser.add_argument("--fault-file", default="")
@@ -169,7 +173,3 @@ def main(argv: list[str] | None = None) -> int:
         reason, text = "signal:SIGKILL", None
     _report(args.url, hello, reason, text)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
