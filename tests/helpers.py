@@ -187,3 +187,40 @@ def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
                 break
             except OSError:
                 time.sleep(0.05)
+
+
+def demo_training(
+    server: ServerProcess, name: str, epochs: int = 200, pace: float = 0.05
+) -> subprocess.Popen[bytes]:
+    """A real Keras run (the demo's CNN on scikit-learn digits) streaming to ``server``,
+    paced so it lasts while a test looks at it."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainvitals",
+            "demo",
+            "--server",
+            server.url,
+            "--epochs",
+            str(epochs),
+            "--pace",
+            str(pace),
+            "--run-name",
+            name,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def run_in_cgroup(
+    group: Path, *command: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` inside the cgroup directory ``group`` (moved in before it execs)."""
+    return subprocess.run(
+        ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"', *command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import ServerProcess, wait_for
+from tests.helpers import ServerProcess, demo_training, wait_for
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -41,34 +40,16 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def training(server: ServerProcess) -> Iterator[subprocess.Popen[str]]:
+def training(server: ServerProcess) -> Iterator[subprocess.Popen[bytes]]:
     """A real Keras run (the demo's CNN on scikit-learn digits) streaming to the server."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trainvitals",
-            "demo",
-            "--server",
-            server.url,
-            "--epochs",
-            "40",
-            "--pace",
-            "0.02",
-            "--run-name",
-            "browser-test",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    process = demo_training(server, "browser-test", epochs=40, pace=0.02)
     yield process
     process.kill()
     process.wait()
 
 
 def test_run_page_draws_the_live_run(
-    server: ServerProcess, training: subprocess.Popen[str], browser: Any, tmp_path: Path
+    server: ServerProcess, training: subprocess.Popen[bytes], browser: Any, tmp_path: Path
 ) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []

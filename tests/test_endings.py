@@ -19,7 +19,14 @@ from trainvitals.server.liveness import Liveness
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer
 
-from tests.helpers import ServerProcess, memory_cgroup, run_series, wait_for
+from tests.helpers import (
+    ServerProcess,
+    demo_training,
+    memory_cgroup,
+    run_in_cgroup,
+    run_series,
+    wait_for,
+)
 
 LOST_AFTER = 1.5
 
@@ -88,24 +95,7 @@ def test_heartbeats_keep_an_idle_run_alive_and_a_killed_one_is_lost(
 
 
 def test_sigterm_is_recorded_and_still_ends_the_process(server: ServerProcess) -> None:
-    training = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trainvitals",
-            "demo",
-            "--server",
-            server.url,
-            "--epochs",
-            "200",
-            "--pace",
-            "0.05",
-            "--run-name",
-            "terminated",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    training = demo_training(server, "terminated")
     try:
         wait_for(
             lambda: (only_run(server)["last_step"] or 0) >= 5,
@@ -119,28 +109,6 @@ def test_sigterm_is_recorded_and_still_ends_the_process(server: ServerProcess) -
         training.wait()
     run = only_run(server)
     assert (run["status"], run["end_reason"]) == ("crashed", "signal:SIGTERM")
-
-
-def demo_training(server: ServerProcess, name: str) -> subprocess.Popen[bytes]:
-    """A real Keras run (the demo's CNN on scikit-learn digits), paced to last minutes."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trainvitals",
-            "demo",
-            "--server",
-            server.url,
-            "--epochs",
-            "200",
-            "--pace",
-            "0.05",
-            "--run-name",
-            name,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
 
 
 def test_sigkill_is_reported_by_the_watchdog_within_seconds(server: ServerProcess) -> None:
@@ -185,19 +153,7 @@ def test_a_real_oom_kill_in_a_memory_cgroup_is_reported(
     script = tmp_path / "greedy.py"
     script.write_text(GREEDY)
     with memory_cgroup(400 * 2**20) as group:
-        result = subprocess.run(
-            [
-                "sh",
-                "-c",
-                f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"',
-                sys.executable,
-                str(script),
-                server.url,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = run_in_cgroup(group, sys.executable, str(script), server.url)
         assert result.returncode == -signal.SIGKILL, result.stderr  # the kernel killed it
         assert "leaking" in result.stdout
         run = wait_for(

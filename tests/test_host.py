@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 import textwrap
 import threading
@@ -13,7 +12,7 @@ import pytest
 from trainvitals.host import HostSource, cgroup_memory_limit
 from trainvitals.sampler import Sampler
 
-from tests.helpers import ServerProcess, memory_cgroup, run_series, wait_for
+from tests.helpers import ServerProcess, memory_cgroup, run_in_cgroup, run_series, wait_for
 
 
 def write(path: Path, text: str) -> None:
@@ -130,19 +129,7 @@ def test_host_limit_is_the_memory_cgroups_limit(server: ServerProcess, tmp_path:
     script = tmp_path / "in_cgroup.py"
     script.write_text(CGROUP_SCRIPT)
     with memory_cgroup(limit) as group:
-        result = subprocess.run(
-            [
-                "sh",
-                "-c",
-                f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"',
-                sys.executable,
-                str(script),
-                server.url,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        result = run_in_cgroup(group, sys.executable, str(script), server.url)
         assert result.returncode == 0, result.stderr
     runs = wait_for(lambda: server.get("/api/v1/runs")["runs"], what="the run")
     series = run_series(server, runs[0]["id"], "host/limit", "host/rss")
