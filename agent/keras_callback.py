@@ -25,8 +25,7 @@ log = logging.getLogger("trainvitals")
 
 # Vitals computed in the train step ride along with the logs Keras already fetches from the
 # device, under these keys; the callback takes them out before Progbar or History see them.
-_PREFIX = "trainvitals/"
-_VITALS = _PREFIX + "vitals"  # one float32 vector: see tf_vitals.step_vitals
+_VITALS = "trainvitals/vitals"  # one float32 vector: see tf_vitals.step_vitals
 
 
 class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
@@ -132,8 +131,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.run.log(step, {"step_time": (now - began[1]) / (batch - began[0])})
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        logs = logs if logs is not None else {}
-        packed = logs.pop(_VITALS, None)
+        packed = _take_vitals(logs)
         if self.run is None:
             return
         step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
@@ -154,20 +152,18 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             )
         self.run.log(step, values)
         if self._weights_every and step % self._weights_every == 0:
-            self.run.log(step, {"nonfinite/weights": float(_nonfinite_weights(self.model))})
+            self.run.log(step, {"nonfinite/weights": tf_vitals.nonfinite_weights(self.model)})
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        values = _numbers({k: v for k, v in (logs or {}).items() if not k.startswith(_PREFIX)})
-        for key in [k for k in (logs or {}) if k.startswith(_PREFIX)]:
-            logs.pop(key)  # type: ignore[union-attr]
+        _take_vitals(logs)
+        values = _numbers(logs)
         epoch_values = {k if k.startswith("val_") else f"epoch/{k}": v for k, v in values.items()}
         epoch_values["epoch"] = epoch + 1
         if self.run is not None:
             self.run.log(self.run.last_step, epoch_values)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        for key in [k for k in (logs or {}) if k.startswith(_PREFIX)]:
-            logs.pop(key)  # type: ignore[union-attr]
+        _take_vitals(logs)
         self._uninstrument()
         if self.run is not None:
             self.run.finish(END_COMPLETED)
@@ -268,8 +264,9 @@ def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
     return out
 
 
-def _nonfinite_weights(model: Any) -> int:
-    return int(tf_vitals.nonfinite_count([w.value for w in model.weights]))
+def _take_vitals(logs: dict[str, Any] | None) -> Any:
+    """Remove the step's packed vitals from Keras's logs (before Progbar or History see them)."""
+    return None if logs is None else logs.pop(_VITALS, None)
 
 
 def _tensorflow_env(model: Any) -> dict[str, Any]:

@@ -122,9 +122,7 @@ class Monitor:
                 )
             )
             if self._model is not None and self._weights_every and step % self._weights_every == 0:
-                values["nonfinite/weights"] = float(
-                    tf_vitals.nonfinite_count(list(self._model.weights))
-                )
+                values["nonfinite/weights"] = tf_vitals.nonfinite_weights(self._model)
         for name, value in (metrics or {}).items():
             values[name] = float(_to_python(value))
         self.run.log(step, values)

@@ -38,6 +38,11 @@ def nonfinite_count(structure: Any) -> tf.Tensor:
     return total
 
 
+def nonfinite_weights(model: Any) -> float:
+    """NaN/Inf elements in all of a Keras model's weights (run eagerly, every N steps)."""
+    return float(nonfinite_count([w.value for w in model.weights]))
+
+
 def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:
     """Each tensor's sum of squares, as a float32 vector (0 for a missing gradient).
 

@@ -285,11 +285,6 @@ class Store:
         run.pop("last_seq")
         return run
 
-    def series_names(self, run_id: str) -> list[str]:
-        with self.engine.connect() as conn:
-            query = select(series.c.name).where(series.c.run_id == run_id).order_by(series.c.name)
-            return list(conn.execute(query).scalars())
-
     def read_series(self, run_id: str, name: str) -> SeriesData:
         """Every point of one series, ordered by step."""
         query = (

@@ -42,9 +42,10 @@ def get_series(
 ) -> dict[str, Any]:
     """Series of a run (all of them when no ``name`` is given), each downsampled to at most
     ``max_points`` with every bucket's min and max kept. NaN/Inf values come back as null."""
-    if store.get_run(run_id) is None:
+    run = store.get_run(run_id)
+    if run is None:
         raise run_not_found(run_id)
-    names = name if name else store.series_names(run_id)
+    names = name if name else run["series"]
     out: dict[str, Any] = {}
     for series_name in names:
         steps, times, values = store.read_series(run_id, series_name)
