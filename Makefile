@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.0
 DEPS_STAMP := $(VENV)/.deps-installed
 PKG_STAMP := $(VENV)/.package-installed
-SOURCES := $(wildcard agent/*.py server/*.py server/routes/*.py web/*)
+SOURCES := $(wildcard agent/*.py agent/detect/*.py server/*.py server/routes/*.py web/*)
 
 .PHONY: demo test lint typecheck bench screenshot system clean
 

@@ -39,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="SQLite file path, sqlite:///path or "
         "postgresql://user@host/db (default ./trainvitals.db)",
     )
+    serve.add_argument(
+        "--rules",
+        default=None,
+        help="alert rules file (TOML): thresholds per rule and per project; see docs/alerts.md",
+    )
 
     demo = commands.add_parser(
         "demo",
@@ -77,11 +82,15 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"trainvitals serve: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
-    overrides = {"host": args.host, "port": args.port, "db": args.db}
+    from trainvitals.detect import RulesError, load_rules
+
+    overrides = {"host": args.host, "port": args.port, "db": args.db, "rules": args.rules}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     try:
         database_url(settings.db)
-    except StorageError as exc:
+        if settings.rules:
+            load_rules(settings.rules)
+    except (StorageError, RulesError) as exc:
         print(f"trainvitals serve: {exc}", file=sys.stderr)
         return 2
     # Bind first, so --port 0 can print the port it got before anyone needs it.

@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from trainvitals import __version__
+from trainvitals.detect import RulesConfig, load_rules
+from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.deps import AppState
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
@@ -29,6 +31,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ```
     """
     settings = settings or Settings()
+    # A bad rules file stops the server before it starts, with the setting named.
+    rules = load_rules(settings.rules) if settings.rules else RulesConfig()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -37,10 +41,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         writer = Writer(store)
         hub = Hub(settings.live_queue_size, settings.runs_push_interval)
         hub.start()
-        liveness = Liveness(store, writer, hub, settings.lost_after)
+        alerts = AlertEngine(store, writer, hub, rules)
+        await alerts.start()
+        liveness = Liveness(
+            store,
+            writer,
+            hub,
+            settings.lost_after,
+            on_lost=lambda run_id, when: alerts.ended(run_id, "heartbeat_lost", when),
+        )
         await liveness.start()
         app.state.trainvitals = AppState(
-            settings=settings, store=store, writer=writer, hub=hub, liveness=liveness
+            settings=settings,
+            store=store,
+            writer=writer,
+            hub=hub,
+            liveness=liveness,
+            alerts=alerts,
         )
         try:
             yield

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from starlette.requests import HTTPConnection
+from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.settings import Settings
@@ -21,6 +22,7 @@ class AppState:
     writer: Writer
     hub: Hub
     liveness: Liveness
+    alerts: AlertEngine
 
 
 def get_state(connection: HTTPConnection) -> AppState:
@@ -32,9 +34,18 @@ def get_store(request: Request) -> Store:
     return get_state(request).store
 
 
+def get_alerts(request: Request) -> AlertEngine:
+    return get_state(request).alerts
+
+
 StateDep = Annotated[AppState, Depends(get_state)]
+AlertsDep = Annotated[AlertEngine, Depends(get_alerts)]
 StoreDep = Annotated[Store, Depends(get_store)]
 
 
 def run_not_found(run_id: str) -> HTTPException:
     return HTTPException(status_code=404, detail=f"No run with id {run_id!r}")
+
+
+def alert_not_found(alert_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"No alert with id {alert_id!r}")

@@ -21,6 +21,7 @@ from trainvitals.protocol import (
     PROTOCOL_VERSION,
     WELCOME,
 )
+from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.schemas import (
@@ -49,9 +50,16 @@ class IngestSession:
     """State of one agent connection: which run it speaks for and how far it got."""
 
     def __init__(
-        self, store: Store, writer: Writer, hub: Hub, liveness: Liveness, max_frame_bytes: int
+        self,
+        store: Store,
+        writer: Writer,
+        hub: Hub,
+        liveness: Liveness,
+        alerts: AlertEngine,
+        max_frame_bytes: int,
     ) -> None:
         self._store = store
+        self._alerts = alerts
         self._writer = writer
         self._hub = hub
         self._liveness = liveness
@@ -99,6 +107,8 @@ class IngestSession:
         if self.run["status"] in ("running", "stalled"):
             self._liveness.seen(hello.run_id, time.time())
         self._hub.run_changed(dict(self.run))
+        if self.run["status"] in ("running", "stalled"):
+            await self._alerts.opened(self.run, hello.env, time.time())
         return json.dumps(
             {
                 "type": WELCOME,
@@ -126,6 +136,7 @@ class IngestSession:
         self.run["last_seen"] = now
         self._liveness.seen(run_id, now)
         self._hub.run_changed(dict(self.run))
+        await self._alerts.points(run_id, columns)
         return _ack(frame.seq)
 
     async def _stall(self, frame: Stall) -> str:
@@ -147,6 +158,14 @@ class IngestSession:
         if self.run["status"] == "running":
             self.run["status"] = "stalled"
         self._hub.run_changed(dict(self.run))
+        await self._alerts.stalled(
+            self.run["id"],
+            int(self.run["last_step"] or 0),
+            frame.time,
+            frame.idle,
+            frame.threshold,
+            frame.stacks,
+        )
         return _ack(frame.seq)
 
     async def _heartbeat(self) -> None:
@@ -173,6 +192,7 @@ class IngestSession:
         self._liveness.ended(self.run["id"])
         self.run.update(status=end.status, end_reason=end.reason, ended_at=end.ended_at)
         self._hub.run_changed(dict(self.run))
+        await self._alerts.ended(self.run["id"], end.reason, end.ended_at, end.traceback)
         return _ack(frame.seq)
 
 

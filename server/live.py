@@ -62,6 +62,12 @@ class Hub:
         """Queue a run summary for the next coalesced push to every browser."""
         self._dirty_runs[run["id"]] = run
 
+    def alert(self, alert: dict[str, Any]) -> None:
+        """Push an alert change to every browser (alerts are few; every page shows them)."""
+        message = json.dumps({"type": "alert", "alert": alert})
+        for subscriber in self._subscribers:
+            subscriber.offer(message)
+
     def points(
         self,
         run_id: str,

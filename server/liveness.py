@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 
 from trainvitals.server.live import Hub
@@ -24,8 +25,16 @@ log = logging.getLogger("trainvitals.server")
 class Liveness:
     """Last-seen times of running runs, and the task that gives up on silent ones."""
 
-    def __init__(self, store: Store, writer: Writer, hub: Hub, lost_after: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        writer: Writer,
+        hub: Hub,
+        lost_after: float,
+        on_lost: Callable[[str, float], Awaitable[None]] | None = None,
+    ) -> None:
         self._store, self._writer, self._hub = store, writer, hub
+        self._on_lost = on_lost
         self.lost_after = lost_after
         self._seen: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -62,6 +71,8 @@ class Liveness:
                     self.lost_after,
                 )
                 self._hub.run_changed(run)
+                if self._on_lost is not None:
+                    await self._on_lost(run_id, run["ended_at"] or now)
         return silent
 
     async def _watch(self) -> None:

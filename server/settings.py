@@ -23,3 +23,5 @@ class Settings(BaseSettings):
     live_queue_size: int = 2000
     #: Seconds without any frame (points or heartbeat) before a running run becomes ``lost``.
     lost_after: float = 30.0
+    #: A rules file (TOML) with thresholds per rule and per project; see docs/alerts.md.
+    rules: str | None = None

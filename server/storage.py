@@ -87,6 +87,46 @@ chunks = Table(
     Column("vals", LargeBinary, nullable=False),
 )
 
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("run_id", String(64), nullable=False),
+    Column("project", String(200), nullable=False),
+    Column("run_name", String(200), nullable=False),
+    Column("rule", String(64), nullable=False),
+    Column("subject", String(128), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("hint", Text, nullable=False),
+    Column("evidence", Text, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("time", Float, nullable=False),
+    Column("updated_time", Float, nullable=False),
+    Column("resolved_time", Float),
+    Column("count", Integer, nullable=False),
+    Column("acknowledged_at", Float),
+    Column("acknowledged_by", String(200)),
+    Column("silenced_until", Float),
+    Index("ix_alerts_run", "run_id"),
+    Index("ix_alerts_state_time", "state", "time"),
+)
+
+silences = Table(
+    "silences",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("run_id", String(64), nullable=False),
+    Column("rule", String(64), nullable=False),
+    Column("subject", String(128), nullable=False),
+    Column("until", Float, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("created_by", String(200)),
+)
+
+ALERT_FIELDS = tuple(c.name for c in alerts.columns)
+
 RUN_FIELDS = (
     "id", "project", "name", "status", "started_at", "ended_at", "last_step", "last_seen",
     "host", "pid", "end_reason",
@@ -261,6 +301,37 @@ class Store:
             )
         )
 
+    def save_alert(self, conn: Connection, alert: Mapping[str, Any]) -> None:
+        """Insert or update an alert (the whole row: the alert book holds the truth)."""
+        row = {f: alert[f] for f in ALERT_FIELDS}
+        row["evidence"] = json.dumps(alert["evidence"], allow_nan=False)
+        dialect_insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
+        statement = dialect_insert(alerts).values(**row)
+        changed = {f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"}
+        conn.execute(statement.on_conflict_do_update(index_elements=["id"], set_=changed))
+
+    def acknowledge(
+        self, conn: Connection, alert_id: str, when: float, by: str | None
+    ) -> dict[str, Any] | None:
+        conn.execute(
+            update(alerts)
+            .where(alerts.c.id == alert_id)
+            .values(acknowledged_at=when, acknowledged_by=by)
+        )
+        return _alert_row(conn, alert_id)
+
+    def add_silence(self, conn: Connection, silence: Mapping[str, Any]) -> None:
+        conn.execute(silences.insert().values(**silence))
+        conn.execute(
+            update(alerts)
+            .where(
+                alerts.c.run_id == silence["run_id"],
+                alerts.c.rule == silence["rule"],
+                alerts.c.subject == silence["subject"],
+            )
+            .values(silenced_until=silence["until"])
+        )
+
     # -- reads (thread pool) -----------------------------------------------------------------
 
     def list_runs(self, limit: int = 500, project: str | None = None) -> list[dict[str, Any]]:
@@ -285,6 +356,79 @@ class Store:
         run.pop("last_seq")
         return run
 
+    def list_alerts(
+        self,
+        run_id: str | None = None,
+        state: str | None = None,
+        project: str | None = None,
+        severity: str | None = None,
+        limit: int = 500,
+    ) -> list[dict[str, Any]]:
+        """Alerts, newest first."""
+        query = select(alerts).order_by(alerts.c.time.desc(), alerts.c.id).limit(limit)
+        for column, value in (
+            (alerts.c.run_id, run_id),
+            (alerts.c.state, state),
+            (alerts.c.project, project),
+            (alerts.c.severity, severity),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        with self.engine.connect() as conn:
+            return [_alert(row) for row in conn.execute(query).mappings()]
+
+    def get_alert(self, alert_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            return _alert_row(conn, alert_id)
+
+    def active_silences(self, now: float) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(silences).where(silences.c.until > now)).mappings()
+            return [dict(r) for r in rows]
+
+    def last_values(self, run_id: str, prefixes: tuple[str, ...]) -> dict[str, float]:
+        """The last stored value of each of the run's series whose name starts with one of
+        ``prefixes`` (the readings just before a run ended)."""
+        out: dict[str, float] = {}
+        with self.engine.connect() as conn:
+            names = conn.execute(select(series.c.name).where(series.c.run_id == run_id))
+            for name in names.scalars():
+                if not name.startswith(prefixes):
+                    continue
+                row = conn.execute(
+                    select(chunks.c.vals)
+                    .where(chunks.c.run_id == run_id, chunks.c.series == name)
+                    .order_by(chunks.c.seq.desc())
+                    .limit(1)
+                ).first()
+                if row is not None:
+                    out[name] = float(np.frombuffer(row[0], dtype=np.float64)[-1])
+        return out
+
+    def recent_points(self, run_id: str, frames: int) -> dict[str, SeriesData]:
+        """The points of the run's last ``frames`` frames, per series, in frame order: the
+        history the alert engine replays to rebuild its state after a restart."""
+        with self.engine.connect() as conn:
+            last = conn.execute(select(runs.c.last_seq).where(runs.c.id == run_id)).scalar()
+            if last is None:
+                return {}
+            rows = conn.execute(
+                select(chunks.c.series, chunks.c.steps, chunks.c.times, chunks.c.vals)
+                .where(chunks.c.run_id == run_id, chunks.c.seq > last - frames)
+                .order_by(chunks.c.seq)
+            ).all()
+        parts: dict[str, list[tuple[bytes, bytes, bytes]]] = {}
+        for name, steps, times, values in rows:
+            parts.setdefault(name, []).append((steps, times, values))
+        return {
+            name: (
+                np.frombuffer(b"".join(p[0] for p in chunk), dtype=np.int64),
+                np.frombuffer(b"".join(p[1] for p in chunk), dtype=np.float64),
+                np.frombuffer(b"".join(p[2] for p in chunk), dtype=np.float64),
+            )
+            for name, chunk in parts.items()
+        }
+
     def read_series(self, run_id: str, name: str) -> SeriesData:
         """Every point of one series, ordered by step."""
         query = (
@@ -303,6 +447,17 @@ class Store:
             order = np.argsort(steps, kind="stable")
             steps, times, values = steps[order], times[order], values[order]
         return steps, times, values
+
+
+def _alert(row: Any) -> dict[str, Any]:
+    alert = dict(row)
+    alert["evidence"] = json.loads(alert["evidence"])
+    return alert
+
+
+def _alert_row(conn: Connection, alert_id: str) -> dict[str, Any] | None:
+    row = conn.execute(select(alerts).where(alerts.c.id == alert_id)).mappings().first()
+    return None if row is None else _alert(row)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -85,6 +85,19 @@ class ServerProcess:
         with urllib.request.urlopen(self.url + path, timeout=10) as response:
             return json.loads(response.read())
 
+    def post(self, path: str, body: Any = None) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(body).encode() if body is not None else b"",
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
     def get_status(self, path: str) -> tuple[int, Any]:
         try:
             with urllib.request.urlopen(self.url + path, timeout=10) as response:

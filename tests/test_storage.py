@@ -119,3 +119,67 @@ def test_a_stalled_run_runs_again_when_steps_resume(store: Store) -> None:
         store.add_points(conn, "r1", 3, {"loss": ([2], [41.0], [0.4])}, now=41.0)
     resumed = store.get_run("r1")
     assert resumed is not None and resumed["status"] == "running"
+
+
+def test_alerts_are_upserted_filtered_acknowledged_and_silenced(store: Store) -> None:
+    from trainvitals.detect import AlertBook, Finding
+
+    book = AlertBook()
+    fired = book.apply(
+        Finding("nonfinite", "", True, 7, 1010.0, "critical", "NaN", "fix", {"loss": math.nan})
+    )
+    assert fired is not None
+    alert = fired[1]
+    alert.run_id, alert.project, alert.run_name = "r1", "proj", "name-r1"
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("r1"), now=1001.0)
+        store.save_alert(conn, {**alert.as_dict(), "evidence": {"loss": "NaN"}})
+    resolved = book.apply(Finding("nonfinite", "", False, 9, 1020.0))
+    assert resolved is not None
+    with store.engine.begin() as conn:
+        store.save_alert(conn, {**resolved[1].as_dict(), "evidence": {"loss": "NaN"}})
+    (row,) = store.list_alerts(run_id="r1")
+    assert (row["state"], row["resolved_time"], row["evidence"]) == (
+        "resolved",
+        1020.0,
+        {"loss": "NaN"},
+    )
+    assert store.list_alerts(state="firing") == [] and store.list_alerts(project="other") == []
+    assert store.list_alerts(severity="critical")[0]["id"] == alert.id
+    with store.engine.begin() as conn:
+        acked = store.acknowledge(conn, alert.id, when=1030.0, by="ana")
+        assert acked is not None and acked["acknowledged_by"] == "ana"
+        store.add_silence(
+            conn,
+            {
+                "id": "s1",
+                "run_id": "r1",
+                "rule": "nonfinite",
+                "subject": "",
+                "until": 2000.0,
+                "created_at": 1030.0,
+                "created_by": None,
+            },
+        )
+    assert store.get_alert(alert.id)["silenced_until"] == 2000.0  # type: ignore[index]
+    assert [s["id"] for s in store.active_silences(now=1500.0)] == ["s1"]
+    assert store.active_silences(now=2500.0) == []
+
+
+def test_recent_points_and_last_readings(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("r1"), now=1001.0)
+        for seq in range(1, 6):
+            store.add_points(
+                conn,
+                "r1",
+                seq,
+                {
+                    "loss": ([seq], [1000.0 + seq], [1.0 / seq]),
+                    "host/rss": ([seq], [1000.0], [seq * 10.0]),
+                },
+                now=1000.0 + seq,
+            )
+    recent = store.recent_points("r1", frames=2)
+    assert list(recent["loss"][0]) == [4, 5]
+    assert store.last_values("r1", ("host/",)) == {"host/rss": 50.0}

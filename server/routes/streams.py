@@ -30,7 +30,12 @@ _MAX_REASON = 123
 async def ingest(websocket: WebSocket, state: StateDep) -> None:
     await websocket.accept()
     session = IngestSession(
-        state.store, state.writer, state.hub, state.liveness, state.settings.max_frame_bytes
+        state.store,
+        state.writer,
+        state.hub,
+        state.liveness,
+        state.alerts,
+        state.settings.max_frame_bytes,
     )
     try:
         while True:

@@ -1,0 +1,45 @@
+"""The detection core: alert rules over a run's stream, pure Python with no I/O.
+
+The server runs it on every run it ingests; the agent can run it too, for protective
+actions. Because nothing here reads a clock or a socket, the same code is tested on
+recorded streams.
+
+Example:
+    ```python
+    from trainvitals.detect import AlertBook, Detector
+
+    detector, book = Detector(), AlertBook()
+    for finding in detector.feed({"nonfinite/inputs": ([120], [t], [3.0])}):
+        change = book.apply(finding)   # ("fired", Alert(rule="nonfinite", ...))
+    ```
+"""
+
+from __future__ import annotations
+
+from trainvitals.detect.engine import Detector, records, watched
+from trainvitals.detect.lifecycle import Alert, AlertBook, Change
+from trainvitals.detect.settings import RulesConfig, RulesError, RuleSet, load_rules
+from trainvitals.detect.types import SEVERITIES, Finding, Record, Severity
+
+RULES = (
+    "nonfinite", "grad_explosion", "grad_vanishing", "loss_divergence", "oom_forecast",
+    "memory_pressure", "stall", "slowdown", "thermal", "hardware", "env_mismatch", "crash",
+)  # fmt: skip
+
+__all__ = [
+    "RULES",
+    "SEVERITIES",
+    "Alert",
+    "AlertBook",
+    "Change",
+    "Detector",
+    "Finding",
+    "Record",
+    "RuleSet",
+    "RulesConfig",
+    "RulesError",
+    "Severity",
+    "load_rules",
+    "records",
+    "watched",
+]

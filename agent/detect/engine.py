@@ -1,0 +1,119 @@
+"""The detector of one run: points in, findings out. No I/O, no clock of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from trainvitals.detect.base import Context, Rule
+from trainvitals.detect.hardware import EnvMismatchRule, HardwareRule, ThermalRule
+from trainvitals.detect.memory import MemoryPressureRule, OomForecastRule
+from trainvitals.detect.numeric import (
+    GradExplosionRule,
+    GradVanishingRule,
+    LossDivergenceRule,
+    NonfiniteRule,
+)
+from trainvitals.detect.process import CrashRule, SlowdownRule, StallRule
+from trainvitals.detect.settings import RuleSet
+from trainvitals.detect.types import Finding, Record
+
+#: Series the rules read; the rest of a frame (accuracy, epoch values...) is skipped unseen.
+_PREFIXES = ("grad/", "nonfinite/", "host/", "gpu")
+_NAMES = frozenset(("loss", "step_time"))
+
+#: A frame's points: series name -> (steps, times, values).
+Columns = Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]]
+
+
+def watched(name: str) -> bool:
+    return name in _NAMES or name.startswith(_PREFIXES)
+
+
+class Detector:
+    """Every enabled rule of one run, fed in the order the agent recorded.
+
+    Example:
+        ```python
+        detector = Detector(RuleSet(), env=hello["env"])
+        findings = detector.hello(step=0, time=hello["started_at"])
+        findings += detector.feed({"loss": ([1, 2], [t1, t2], [0.7, float("nan")])})
+        ```
+    """
+
+    def __init__(self, settings: RuleSet | None = None, env: Mapping[str, Any] | None = None):
+        self.settings = settings = settings or RuleSet()
+        self.context = context = Context(env)
+        self.nonfinite = NonfiniteRule(context, settings.nonfinite)
+        self.stall_rule = StallRule(context, settings.stall)
+        self.crash = CrashRule(context, settings.crash)
+        self.env_mismatch = EnvMismatchRule(context, settings.env_mismatch)
+        candidates: list[tuple[bool, Rule]] = [
+            (settings.nonfinite.enabled, self.nonfinite),
+            (settings.grad_explosion.enabled, GradExplosionRule(context, settings.grad_explosion)),
+            (settings.grad_vanishing.enabled, GradVanishingRule(context, settings.grad_vanishing)),
+            (
+                settings.loss_divergence.enabled,
+                LossDivergenceRule(context, settings.loss_divergence),
+            ),
+            (settings.oom_forecast.enabled, OomForecastRule(context, settings.oom_forecast)),
+            (
+                settings.memory_pressure.enabled,
+                MemoryPressureRule(context, settings.memory_pressure),
+            ),
+            (settings.stall.enabled, self.stall_rule),
+            (settings.slowdown.enabled, SlowdownRule(context, settings.slowdown)),
+            (settings.thermal.enabled, ThermalRule(context, settings.thermal)),
+            (settings.hardware.enabled, HardwareRule(context, settings.hardware)),
+        ]
+        self.rules = [rule for enabled, rule in candidates if enabled]
+
+    def hello(self, step: int, time: float) -> list[Finding]:
+        """Check the environment the agent described."""
+        if not self.settings.env_mismatch.enabled:
+            return []
+        return self.env_mismatch.check(self.context.env, step, time)
+
+    def feed(self, points: Columns) -> list[Finding]:
+        """Judge one frame's points, moment by moment, in the order they were recorded."""
+        findings: list[Finding] = []
+        for record in records(points):
+            self.context.note(record)
+            for rule in self.rules:
+                findings.extend(rule.observe(record))
+        return findings
+
+    def stalled(
+        self, step: int, time: float, idle: float, threshold: float, stacks: str
+    ) -> list[Finding]:
+        if not self.settings.stall.enabled:
+            return []
+        return [self.stall_rule.stalled(step, time, idle, threshold, stacks)]
+
+    def ended(self, reason: str, time: float, traceback: str | None = None) -> list[Finding]:
+        """The run ended with ``reason``; anything but ``completed`` is a crash."""
+        if reason == "completed" or not self.settings.crash.enabled:
+            return []
+        return [self.crash.ended(reason, time, traceback)]
+
+    def revived(self, time: float) -> list[Finding]:
+        """A run given up as lost speaks again."""
+        finding = self.crash.revived(time)
+        return [] if finding is None else [finding]
+
+
+def records(points: Columns) -> Iterable[Record]:
+    """Regroup a frame's columns into the records the agent logged: the values that share
+    a step and a time were recorded together (one step's vitals, or one system sample)."""
+    grouped: dict[tuple[int, float], dict[str, float]] = {}
+    for name, (steps, times, values) in points.items():
+        if not watched(name):
+            continue
+        for step, time, value in zip(steps, times, values, strict=True):
+            key = (step, time)
+            group = grouped.get(key)
+            if group is None:
+                group = grouped[key] = {}
+            group[name] = value
+    for (step, time), group in sorted(grouped.items(), key=lambda item: (item[0][1], item[0][0])):
+        yield Record(step, time, group)

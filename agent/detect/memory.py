@@ -1,0 +1,231 @@
+"""Rules on memory: the time left before a limit (forecast) and pressure now."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainvitals.detect import settings as s
+from trainvitals.detect.base import Context, Rule, finite
+from trainvitals.detect.stats import theil_sen
+from trainvitals.detect.text import duration, size
+from trainvitals.detect.types import Finding, Record, Severity
+
+_GPU_SERIES = re.compile(r"gpu(\d+)/(tf_current|mem_used)$")
+
+HOST_LEAK_HINT = (
+    "Something keeps a reference that grows every step: a list of tensors, losses or "
+    "predictions kept across steps, history appended in a callback, `model.predict` or a new "
+    "`tf.function` traced inside the loop, a cache without a bound. `tracemalloc` snapshots "
+    "a minute apart show what grows. A smaller batch or a higher memory limit only buys time; "
+    "save a checkpoint before the kernel's OOM killer ends the run."
+)
+GPU_LEAK_HINT = (
+    "TensorFlow's allocator grows every step: look for tensors kept across steps, a "
+    "`tf.function` retraced with new shapes, or growing caches. To fit what you have: a "
+    "smaller batch or gradient accumulation, mixed precision "
+    "(`keras.mixed_precision.set_global_policy('mixed_float16')`), and "
+    "`tf.config.experimental.set_memory_growth(gpu, True)` if other processes share the card."
+)
+HOST_PRESSURE_HINT = (
+    "The process is close to its memory limit: the kernel's OOM killer ends it without a "
+    "traceback. Lower the batch size or the tf.data buffers (`shuffle`, `prefetch`, `cache`), "
+    "free what you keep between steps, or raise the limit."
+)
+GPU_PRESSURE_HINT = (
+    "The GPU is nearly full: the next larger allocation raises ResourceExhaustedError. "
+    "Use a smaller batch or gradient accumulation, mixed precision, or rematerialisation; "
+    "free tensors kept between steps."
+)
+SWAP_HINT = (
+    "The host is swapping: steps will slow down by orders of magnitude and the run may "
+    "hang. Reduce host memory use (smaller tf.data buffers, fewer workers) or move the job "
+    "to a host with more memory."
+)
+
+
+def _subject(name: str, context: Context) -> tuple[str, str, str] | None:
+    """``(subject, used series, limit series)`` for a memory series, or None."""
+    if name == "host/rss":
+        return "host", name, "host/limit"
+    match = _GPU_SERIES.match(name)
+    if match is None:
+        return None
+    index, kind = match.groups()
+    if kind == "mem_used" and f"gpu{index}/tf_current" in context.latest:
+        # TensorFlow reserves most of the card at start, so NVML's "used" stays flat while
+        # the allocator's own count shows the growth.
+        return None
+    return f"gpu{index}", name, f"gpu{index}/mem_total"
+
+
+@dataclass
+class _Track:
+    series: str
+    times: deque[float] = field(default_factory=deque)
+    values: deque[float] = field(default_factory=deque)
+    last_forecast: float = float("-inf")
+    calm: int = 0
+
+
+class OomForecastRule(Rule):
+    """A Theil-Sen trend of memory use meeting its limit within the horizon."""
+
+    id = "oom_forecast"
+
+    def __init__(self, context: Context, settings: s.OomForecast) -> None:
+        super().__init__(context)
+        self.settings = settings
+        self._tracks: dict[str, _Track] = {}
+
+    def observe(self, record: Record) -> list[Finding]:
+        out = []
+        for name, value in record.values.items():
+            found = _subject(name, self.context) if finite(value) else None
+            if found is None:
+                continue
+            subject, used, limit_name = found
+            limit = self.context.latest.get(limit_name)
+            if limit is None or limit <= 0:
+                continue
+            track = self._tracks.get(subject)
+            if track is None or track.series != used:
+                track = self._tracks[subject] = _Track(used)
+            track.times.append(record.time)
+            track.values.append(value)
+            while track.times and track.times[0] < record.time - self.settings.window:
+                track.times.popleft()
+                track.values.popleft()
+            finding = self._forecast(subject, track, record, value, limit)
+            if finding is not None:
+                out.append(finding)
+        return out
+
+    def _forecast(
+        self, subject: str, track: _Track, record: Record, current: float, limit: float
+    ) -> Finding | None:
+        cfg = self.settings
+        if record.time - track.last_forecast < cfg.every:
+            return None
+        if len(track.times) < cfg.min_points or track.times[-1] - track.times[0] < cfg.min_span:
+            return None
+        track.last_forecast = record.time
+        trend = theil_sen(list(track.times), list(track.values))
+        now = record.time
+        fitted = trend.at(now)
+        eta = float("inf")
+        if trend.slope > 0 and trend.agreement >= cfg.min_agreement:
+            eta = max(0.0, (limit - max(fitted, current)) / trend.slope)
+        if eta > cfg.horizon:
+            track.calm += 1
+            if subject in self.firing and (track.calm >= 3 or trend.slope <= 0):
+                return self.resolve(subject, record)
+            return None
+        track.calm = 0
+        severity: Severity = "critical" if eta <= cfg.critical_eta else "warning"
+        rate = self.context.steps_per_second
+        evidence: dict[str, Any] = {
+            "series": track.series,
+            "current": current,
+            "limit": limit,
+            "fraction": current / limit,
+            "slope": trend.slope,
+            "eta_s": eta,
+            "agreement": trend.agreement,
+            "window_s": track.times[-1] - track.times[0],
+            "forecast": {
+                "series": track.series,
+                "time": [now, now + eta],
+                "step": [record.step, record.step + round(eta * rate)],
+                "value": [fitted, limit],
+            },
+        }
+        growth = f"growing {size(trend.slope * 60)}/min"
+        if subject == "host":
+            message = (
+                f"Host memory reaches its limit in {duration(eta)}: RSS {size(current)} of "
+                f"{size(limit)}, {growth}"
+            )
+            hint = HOST_LEAK_HINT
+        else:
+            what = "TensorFlow's allocator" if track.series.endswith("tf_current") else "memory"
+            message = (
+                f"{subject.upper()} memory fills in {duration(eta)}: {what} at {size(current)} "
+                f"of {size(limit)}, {growth}"
+            )
+            hint = GPU_LEAK_HINT
+        return self.fire(subject, record, severity, message, hint, evidence)
+
+
+class MemoryPressureRule(Rule):
+    """Memory above a high fraction of its limit now; swap filling up."""
+
+    id = "memory_pressure"
+
+    def __init__(self, context: Context, settings: s.MemoryPressure) -> None:
+        super().__init__(context)
+        self.settings = settings
+        self._counts: dict[str, int] = {}
+        self._swap: deque[tuple[float, float]] = deque()
+
+    def observe(self, record: Record) -> list[Finding]:
+        out = []
+        for name, value in record.values.items():
+            if not finite(value):
+                continue
+            if name == "host/swap_used":
+                finding = self._swap_growth(record, value)
+                if finding is not None:
+                    out.append(finding)
+                continue
+            found = _subject(name, self.context)
+            if found is None or found[1].endswith("mem_used"):
+                continue  # NVML's "used" is what TensorFlow reserved, not what it uses
+            subject, _, limit_name = found
+            limit = self.context.latest.get(limit_name)
+            if limit is None or limit <= 0:
+                continue
+            finding = self._level(subject, record, value, limit)
+            if finding is not None:
+                out.append(finding)
+        return out
+
+    def _level(self, subject: str, record: Record, used: float, limit: float) -> Finding | None:
+        cfg = self.settings
+        fraction = used / limit
+        severity: Severity = "critical" if fraction >= cfg.critical_fraction else "warning"
+        high = fraction >= cfg.warning_fraction
+        low = fraction < cfg.warning_fraction - 0.05
+        count = self._counts.get(subject, 0)
+        count = (max(count, 0) + 1) if high else (min(count, 0) - 1) if low else 0
+        self._counts[subject] = count
+        current = self.firing.get(subject)
+        if high and count >= cfg.sustain and current != severity:
+            where = "Host memory" if subject == "host" else f"{subject.upper()} memory"
+            message = f"{where} at {fraction:.0%} of its limit: {size(used)} of {size(limit)}"
+            hint = HOST_PRESSURE_HINT if subject == "host" else GPU_PRESSURE_HINT
+            evidence = {"used": used, "limit": limit, "fraction": fraction}
+            return self.fire(subject, record, severity, message, hint, evidence)
+        if current is not None and -count >= cfg.sustain:
+            return self.resolve(subject, record)
+        return None
+
+    def _swap_growth(self, record: Record, swap: float) -> Finding | None:
+        cfg = self.settings
+        self._swap.append((record.time, swap))
+        while self._swap and self._swap[0][0] < record.time - cfg.swap_window:
+            self._swap.popleft()
+        growth = swap - min(v for _, v in self._swap)
+        if swap > 0 and growth >= cfg.swap_growth:
+            if "swap" not in self.firing:
+                message = (
+                    f"Swap grew by {size(growth)} in {self._swap[-1][0] - self._swap[0][0]:.0f}"
+                    f" s (now {size(swap)})"
+                )
+                evidence = {"swap_used": swap, "growth": growth, "window_s": cfg.swap_window}
+                return self.fire("swap", record, "warning", message, SWAP_HINT, evidence)
+        elif "swap" in self.firing and growth < cfg.swap_growth / 4:
+            return self.resolve("swap", record)
+        return None

@@ -1,0 +1,35 @@
+"""Numbers as people read them in an alert."""
+
+from __future__ import annotations
+
+import math
+
+
+def size(n: float) -> str:
+    """Bytes: ``size(3.2 * 2**30) == '3.2 GiB'``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def duration(seconds: float) -> str:
+    """``duration(400) == 'about 7 min'``; short spans in seconds."""
+    if not math.isfinite(seconds):
+        return "never"
+    if seconds < 90:
+        return f"{max(0.0, seconds):.0f} s"
+    if seconds < 90 * 60:
+        return f"about {seconds / 60:.0f} min"
+    return f"about {seconds / 3600:.1f} h"
+
+
+def number(x: float) -> str:
+    return f"{x:.3g}" if math.isfinite(x) else ("NaN" if math.isnan(x) else "Inf")
+
+
+def listing(items: list[str]) -> str:
+    """``listing(['a', 'b', 'c']) == 'a, b and c'``."""
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]

@@ -1,0 +1,192 @@
+"""The alert engine inside a real server: from an agent's points to stored alerts, the
+API, the live push, acknowledgement and silences, run endings and server restarts."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainvitals import Run, resolve
+from trainvitals.protocol import PROTOCOL_VERSION
+from websockets.sync.client import connect
+
+from tests.helpers import ServerProcess, free_port, wait_for
+
+ALERT_CONTRACT_FIELDS = {
+    "id", "run_id", "rule", "severity", "state", "message", "hint", "step", "time",
+    "resolved_time", "evidence",
+}  # fmt: skip
+
+
+def alerts_of(server: ServerProcess, run_id: str, rule: str | None = None) -> list[dict[str, Any]]:
+    alerts = server.get(f"/api/v1/runs/{run_id}/alerts")["alerts"]
+    return [a for a in alerts if rule is None or a["rule"] == rule]
+
+
+def healthy_steps(run: Run, steps: range) -> None:
+    for step in steps:
+        run.log(step, {"loss": 1.0 / step, "nonfinite/inputs": 0.0, "nonfinite/loss": 0.0})
+
+
+def test_a_nan_batch_raises_one_alert_that_people_can_acknowledge_and_silence(
+    server: ServerProcess,
+) -> None:
+    run = Run(resolve(server=server.url, run_name="nan"), system_metrics=False, watchdog=False)
+    run.start()
+    with connect(server.url.replace("http", "ws") + "/api/v1/live") as browser:
+        healthy_steps(run, range(1, 50))
+        for step in range(50, 60):  # the bad batch, then NaN everywhere for a while
+            run.log(
+                step,
+                {
+                    "loss": math.nan,
+                    "nonfinite/inputs": 4.0 if step == 50 else 0.0,
+                    "nonfinite/loss": 1.0,
+                },
+            )
+        wait_for(lambda: alerts_of(server, run.id, "nonfinite"), what="the nonfinite alert")
+        (alert,) = alerts_of(server, run.id)
+        assert ALERT_CONTRACT_FIELDS <= set(alert)
+        assert (alert["severity"], alert["state"], alert["step"]) == ("critical", "firing", 50)
+        assert (
+            alert["evidence"]["origin"] == "inputs" and alert["evidence"]["counts"]["inputs"] == 4
+        )
+        assert alert["hint"] and alert["run_name"] == "nan" and alert["project"] == "default"
+        assert [a["id"] for a in server.get("/api/v1/alerts?state=firing")["alerts"]] == [
+            alert["id"]
+        ]
+        assert server.get("/api/v1/alerts?state=resolved")["alerts"] == []
+
+        def pushed() -> bool:
+            message = json.loads(browser.recv(timeout=5))
+            return message["type"] == "alert" and message["alert"]["id"] == alert["id"]
+
+        wait_for(pushed, timeout=20, interval=0)
+
+    status, acked = server.post(f"/api/v1/alerts/{alert['id']}/ack", {"by": "ana"})
+    assert status == 200 and acked["acknowledged_by"] == "ana" and acked["acknowledged_at"]
+    status, body = server.post(f"/api/v1/alerts/{alert['id']}/silence", {"duration_s": 600})
+    assert status == 200 and body["silence"]["rule"] == "nonfinite"
+    assert body["alert"]["silenced_until"] == body["silence"]["until"]
+    assert server.post("/api/v1/alerts/nope/ack")[0] == 404
+    assert server.post(f"/api/v1/alerts/{alert['id']}/silence", {"duration_s": -1})[0] == 422
+
+    healthy_steps(run, range(60, 200))  # 100 clean steps resolve it
+    wait_for(
+        lambda: alerts_of(server, run.id)[0]["state"] == "resolved", what="the alert to resolve"
+    )
+    (resolved,) = alerts_of(server, run.id)
+    assert resolved["id"] == alert["id"] and resolved["resolved_time"] >= resolved["time"]
+    assert resolved["acknowledged_by"] == "ana"  # people's marks survive the engine's updates
+    assert run.finish()
+    assert [a["rule"] for a in alerts_of(server, run.id)] == ["nonfinite"]  # completed: no crash
+
+
+def test_a_crashed_run_gets_a_crash_alert_and_its_other_alerts_resolve(
+    server: ServerProcess,
+) -> None:
+    run = Run(resolve(server=server.url, run_name="boom"), system_metrics=False, watchdog=False)
+    run.start()
+    healthy_steps(run, range(1, 20))
+    run.log(20, {"loss": math.inf})
+    wait_for(lambda: alerts_of(server, run.id, "nonfinite"), what="the nonfinite alert")
+    trace = "Traceback (most recent call last):\n  ...\nResourceExhaustedError: OOM when allocating"
+    assert run.finish("exception", trace)
+    wait_for(lambda: alerts_of(server, run.id, "crash"), what="the crash alert")
+    crash = alerts_of(server, run.id, "crash")[0]
+    assert crash["state"] == "firing" and crash["severity"] == "critical"
+    assert "ResourceExhaustedError" in crash["message"]
+    assert "smaller batch" in crash["hint"]
+    assert alerts_of(server, run.id, "nonfinite")[0]["state"] == "resolved"
+
+
+def test_a_silent_run_is_lost_with_a_crash_alert_that_resolves_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    server = ServerProcess(str(tmp_path / "tv.db"), extra_env={"TRAINVITALS_LOST_AFTER": "2"})
+    hello = {
+        "type": "hello", "v": PROTOCOL_VERSION, "run_id": "gone", "project": "p", "name": "gone",
+        "config": {}, "host": "h", "pid": 1, "started_at": 1.0, "env": {},
+    }  # fmt: skip
+    try:
+        with connect(server.url.replace("http", "ws") + "/api/v1/ingest") as agent:
+            agent.send(json.dumps(hello))
+            json.loads(agent.recv(timeout=10))
+        # The connection closed without an ending and nothing more is heard.
+        wait_for(lambda: alerts_of(server, "gone", "crash"), timeout=30, what="the lost run")
+        (crash,) = alerts_of(server, "gone", "crash")
+        assert crash["evidence"]["end_reason"] == "heartbeat_lost"
+        with connect(server.url.replace("http", "ws") + "/api/v1/ingest") as agent:
+            agent.send(json.dumps(hello))  # it was only a network cut
+            json.loads(agent.recv(timeout=10))
+            wait_for(
+                lambda: alerts_of(server, "gone", "crash")[0]["state"] == "resolved",
+                what="the crash alert to resolve",
+            )
+    finally:
+        server.stop()
+
+
+def test_after_a_server_restart_firing_alerts_are_taken_up_not_repeated(tmp_path: Path) -> None:
+    port, db = free_port(), str(tmp_path / "tv.db")
+    server = ServerProcess(db, port=port)
+    run = Run(resolve(server=server.url, run_name="restart"), system_metrics=False, watchdog=False)
+    run.start()
+    try:
+        healthy_steps(run, range(1, 40))
+        run.log(40, {"loss": math.nan, "nonfinite/inputs": 2.0})
+        wait_for(lambda: alerts_of(server, run.id, "nonfinite"), what="the first alert")
+        server.stop()
+        server = ServerProcess(db, port=port)
+        run.log(41, {"loss": math.nan, "nonfinite/inputs": 0.0, "nonfinite/loss": 1.0})
+        healthy_steps(run, range(42, 160))
+        wait_for(
+            lambda: alerts_of(server, run.id, "nonfinite")[0]["state"] == "resolved",
+            timeout=60,
+            what="the rebuilt engine to resolve the stored alert",
+        )
+        assert len(alerts_of(server, run.id, "nonfinite")) == 1
+        assert run.finish()
+    finally:
+        server.stop()
+
+
+def test_the_rules_file_sets_thresholds_per_project(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[projects.quiet.nonfinite]\nenabled = false\n[oom_forecast]\nhorizon = 60\n")
+    server = ServerProcess(str(tmp_path / "tv.db"), extra_env={"TRAINVITALS_RULES": str(rules)})
+    try:
+        assert server.get("/api/v1/rules")["rules"]["oom_forecast"]["horizon"] == 60
+        assert server.get("/api/v1/rules?project=quiet")["rules"]["nonfinite"]["enabled"] is False
+        quiet = Run(
+            resolve(server=server.url, project="quiet", run_name="q"),
+            system_metrics=False,
+            watchdog=False,
+        )
+        loud = Run(resolve(server=server.url, run_name="l"), system_metrics=False, watchdog=False)
+        for run in (quiet, loud):
+            run.start()
+            run.log(1, {"loss": math.nan})
+            assert run.finish()
+        wait_for(lambda: alerts_of(server, loud.id), what="the default project's alert")
+        assert alerts_of(server, quiet.id) == []
+    finally:
+        server.stop()
+
+
+def test_a_bad_rules_file_stops_serve_with_the_setting_named(tmp_path: Path) -> None:
+    import subprocess
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[grad_explosion]\nfactr = 3\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "serve", "--port", "0", "--rules", str(rules)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "'factr': unknown setting" in result.stderr
