@@ -62,7 +62,7 @@ def test_a_nan_batch_raises_one_alert_that_people_can_acknowledge_and_silence(
 
         def pushed() -> bool:
             message = json.loads(browser.recv(timeout=5))
-            return message["type"] == "alert" and message["alert"]["id"] == alert["id"]
+            return bool(message["type"] == "alert" and message["alert"]["id"] == alert["id"])
 
         wait_for(pushed, timeout=20, interval=0)
 
