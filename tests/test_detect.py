@@ -38,14 +38,46 @@ def stream(
     }
 
 
+Columns = dict[str, tuple[list[int], list[float], list[float]]]
+
+
+def frames(columns: Columns, steps_per_frame: int) -> list[Columns]:
+    """Cut a stream into the frames an agent would send (every series up to a step)."""
+    last = max(max(steps) for steps, _, _ in columns.values())
+    out = []
+    for start in range(0, last + 1, steps_per_frame):
+        frame: Columns = {}
+        for name, (steps, times, values) in columns.items():
+            keep = [i for i, s in enumerate(steps) if start <= s < start + steps_per_frame]
+            if keep:
+                frame[name] = (
+                    [steps[i] for i in keep],
+                    [times[i] for i in keep],
+                    [values[i] for i in keep],
+                )
+        out.append(frame)
+    return out
+
+
+def feed(detector: Detector, columns: Columns, steps_per_frame: int | None) -> list[Finding]:
+    """Whole (the step-by-step path) or in frames (mostly the bulk path)."""
+    if steps_per_frame is None:
+        return detector.feed(columns)
+    return [f for frame in frames(columns, steps_per_frame) for f in detector.feed(frame)]
+
+
+#: Each stream is judged whole, in frames of 40 steps (a fast agent: mostly bulk), and of 3.
+FRAMINGS = pytest.mark.parametrize("framing", [None, 40, 3])
+
+
 def fired(findings: list[Finding], rule: str) -> list[Finding]:
     return [f for f in findings if f.rule == rule and f.firing]
 
 
-def run_through(detector: Detector, columns: dict[str, tuple[list[int], list[float], list[float]]]):  # type: ignore[no-untyped-def]
+def run_through(detector: Detector, columns: Columns, framing: int | None = None):  # type: ignore[no-untyped-def]
     book = AlertBook()
     changes = []
-    for finding in detector.feed(columns):
+    for finding in feed(detector, columns, framing):
         change = book.apply(finding)
         if change is not None:
             changes.append((change[0], change[1].rule, change[1].severity, finding.step))
@@ -82,7 +114,8 @@ def test_rolling_window_median_and_mad() -> None:
 # -- nonfinite ------------------------------------------------------------------------------
 
 
-def test_nonfinite_fires_in_the_same_step_and_names_the_input_batch() -> None:
+@FRAMINGS
+def test_nonfinite_fires_in_the_same_step_and_names_the_input_batch(framing: int | None) -> None:
     columns = stream(
         range(1, 301),
         0.01,
@@ -94,7 +127,7 @@ def test_nonfinite_fires_in_the_same_step_and_names_the_input_batch() -> None:
             "nonfinite/grads": lambda s: 50.0 if s >= 120 else 0.0,
         },
     )
-    book, changes = run_through(Detector(), columns)
+    book, changes = run_through(Detector(), columns, framing)
     assert changes == [("fired", "nonfinite", "critical", 120)]
     alert = book.alerts[("nonfinite", "")]
     assert alert.step == 120
@@ -106,14 +139,17 @@ def test_nonfinite_fires_in_the_same_step_and_names_the_input_batch() -> None:
     assert "data" in alert.hint
 
 
-def test_nonfinite_from_the_loss_on_clean_data_resolves_after_clean_steps() -> None:
+@FRAMINGS
+def test_nonfinite_from_the_loss_on_clean_data_resolves_after_clean_steps(
+    framing: int | None,
+) -> None:
     columns = stream(
         range(1, 400),
         0.01,
         loss=lambda s: math.inf if s == 50 else 1.0,
         **{"nonfinite/inputs": lambda s: 0.0},
     )
-    _, changes = run_through(Detector(), columns)
+    _, changes = run_through(Detector(), columns, framing)
     assert changes == [
         ("fired", "nonfinite", "critical", 50),
         ("resolved", "nonfinite", "critical", 150),
@@ -147,7 +183,8 @@ def healthy_norm(seed: int) -> Callable[[int], float]:
     )
 
 
-def test_exploding_gradients_warn_orders_of_magnitude_before_the_nan() -> None:
+@FRAMINGS
+def test_exploding_gradients_warn_orders_of_magnitude_before_the_nan(framing: int | None) -> None:
     def norm(s: int) -> float:
         return 1.0 if s < 200 else (math.nan if s >= 260 else 1.0 * 1.2 ** (s - 200))
 
@@ -162,7 +199,7 @@ def test_exploding_gradients_warn_orders_of_magnitude_before_the_nan() -> None:
             },
         )
     )
-    book, changes = run_through(Detector(), columns)
+    book, changes = run_through(Detector(), columns, framing)
     explosion = [c for c in changes if c[1] == "grad_explosion"]
     assert explosion[0][0] == "fired" and explosion[0][3] < 220  # 40 steps before the NaN
     assert ("updated", "grad_explosion", "critical") == explosion[1][:3]
@@ -171,9 +208,10 @@ def test_exploding_gradients_warn_orders_of_magnitude_before_the_nan() -> None:
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_noisy_healthy_gradients_raise_nothing(seed: int) -> None:
+@FRAMINGS
+def test_noisy_healthy_gradients_raise_nothing(seed: int, framing: int | None) -> None:
     columns = stream(range(1, 3000), 0.01, **{"grad/global_norm": healthy_norm(seed)})
-    assert fired(Detector().feed(columns), "grad_explosion") == []
+    assert fired(feed(Detector(), columns, framing), "grad_explosion") == []
 
 
 def deep_sigmoid_layers() -> dict[str, Callable[[int], float]]:
@@ -185,35 +223,38 @@ def deep_sigmoid_layers() -> dict[str, Callable[[int], float]]:
     return {f"grad/norm/dense_{i}/kernel": layer(i) for i in range(6)}
 
 
-def test_vanishing_gradients_in_early_layers_with_a_flat_loss() -> None:
+@FRAMINGS
+def test_vanishing_gradients_in_early_layers_with_a_flat_loss(framing: int | None) -> None:
     layers = deep_sigmoid_layers()
     columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3026 + 0.001 * math.sin(s))
     columns.update(stream(range(10, 400, 10), 0.01, **layers))
-    book, changes = run_through(Detector(), columns)
+    book, changes = run_through(Detector(), columns, framing)
     assert [c[:2] for c in changes] == [("fired", "grad_vanishing")]
     alert = book.alerts[("grad_vanishing", "")]
     assert alert.evidence["early_variable"] == "dense_0/kernel"
     assert alert.evidence["top_variable"] == "dense_5/kernel"
 
 
-def test_small_early_gradients_while_the_loss_falls_are_not_vanishing() -> None:
+@FRAMINGS
+def test_small_early_gradients_while_the_loss_falls_are_not_vanishing(framing: int | None) -> None:
     layers = deep_sigmoid_layers()
     columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3 / s**0.5)
     columns.update(stream(range(10, 400, 10), 0.01, **layers))
-    assert fired(Detector().feed(columns), "grad_vanishing") == []
+    assert fired(feed(Detector(), columns, framing), "grad_vanishing") == []
 
 
 # -- loss ----------------------------------------------------------------------------------
 
 
-def test_a_loss_that_climbs_back_warns_then_turns_critical() -> None:
+@FRAMINGS
+def test_a_loss_that_climbs_back_warns_then_turns_critical(framing: int | None) -> None:
     noise = random.Random(3)
 
     def loss(s: int) -> float:
         level = 2.0 / (1 + s / 50) if s < 400 else 2.0 / 9 * 1.01 ** (s - 400)
         return level * math.exp(noise.gauss(0, 0.2))
 
-    book, changes = run_through(Detector(), stream(range(1, 700), 0.01, loss=loss))
+    book, changes = run_through(Detector(), stream(range(1, 700), 0.01, loss=loss), framing)
     divergence = [c for c in changes if c[1] == "loss_divergence"]
     assert divergence[0][:3] == ("fired", "loss_divergence", "warning")
     assert 400 < divergence[0][3] < 520
@@ -222,7 +263,10 @@ def test_a_loss_that_climbs_back_warns_then_turns_critical() -> None:
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(seed: int) -> None:
+@FRAMINGS
+def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(
+    seed: int, framing: int | None
+) -> None:
     noise = random.Random(seed)
 
     def loss(s: int) -> float:
@@ -230,7 +274,7 @@ def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(seed: int)
         restart = 1.3 if s % 500 < 50 and s > 500 else 1.0  # cosine warm restarts
         return warmup * restart * 2.0 / (1 + s / 100) * math.exp(noise.gauss(0, 0.4))
 
-    findings = Detector().feed(stream(range(1, 2000), 0.01, loss=loss))
+    findings = feed(Detector(), stream(range(1, 2000), 0.01, loss=loss), framing)
     assert [f for f in findings if f.severity != "info"] == []
 
 
@@ -281,9 +325,10 @@ def test_memory_pressure_escalates_with_the_fraction_used() -> None:
 # -- process and hardware -------------------------------------------------------------------
 
 
-def test_slowdown_after_a_steady_baseline() -> None:
+@FRAMINGS
+def test_slowdown_after_a_steady_baseline(framing: int | None) -> None:
     columns = stream(range(1, 800), 0.01, step_time=lambda s: 0.01 if s < 500 else 0.08)
-    _, changes = run_through(Detector(), columns)
+    _, changes = run_through(Detector(), columns, framing)
     assert [(c[0], c[1]) for c in changes] == [("fired", "slowdown")]
     assert 550 <= changes[0][3] <= 600
 

@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.detect.types import Dense, Finding, Record, Severity
 
 #: Prefixes of per-second system series; everything else is a per-step vital.
 SYSTEM_PREFIXES = ("host/", "gpu")
@@ -19,6 +19,12 @@ def is_system(name: str) -> bool:
 
 def finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
+
+
+def last_record(dense: Dense, name: str) -> Record:
+    """The moment of a series' last point in a frame, for findings made in bulk."""
+    steps, times, _ = dense[name]
+    return Record(int(steps[-1]), float(times[-1]), {})
 
 
 class Context:
@@ -42,15 +48,20 @@ class Context:
         for name, value in record.values.items():
             if is_system(name):
                 self.latest[name] = value
-            elif name.startswith("grad/norm/") and name not in self._variable_order:
-                self._variable_order[name] = len(self._variable_order)
+                self.latest_time = record.time
             else:
                 stepped = True
-        if any(is_system(n) for n in record.values):
-            self.latest_time = record.time
+                if name.startswith("grad/norm/") and name not in self._variable_order:
+                    self._variable_order[name] = len(self._variable_order)
         if stepped and record.step > self.step:
             self.step = record.step
             self._steps.append((record.time, record.step))
+
+    def note_dense(self, dense: Dense) -> None:
+        steps, times, _ = max(dense.values(), key=lambda column: len(column[0]))
+        if len(steps) and int(steps[-1]) > self.step:
+            self.step = int(steps[-1])
+            self._steps.append((float(times[-1]), self.step))
 
     def in_model_order(self, names: Iterable[str]) -> list[str]:
         order = self._variable_order
@@ -75,6 +86,13 @@ class Rule:
     findings into alerts."""
 
     id: ClassVar[str]
+    #: The series this rule reads: exact names, and prefixes ending in "/" or "gpu".
+    watches: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def reads(cls, name: str) -> bool:
+        prefixes = tuple(w for w in cls.watches if w.endswith("/") or w == "gpu")
+        return name in cls.watches or name.startswith(prefixes)
 
     def __init__(self, context: Context) -> None:
         self.context = context
@@ -82,6 +100,15 @@ class Rule:
 
     def observe(self, record: Record) -> list[Finding]:
         return []
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        """Take a frame's per-step series in bulk when nothing in them can change this rule's
+        mind; return None to have them replayed step by step through :meth:`observe`.
+
+        A fast agent sends hundreds of steps a frame and the server judges every frame of
+        every run, so the common case (healthy numbers) is one pass of array arithmetic.
+        """
+        return None
 
     def fire(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from trainvitals.detect.base import Context, Rule
 from trainvitals.detect.hardware import EnvMismatchRule, HardwareRule, ThermalRule
 from trainvitals.detect.memory import MemoryPressureRule, OomForecastRule
@@ -16,11 +17,12 @@ from trainvitals.detect.numeric import (
 )
 from trainvitals.detect.process import CrashRule, SlowdownRule, StallRule
 from trainvitals.detect.settings import RuleSet
-from trainvitals.detect.types import Finding, Record
+from trainvitals.detect.types import Dense, Finding, Record
 
 #: Series the rules read; the rest of a frame (accuracy, epoch values...) is skipped unseen.
 _PREFIXES = ("grad/", "nonfinite/", "host/", "gpu")
 _NAMES = frozenset(("loss", "step_time"))
+_PER_STEP = frozenset(("loss", "step_time", "grad/global_norm"))
 
 #: A frame's points: series name -> (steps, times, values).
 Columns = Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]]
@@ -28,6 +30,11 @@ Columns = Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]]
 
 def watched(name: str) -> bool:
     return name in _NAMES or name.startswith(_PREFIXES)
+
+
+def per_step(name: str) -> bool:
+    """Series recorded at every step (as opposed to every few steps or every second)."""
+    return name in _PER_STEP or name.startswith("nonfinite/")
 
 
 class Detector:
@@ -67,6 +74,7 @@ class Detector:
             (settings.hardware.enabled, HardwareRule(context, settings.hardware)),
         ]
         self.rules = [rule for enabled, rule in candidates if enabled]
+        self._readers: dict[tuple[str, ...], list[Rule]] = {}
 
     def hello(self, step: int, time: float) -> list[Finding]:
         """Check the environment the agent described."""
@@ -75,13 +83,55 @@ class Detector:
         return self.env_mismatch.check(self.context.env, step, time)
 
     def feed(self, points: Columns) -> list[Finding]:
-        """Judge one frame's points, moment by moment, in the order they were recorded."""
+        """Judge one frame's points in the order they were recorded.
+
+        The per-step series (loss, gradient norm, NaN/Inf counts, step time) are offered to
+        each rule in bulk first (:meth:`Rule.skim`); a rule that sees something worth a
+        closer look gets them again step by step. Per-variable norms and system samples
+        always go record by record.
+        """
+        points = {name: column for name, column in points.items() if watched(name)}
+        dense: Dense = {
+            name: (
+                np.asarray(steps, dtype=np.int64),
+                np.asarray(times, dtype=np.float64),
+                np.asarray(values, dtype=np.float64),
+            )
+            for name, (steps, times, values) in points.items()
+            if per_step(name) and len(steps)
+        }
         findings: list[Finding] = []
-        for record in records(points):
+        closer: list[Rule] = []
+        if dense:
+            self.context.note_dense(dense)
+            for rule in self._readers_of(tuple(dense)):
+                found = rule.skim(dense)
+                if found is None:
+                    closer.append(rule)
+                else:
+                    findings.extend(found)
+        sparse = {name: column for name, column in points.items() if not per_step(name)}
+        for record in records(sparse):
             self.context.note(record)
-            for rule in self.rules:
-                findings.extend(rule.observe(record))
+            for rule in self._readers_of(tuple(record.values)):
+                if rule not in closer:
+                    findings.extend(rule.observe(record))
+        if closer:
+            for record in records(points):
+                for rule in self._readers_of(tuple(record.values)):
+                    if rule in closer:
+                        findings.extend(rule.observe(record))
         return findings
+
+    def _readers_of(self, names: tuple[str, ...]) -> list[Rule]:
+        # Records of one kind share their names (a step's vitals, a system sample): which
+        # rules read them is worked out once per set of names.
+        rules = self._readers.get(names)
+        if rules is None:
+            rules = self._readers[names] = [
+                rule for rule in self.rules if any(rule.reads(n) for n in names)
+            ]
+        return rules
 
     def stalled(
         self, step: int, time: float, idle: float, threshold: float, stacks: str

@@ -43,6 +43,7 @@ class ThermalRule(Rule):
     """GPU temperature high, or thermal/power-brake throttling active, for a while."""
 
     id = "thermal"
+    watches = ("gpu",)
 
     def __init__(self, context: Context, settings: s.Thermal) -> None:
         super().__init__(context)
@@ -91,6 +92,7 @@ class HardwareRule(Rule):
     """Uncorrected ECC errors or XID events counted since the run started."""
 
     id = "hardware"
+    watches = ("gpu",)
 
     def __init__(self, context: Context, settings: s.Hardware) -> None:
         super().__init__(context)

@@ -74,6 +74,7 @@ class OomForecastRule(Rule):
     """A Theil-Sen trend of memory use meeting its limit within the horizon."""
 
     id = "oom_forecast"
+    watches = ("host/rss", "gpu")
 
     def __init__(self, context: Context, settings: s.OomForecast) -> None:
         super().__init__(context)
@@ -163,6 +164,7 @@ class MemoryPressureRule(Rule):
     """Memory above a high fraction of its limit now; swap filling up."""
 
     id = "memory_pressure"
+    watches = ("host/rss", "host/swap_used", "gpu")
 
     def __init__(self, context: Context, settings: s.MemoryPressure) -> None:
         super().__init__(context)

@@ -6,11 +6,12 @@ import math
 from collections import deque
 from typing import Any
 
+import numpy as np
 from trainvitals.detect import settings as s
-from trainvitals.detect.base import Context, Rule, finite
+from trainvitals.detect.base import Context, Rule, finite, last_record
 from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
 from trainvitals.detect.text import listing, number
-from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.detect.types import Dense, Finding, Record, Severity
 
 #: Where NaN/Inf can first appear, in the order that explains the rest: bad data poisons the
 #: loss, poisoned weights poison everything, a loss overflow poisons the gradients.
@@ -46,6 +47,7 @@ class NonfiniteRule(Rule):
     """NaN/Inf anywhere, critical in the very step it appears, naming where it came from."""
 
     id = "nonfinite"
+    watches = ("loss", "grad/global_norm", "nonfinite/", "grad/norm/")
 
     def __init__(self, context: Context, settings: s.Nonfinite) -> None:
         super().__init__(context)
@@ -56,6 +58,32 @@ class NonfiniteRule(Rule):
         self._bad_steps = 0
         self._last_loss: float | None = None
         self._last_norm: float | None = None
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        relevant = {
+            name: column
+            for name, column in dense.items()
+            if name.startswith("nonfinite/") or name in ("loss", "grad/global_norm")
+        }
+        if not relevant:
+            return []
+        for name, (_, _, values) in relevant.items():
+            clean = not np.any(values != 0) if name.startswith("nonfinite/") else None
+            if clean is None:
+                clean = bool(np.all(np.isfinite(values)))
+            if not clean:
+                return None  # judged step by step, to name the very step and the origin
+        steps, times, _ = max(relevant.values(), key=lambda column: len(column[0]))
+        before, self._clean, self._skips = self._clean, self._clean + len(steps), 0
+        if "loss" in relevant:
+            self._last_loss = float(relevant["loss"][2][-1])
+        if "grad/global_norm" in relevant:
+            self._last_norm = float(relevant["grad/global_norm"][2][-1])
+        if self.firing and self._clean >= self.settings.clear_steps:
+            at = max(0, self.settings.clear_steps - before - 1)
+            self._seen.clear()
+            return [self.resolve("", Record(int(steps[at]), float(times[at]), {}))]
+        return []
 
     def observe(self, record: Record) -> list[Finding]:
         values = record.values
@@ -148,6 +176,7 @@ class GradExplosionRule(Rule):
     """The global gradient norm far above its robust baseline (median/MAD of log10 norms)."""
 
     id = "grad_explosion"
+    watches = ("grad/global_norm", "grad/norm/")
 
     def __init__(self, context: Context, settings: s.GradExplosion) -> None:
         super().__init__(context)
@@ -159,6 +188,28 @@ class GradExplosionRule(Rule):
         # Per-variable norms arrive every few steps: each one's rise over its own median.
         self._variables: dict[str, RollingWindow] = {}
         self._rise: dict[str, tuple[float, float]] = {}  # name -> (norm, ratio)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        column = dense.get("grad/global_norm")
+        if column is None:
+            return []
+        cfg = self.settings
+        if self.firing or len(self._baseline) < cfg.min_history:
+            return None  # firing, or about to judge for the first time: step by step
+        values = column[2]
+        levels = np.log10(values[np.isfinite(values) & (values > 0)])
+        centre = self._baseline.median
+        spread = max(MAD_TO_SIGMA * self._baseline.mad, 0.05)
+        excess = levels - centre
+        if np.any((excess >= math.log10(cfg.factor)) & (excess / spread >= cfg.min_z)):
+            return None
+        self._above = 0
+        self._calm += len(levels)
+        self._lagging.extend(levels.tolist())
+        overflow = len(self._lagging) - cfg.lag
+        if overflow > 0:
+            self._baseline.extend([self._lagging.popleft() for _ in range(overflow)])
+        return []
 
     def observe(self, record: Record) -> list[Finding]:
         cfg = self.settings
@@ -235,6 +286,7 @@ class GradVanishingRule(Rule):
     or every gradient near zero, for a sustained window."""
 
     id = "grad_vanishing"
+    watches = ("loss", "grad/global_norm", "grad/norm/")
 
     def __init__(self, context: Context, settings: s.GradVanishing) -> None:
         super().__init__(context)
@@ -243,6 +295,34 @@ class GradVanishingRule(Rule):
         self._low = 0
         self._recovered = 0
         self._losses: deque[float] = deque(maxlen=settings.window)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        cfg = self.settings
+        if "loss" in dense:
+            losses = dense["loss"][2]
+            self._losses.extend(losses[np.isfinite(losses)].tolist())
+        if "grad/global_norm" not in dense:
+            return []
+        norms = dense["grad/global_norm"][2]
+        norms = norms[np.isfinite(norms)]
+        if not len(norms):
+            return []
+        small = norms < cfg.min_norm
+        if small.all():
+            self._tiny += len(norms)
+        else:
+            self._tiny = len(norms) - 1 - int(np.flatnonzero(~small)[-1])
+        if self._tiny >= cfg.window and not self.firing:
+            return [self._all_tiny(last_record(dense, "grad/global_norm"), float(norms[-1]))]
+        return []
+
+    def _all_tiny(self, record: Record, norm: float) -> Finding:
+        message = (
+            f"The gradient norm has stayed below {self.settings.min_norm:g} for {self._tiny} "
+            "steps: nothing is learning"
+        )
+        evidence = {"global_norm": norm, "steps": self._tiny}
+        return self.fire("", record, "warning", message, GRAD_VANISHING_HINT, evidence)
 
     def observe(self, record: Record) -> list[Finding]:
         cfg = self.settings
@@ -255,12 +335,7 @@ class GradVanishingRule(Rule):
         if finite(norm):
             self._tiny = self._tiny + 1 if norm < cfg.min_norm else 0  # type: ignore[operator]
             if self._tiny >= cfg.window and not self.firing:
-                message = (
-                    f"The gradient norm has stayed below {cfg.min_norm:g} for {self._tiny} "
-                    "steps: nothing is learning"
-                )
-                tiny = {"global_norm": norm, "steps": self._tiny}
-                out.append(self.fire("", record, "warning", message, GRAD_VANISHING_HINT, tiny))
+                out.append(self._all_tiny(record, norm))  # type: ignore[arg-type]
         kernels = [n for n in values if n.startswith("grad/norm/") and "kernel" in n]
         if not kernels:
             kernels = [n for n in values if n.startswith("grad/norm/")]
@@ -337,6 +412,7 @@ class LossDivergenceRule(Rule):
     giving back what training had learned; and single-batch spikes (info)."""
 
     id = "loss_divergence"
+    watches = ("loss",)
     _EVERY = 5  # steps between judgements of the level
 
     def __init__(self, context: Context, settings: s.LossDivergence) -> None:
@@ -388,8 +464,39 @@ class LossDivergenceRule(Rule):
         if self._since < self._EVERY:
             return out
         self._since = 0
+        return out + self._judge(record, self._EVERY)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        column = dense.get("loss")
+        if column is None:
+            return []
+        if self._start is None or "spike" in self.firing:
+            return None  # the warm-up and a spike's end are judged step by step
+        cfg = self.settings
+        values = column[2]
+        values = values[np.isfinite(values)]
+        if not len(values):
+            return []
+        level, start = self._level, self._start
+        if level is not None and level > 0:
+            if np.any((values > cfg.spike_factor * level) & (values > start)):
+                return None
+        self._seen += len(values)
+        self._recent.extend(values[-cfg.smooth :].tolist())
+        self._since += len(values)
+        if self._since < self._EVERY:
+            return []
+        advanced, self._since = self._since, 0
+        return self._judge(last_record(dense, "loss"), advanced)
+
+    def _judge(self, record: Record, advanced: int) -> list[Finding]:
+        """Compare the level with the minimum and the start; ``advanced`` steps since the
+        last judgement."""
+        cfg = self.settings
+        out: list[Finding] = []
         level = self._level = median(self._recent)
         start = self._start
+        assert start is not None
         self._minimum = min(self._minimum, level)
         low = self._minimum
         learned = start - low
@@ -402,11 +509,11 @@ class LossDivergenceRule(Rule):
             rising = start > 0 and level >= 2 * start
             severity = "critical" if start > 0 and level >= 3 * start else "warning"
         if rising:
-            self._above += self._EVERY
+            self._above += advanced
             self._calm = 0
         else:
             self._above = 0
-            self._calm += self._EVERY
+            self._calm += advanced
         if rising and self._above >= cfg.sustain:
             current = self.firing.get("")
             if current is None or (current == "warning" and severity == "critical"):

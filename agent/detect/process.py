@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import numpy as np
 from trainvitals.detect import settings as s
-from trainvitals.detect.base import Context, Rule, finite, is_system
+from trainvitals.detect.base import Context, Rule, finite, is_system, last_record
 from trainvitals.detect.stats import RollingWindow, median
 from trainvitals.detect.text import duration, number, size
-from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.detect.types import Dense, Finding, Record, Severity
 
 # What a hung stack usually shows, and what to do about it (first match wins).
 _STALL_CAUSES = (
@@ -51,6 +52,10 @@ class StallRule(Rule):
 
     id = "stall"
 
+    @classmethod
+    def reads(cls, name: str) -> bool:
+        return not is_system(name)  # any step resolves a stall
+
     def __init__(self, context: Context, settings: s.Stall) -> None:
         super().__init__(context)
         self._step: int | None = None
@@ -67,6 +72,19 @@ class StallRule(Rule):
         evidence = {"idle_s": idle, "threshold_s": threshold, "stacks": stacks}
         return self.fire("", record, "critical", message, stall_hint(stacks), evidence)
 
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        if not self.firing or self._step is None:
+            return []
+        resumed = [
+            (int(steps[i]), float(times[i]))
+            for steps, times, _ in dense.values()
+            for i in np.flatnonzero(steps > self._step)[:1]
+        ]
+        if not resumed:
+            return []
+        step, time = min(resumed)
+        return [self.resolve("", Record(step, time, {}))]
+
     def observe(self, record: Record) -> list[Finding]:
         if (
             self.firing
@@ -82,12 +100,13 @@ class SlowdownRule(Rule):
     """The recent median step time far above its baseline median."""
 
     id = "slowdown"
+    watches = ("step_time",)
     _EVERY = 10
 
     def __init__(self, context: Context, settings: s.Slowdown) -> None:
         super().__init__(context)
         self.settings = settings
-        self._baseline = RollingWindow(settings.baseline_window, refresh=16)
+        self._baseline = RollingWindow(settings.baseline_window)
         self._recent: deque[float] = deque(maxlen=settings.recent)
         self._seen = 0
         self._since = 0
@@ -108,16 +127,42 @@ class SlowdownRule(Rule):
         self._since += 1
         if self._since < self._EVERY or len(self._baseline) < cfg.recent:
             return []
-        self._since = 0
+        advanced, self._since = self._since, 0
+        return self._judge(record, advanced)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        column = dense.get("step_time")
+        if column is None:
+            return []
+        cfg = self.settings
+        if self._seen < cfg.warmup_steps:
+            return None
+        values = column[2]
+        fresh = values[np.isfinite(values) & (values > 0)].tolist()
+        if not fresh:
+            return []
+        self._seen += len(fresh)
+        pushed_out = len(self._recent) + len(fresh) - cfg.recent
+        if pushed_out > 0:  # what leaves the recent window joins the baseline
+            self._baseline.extend((list(self._recent) + fresh)[:pushed_out])
+        self._recent.extend(fresh)
+        self._since += len(fresh)
+        if self._since < self._EVERY or len(self._baseline) < cfg.recent:
+            return []
+        advanced, self._since = self._since, 0
+        return self._judge(last_record(dense, "step_time"), advanced)
+
+    def _judge(self, record: Record, advanced: int) -> list[Finding]:
+        cfg = self.settings
         base, now = self._baseline.median, median(self._recent)
         slow = now >= cfg.factor * base and now - base >= cfg.min_increase
         if slow:
-            self._above += self._EVERY
+            self._above += advanced
             self._calm = 0
         else:
             self._above = 0
             recovered = now < (1 + (cfg.factor - 1) / 2) * base
-            self._calm = self._calm + self._EVERY if recovered else 0
+            self._calm = self._calm + advanced if recovered else 0
         if slow and self._above >= cfg.sustain and "" not in self.firing:
             return [self._fire(record, base, now)]
         if "" in self.firing and self._calm >= cfg.sustain:

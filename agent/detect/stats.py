@@ -30,13 +30,14 @@ class RollingWindow:
     """The last ``size`` values, with their median and MAD.
 
     Sorting on every value would cost more than everything else a rule does, so the median
-    and MAD are recomputed only every ``refresh`` additions; between refreshes they describe
-    the window as it was at most ``refresh - 1`` values ago, which a baseline tolerates.
+    and MAD are recomputed only every ``refresh`` additions (default: an eighth of the
+    window); between refreshes they describe the window as it was a few values ago, which a
+    baseline tolerates.
     """
 
-    def __init__(self, size: int, refresh: int = 8) -> None:
+    def __init__(self, size: int, refresh: int | None = None) -> None:
         self.values: deque[float] = deque(maxlen=size)
-        self._refresh = max(1, refresh)
+        self._refresh = max(1, refresh if refresh is not None else size // 8)
         self._since = 0
         self._median = 0.0
         self._mad = 0.0
@@ -45,6 +46,12 @@ class RollingWindow:
         self.values.append(value)
         self._since += 1
         if self._since >= self._refresh or len(self.values) <= self._refresh:
+            self._recompute()
+
+    def extend(self, values: Sequence[float]) -> None:
+        self.values.extend(values)
+        self._since += len(values)
+        if values and (self._since >= self._refresh or len(self.values) <= self._refresh):
             self._recompute()
 
     def __len__(self) -> int:
