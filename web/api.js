@@ -1,14 +1,21 @@
 // REST helpers for /api/v1.
 
-export async function getJSON(path) {
-  const response = await fetch(path, { headers: { Accept: "application/json" } });
+async function request(path, init = {}) {
+  const response = await fetch(path, { ...init, headers: { Accept: "application/json", ...init.headers } });
   if (!response.ok) {
     let detail = response.statusText;
     try { detail = (await response.json()).detail ?? detail; } catch { /* not JSON */ }
+    if (typeof detail !== "string") detail = JSON.stringify(detail); // FastAPI's validation errors
     throw new Error(`${response.status}: ${detail}`);
   }
   return response.json();
 }
+
+const getJSON = (path) => request(path);
+
+const postJSON = (path, body) => request(path, {
+  method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+});
 
 export const listRuns = () => getJSON("/api/v1/runs");
 export const getRun = (id) => getJSON(`/api/v1/runs/${encodeURIComponent(id)}`);
@@ -18,3 +25,19 @@ export function getSeries(id, names, maxPoints = 2000) {
   for (const name of names) query.append("name", name);
   return getJSON(`/api/v1/runs/${encodeURIComponent(id)}/series?${query}`);
 }
+
+export const getRunAlerts = (id) => getJSON(`/api/v1/runs/${encodeURIComponent(id)}/alerts`);
+
+// filters: { state, severity, project, limit }; empty ones are left out.
+export function listAlerts(filters = {}) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(filters)) if (value != null && value !== "") query.set(key, String(value));
+  return getJSON(`/api/v1/alerts${query.size ? `?${query}` : ""}`);
+}
+
+export const acknowledgeAlert = (id, by = null) =>
+  postJSON(`/api/v1/alerts/${encodeURIComponent(id)}/ack`, { by });
+
+// Returns { alert, silence }.
+export const silenceAlert = (id, durationS) =>
+  postJSON(`/api/v1/alerts/${encodeURIComponent(id)}/silence`, { duration_s: durationS });

@@ -1,22 +1,51 @@
-// Hash router: #/ is the runs list, #/runs/<id> a run.
+// Hash router: #/ is the runs list, #/runs/<id> a run, #/alerts the alerts across runs. The
+// alert banner and the header's count of firing alerts are on every page.
 
+import { AlertFeed } from "./alert-feed.js";
+import { renderAlerts } from "./alerts.js";
+import { mountBanner } from "./banner.js";
 import { LiveSocket } from "./live.js";
 import { renderRun } from "./run.js";
 import { renderRuns } from "./runs.js";
 
 const root = document.getElementById("app");
 const live = new LiveSocket(document.getElementById("live-indicator"));
+const feed = new AlertFeed(live);
 let cleanup = () => {};
 let navigation = 0;
+
+const VIEWS = [
+  [/^#\/runs\/([^/?]+)$/, (match) => renderRun(root, live, feed, decodeURIComponent(match[1]))],
+  [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
+  [/^/, () => renderRuns(root, live, feed)],
+];
+
+function markCurrentNav() {
+  const page = location.hash.startsWith("#/alerts") ? "#/alerts" : "#/";
+  for (const link of document.querySelectorAll(".topbar nav a")) {
+    if (link.getAttribute("href") === page) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+}
 
 async function route() {
   const current = ++navigation;
   cleanup();
   cleanup = () => {};
-  const match = location.hash.match(/^#\/runs\/([^/]+)$/);
-  const done = match ? await renderRun(root, live, decodeURIComponent(match[1])) : await renderRuns(root, live);
+  markCurrentNav();
+  const [match, render] = VIEWS.map(([pattern, view]) => [location.hash.match(pattern), view]).find(([m]) => m);
+  const done = await render(match);
   if (current === navigation) cleanup = done; else done();
 }
+
+const navCount = document.getElementById("alert-nav-count");
+feed.on(() => {
+  const firing = feed.firing().length;
+  navCount.textContent = firing ? String(firing) : "";
+  navCount.title = `${firing} firing alert${firing === 1 ? "" : "s"}`;
+});
+mountBanner(document.getElementById("alert-banner"), feed);
+feed.load().catch((error) => console.warn("trainvitals: could not load the firing alerts:", error));
 
 window.addEventListener("hashchange", route);
 route().catch((error) => { root.innerHTML = `<p class="error">${error.message}</p>`; });

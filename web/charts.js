@@ -1,6 +1,10 @@
 // Live plotly charts: one chart per metric (its per-step, epoch-mean and validation series
 // together) and one per series group (grad/, host/, gpu0/ ...). New points are appended with
-// Plotly.extendTraces; a chart is never redrawn from scratch while it streams.
+// Plotly.extendTraces; a chart is never redrawn from scratch while it streams. Alerts are
+// marked on the charts of the series they are about.
+
+import { SEVERITY_COLOURS } from "./alert-feed.js";
+import { escapeHTML, formatDuration } from "./format.js";
 
 const REFETCH_AT = 20000; // points in a trace before it is reloaded downsampled from the server
 
@@ -34,6 +38,25 @@ export function chartKey(name) {
   if (base.startsWith("val_")) base = base.slice(4);
   else if (base.startsWith("epoch/")) base = base.slice(6);
   return base;
+}
+
+// The charts an alert is marked on: the series it is about. The run page puts an alert whose
+// charts are not drawn on the loss chart.
+export function alertChartKeys(alert) {
+  const device = /^gpu\d+$/.test(alert.subject ?? "") ? alert.subject : "host";
+  switch (alert.rule) {
+    case "nonfinite": return ["NaN/Inf count", "loss"];
+    case "grad_explosion": case "grad_vanishing": return ["gradient norm"];
+    case "loss_divergence": return ["loss"];
+    case "oom_forecast": case "memory_pressure": {
+      const series = alert.evidence?.forecast?.series;
+      return [series ? chartKey(series) : `${device} memory`];
+    }
+    case "slowdown": return ["step_time"];
+    case "thermal": return [device === "host" ? "host CPU temperature (°C)" : `${device} temperature (°C)`];
+    case "hardware": return device === "host" ? [] : [`${device} throttle and errors`];
+    default: return ["loss"];
+  }
 }
 
 // Loss first, then metrics, step time, gradients, NaN/Inf, host, then GPUs.
@@ -88,6 +111,7 @@ export class Chart {
     container.appendChild(this.card);
     this.plot = this.card.querySelector(".plot");
     this.traces = new Map(); // series name -> { index, lastStep, length }
+    this.drawnAlerts = JSON.stringify([[], []]);
     this.visibleVariables = 0;
     const layout = structuredClone(LAYOUT);
     if (LOG_SCALE.has(key)) Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
@@ -157,6 +181,47 @@ export class Chart {
     const indices = peaks.map(([, index]) => index);
     Plotly.restyle(this.plot, { visible: indices.map((i) => (top.has(i) ? true : "legendonly")) }, indices);
     this.visibleVariables = top.size;
+  }
+
+  // A vertical line at each alert's step in its severity's colour (dotted once resolved) and,
+  // while an oom_forecast about a series of this chart fires, its projection up to the limit
+  // labelled with the time left. Redrawn only when something changed.
+  setAlerts(alerts) {
+    const shapes = [], annotations = [];
+    let forecasts = 0;
+    for (const alert of alerts) {
+      if (alert.step == null) continue;
+      const colour = SEVERITY_COLOURS[alert.severity] ?? "#8a93a6";
+      const firing = alert.state === "firing";
+      shapes.push({
+        type: "line", xref: "x", yref: "paper", x0: alert.step, x1: alert.step, y0: 0, y1: 1,
+        line: { color: colour, width: 1.5, dash: firing ? "solid" : "dot" }, opacity: firing ? 0.9 : 0.5,
+      });
+      annotations.push({
+        x: alert.step, xref: "x", y: 1, yref: "paper", xanchor: "left", yanchor: "top", showarrow: false,
+        text: escapeHTML(alert.rule), hovertext: escapeHTML(alert.message), font: { size: 10, color: colour },
+      });
+      const forecast = alert.evidence?.forecast;
+      if (!firing || alert.rule !== "oom_forecast" || !forecast || chartKey(forecast.series) !== this.key) continue;
+      const [s0, s1] = forecast.step, [v0, v1] = forecast.value;
+      shapes.push({
+        type: "line", xref: "x", yref: "y", x0: s0, x1: s1, y0: v0, y1: v1,
+        line: { color: colour, width: 2, dash: "dash" },
+      });
+      const left = Math.max(0, forecast.time[1] - Date.now() / 1000);
+      annotations.push({
+        x: s1, y: v1, xref: "x", yref: "y", ax: -36, ay: -28, arrowcolor: colour, arrowwidth: 1,
+        text: `limit in ~${escapeHTML(formatDuration(left))}`, font: { size: 11, color: colour },
+        bgcolor: "rgba(255,255,255,0.85)",
+      });
+      forecasts += 1;
+    }
+    const drawn = JSON.stringify([shapes, annotations]);
+    if (drawn === this.drawnAlerts) return;
+    this.drawnAlerts = drawn;
+    Plotly.relayout(this.plot, { shapes, annotations });
+    this.card.dataset.alertMarkers = String(shapes.length - forecasts);
+    this.card.dataset.forecasts = String(forecasts);
   }
 
   destroy() { Plotly.purge(this.plot); this.card.remove(); }

@@ -31,3 +31,18 @@ export function formatDuration(seconds) {
 export function statusBadge(status) {
   return `<span class="badge status-${escapeHTML(status)}" data-status="${escapeHTML(status)}">${escapeHTML(status)}</span>`;
 }
+
+export function formatBytes(bytes) {
+  if (bytes == null || !isFinite(bytes)) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let value = Math.abs(bytes), unit = 0;
+  while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+  const digits = unit === 0 || value >= 100 ? 0 : 1;
+  return `${bytes < 0 ? "-" : ""}${value.toFixed(digits)} ${units[unit]}`;
+}
+
+// Numbers as people read them: integers whole, others to four significant digits.
+export function formatNumber(value) {
+  if (!isFinite(value) || Number.isInteger(value)) return String(value);
+  return String(Number(value.toPrecision(4)));
+}

@@ -1,10 +1,12 @@
-// One run: its header, how it ended, and a live chart per metric.
+// One run: its header, how it ended, its alerts, and a live chart per metric with the alerts
+// marked at their steps.
 
-import { getRun, getSeries } from "./api.js";
-import { Chart, chartKey, chartOrder } from "./charts.js";
+import { AlertList, alertItem } from "./alert-items.js";
+import { getRun, getRunAlerts, getSeries } from "./api.js";
+import { Chart, alertChartKeys, chartKey, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatDuration, formatTime, statusBadge } from "./format.js";
 
-export async function renderRun(root, live, runId) {
+export async function renderRun(root, live, feed, runId) {
   root.innerHTML = `<p class="muted">Loading run…</p>`;
   let run;
   try {
@@ -21,6 +23,10 @@ export async function renderRun(root, live, runId) {
     </div>
     <dl class="facts" id="run-facts"></dl>
     <section id="run-ending"></section>
+    <section class="run-alerts" aria-labelledby="run-alerts-title">
+      <h2 id="run-alerts-title">Alerts <span class="muted" id="run-alert-count"></span></h2>
+      <div class="alert-list" id="run-alert-list"><p class="muted">Loading alerts…</p></div>
+    </section>
     <div class="charts" id="charts"></div>
     <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
     <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
@@ -51,6 +57,32 @@ export async function renderRun(root, live, runId) {
     }
   };
 
+  // Each alert on the charts of the series it is about, or on the loss chart when those are
+  // not drawn; resolved ones stay, dotted.
+  const drawMarkers = () => {
+    const byChart = new Map();
+    for (const alert of alertList.alerts.values()) {
+      const drawn = alertChartKeys(alert).filter((key) => charts.has(key));
+      for (const key of drawn.length ? drawn : ["loss"]) byChart.set(key, [...(byChart.get(key) ?? []), alert]);
+    }
+    for (const [key, chart] of charts) chart.setAlerts(byChart.get(key) ?? []);
+  };
+  const alertList = new AlertList(root.querySelector("#run-alert-list"), {
+    template: (alert) => alertItem(alert, { showRun: false }),
+    empty: "No alerts.",
+    onRender: (shown) => {
+      const firing = shown.filter((alert) => alert.state === "firing").length;
+      root.querySelector("#run-alert-count").textContent = shown.length ? `${firing} firing, ${shown.length} in all` : "";
+      drawMarkers();
+    },
+  });
+  // Alerts merge by version, so live updates and fetched lists can arrive in any order.
+  const loadAlerts = async () => {
+    const { alerts } = await getRunAlerts(runId);
+    for (const alert of alerts) alertList.merge(alert);
+    alertList.render();
+  };
+
   const kvRows = (object) => Object.entries(object ?? {}).map(([k, v]) =>
     `<tr><th>${escapeHTML(k)}</th><td>${escapeHTML(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
     || `<tr><td class="muted">none</td></tr>`;
@@ -75,6 +107,7 @@ export async function renderRun(root, live, runId) {
       charts.set(key, chart);
       const ordered = [...charts.values()].sort((a, b) => chartOrder(a.key, b.key));
       chartsRoot.replaceChildren(...ordered.map((c) => c.card));
+      drawMarkers();
     }
     return chart;
   };
@@ -98,20 +131,25 @@ export async function renderRun(root, live, runId) {
   const offMessage = live.on((message) => (loaded ? apply(message) : buffered.push(message)));
   live.subscribe(runId);
   const offReconnect = live.onReconnect(async () => { run = await getRun(runId); drawHeader(); reload(); });
+  // A null update: the feed reloaded after a reconnect, so this run's alerts may have changed too.
+  const offAlerts = feed.on((alert) => {
+    if (!alert) loadAlerts();
+    else if (alert.run_id === runId) alertList.upsert(alert);
+  });
 
   drawHeader();
   root.querySelector("#run-config").innerHTML = kvRows(run.config);
   root.querySelector("#run-env").innerHTML = kvRows(run.env);
-  await reload();
+  await Promise.all([reload(), loadAlerts()]);
   charts.get("gradient norm")?.showTopVariables();
   loaded = true;
   for (const message of buffered) apply(message);
   buffered = [];
   if (!charts.size) chartsRoot.innerHTML = `<p class="muted" id="no-data">No points yet.</p>`;
 
-  const ticker = setInterval(drawHeader, 5000);
+  const ticker = setInterval(() => { drawHeader(); drawMarkers(); }, 5000); // markers: a forecast's time left
   return () => {
-    offMessage(); offReconnect(); clearInterval(ticker);
+    offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); alertList.destroy();
     live.unsubscribe(runId);
     for (const chart of charts.values()) chart.destroy();
   };

@@ -1,9 +1,19 @@
-// The runs list: every run, newest first, updated live.
+// The runs list: every run, newest first, with its firing alerts, updated live.
 
+import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
 import { escapeHTML, formatAgo, formatTime, statusBadge } from "./format.js";
 
-export async function renderRuns(root, live) {
+// "2 firing" in the colour of the most severe of them.
+function firingBadge(alerts) {
+  if (!alerts?.length) return "";
+  const worst = [...alerts].sort(mostUrgentFirst)[0].severity;
+  const n = alerts.length;
+  return ` <span class="badge alert-count sev-${escapeHTML(worst)}" data-firing-alerts="${n}"
+    title="${n} firing alert${n === 1 ? "" : "s"}">${n} firing</span>`;
+}
+
+export async function renderRuns(root, live, feed) {
   root.innerHTML = `
     <div class="page-head"><h1>Runs</h1><span class="muted" id="run-count"></span></div>
     <table class="runs-table">
@@ -14,6 +24,8 @@ export async function renderRuns(root, live) {
   const body = root.querySelector("#runs-body");
   const rows = new Map();
   const runs = new Map();
+
+  let firing = new Map(); // run id -> its firing alerts
 
   const renderRow = (run) => {
     let row = rows.get(run.id);
@@ -29,7 +41,7 @@ export async function renderRuns(root, live) {
     row.innerHTML = `
       <td><a href="#/runs/${escapeHTML(run.id)}">${escapeHTML(run.name)}</a></td>
       <td>${escapeHTML(run.project)}</td>
-      <td>${statusBadge(run.status)}</td>
+      <td>${statusBadge(run.status)}${firingBadge(firing.get(run.id))}</td>
       <td>${escapeHTML(formatTime(run.started_at))}</td>
       <td class="num last-step">${run.last_step ?? "—"}</td>
       <td class="ago" data-time="${run.last_seen ?? ""}">${escapeHTML(formatAgo(run.last_seen))}</td>
@@ -38,6 +50,8 @@ export async function renderRuns(root, live) {
   };
 
   const redraw = () => {
+    firing = new Map();
+    for (const alert of feed.firing()) firing.set(alert.run_id, [...(firing.get(alert.run_id) ?? []), alert]);
     const ordered = [...runs.values()].sort((a, b) => b.started_at - a.started_at);
     if (!ordered.length) {
       body.innerHTML = `<tr><td colspan="7" class="empty">No runs yet. Add
@@ -61,6 +75,7 @@ export async function renderRuns(root, live) {
     redraw();
   });
   const offReconnect = live.onReconnect(load);
+  const offAlerts = feed.on(redraw);
   const ticker = setInterval(() => {
     for (const cell of body.querySelectorAll("td.ago")) {
       cell.textContent = formatAgo(Number(cell.dataset.time) || null);
@@ -68,5 +83,5 @@ export async function renderRuns(root, live) {
   }, 5000);
 
   await load();
-  return () => { offMessage(); offReconnect(); clearInterval(ticker); };
+  return () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); };
 }

@@ -1,0 +1,79 @@
+// #/alerts: alerts across runs, newest first, filtered by state, severity and project, live.
+// The filters live in the address (#/alerts?state=firing&severity=critical), so a view can be
+// bookmarked or shared.
+
+import { AlertList } from "./alert-items.js";
+import { listAlerts, listRuns } from "./api.js";
+import { escapeHTML } from "./format.js";
+
+const LIMIT = 500;
+const CHOICES = {
+  state: [["firing", "Firing"], ["resolved", "Resolved"], ["", "Any state"]],
+  severity: [["", "Any severity"], ["critical", "Critical"], ["warning", "Warning"], ["info", "Info"]],
+};
+
+const options = (choices, selected) => choices.map(([value, label]) =>
+  `<option value="${escapeHTML(value)}"${value === selected ? " selected" : ""}>${escapeHTML(label)}</option>`).join("");
+
+export async function renderAlerts(root, feed, params) {
+  const filters = {
+    state: params.get("state") ?? "firing",
+    severity: params.get("severity") ?? "",
+    project: params.get("project") ?? "",
+  };
+  root.innerHTML = `
+    <div class="page-head"><h1>Alerts</h1><span class="muted" id="alert-count"></span></div>
+    <form class="filters" id="alert-filters" aria-label="Filter alerts">
+      <label>State <select name="state">${options(CHOICES.state, filters.state)}</select></label>
+      <label>Severity <select name="severity">${options(CHOICES.severity, filters.severity)}</select></label>
+      <label>Project <select name="project">${options([["", "Any project"]], filters.project)}</select></label>
+    </form>
+    <div class="alert-list" id="alert-list"><p class="muted">Loading…</p></div>`;
+  const form = root.querySelector("#alert-filters");
+
+  const matches = (alert) => (!filters.state || alert.state === filters.state)
+    && (!filters.severity || alert.severity === filters.severity)
+    && (!filters.project || alert.project === filters.project);
+  const list = new AlertList(root.querySelector("#alert-list"), {
+    filter: matches, limit: LIMIT, empty: "No alerts match these filters.",
+    onRender: (shown) => {
+      root.querySelector("#alert-count").textContent =
+        `${shown.length}${shown.length === LIMIT ? "+" : ""} alert${shown.length === 1 ? "" : "s"}`;
+    },
+  });
+
+  // Live updates that arrive while a list loads are merged into it by version.
+  let loading = 0;
+  let received = null;
+  const load = async () => {
+    const current = ++loading;
+    received = [];
+    const { alerts } = await listAlerts({ ...filters, limit: LIMIT });
+    if (current !== loading) return; // the filters changed meanwhile
+    list.replace([...alerts, ...received]);
+    received = null;
+  };
+
+  const fillProjects = async () => {
+    const { runs } = await listRuns();
+    const projects = [...new Set([...runs.map((run) => run.project), filters.project].filter(Boolean))].sort();
+    form.elements.project.innerHTML = options([["", "Any project"], ...projects.map((p) => [p, p])], filters.project);
+  };
+
+  form.addEventListener("change", () => {
+    for (const key of Object.keys(filters)) filters[key] = form.elements[key].value;
+    const query = new URLSearchParams(Object.entries(filters).filter(([, value]) => value));
+    history.replaceState(null, "", `#/alerts${query.size ? `?${query}` : ""}`); // no hashchange: no re-render
+    load();
+  });
+
+  // A null update: the feed reloaded after a reconnect, and so does this list.
+  const offAlerts = feed.on((alert) => {
+    if (!alert) { load(); return; }
+    received?.push(alert);
+    list.upsert(alert);
+  });
+
+  await Promise.all([load(), fillProjects()]);
+  return () => { offAlerts(); list.destroy(); };
+}
