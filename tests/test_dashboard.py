@@ -1,19 +1,25 @@
-"""Headless Chromium watches a real training run draw live on the dashboard."""
+"""Headless Chromium watches a real training run draw live on the dashboard, and its alerts
+reach the banner, the run page, the charts and the alerts page."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from trainvitals import Run, resolve
 
 from tests.helpers import ServerProcess, demo_training, wait_for
 
 playwright_api = pytest.importorskip("playwright.sync_api")
+expect = playwright_api.expect
+expect.set_options(timeout=15_000)  # the 2-core test machine is shared and can be slow
 
 CHROMIUM = os.environ.get("TRAINVITALS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 # No background networking: this machine's network is closed, and the test must not wait on it.
@@ -120,3 +126,127 @@ def test_unknown_run_page_says_so(server: ServerProcess, browser: Any) -> None:
     page = browser.new_page()
     page.goto(server.url + "/#/runs/does-not-exist")
     page.get_by_text("No run with id 'does-not-exist'").wait_for(timeout=10_000)
+
+
+def run_alerts(server: ServerProcess, run_id: str) -> list[dict[str, Any]]:
+    alerts: list[dict[str, Any]] = server.get(f"/api/v1/runs/{run_id}/alerts")["alerts"]
+    return alerts
+
+
+def chart_shapes(page: Any, chart: str) -> list[dict[str, Any]]:
+    shapes: list[dict[str, Any]] = page.evaluate(
+        '(key) => document.querySelector(`[data-chart="${key}"] .plot`).layout.shapes ?? []',
+        chart,
+    )
+    return shapes
+
+
+def clean_steps(run: Run, steps: range) -> None:
+    for step in steps:
+        run.log(step, {"loss": 1.0 / step, "nonfinite/inputs": 0.0, "nonfinite/loss": 0.0})
+
+
+def test_an_alert_reaches_the_banner_the_run_page_and_its_charts(
+    server: ServerProcess, browser: Any
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(server.url + "/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+
+    run = Run(
+        resolve(server=server.url, project="mnist", run_name="nan-batch"),
+        system_metrics=False,
+        watchdog=False,
+    )
+    run.start()
+    try:
+        clean_steps(run, range(1, 50))
+        for step in range(50, 60):  # a batch with NaN in it, then NaN loss for a while
+            nonfinite = {"nonfinite/inputs": 4.0 if step == 50 else 0.0, "nonfinite/loss": 1.0}
+            run.log(step, {"loss": math.nan, **nonfinite})
+
+        # Pushed to the page already open: the banner, and the run's count on the runs list.
+        banner = page.locator("#alert-banner .banner-item[data-rule='nonfinite']")
+        banner.wait_for(timeout=30_000)
+        (alert,) = run_alerts(server, run.id)
+        expect(banner).to_have_attribute("data-severity", "critical")
+        expect(banner).to_contain_text(alert["message"])
+        expect(banner).to_contain_text(alert["hint"])
+        row = page.locator(f"tr.run-row[data-run-id='{run.id}']")
+        expect(row.locator("[data-firing-alerts]")).to_have_text("1 firing")
+
+        # The run page lists it with its hint and evidence, and marks it on its charts.
+        banner.get_by_role("link", name="mnist / nan-batch").click()
+        item = page.locator(f"#run-alert-list [data-alert-id='{alert['id']}']")
+        expect(item).to_have_attribute("data-state", "firing")
+        expect(item.locator(".alert-hint")).to_contain_text(alert["hint"])
+        item.get_by_text("Evidence").click()
+        expect(item.locator(".alert-evidence tr", has_text="origin")).to_contain_text("inputs")
+        for chart in ("NaN/Inf count", "loss"):
+            marked = page.locator(f'[data-chart="{chart}"]')
+            expect(marked).to_have_attribute("data-alert-markers", "1")
+        marker = chart_shapes(page, "loss")[0]
+        assert (marker["x0"], marker["line"]["color"]) == (50, "#d64545")
+
+        # Acknowledged: off the banner at once, and stored by the server.
+        banner.get_by_role("button", name="Acknowledge").click()
+        expect(banner).to_have_count(0)
+        wait_for(
+            lambda: run_alerts(server, run.id)[0]["acknowledged_at"],
+            what="the acknowledgement stored",
+        )
+        expect(item.locator(".alert-standing")).to_contain_text("Acknowledged")
+        expect(item.get_by_role("button", name="Acknowledge")).to_have_count(0)
+        item.get_by_role("button", name="Silence 1h").click()
+        expect(item.locator(".alert-standing")).to_contain_text("Silenced until")
+        expect(item.locator(".alert-evidence")).to_have_attribute("open", "")  # kept open
+
+        # Clean steps resolve it, live; its marker stays on the chart, dotted.
+        clean_steps(run, range(60, 200))
+        expect(item).to_have_attribute("data-state", "resolved", timeout=30_000)
+        assert chart_shapes(page, "loss")[0]["line"]["dash"] == "dot"
+
+        # The alerts page: firing ones by default (none now), resolved ones on request.
+        page.get_by_role("navigation").get_by_role("link", name="Alerts").click()
+        expect(page.locator("#alert-list .alert-empty")).to_be_visible()
+        page.get_by_label("State").select_option("resolved")
+        listed = page.locator(f"#alert-list [data-alert-id='{alert['id']}']")
+        expect(listed).to_contain_text("mnist / nan-batch")
+        assert page.evaluate("location.hash") == "#/alerts?state=resolved"
+    finally:
+        run.finish()
+    assert not errors, errors
+
+
+def test_the_memory_chart_draws_the_oom_forecast_up_to_the_limit(
+    server: ServerProcess, browser: Any
+) -> None:
+    run = Run(resolve(server=server.url, run_name="leak"), system_metrics=False, watchdog=False)
+    run.start()
+    try:
+        limit = 4 * 2**30
+        start = time.time() - 60
+        for i in range(60):  # a minute of RSS growing 4 MiB/s from 2 GiB: the limit in ~8 min
+            rss = 2 * 2**30 + i * 4 * 2**20
+            run.log(i, {"loss": 1.0, "host/rss": rss, "host/limit": limit}, time_=start + i)
+        alert = wait_for(
+            lambda: [a for a in run_alerts(server, run.id) if a["rule"] == "oom_forecast"],
+            what="the oom_forecast alert",
+        )[0]
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{server.url}/#/runs/{run.id}")
+        memory = page.locator('[data-chart="host memory"]')
+        expect(memory).to_have_attribute("data-forecasts", "1")
+        (line,) = [s for s in chart_shapes(page, "host memory") if s["line"]["dash"] == "dash"]
+        forecast = alert["evidence"]["forecast"]
+        assert (line["x0"], line["x1"]) == tuple(forecast["step"])
+        assert line["y1"] == limit
+        expect(memory.locator(".annotation", has_text="limit in ~")).to_have_count(1)
+        expect(page.locator("#alert-banner .banner-item[data-rule='oom_forecast']")).to_be_visible()
+    finally:
+        run.finish()
+    assert not errors, errors

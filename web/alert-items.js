@@ -6,7 +6,7 @@ import { isOlder, isSilenced, newestFirst } from "./alert-feed.js";
 import { escapeHTML, formatBytes, formatDuration, formatNumber, formatTime } from "./format.js";
 
 const MEMORY_RULES = new Set(["oom_forecast", "memory_pressure"]);
-const BYTE_KEYS = new Set(["limit", "current", "used", "rss", "available", "swap_used", "total"]);
+const BYTE_KEYS = new Set(["limit", "current", "used", "swap_used", "growth"]);
 const MAX_TIMEOUT_MS = 2 ** 31 - 1;
 
 function isPlainList(value) {
@@ -26,7 +26,8 @@ function evidenceValue(rule, key, value) {
     return escapeHTML(`${value.series}: ${formatBytes(v0)} at step ${s0} → ${formatBytes(v1)} at step ${s1} (on the chart)`);
   }
   if (typeof value === "number") {
-    if (key === "eta_s") return escapeHTML(formatDuration(value));
+    if (key.endsWith("_s")) return escapeHTML(formatDuration(value));
+    if (key === "fraction") return escapeHTML(`${(value * 100).toFixed(1)} %`);
     if (MEMORY_RULES.has(rule) && key === "slope") return escapeHTML(`${formatBytes(value * 60)}/min`);
     if (MEMORY_RULES.has(rule) && BYTE_KEYS.has(key)) return escapeHTML(formatBytes(value));
     return escapeHTML(formatNumber(value));

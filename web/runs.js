@@ -24,7 +24,6 @@ export async function renderRuns(root, live, feed) {
   const body = root.querySelector("#runs-body");
   const rows = new Map();
   const runs = new Map();
-
   let firing = new Map(); // run id -> its firing alerts
 
   const renderRow = (run) => {
