@@ -23,6 +23,7 @@ from trainvitals.run import Run
 
 if TYPE_CHECKING:
     from trainvitals.keras_callback import VitalsCallback
+    from trainvitals.protect import Protection
 
 __version__ = "0.1.0"
 
@@ -30,6 +31,7 @@ __all__ = [
     "AgentConfig",
     "ConfigurationError",
     "Monitor",
+    "Protection",
     "Run",
     "SimulatedGpu",
     "TrainvitalsError",
@@ -44,4 +46,8 @@ def __getattr__(name: str) -> Any:
         from trainvitals.keras_callback import VitalsCallback
 
         return VitalsCallback
+    if name == "Protection":  # its memory forecast uses numpy, which the light agent lacks
+        from trainvitals.protect import Protection
+
+        return Protection
     raise AttributeError(f"module 'trainvitals' has no attribute {name!r}")

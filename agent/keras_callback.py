@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -16,6 +18,7 @@ from typing import Any
 import keras
 from trainvitals import tf_vitals
 from trainvitals.config import resolve
+from trainvitals.protect import Guard, Protection
 from trainvitals.protocol import END_COMPLETED
 from trainvitals.run import Run
 from trainvitals.sampler import Source
@@ -26,6 +29,7 @@ log = logging.getLogger("trainvitals")
 # Vitals computed in the train step ride along with the logs Keras already fetches from the
 # device, under these keys; the callback takes them out before Progbar or History see them.
 _VITALS = "trainvitals/vitals"  # one float32 vector: see tf_vitals.step_vitals
+_VITAL_KEYS = frozenset(("loss", "grad/global_norm"))
 
 
 class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
@@ -57,6 +61,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         gpu: a GPU source instead of NVML, e.g. ``trainvitals.SimulatedGpu(...)``.
         watchdog: start a small watchdog process that reports a SIGKILL, an OOM kill or a
             segfault, which the training process cannot report itself (default True).
+        protect: protective actions the callback takes by itself (see
+            :class:`trainvitals.Protection`): stop at the first NaN/Inf and restore the last
+            finite weights; save the weights when memory is about to run out. Off by default.
+
+    The first step with a NaN/Inf also gets an autopsy (:mod:`trainvitals.autopsy`): which
+    origin, which variables' gradients overflowed or rose most, which layers' weights are
+    poisoned. It joins the server's ``nonfinite`` alert.
 
     Example:
         ```python
@@ -81,8 +92,14 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         system_metrics: float | bool = 1.0,
         gpu: Source | None = None,
         watchdog: bool = True,
+        protect: Protection | None = None,
     ) -> None:
         super().__init__()
+        self._protect = protect
+        self.guard: Guard | None = None
+        self._autopsied = False
+        self._healthy_norms: dict[str, float] = {}
+        self._autopsy_lock = threading.Lock()
         self._settings = resolve(server, project, run_name, token, config, flush_interval)
         self._vitals = StepVitals(grad_norms_every)
         self._weights_every = int(weights_every)
@@ -104,12 +121,15 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         params = {k: v for k, v in (self.params or {}).items() if k in ("epochs", "steps")}
+        self.guard = Guard(self._protect, self.model) if self._protect is not None else None
+        self._autopsied = False
         self.run = Run(
             replace(self._settings, config={**params, **self._settings.config}),
             system_metrics=self._system_metrics,
             gpu=self._gpu,
             env=_tensorflow_env(self.model),
             watchdog=self._watchdog,
+            on_system=self.guard.on_system if self.guard is not None else None,
         )
         self.run.start()
         self._epoch_first_step = 0
@@ -123,6 +143,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Keras calls this on the training thread, in order, right before each execution,
         # so the time between two of them is the step time as training experiences it.
+        if self.guard is not None:
+            self.guard.before_step()
         now = time.perf_counter()
         began = self._batch_began
         self._batch_began = (batch, now)
@@ -153,6 +175,42 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self.run.log(step, values)
         if self._weights_every and step % self._weights_every == 0:
             self.run.log(step, {"nonfinite/weights": tf_vitals.nonfinite_weights(self.model)})
+        if packed is not None:
+            self._after_step(step, values)
+
+    def _after_step(self, step: int, values: dict[str, float]) -> None:
+        """The autopsy of the first NaN/Inf step, and the protective actions."""
+        healthy = all(
+            math.isfinite(v) and not (k.startswith("nonfinite/") and v)
+            for k, v in values.items()
+            if k in _VITAL_KEYS or k.startswith(("nonfinite/", "grad/norm/"))
+        )
+        if healthy:
+            norms = {
+                k[len("grad/norm/") :]: v for k, v in values.items() if k.startswith("grad/norm/")
+            }
+            if norms:
+                self._healthy_norms = norms
+            if self.guard is not None:
+                self.guard.healthy_step(step)
+            return
+        with self._autopsy_lock:
+            if self._autopsied:
+                return
+            self._autopsied = True
+        try:
+            from trainvitals import autopsy
+
+            report = autopsy.from_vitals(self.model, values, self._healthy_norms)
+        except Exception as exc:  # an autopsy must never break training
+            report = {"error": f"{type(exc).__name__}: {exc}"}
+        if self.guard is not None:
+            action = self.guard.nonfinite_step(step)
+            if action is not None:
+                report["action"] = action
+        log.warning("trainvitals: NaN/Inf at step %d: %s", step, report.get("verdict", report))
+        if self.run is not None:
+            self.run.report_autopsy(step, report)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         _take_vitals(logs)
@@ -165,6 +223,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         _take_vitals(logs)
         self._uninstrument()
+        if self.guard is not None:
+            self.guard.at_end()
         if self.run is not None:
             self.run.finish(END_COMPLETED)
 

@@ -25,6 +25,8 @@ POINTS: Final = "points"
 END: Final = "end"
 #: No step for far longer than usual: carries every thread's stack. Numbered like points.
 STALL: Final = "stall"
+#: Where the first NaN/Inf came from (see ``trainvitals.autopsy``). Numbered like points.
+AUTOPSY: Final = "autopsy"
 #: Sent when nothing else was sent for a while: the run is alive even if no step completes.
 HEARTBEAT: Final = "heartbeat"
 # Server -> agent frame types.

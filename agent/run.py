@@ -17,7 +17,7 @@ import time
 import traceback
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -26,7 +26,14 @@ from trainvitals.buffer import PointBuffer
 from trainvitals.config import AgentConfig
 from trainvitals.gpu import NvmlSource, TfAllocatorSource
 from trainvitals.host import HostSource
-from trainvitals.protocol import END_COMPLETED, END_EXCEPTION, HELLO, PROTOCOL_VERSION, STALL
+from trainvitals.protocol import (
+    AUTOPSY,
+    END_COMPLETED,
+    END_EXCEPTION,
+    HELLO,
+    PROTOCOL_VERSION,
+    STALL,
+)
 from trainvitals.sampler import Sampler, Source
 from trainvitals.stall import StallDetector, thread_stacks
 from trainvitals.transport import Sender
@@ -51,6 +58,8 @@ class Run:
         env: more facts for the run's environment (the callback adds TensorFlow's).
         watchdog: start the watchdog process that reports SIGKILL, OOM kills and segfaults,
             which the process cannot report itself (default True).
+        on_system: called on the sampler thread with ``(step, time, values)`` after each
+            host/GPU sample (the agent's own protective actions watch memory this way).
 
     Example:
         >>> run = Run(resolve(project="mnist"))          # doctest: +SKIP
@@ -67,8 +76,10 @@ class Run:
         gpu: Source | None = None,
         env: dict[str, Any] | None = None,
         watchdog: bool = True,
+        on_system: Callable[[int, float, Mapping[str, float]], None] | None = None,
     ) -> None:
         self.config = config
+        self._on_system = on_system
         self.id = uuid.uuid4().hex
         self.started_at = time.time()
         self._stall = StallDetector(config.stall_factor, config.stall_floor)
@@ -193,8 +204,21 @@ class Run:
                 }
             )
 
+    def report_autopsy(self, step: int, report: Mapping[str, Any]) -> None:
+        """Send where the first NaN/Inf came from (see :mod:`trainvitals.autopsy`)."""
+        if self._sender is not None:
+            frame = {"type": AUTOPSY, "time": time.time(), "step": step, "report": dict(report)}
+            self._sender.send_event(_jsonable(frame))
+
     def _record_system(self, values: Mapping[str, float]) -> None:
-        self._buffer.add(self._buffer.last_step, time.time(), values)
+        step, now = self._buffer.last_step, time.time()
+        self._buffer.add(step, now, values)
+        if self._on_system is not None:
+            try:
+                self._on_system(step, now, values)
+            except Exception as exc:  # a protective check must never end the sampler
+                log.warning("trainvitals: memory watch stopped: %s: %s", type(exc).__name__, exc)
+                self._on_system = None
 
 
 def system_sources(gpu: Source | None = None) -> list[Source]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, RulesConfig
+from trainvitals.detect.types import jsonable
 from trainvitals.server.live import Hub
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer
@@ -40,6 +41,7 @@ class _RunAlerts:
     name: str
     detector: Detector
     book: AlertBook
+    autopsy: dict[str, Any] | None = None
 
 
 class AlertEngine:
@@ -58,8 +60,13 @@ class AlertEngine:
 
     # -- events from ingest and liveness ----------------------------------------------------
 
-    async def opened(self, run: Mapping[str, Any], env: Mapping[str, Any], now: float) -> None:
-        """A run's agent said hello (a new run, or one reconnecting)."""
+    async def opened(
+        self, run: Mapping[str, Any], env: Mapping[str, Any], now: float, new: bool = False
+    ) -> None:
+        """A run's agent said hello: a ``new`` run, or one reconnecting (whose state may
+        have to be rebuilt from storage)."""
+        if new and run["id"] not in self._runs:  # nothing stored to rebuild from
+            self._runs[run["id"]] = self._fresh(run["id"], run["project"], run["name"], env)
         state = await self._state(run["id"])
         if state is None:
             return
@@ -80,6 +87,17 @@ class AlertEngine:
         state = await self._state(run_id)
         if state is not None:
             await self._apply(state, state.detector.stalled(step, when, idle, threshold, stacks))
+
+    async def autopsy(self, run_id: str, step: int, report: dict[str, Any]) -> None:
+        """The agent's answer to where the first NaN/Inf came from: it joins the evidence of
+        the run's ``nonfinite`` alert (now, or when that alert fires)."""
+        state = await self._state(run_id)
+        if state is None:
+            return
+        state.autopsy = {"step": step, **report}
+        alert = state.book.alerts.get(("nonfinite", ""))
+        if alert is not None and alert.state == "firing":
+            await self._publish(state, [("updated", alert)])
 
     async def ended(
         self, run_id: str, reason: str, when: float, traceback: str | None = None
@@ -153,15 +171,16 @@ class AlertEngine:
         finally:
             self._loading.pop(run_id, None)
 
+    def _fresh(self, run_id: str, project: str, name: str, env: Mapping[str, Any]) -> _RunAlerts:
+        settings = self.rules.for_project(project)
+        detector = Detector(settings, env)
+        return _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
+
     async def _rebuild(self, run_id: str) -> _RunAlerts | None:
         run = await asyncio.to_thread(self._store.get_run, run_id)
         if run is None:
             return None
-        settings = self.rules.for_project(run["project"])
-        state = _RunAlerts(
-            run_id, run["project"], run["name"], Detector(settings, run["env"]),
-            AlertBook(settings.alerts),
-        )  # fmt: skip
+        state = self._fresh(run_id, run["project"], run["name"], run["env"])
         history = await asyncio.to_thread(self._store.recent_points, run_id, REPLAY_FRAMES)
         if history:
             columns = {n: (s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()}
@@ -186,6 +205,8 @@ class AlertEngine:
         rows = []
         for kind, alert in changes:
             alert.run_id, alert.project, alert.run_name = state.run_id, state.project, state.name
+            if alert.rule == "nonfinite" and state.autopsy is not None:
+                alert.evidence["autopsy"] = jsonable(state.autopsy)
             if kind == "fired":
                 alert.silenced_until = self._silenced_until(alert)
             rows.append(alert.as_dict())

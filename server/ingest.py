@@ -25,6 +25,7 @@ from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.schemas import (
+    Autopsy,
     End,
     FrameError,
     Heartbeat,
@@ -94,6 +95,8 @@ class IngestSession:
             return await self._points(frame)
         if isinstance(frame, Stall):
             return await self._stall(frame)
+        if isinstance(frame, Autopsy):
+            return await self._autopsy(frame)
         return await self._end(frame)
 
     async def _hello(self, hello: Hello) -> str:
@@ -108,7 +111,7 @@ class IngestSession:
             self._liveness.seen(hello.run_id, time.time())
         self._hub.run_changed(dict(self.run))
         if self.run["status"] in ("running", "stalled"):
-            await self._alerts.opened(self.run, hello.env, time.time())
+            await self._alerts.opened(self.run, hello.env, time.time(), new=row["created"])
         return json.dumps(
             {
                 "type": WELCOME,
@@ -166,6 +169,23 @@ class IngestSession:
             frame.threshold,
             frame.stacks,
         )
+        return _ack(frame.seq)
+
+    async def _autopsy(self, frame: Autopsy) -> str:
+        assert self.run is not None
+        await self._writer.submit(
+            partial(
+                self._store.add_event,
+                run_id=self.run["id"],
+                seq=frame.seq,
+                kind=frame.type,
+                step=frame.step,
+                when=frame.time,
+                data=frame.report,
+            )
+        )
+        self._last_seq = frame.seq
+        await self._alerts.autopsy(self.run["id"], frame.step, frame.report)
         return _ack(frame.seq)
 
     async def _heartbeat(self) -> None:

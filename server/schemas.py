@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
-from trainvitals.protocol import END, HEARTBEAT, HELLO, POINTS, PROTOCOL_VERSION, STALL
+from trainvitals.protocol import AUTOPSY, END, HEARTBEAT, HELLO, POINTS, PROTOCOL_VERSION, STALL
 
 SeriesName = Annotated[str, Field(min_length=1, max_length=256)]
 Version = Literal[1]
@@ -70,6 +70,16 @@ class Stall(_Frame):
     stacks: Annotated[str, Field(max_length=1_000_000)]
 
 
+class Autopsy(_Frame):
+    """Where a run's first NaN/Inf came from, worked out by the agent."""
+
+    type: Literal["autopsy"]
+    seq: Annotated[int, Field(ge=1)]
+    time: float
+    step: int
+    report: dict[str, Any]
+
+
 class End(_Frame):
     type: Literal["end"]
     seq: Annotated[int, Field(ge=1)]
@@ -78,7 +88,7 @@ class End(_Frame):
     traceback: str | None = None
 
 
-AnyFrame = Hello | Points | Heartbeat | Stall | End
+AnyFrame = Hello | Points | Heartbeat | Stall | Autopsy | End
 Frame = Annotated[AnyFrame, Field(discriminator="type")]
 _frame_adapter: TypeAdapter[AnyFrame] = TypeAdapter(Frame)
 
@@ -98,7 +108,7 @@ def parse_frame(text: str | bytes) -> AnyFrame:
     if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         raise FrameError(
             f"unknown frame type; expected one of {HELLO!r}, {POINTS!r}, {HEARTBEAT!r}, "
-            f"{STALL!r}, {END!r}"
+            f"{STALL!r}, {AUTOPSY!r}, {END!r}"
         )
     kind, *loc = error["loc"]  # a discriminated union puts the frame type first
     if loc == ["v"]:

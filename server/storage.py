@@ -125,6 +125,18 @@ silences = Table(
     Column("created_by", String(200)),
 )
 
+#: Numbered agent frames other than points that are kept as they came (an autopsy).
+events = Table(
+    "events",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("time", Float, nullable=False),
+    Column("data", Text, nullable=False),
+)
+
 ALERT_FIELDS = tuple(c.name for c in alerts.columns)
 
 RUN_FIELDS = (
@@ -185,8 +197,9 @@ class Store:
     # -- writes (writer thread) --------------------------------------------------------------
 
     def open_run(self, conn: Connection, hello: Mapping[str, Any], now: float) -> dict[str, Any]:
-        """Create the run if new; a reconnecting run keeps its state. Returns the run row."""
-        conn.execute(
+        """Create the run if new; a reconnecting run keeps its state. Returns the run row,
+        with ``created`` telling which of the two it was."""
+        created = conn.execute(
             self._insert_ignore(runs).values(
                 id=hello["run_id"],
                 project=hello["project"],
@@ -200,7 +213,7 @@ class Store:
                 config=json.dumps(hello["config"]),
                 env=json.dumps(hello["env"]),
             )
-        )
+        ).rowcount
         # A run given up as lost that speaks again is alive after all.
         conn.execute(
             update(runs)
@@ -208,7 +221,7 @@ class Store:
             .values(status="running", end_reason=None, ended_at=None, last_seen=now)
         )
         row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
-        return dict(row)
+        return {**row, "created": bool(created)}
 
     def touch(self, conn: Connection, run_id: str, now: float) -> None:
         """The run is alive (a heartbeat)."""
@@ -300,6 +313,34 @@ class Store:
                 traceback=end.traceback,
             )
         )
+
+    def add_event(
+        self,
+        conn: Connection,
+        run_id: str,
+        seq: int,
+        kind: str,
+        step: int,
+        when: float,
+        data: Mapping[str, Any],
+    ) -> None:
+        conn.execute(
+            self._insert_ignore(events).values(
+                run_id=run_id, seq=seq, kind=kind, step=step, time=when, data=json.dumps(data)
+            )
+        )
+        conn.execute(
+            update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(last_seq=seq)
+        )
+
+    def run_events(self, run_id: str) -> list[dict[str, Any]]:
+        query = select(events).where(events.c.run_id == run_id).order_by(events.c.seq)
+        with self.engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(query).mappings()]
+        for row in rows:
+            row["data"] = json.loads(row["data"])
+            row.pop("run_id")
+        return rows
 
     def save_alert(self, conn: Connection, alert: Mapping[str, Any]) -> None:
         """Insert or update an alert (the whole row: the alert book holds the truth)."""

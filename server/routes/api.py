@@ -31,6 +31,9 @@ def get_run(run_id: str, store: StoreDep) -> dict[str, Any]:
     run = store.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
+    run["events"] = store.run_events(run_id)
+    if run["status"] not in ("running", "stalled"):  # evidence for the ending panel
+        run["last_readings"] = store.last_values(run_id, ("host/", "gpu"))
     return run
 
 
