@@ -41,6 +41,7 @@ test: $(PKG_STAMP) system lint typecheck
 bench: $(PKG_STAMP)
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/agent_overhead.py
+	$(PY) benchmarks/reliability.py
 
 # Regenerates the README's screenshot from the browser test.
 screenshot: $(PKG_STAMP) system

@@ -6,6 +6,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,6 +15,14 @@ from trainvitals.protocol import INGEST_PATH
 
 DEFAULT_SERVER = "http://127.0.0.1:8600"
 DEFAULT_PROJECT = "default"
+DEFAULT_SPOOL_MAX_BYTES = 512 * 2**20
+DEFAULT_SPOOL_AFTER_BYTES = 32 * 2**20
+
+
+def default_spool_dir() -> Path:
+    """``$XDG_CACHE_HOME/trainvitals/spool``, else ``~/.cache/trainvitals/spool``."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "trainvitals" / "spool"
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,14 @@ class AgentConfig:
     #: ($TRAINVITALS_STALL_FACTOR, $TRAINVITALS_STALL_FLOOR).
     stall_factor: float = 10.0
     stall_floor: float = 30.0
+    #: Where each run spools frames the server has not acknowledged, in a subdirectory of its
+    #: own, when more than ``spool_after_bytes`` of them pile up ($TRAINVITALS_SPOOL_DIR).
+    spool_dir: Path = field(default_factory=default_spool_dir)
+    #: The most bytes one run's spool takes on disk ($TRAINVITALS_SPOOL_MAX_BYTES).
+    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
+    #: Unacknowledged frames held in memory before the spool takes the rest
+    #: ($TRAINVITALS_SPOOL_AFTER_BYTES).
+    spool_after_bytes: int = DEFAULT_SPOOL_AFTER_BYTES
 
     @property
     def ingest_url(self) -> str:
@@ -67,6 +84,21 @@ def _positive_env(name: str, default: float) -> float:
     return value
 
 
+def _bytes_setting(name: str, given: int | None, default: int) -> int:
+    """``given``, else ``$name``, else ``default``: a positive whole number of bytes."""
+    text = str(given) if given is not None else os.environ.get(name) or str(default)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigurationError(
+            f"{name.removeprefix('TRAINVITALS_').lower()} (${name}) must be a positive whole "
+            f"number of bytes, got {text!r}"
+        )
+    return value
+
+
 def resolve(
     server: str | None = None,
     project: str | None = None,
@@ -74,8 +106,19 @@ def resolve(
     token: str | None = None,
     config: dict[str, Any] | None = None,
     flush_interval: float = 0.2,
+    *,
+    spool_dir: str | os.PathLike[str] | None = None,
+    spool_max_bytes: int | None = None,
+    spool_after_bytes: int | None = None,
 ) -> AgentConfig:
-    """Fill unset settings from ``TRAINVITALS_*`` variables, then defaults, and check them."""
+    """Fill unset settings from ``TRAINVITALS_*`` variables, then defaults, and check them.
+
+    Example:
+        ```python
+        config = resolve(server="http://10.0.0.5:8600", project="mnist",
+                         spool_dir="/scratch/trainvitals-spool")
+        ```
+    """
     resolved = AgentConfig(
         server=server or os.environ.get("TRAINVITALS_SERVER") or DEFAULT_SERVER,
         project=project or os.environ.get("TRAINVITALS_PROJECT") or DEFAULT_PROJECT,
@@ -86,6 +129,15 @@ def resolve(
         heartbeat_interval=_positive_env("TRAINVITALS_HEARTBEAT_INTERVAL", 5.0),
         stall_factor=_positive_env("TRAINVITALS_STALL_FACTOR", 10.0),
         stall_floor=_positive_env("TRAINVITALS_STALL_FLOOR", 30.0),
+        spool_dir=Path(
+            spool_dir or os.environ.get("TRAINVITALS_SPOOL_DIR") or default_spool_dir()
+        ).expanduser(),
+        spool_max_bytes=_bytes_setting(
+            "TRAINVITALS_SPOOL_MAX_BYTES", spool_max_bytes, DEFAULT_SPOOL_MAX_BYTES
+        ),
+        spool_after_bytes=_bytes_setting(
+            "TRAINVITALS_SPOOL_AFTER_BYTES", spool_after_bytes, DEFAULT_SPOOL_AFTER_BYTES
+        ),
     )
     resolved.ingest_url  # noqa: B018 - validates the URL now, not in the sender thread
     if flush_interval <= 0:

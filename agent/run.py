@@ -35,6 +35,7 @@ from trainvitals.protocol import (
     STALL,
 )
 from trainvitals.sampler import Sampler, Source
+from trainvitals.spool import PendingFrames, Spool
 from trainvitals.stall import StallDetector, thread_stacks
 from trainvitals.transport import Sender
 from trainvitals.watchdog import Watchdog
@@ -128,6 +129,10 @@ class Run:
             token=self.config.token,
             heartbeat_interval=self.config.heartbeat_interval,
             tick=self._check_stall,
+            pending=PendingFrames(
+                self.config.spool_after_bytes,
+                Spool(self.config.spool_dir, self.id, self.config.spool_max_bytes),
+            ),
         )
         self._sender.start()
         if self._use_watchdog:
@@ -185,6 +190,8 @@ class Run:
         return delivered
 
     def _check_stall(self) -> None:
+        if self._finished:  # the sender may still be delivering, long after the last step
+            return
         stalled = self._stall.check(time.monotonic())
         if stalled is not None and self._sender is not None:
             idle, threshold = stalled

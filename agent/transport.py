@@ -3,9 +3,11 @@
 Training never waits on this module. The training thread only appends to a
 :class:`~trainvitals.buffer.PointBuffer`; one named daemon thread drains it every
 ``flush_interval`` seconds, numbers each frame, sends it and forgets it once the server
-acknowledges it. Frames not yet acknowledged are re-sent after a reconnect, and the server
-drops the ones it already stored (it is idempotent on the run's sequence numbers), so an
-outage costs nothing but a delay. Network trouble is logged once per outage, never raised.
+acknowledges it. Frames not yet acknowledged wait in :class:`~trainvitals.spool.PendingFrames`
+(memory, then a spool on disk during a long outage) and are re-sent in order after a
+reconnect; the server drops the ones it already stored (it is idempotent on the run's
+sequence numbers), so an outage costs nothing but a delay. Network trouble is logged once
+per outage, never raised.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainvitals.buffer import PointBuffer, points_frames
+from trainvitals.config import DEFAULT_SPOOL_AFTER_BYTES
 from trainvitals.protocol import (
     ACK,
     END,
@@ -28,13 +31,11 @@ from trainvitals.protocol import (
     PROTOCOL_VERSION,
     WELCOME,
 )
+from trainvitals.spool import PendingFrames
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 log = logging.getLogger("trainvitals")
-
-#: Frames kept for re-sending while the server is away; older ones are dropped with a warning.
-MAX_PENDING_FRAMES = 20_000
 
 
 def backoff_delays(
@@ -64,6 +65,7 @@ class Sender:
             the server knows the process lives while no step completes.
         tick: called on this thread at every send interval, connected or not (the run's
             hang check: this thread keeps running while the training thread is stuck).
+        pending: where unacknowledged frames wait (default: 32 MiB in memory, no spool).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Sender:
         token: str | None = None,
         heartbeat_interval: float = 5.0,
         tick: Callable[[], None] | None = None,
+        pending: PendingFrames | None = None,
     ) -> None:
         self._url = url
         self._hello = json.dumps(hello)
@@ -84,7 +87,7 @@ class Sender:
         self._tick = tick
         self._events: deque[dict[str, Any]] = deque()  # numbered frames other than points
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._pending: deque[tuple[int, str]] = deque()  # packed, not yet acknowledged
+        self._pending = PendingFrames(DEFAULT_SPOOL_AFTER_BYTES) if pending is None else pending
         self._next_seq = 1
         self._end: dict[str, Any] | None = None
         self._end_packed = False
@@ -93,7 +96,6 @@ class Sender:
         self._wake = threading.Event()
         self._outage_reported = False
         self._connected = False
-        self.dropped_frames = 0
         self._thread = threading.Thread(target=self._run, name="trainvitals-sender", daemon=True)
 
     def start(self) -> None:
@@ -125,13 +127,24 @@ class Sender:
     def unacknowledged(self) -> int:
         return len(self._pending) + (0 if self._end_packed or self._end is None else 1)
 
+    @property
+    def dropped_frames(self) -> int:
+        """Frames given up on: the spool over its cap, or no disk to spool to."""
+        return self._pending.dropped
+
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._pending.spool is not None:
+            try:
+                self._pending.spool.remove_leftovers()
+            except Exception:
+                log.exception("trainvitals: cannot tidy the spools of earlier runs")
         delays = backoff_delays()
         while True:
             try:
                 self._connection()
+                self._pending.close()
                 self._done.set()
                 return
             except (
@@ -150,9 +163,18 @@ class Sender:
             if self._connected:  # a connection that worked starts the backoff afresh
                 delays = backoff_delays()
                 self._connected = False
-            self._pack()  # keep the in-memory buffer bounded while the server is away
-            self._wake.wait(next(delays))
-            self._wake.clear()
+            self._wait_packing(next(delays))
+
+    def _wait_packing(self, delay: float) -> None:
+        """Wait ``delay`` s before reconnecting, packing frames each interval meanwhile, so
+        points leave the training process's buffer for the spool at the usual pace."""
+        deadline = time.monotonic() + delay
+        while True:
+            self._pack()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._wake.wait(min(self._interval, remaining)):
+                break
+        self._wake.clear()
 
     def _connection(self) -> None:
         with connect(
@@ -167,24 +189,26 @@ class Sender:
             welcome = _decode(ws.recv(timeout=10))
             if welcome.get("type") != WELCOME:
                 raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
-            self._acknowledge(int(welcome.get("last_seq", 0)))
+            self._pending.rewind()
+            self._pending.ack(int(welcome.get("last_seq", 0)))
             self._connected = True
             if self._outage_reported:
                 log.warning(
-                    "trainvitals: reconnected to %s; resending %d frames",
+                    "trainvitals: reconnected to %s; resending %d frames (%d from the spool)",
                     self._url,
                     len(self._pending),
+                    self._pending.spooled,
                 )
                 self._outage_reported = False
-            sent = 0  # highest seq sent on this connection
             last_send = time.monotonic()
+            next_pack = 0.0
             while True:
-                self._pack()
-                for seq, text in self._pending:
-                    if seq > sent:
-                        ws.send(text)
-                        sent = seq
-                        last_send = time.monotonic()
+                if time.monotonic() >= next_pack or self._closing.is_set():
+                    self._pack()
+                    next_pack = time.monotonic() + self._interval
+                for _, text in self._pending.take():
+                    ws.send(text)
+                    last_send = time.monotonic()
                 if time.monotonic() - last_send >= self._heartbeat_interval:
                     ws.send(
                         json.dumps({"type": HEARTBEAT, "v": PROTOCOL_VERSION, "time": time.time()})
@@ -192,13 +216,15 @@ class Sender:
                     last_send = time.monotonic()
                 if self._end_packed and not self._pending:
                     return
-                if self._closing.is_set():
-                    # Flushing: block on acks rather than polling.
+                if self._closing.is_set() or self._pending.spooled:
+                    # Flushing, or replaying the spool as acks make room: block on acks
+                    # rather than polling.
                     self._read_acks(ws, timeout=self._interval)
                 else:
                     self._read_acks(ws, timeout=0)
                     self._wake.wait(self._interval)
                     self._wake.clear()
+                    next_pack = 0.0  # an interval has passed, or an event is waiting
 
     def _read_acks(self, ws: ClientConnection, timeout: float) -> None:
         while True:
@@ -207,12 +233,8 @@ class Sender:
             except TimeoutError:
                 return
             if frame.get("type") == ACK:
-                self._acknowledge(int(frame["seq"]))
+                self._pending.ack(int(frame["seq"]))
             timeout = 0
-
-    def _acknowledge(self, seq: int) -> None:
-        while self._pending and self._pending[0][0] <= seq:
-            self._pending.popleft()
 
     def _pack(self) -> None:
         if self._tick is not None:
@@ -223,29 +245,24 @@ class Sender:
         points = self._buffer.drain()
         if points:
             for frame in points_frames(points, self._next_seq):
-                self._pending.append((frame["seq"], json.dumps(frame)))
-            self._next_seq = self._pending[-1][0] + 1
+                self._pending.push(frame["seq"], json.dumps(frame))
+                self._next_seq = frame["seq"] + 1
         while self._events:
             event = {**self._events.popleft(), "v": PROTOCOL_VERSION, "seq": self._next_seq}
-            self._pending.append((self._next_seq, json.dumps(event)))
+            self._pending.push(self._next_seq, json.dumps(event))
             self._next_seq += 1
         if self._closing.is_set() and not self._end_packed and self._end is not None:
             end = {**self._end, "type": END, "v": PROTOCOL_VERSION, "seq": self._next_seq}
-            self._pending.append((self._next_seq, json.dumps(end)))
+            self._pending.push(self._next_seq, json.dumps(end))
             self._next_seq += 1
             self._end_packed = True
-        overflow = len(self._pending) - MAX_PENDING_FRAMES
-        if overflow > 0:
-            for _ in range(overflow):
-                self._pending.popleft()
-            self.dropped_frames += overflow
-            log.warning("trainvitals: server away too long; dropped %d oldest frames", overflow)
 
     def _report_outage(self, exc: BaseException) -> None:
         if not self._outage_reported:
             log.warning(
                 "trainvitals: cannot reach %s (%s: %s); training continues, "
-                "telemetry is kept in memory and sent when the server is back",
+                "telemetry is kept (in memory, then spooled to disk) and sent when the "
+                "server is back",
                 self._url,
                 type(exc).__name__,
                 exc,

@@ -63,3 +63,42 @@ def test_training_that_starts_before_the_server_loses_nothing(tmp_path: Path) ->
         assert run.finish()
     finally:
         server.stop()
+
+
+def test_a_long_outage_spills_to_the_spool_and_replays_every_point_once(tmp_path: Path) -> None:
+    port, spool_dir = free_port(), tmp_path / "spool"
+    run = Run(
+        resolve(
+            server=f"http://127.0.0.1:{port}",
+            run_name="outage",
+            spool_dir=spool_dir,
+            spool_after_bytes=2**20,  # about half a frame of 50,000 points in memory
+            spool_max_bytes=64 * 2**20,  # 4 MiB segments
+        ),
+        system_metrics=False,
+        watchdog=False,
+    )
+    run.start()
+    steps = 60_000  # x 5 series = 6 frames of 50,000 points, most of them spooled
+    for step in range(1, steps + 1):
+        run.log(step, {"loss": 1.0 / step, "a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0})
+
+    def spooled() -> list[Path]:
+        segments = list(spool_dir.glob("*/*.seg"))
+        return segments if len(segments) >= 2 else []
+
+    segments = wait_for(spooled, what="frames beyond the in-memory limit to go to the spool")
+    assert sum(f.stat().st_size for f in segments) > 4 * 2**20
+    server = ServerProcess(str(tmp_path / "tv.db"), port=port)
+    try:
+        wait_for(
+            lambda: len(stored_steps(server, run.id)) == steps,
+            timeout=120,
+            what="the spool to be replayed",
+        )
+        assert run.finish()
+        assert stored_steps(server, run.id) == list(range(1, steps + 1))
+        assert server.get(f"/api/v1/runs/{run.id}")["status"] == "finished"
+        assert list(spool_dir.iterdir()) == []  # the run's spool is gone with it
+    finally:
+        server.stop()
