@@ -199,7 +199,8 @@ def _layer_outputs(model: Any, inputs: Any) -> list[tuple[str, str, Any]] | None
     try:
         import keras
 
-        probe = keras.Model(model.inputs, [layer.output for layer in layers])
+        inputs_spec = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+        probe = keras.Model(inputs_spec, [layer.output for layer in layers])
         outputs = probe(inputs, training=False)
     except Exception:
         if type(model).__name__ != "Sequential":

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -22,14 +21,13 @@ from trainvitals.protect import Guard, Protection
 from trainvitals.protocol import END_COMPLETED
 from trainvitals.run import Run
 from trainvitals.sampler import Source
-from trainvitals.vitals import StepVitals
+from trainvitals.vitals import StepVitals, healthy, variable_norms
 
 log = logging.getLogger("trainvitals")
 
 # Vitals computed in the train step ride along with the logs Keras already fetches from the
 # device, under these keys; the callback takes them out before Progbar or History see them.
 _VITALS = "trainvitals/vitals"  # one float32 vector: see tf_vitals.step_vitals
-_VITAL_KEYS = frozenset(("loss", "grad/global_norm"))
 
 
 class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
@@ -180,15 +178,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def _after_step(self, step: int, values: dict[str, float]) -> None:
         """The autopsy of the first NaN/Inf step, and the protective actions."""
-        healthy = all(
-            math.isfinite(v) and not (k.startswith("nonfinite/") and v)
-            for k, v in values.items()
-            if k in _VITAL_KEYS or k.startswith(("nonfinite/", "grad/norm/"))
-        )
-        if healthy:
-            norms = {
-                k[len("grad/norm/") :]: v for k, v in values.items() if k.startswith("grad/norm/")
-            }
+        if healthy(values):
+            norms = variable_norms(values)
             if norms:
                 self._healthy_norms = norms
             if self.guard is not None:

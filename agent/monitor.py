@@ -12,7 +12,7 @@ from trainvitals.config import resolve
 from trainvitals.protocol import END_COMPLETED, END_EXCEPTION
 from trainvitals.run import Run
 from trainvitals.sampler import Source
-from trainvitals.vitals import StepVitals
+from trainvitals.vitals import StepVitals, healthy, variable_norms
 
 
 class Monitor:
@@ -26,8 +26,11 @@ class Monitor:
 
     Args:
         server, project, run_name, token, config: as for :class:`VitalsCallback`.
-        model: names the per-variable norms (``grad/norm/<variable path>``) and enables the
-            weights' NaN/Inf check every ``weights_every`` steps.
+        model: names the per-variable norms (``grad/norm/<variable path>``), enables the
+            weights' NaN/Inf check every ``weights_every`` steps, and lets the first step with
+            a NaN/Inf be replayed layer by layer on its batch (:func:`trainvitals.autopsy.replay`).
+            Call ``log`` before ``apply_gradients`` for the replay to see the weights that step
+            used.
         grad_norms_every: steps between per-variable gradient norms (default 10); they are
             also recorded on any step with non-finite gradients.
         system_metrics, gpu, watchdog: as for :class:`VitalsCallback`.
@@ -68,6 +71,8 @@ class Monitor:
         self.run = Run(settings, system_metrics=system_metrics, gpu=gpu, watchdog=watchdog)
         self._last_log: float | None = None
         self._started = False
+        self._autopsied = False
+        self._healthy_norms: dict[str, float] = {}
 
     def start(self) -> Monitor:
         if not self._started:
@@ -97,8 +102,10 @@ class Monitor:
         grads: Sequence[Any] | None = None,
         inputs: Any = None,
         metrics: Mapping[str, Any] | None = None,
+        targets: Any = None,
     ) -> None:
-        """Record step ``step``. Every argument is optional; tensors, arrays or numbers."""
+        """Record step ``step``. Every argument is optional; tensors, arrays or numbers.
+        ``targets`` (the batch's labels) only serve the NaN autopsy."""
         self.start()
         now = time.perf_counter()
         values: dict[str, float] = {}
@@ -126,6 +133,23 @@ class Monitor:
         for name, value in (metrics or {}).items():
             values[name] = float(_to_python(value))
         self.run.log(step, values)
+        if healthy(values):
+            self._healthy_norms = variable_norms(values) or self._healthy_norms
+        elif not self._autopsied:
+            self._autopsied = True
+            self._autopsy(step, values, inputs, targets)
+
+    def _autopsy(self, step: int, values: dict[str, float], inputs: Any, targets: Any) -> None:
+        try:
+            from trainvitals import autopsy
+
+            if self._model is not None and inputs is not None:
+                report = autopsy.replay(self._model, inputs, targets)
+            else:
+                report = autopsy.from_vitals(self._model, values, self._healthy_norms)
+        except Exception as exc:  # an autopsy must never break training
+            report = {"error": f"{type(exc).__name__}: {exc}"}
+        self.run.report_autopsy(step, report)
 
     def _variable_names(self, count: int) -> list[str]:
         if len(self._names) != count:

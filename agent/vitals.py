@@ -15,6 +15,24 @@ from collections.abc import Mapping, Sequence
 JUMP = 10.0
 
 
+def healthy(values: Mapping[str, float]) -> bool:
+    """Whether a step's vitals are all finite and count no NaN/Inf anywhere."""
+    for name, value in values.items():
+        if name.startswith("nonfinite/"):
+            if value != 0:
+                return False
+        elif name in ("loss", "grad/global_norm") or name.startswith("grad/norm/"):
+            if not math.isfinite(value):
+                return False
+    return True
+
+
+def variable_norms(values: Mapping[str, float]) -> dict[str, float]:
+    """The per-variable gradient norms among a step's values, by variable path."""
+    prefix = "grad/norm/"
+    return {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
+
+
 class StepVitals:
     """Series values of one step's packed vitals. Thread-safe: Keras may deliver steps from
     several threads at once.
