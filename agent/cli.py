@@ -12,6 +12,17 @@ from trainvitals.config import DEFAULT_SERVER
 
 SERVER_EXTRA_HINT = "this command needs the server extra: pip install 'trainvitals[server]'"
 
+#: ``demo --scenario`` choices (trainvitals.scenarios has the runs; importing it loads Keras).
+SCENARIO_NAMES = {
+    "healthy": "a CNN that learns; no alert",
+    "nan-input": "a NaN pixel in one batch (nonfinite)",
+    "explode": "a learning-rate warm-up that never stops (grad_explosion)",
+    "diverge": "a learning-rate decay with its sign flipped (loss_divergence)",
+    "leak": "a host-memory leak toward the limit (oom_forecast)",
+    "hang": "the input generator blocks (stall)",
+    "vanishing": "a deep sigmoid network (grad_vanishing)",
+}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -54,8 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument(
         "--scenario",
         default="healthy",
-        choices=["healthy"],
-        help="what the run shows (default healthy)",
+        choices=list(SCENARIO_NAMES),
+        help="what goes wrong in the run, to show its alert: "
+        + "; ".join(f"{name}: {summary}" for name, summary in SCENARIO_NAMES.items())
+        + " (default healthy)",
     )
     demo.add_argument("--project", default="demo", help="project name (default demo)")
     demo.add_argument("--run-name", default=None, help="run name (default generated)")
@@ -66,6 +79,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.02,
         help="seconds to pause after each step so people can watch it draw "
         "(default 0.02; 0 trains at full speed)",
+    )
+    demo.add_argument(
+        "--time-to-oom",
+        type=float,
+        default=180.0,
+        help="leak: seconds the leak would take to reach the memory limit (default 180)",
+    )
+    demo.add_argument(
+        "--hang-for",
+        type=float,
+        default=90.0,
+        help="hang: seconds the input generator blocks (default 90)",
     )
 
     args = parser.parse_args(argv)
@@ -136,6 +161,8 @@ def _demo(args: argparse.Namespace) -> int:
         run_name=args.run_name,
         epochs=args.epochs,
         pace=args.pace,
+        time_to_oom=args.time_to_oom,
+        hang_for=args.hang_for,
     )
     return 0
 

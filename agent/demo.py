@@ -1,6 +1,8 @@
 """``trainvitals demo``: a real small Keras training that streams to a server.
 
-The data is scikit-learn's bundled 8x8 digits, so nothing is downloaded at run time.
+The data is scikit-learn's bundled 8x8 digits, so nothing is downloaded at run time. The
+scenarios (:mod:`trainvitals.scenarios`) break the training in the familiar ways, each
+showing its alert on the dashboard.
 """
 
 from __future__ import annotations
@@ -9,10 +11,9 @@ import time
 from typing import Any
 
 import keras
-import numpy as np
-from sklearn.datasets import load_digits
 from trainvitals.config import resolve
 from trainvitals.keras_callback import VitalsCallback
+from trainvitals.scenarios import SCENARIOS, Options
 
 
 class _Showcase(keras.callbacks.Callback):  # type: ignore[misc]
@@ -31,37 +32,6 @@ class _Showcase(keras.callbacks.Callback):  # type: ignore[misc]
             time.sleep(self._pace)
 
 
-def digits() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """scikit-learn's digits as (train, validation) image batches, shuffled reproducibly."""
-    data = load_digits()
-    x = (data.images / 16.0).astype("float32")[..., None]
-    y = data.target.astype("int32")
-    order = np.random.default_rng(0).permutation(len(x))
-    x, y = x[order], y[order]
-    return (x[:1500], y[:1500]), (x[1500:], y[1500:])
-
-
-def build_model(learning_rate: float = 1e-3) -> keras.Model:
-    model = keras.Sequential(
-        [
-            keras.Input((8, 8, 1)),
-            keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv"),
-            keras.layers.MaxPooling2D(name="pool"),
-            keras.layers.Flatten(name="flatten"),
-            keras.layers.Dense(64, activation="relu", name="dense"),
-            keras.layers.Dropout(0.2, name="dropout"),
-            keras.layers.Dense(10, activation="softmax", name="logits"),
-        ],
-        name="digits_cnn",
-    )
-    model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
-    return model
-
-
 def run_demo(
     server: str | None = None,
     scenario: str = "healthy",
@@ -69,32 +39,33 @@ def run_demo(
     run_name: str | None = None,
     epochs: int = 30,
     pace: float = 0.02,
-    batch_size: int = 32,
+    time_to_oom: float = 180.0,
+    hang_for: float = 90.0,
 ) -> keras.callbacks.History:
-    """Train the digits CNN with :class:`VitalsCallback` attached; returns Keras's History."""
-    if scenario != "healthy":
-        raise ValueError(f"Expected scenario 'healthy', but got {scenario!r}")
+    """Train the scenario's model with :class:`VitalsCallback` attached; returns Keras's
+    History."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"Expected a scenario among {sorted(SCENARIOS)}, but got {scenario!r}")
     settings = resolve(server=server, project=project, run_name=run_name)
-    (x, y), validation = digits()
-    model = build_model()
+    plan = SCENARIOS[scenario].plan(
+        Options(epochs=epochs, time_to_oom=time_to_oom, hang_for=hang_for)
+    )
     vitals = VitalsCallback(
         server=settings.server,
         project=settings.project,
         run_name=settings.run_name,
-        config={
-            "scenario": scenario,
-            "batch_size": batch_size,
-            "learning_rate": 1e-3,
-            "model": model.name,
-            "dataset": "sklearn digits",
-        },
+        config={"scenario": scenario, "model": plan.model.name, **plan.config},
+        protect=plan.protect,
     )
-    return model.fit(
-        x,
-        y,
-        validation_data=validation,
-        epochs=epochs,
-        batch_size=batch_size,
-        callbacks=[vitals, _Showcase(vitals, settings.server, pace)],
+    print(plan.story, flush=True)
+    history = plan.model.fit(
+        plan.x,
+        plan.y,
+        callbacks=[vitals, *plan.callbacks, _Showcase(vitals, settings.server, pace)],
         verbose=2,
+        **plan.fit,
     )
+    if vitals.guard is not None:
+        for action in vitals.guard.actions:
+            print(f"Protection: {action}", flush=True)
+    return history

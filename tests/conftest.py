@@ -37,3 +37,13 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     else:
         with postgres_database() as url:
             yield url
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The scenario suite's detections and lead times, after the results."""
+    from tests.scenarios import REPORT
+
+    if REPORT:
+        terminalreporter.section("trainvitals scenarios: detection and lead time")
+        for line in REPORT:
+            terminalreporter.write_line(line)

@@ -1,0 +1,319 @@
+"""The scenario suite's parts, shared by tests/test_scenarios.py (which asserts) and
+benchmarks/scenarios.py (which prints the table for the README).
+
+A failure scenario is ``trainvitals demo --scenario NAME`` in a subprocess at full speed;
+:func:`outcome` reads back from the server which alerts it raised, and where the training
+crossed its point of no return, to give the lead time. The healthy runs are ordinary
+``fit`` calls of different shapes, each of which must raise no warning or critical alert.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.helpers import ServerProcess, run_series, wait_for
+
+ALARMS = ("warning", "critical")
+#: Lines for the end of the test session's report (see conftest.py): each scenario's lead.
+REPORT: list[str] = []
+#: Stall threshold floor for the hang scenario's agent, so the suite doesn't wait 30 s.
+HANG_FLOOR = 3.0
+
+
+def demo_command(server: ServerProcess, scenario: str, name: str, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "trainvitals",
+        "demo",
+        "--server",
+        server.url,
+        "--scenario",
+        scenario,
+        "--run-name",
+        name,
+        "--pace",
+        "0",
+        *extra,
+    ]
+
+
+def run_scenario(
+    server: ServerProcess, scenario: str, *extra: str, prefix: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the scenario's demo to its end (``prefix``: a command that wraps it, such as
+    entering a memory cgroup)."""
+    env = {**os.environ, "TRAINVITALS_STALL_FLOOR": str(HANG_FLOOR)}
+    return subprocess.run(
+        [*(prefix or []), *demo_command(server, scenario, scenario, *extra)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+@dataclass
+class Outcome:
+    """What the server made of one run."""
+
+    scenario: str
+    run: dict[str, Any]
+    alerts: list[dict[str, Any]]
+    #: Where training was lost: (step, time), or None when it never was.
+    lost_at: tuple[int, float] | None = None
+
+    def alarms(self) -> list[dict[str, Any]]:
+        return [a for a in self.alerts if a["severity"] in ALARMS]
+
+    def first(self, rule: str) -> dict[str, Any] | None:
+        fired = [a for a in self.alarms() if a["rule"] == rule]
+        return min(fired, key=lambda a: a["time"]) if fired else None
+
+    def lead(self, rule: str) -> tuple[int, float] | None:
+        """Steps and seconds from the rule's first alarm to the point of no return."""
+        alert = self.first(rule)
+        if alert is None or self.lost_at is None:
+            return None
+        return self.lost_at[0] - alert["step"], self.lost_at[1] - alert["time"]
+
+
+def outcome(server: ServerProcess, scenario: str, name: str | None = None) -> Outcome:
+    """The ended run named ``name`` (default: the scenario's name), its alerts and its point of
+    no return."""
+    runs = server.get("/api/v1/runs")["runs"]
+    run = wait_for(
+        lambda: next(
+            (
+                r
+                for r in server.get("/api/v1/runs")["runs"]
+                if r["name"] == (name or scenario) and r["status"] not in ("running", "stalled")
+            ),
+            None,
+        ),
+        timeout=20,
+        what=f"the {scenario} run to end (runs: {[(r['name'], r['status']) for r in runs]})",
+    )
+    alerts = server.get(f"/api/v1/runs/{run['id']}/alerts")["alerts"]
+    lost = _POINT_OF_NO_RETURN.get(scenario)
+    return Outcome(scenario, run, alerts, lost(server, run) if lost else None)
+
+
+def _first_nonfinite(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+    """The first step with a NaN/Inf anywhere (a count, or the loss or gradient norm itself,
+    which the API gives as null): after it the weights are poisoned."""
+    counts = ("nonfinite/loss", "nonfinite/grads", "nonfinite/inputs")
+    series = run_series(server, run["id"], *counts, "loss", "grad/global_norm")
+    hits = [
+        (step, time)
+        for name, s in series.items()
+        for step, time, value in zip(s["step"], s["time"], s["value"], strict=True)
+        if (value is None or not math.isfinite(value)) or (name in counts and value)
+    ]
+    return min(hits) if hits else None
+
+
+def _loss_back_at_start(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+    """The first step after the loss's best at which its running median is back within 10% of
+    where training started: everything learned is lost."""
+    loss = run_series(server, run["id"], "loss")["loss"]
+    steps, times, values = (np.asarray(loss[k], dtype=float) for k in ("step", "time", "value"))
+    smooth = np.array([np.median(values[max(0, i - 10) : i + 1]) for i in range(len(values))])
+    start = float(np.median(values[:20]))
+    best = int(np.argmin(smooth))
+    lost = np.flatnonzero(smooth[best:] >= 0.9 * start)
+    if not len(lost):
+        return None
+    i = best + int(lost[0])
+    return int(steps[i]), float(times[i])
+
+
+def _killed(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+    """The process's death (the OOM kill): its last step, at its end."""
+    return int(run["last_step"]), float(run["ended_at"])
+
+
+def _stuck(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+    """The last step before the generator blocked: the moment the run hung (the lead is then
+    negative: the time the stall took to be reported)."""
+    times = run_series(server, run["id"], "step_time")["step_time"]
+    from trainvitals.scenarios import HANG_STEP
+
+    before = [(s, t) for s, t in zip(times["step"], times["time"], strict=True) if s < HANG_STEP]
+    return max(before) if before else None
+
+
+_POINT_OF_NO_RETURN: dict[
+    str, Callable[[ServerProcess, dict[str, Any]], tuple[int, float] | None]
+] = {
+    "nan-input": _first_nonfinite,
+    "explode": _first_nonfinite,
+    "diverge": _loss_back_at_start,
+    "leak": _killed,
+    "hang": _stuck,
+}
+
+
+# -- healthy runs ------------------------------------------------------------------------------
+
+
+def _digits_flat() -> tuple[Any, Any]:
+    from trainvitals.scenarios import digits
+
+    (x, y), _ = digits()
+    return x.reshape(len(x), -1), y
+
+
+def _fit(server: ServerProcess, name: str, model: Any, x: Any, y: Any, **fit: Any) -> None:
+    import trainvitals
+
+    vitals = trainvitals.VitalsCallback(server=server.url, project="healthy", run_name=name)
+    model.fit(x, y, callbacks=[vitals], verbose=0, **fit)
+
+
+def warmup_cosine_mlp(server: ServerProcess, name: str) -> None:
+    """An MLP, SGD with Nesterov momentum, a linear warm-up into a cosine decay."""
+    import keras
+
+    x, y = _digits_flat()
+    schedule = keras.optimizers.schedules.CosineDecay(
+        1e-3, decay_steps=1600, warmup_target=0.05, warmup_steps=300
+    )
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])  # fmt: skip
+    model.compile(
+        keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    _fit(server, name, model, x, y, batch_size=32, epochs=40)
+
+
+def tiny_noisy_batches(server: ServerProcess, name: str) -> None:
+    """Batches of four with heavy dropout under RMSprop: a loss that jumps every step."""
+    import keras
+
+    x, y = _digits_flat()
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dropout(0.5),
+        keras.layers.Dense(10, activation="softmax"),
+    ])  # fmt: skip
+    model.compile(keras.optimizers.RMSprop(5e-4), "sparse_categorical_crossentropy")
+    _fit(server, name, model, x, y, batch_size=4, epochs=6)
+
+
+def batchnorm_cnn(server: ServerProcess, name: str) -> None:
+    """A CNN with batch normalisation, AdamW and an exponential decay, four steps per
+    execution."""
+    import keras
+    from trainvitals.scenarios import digits
+
+    (x, y), _ = digits()
+    schedule = keras.optimizers.schedules.ExponentialDecay(3e-3, 400, 0.7)
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(16, 3, padding="same", use_bias=False),
+        keras.layers.BatchNormalization(),
+        keras.layers.ReLU(),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(10, activation="softmax"),
+    ])  # fmt: skip
+    model.compile(
+        keras.optimizers.AdamW(schedule, weight_decay=1e-4),
+        "sparse_categorical_crossentropy",
+        steps_per_execution=4,
+    )
+    _fit(server, name, model, x, y, batch_size=32, epochs=40)
+
+
+def gru_regression(server: ServerProcess, name: str) -> None:
+    """A GRU reading the image's rows, regressing the digit's value (MSE) with Adam and a
+    stepwise decay."""
+    import keras
+    from trainvitals.scenarios import digits
+
+    (x, y), _ = digits()
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([600, 1200], [3e-3, 1e-3, 3e-4])
+    model = keras.Sequential([
+        keras.Input((8, 8)),
+        keras.layers.GRU(32),
+        keras.layers.Dense(1),
+    ])  # fmt: skip
+    model.compile(keras.optimizers.Adam(schedule), "mse")
+    _fit(server, name, model, x[..., 0], y.astype("float32"), batch_size=32, epochs=40)
+
+
+def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None:
+    """The demo's CNN trained for a while, saved, and a new run that loads the checkpoint
+    and carries on from its epoch (its loss starts low: no baseline to lean on)."""
+    import keras
+    from trainvitals.scenarios import build_model, digits
+
+    (x, y), validation = digits()
+    first = build_model()
+    _fit(server, f"{name}-before", first, x, y, batch_size=32, epochs=10)
+    checkpoint = tmp / "resume.keras"
+    first.save(checkpoint)  # weights and the optimizer's state
+    second = keras.models.load_model(checkpoint)
+    _fit(
+        server,
+        name,
+        second,
+        x,
+        y,
+        batch_size=32,
+        epochs=40,
+        initial_epoch=10,
+        validation_data=validation,
+    )
+
+
+HEALTHY: dict[str, Callable[..., None]] = {
+    "warmup-cosine-mlp": warmup_cosine_mlp,
+    "tiny-noisy-batches": tiny_noisy_batches,
+    "batchnorm-cnn": batchnorm_cnn,
+    "gru-regression": gru_regression,
+    "resumed-from-checkpoint": resumed_from_checkpoint,
+}
+
+
+def run_healthy(server: ServerProcess, name: str, tmp: Path) -> list[Outcome]:
+    """Train one healthy shape; the outcomes of its runs (the resumed one has two)."""
+    train = HEALTHY[name]
+    if name == "resumed-from-checkpoint":
+        train(server, name, tmp)
+        names = [f"{name}-before", name]
+    else:
+        train(server, name)
+        names = [name]
+    return [outcome(server, "healthy", n) for n in names]
+
+
+def describe(result: Outcome, rule: str) -> str:
+    """One line: when the rule fired and how far ahead of the loss."""
+    alert = result.first(rule)
+    if alert is None:
+        return f"{result.scenario}: {rule} did not fire"
+    lead = result.lead(rule)
+    where = f"{result.scenario}: {rule} ({alert['severity']}) at step {alert['step']}"
+    if lead is None:
+        return where
+    steps, seconds = lead
+    if steps < 0 or seconds < 0:
+        return f"{where}, {-seconds:.1f} s after the run stopped at step {result.lost_at[0]}"  # type: ignore[index]
+    return f"{where}: {steps} steps, {seconds:.1f} s before the point of no return"

@@ -1,0 +1,123 @@
+"""The scenario suite: each way training dies, as a real run of ``trainvitals demo
+--scenario``, raises the right alert before the point of no return; healthy runs of many
+shapes raise none. The lead times are printed at the end of the session."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from trainvitals.cli import SCENARIO_NAMES
+from trainvitals.scenarios import HANG_STEP, NAN_STEP, SCENARIOS
+
+from tests import scenarios as sc
+from tests.helpers import ServerProcess, memory_cgroup
+
+
+def test_the_demo_offers_every_scenario() -> None:
+    assert list(SCENARIO_NAMES) == list(SCENARIOS)
+
+
+def ran(server: ServerProcess, scenario: str, *extra: str) -> sc.Outcome:
+    result = sc.run_scenario(server, scenario, *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return sc.outcome(server, scenario)
+
+
+def alarm_rules(result: sc.Outcome) -> set[str]:
+    return {a["rule"] for a in result.alarms()}
+
+
+def test_nan_input_is_named_in_the_step_it_appears(server: ServerProcess) -> None:
+    result = ran(server, "nan-input")
+    alert = result.first("nonfinite")
+    assert alert is not None and alert["step"] == NAN_STEP
+    assert alert["evidence"]["origin"] == "inputs"
+    assert alert["evidence"]["autopsy"]["origin"] == "inputs"
+    assert result.lost_at is not None and result.lost_at[0] == NAN_STEP  # nothing before it
+    assert alarm_rules(result) == {"nonfinite"}
+    assert result.run["last_step"] == NAN_STEP  # the protection stopped it there
+    sc.REPORT.append(sc.describe(result, "nonfinite") + " (the same step)")
+
+
+def test_a_runaway_learning_rate_warns_of_explosion_before_the_nan(server: ServerProcess) -> None:
+    result = ran(server, "explode")
+    assert result.lost_at is not None, "the explosion never reached a NaN/Inf"
+    lead = result.lead("grad_explosion")
+    assert lead is not None, f"grad_explosion did not fire: {result.alerts}"
+    assert lead[0] >= 5 and lead[1] > 0, lead
+    assert alarm_rules(result) <= {"grad_explosion", "loss_divergence", "nonfinite"}
+    sc.REPORT.append(sc.describe(result, "grad_explosion"))
+
+
+def test_a_divergence_without_nan_is_caught_before_the_learning_is_lost(
+    server: ServerProcess,
+) -> None:
+    result = ran(server, "diverge")
+    assert result.lost_at is not None, "the loss never climbed back to where it started"
+    lead = result.lead("loss_divergence")
+    assert lead is not None, f"loss_divergence did not fire: {result.alerts}"
+    assert lead[0] >= 20 and lead[1] > 0, lead
+    assert alarm_rules(result) == {"loss_divergence"}
+    sc.REPORT.append(sc.describe(result, "loss_divergence"))
+
+
+def test_vanishing_gradients_in_a_deep_sigmoid_net(server: ServerProcess) -> None:
+    result = ran(server, "vanishing")
+    alert = result.first("grad_vanishing")
+    assert alert is not None, result.alerts
+    assert alert["evidence"]["early_variable"].endswith("sigmoid_0/kernel")
+    assert alarm_rules(result) == {"grad_vanishing"}
+    sc.REPORT.append(
+        f"vanishing: grad_vanishing ({alert['severity']}) at step {alert['step']} "
+        f"of {result.run['last_step']}"
+    )
+
+
+def test_a_hung_input_generator_is_reported_with_its_stack(server: ServerProcess) -> None:
+    result = ran(server, "hang", "--epochs", "5", "--hang-for", str(sc.HANG_FLOOR + 12))
+    alert = result.first("stall")
+    assert alert is not None, result.alerts
+    assert alert["step"] == HANG_STEP - 1
+    assert "in _batches" in alert["evidence"]["stacks"]
+    assert alert["state"] == "resolved" and alert["resolved_time"] is not None
+    lead = result.lead("stall")
+    assert lead is not None and -(sc.HANG_FLOOR + 3) < lead[1] <= -sc.HANG_FLOOR, lead
+    assert result.run["status"] == "finished"  # the generator let go; training ended well
+    assert alarm_rules(result) == {"stall"}
+    sc.REPORT.append(sc.describe(result, "stall") + f" (threshold {sc.HANG_FLOOR:g} s)")
+
+
+def test_a_leak_is_forecast_before_the_oom_killer_ends_it(server: ServerProcess) -> None:
+    with memory_cgroup(1200 * 2**20) as group:
+        enter = ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"']
+        result = sc.run_scenario(server, "leak", "--time-to-oom", "45", prefix=enter)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    outcome = sc.outcome(server, "leak")
+    assert (outcome.run["status"], outcome.run["end_reason"]) == ("crashed", "oom_killed")
+    lead = outcome.lead("oom_forecast")
+    assert lead is not None, outcome.alerts
+    assert lead[1] > 5, lead
+    alert = outcome.first("oom_forecast")
+    assert alert is not None and alert["subject"] == "host"
+    assert alarm_rules(outcome) <= {"oom_forecast", "memory_pressure", "crash"}
+    sc.REPORT.append(sc.describe(outcome, "oom_forecast") + " (the OOM kill)")
+
+
+def test_the_healthy_demo_raises_nothing(server: ServerProcess) -> None:
+    result = ran(server, "healthy", "--epochs", "20")
+    assert result.run["status"] == "finished"
+    assert result.alarms() == []
+
+
+@pytest.mark.parametrize("shape", sorted(sc.HEALTHY))
+def test_healthy_training_raises_no_warning(
+    server: ServerProcess, shape: str, tmp_path: Path
+) -> None:
+    outcomes = sc.run_healthy(server, shape, tmp_path)
+    for result in outcomes:
+        assert result.run["status"] == "finished"
+        assert result.alarms() == [], [(a["rule"], a["message"]) for a in result.alarms()]
+    infos = sum(len(r.alerts) for r in outcomes)
+    sc.REPORT.append(f"healthy {shape}: 0 warnings ({infos} info)")
