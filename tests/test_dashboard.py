@@ -128,6 +128,23 @@ def test_unknown_run_page_says_so(server: ServerProcess, browser: Any) -> None:
     page.get_by_text("No run with id 'does-not-exist'").wait_for(timeout=10_000)
 
 
+def test_a_crashed_run_shows_its_traceback_and_its_last_readings(
+    server: ServerProcess, browser: Any
+) -> None:
+    run = Run(resolve(server=server.url, run_name="died"), system_metrics=False, watchdog=False)
+    run.start()
+    run.log(1, {"loss": 2.0, "host/rss": 3.5 * 2**30, "host/limit": 4 * 2**30, "gpu0/temp": 91.0})
+    run.finish("exception", "Traceback (most recent call last):\nMemoryError: out of memory")
+    page = browser.new_page()
+    page.goto(f"{server.url}/#/runs/{run.id}")
+    panel = page.locator(".ending.crashed")
+    panel.get_by_text("MemoryError: out of memory").wait_for(timeout=10_000)
+    assert "Ended: exception" in panel.inner_text()
+    assert "RSS at 88% of the limit" in panel.locator(".last-readings summary").inner_text()
+    assert panel.locator('[data-reading="host/rss"]').inner_text() == "3.5 GiB"
+    assert panel.locator('[data-reading="gpu0/temp"]').inner_text() == "91 °C"
+
+
 def run_alerts(server: ServerProcess, run_id: str) -> list[dict[str, Any]]:
     alerts: list[dict[str, Any]] = server.get(f"/api/v1/runs/{run_id}/alerts")["alerts"]
     return alerts

@@ -4,7 +4,7 @@
 import { AlertList, alertItem } from "./alert-items.js";
 import { getRun, getRunAlerts, getSeries } from "./api.js";
 import { Chart, alertChartKeys, chartKey, chartOrder } from "./charts.js";
-import { escapeHTML, formatAgo, formatDuration, formatTime, statusBadge } from "./format.js";
+import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, statusBadge } from "./format.js";
 
 export async function renderRun(root, live, feed, runId) {
   root.innerHTML = `<p class="muted">Loading run…</p>`;
@@ -51,7 +51,8 @@ export async function renderRun(root, live, feed, runId) {
         <pre>${escapeHTML(run.stall_stacks ?? "")}</pre></div>`;
     } else if (run.end_reason && run.status !== "finished") {
       ending.innerHTML = `<div class="ending crashed"><h3>Ended: ${escapeHTML(run.end_reason)}</h3>
-        ${run.traceback ? `<pre>${escapeHTML(run.traceback)}</pre>` : ""}</div>`;
+        ${run.traceback ? `<pre>${escapeHTML(run.traceback)}</pre>` : ""}
+        ${lastReadings(run.last_readings)}</div>`;
     } else if (run.end_reason) {
       ending.innerHTML = `<div class="ending finished">Finished at ${escapeHTML(formatTime(run.ended_at))}</div>`;
     }
@@ -153,4 +154,25 @@ export async function renderRun(root, live, feed, runId) {
     live.unsubscribe(runId);
     for (const chart of charts.values()) chart.destroy();
   };
+}
+
+// The memory and GPU readings last stored before the run ended: the evidence of how it died.
+const BYTES = /(rss|available|limit|swap_used|disk_free|mem_used|mem_total|tf_current|tf_peak)$/;
+const UNITS = [[/temp$/, " °C"], [/(util|cpu_percent)$/, " %"], [/power$/, " W"], [/clock_sm$/, " MHz"]];
+
+function reading(name, value) {
+  if (BYTES.test(name)) return formatBytes(value);
+  const unit = UNITS.find(([pattern]) => pattern.test(name));
+  return formatNumber(value) + (unit ? unit[1] : "");
+}
+
+function lastReadings(readings) {
+  const names = Object.keys(readings ?? {}).sort();
+  if (!names.length) return "";
+  const memory = readings["host/rss"] != null && readings["host/limit"] > 0
+    ? ` (RSS at ${Math.round((100 * readings["host/rss"]) / readings["host/limit"])}% of the limit)` : "";
+  const rows = names.map((name) => `<tr><th>${escapeHTML(name)}</th>
+    <td data-reading="${escapeHTML(name)}">${escapeHTML(reading(name, readings[name]))}</td></tr>`).join("");
+  return `<details class="last-readings" open><summary>Last readings before the end${memory}</summary>
+    <table class="kv">${rows}</table></details>`;
 }
