@@ -1,0 +1,129 @@
+"""A real HTTP receiver for notification tests: records every POST, answers as scripted."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tests.helpers import wait_for
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer; ``hold`` keeps the request waiting until it is set."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b"ok"
+    hold: threading.Event | None = None
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+    time: float
+    status: int
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def delivery(self) -> str:
+        return self.headers["x-trainvitals-delivery"]
+
+
+class Receiver:
+    """``ThreadingHTTPServer`` on a free port. Answers 200 unless :meth:`script` queued
+    other replies for a path; :attr:`requests` holds every request, in arrival order."""
+
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self._scripts: dict[str, list[Reply]] = {}
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                arrived = time.time()
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with receiver._lock:
+                    script = receiver._scripts.get(self.path, [])
+                    reply = script.pop(0) if script else Reply()
+                    receiver.requests.append(
+                        Received(
+                            self.path,
+                            {k.lower(): v for k, v in self.headers.items()},
+                            body,
+                            arrived,
+                            reply.status,
+                        )
+                    )
+                if reply.hold is not None:
+                    reply.hold.wait(60)
+                try:
+                    self.send_response(reply.status)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(reply.body)))
+                    self.end_headers()
+                    self.wfile.write(reply.body)
+                except OSError:  # the sender is gone (a killed server)
+                    pass
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def script(self, path: str, *replies: Reply) -> None:
+        with self._lock:
+            self._scripts.setdefault(path, []).extend(replies)
+
+    def at(self, path: str, accepted_only: bool = False) -> list[Received]:
+        with self._lock:
+            return [
+                r
+                for r in self.requests
+                if r.path == path and (not accepted_only or 200 <= r.status < 300)
+            ]
+
+    def wait(
+        self, path: str, count: int, timeout: float = 30.0, accepted_only: bool = True
+    ) -> list[Received]:
+        """The first ``count`` requests to ``path`` once they are there."""
+
+        def arrived() -> list[Received] | None:
+            got = self.at(path, accepted_only)
+            return got[:count] if len(got) >= count else None
+
+        return wait_for(arrived, timeout=timeout, what=f"{count} request(s) to {path}")
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@contextmanager
+def receiving() -> Iterator[Receiver]:
+    receiver = Receiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
