@@ -166,7 +166,7 @@ def _notify_test(args: argparse.Namespace) -> int:
         from trainvitals.server import Settings
         from trainvitals.server.notify import NotifyError, load_notify
         from trainvitals.server.notify.delivery import send_test
-        from trainvitals.server.notify.messages import test_message
+        from trainvitals.server.notify.messages import probe_message
     except ImportError as exc:
         print(f"trainvitals notify-test: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
@@ -184,7 +184,7 @@ def _notify_test(args: argparse.Namespace) -> int:
     except NotifyError as exc:
         print(f"trainvitals notify-test: {exc}", file=sys.stderr)
         return 2
-    outcome = asyncio.run(send_test(channel, test_message(channel, settings.public_url)))
+    outcome = asyncio.run(send_test(channel, probe_message(channel, settings.public_url)))
     where = f"channel {channel.name!r} ({channel.kind}, {channel.target})"
     if outcome.accepted:
         print(f"OK: {where} accepted the test message ({outcome.detail}).")

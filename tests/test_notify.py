@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import threading
 import time
@@ -78,7 +77,7 @@ def agent(server: ServerProcess, run_id: str, project: str = "default") -> Clien
                 "started_at": time.time(),
                 "env": {},
             }
-        )  # fmt: skip
+        )
     )
     json.loads(ws.recv(timeout=10))
     return ws
@@ -154,8 +153,10 @@ def test_slack_and_a_signed_webhook_hear_an_alert_and_its_resolution(
         assert item["change"] == "fired" and item["delivery"] == hook.delivery
         alert = item["alert"]
         assert (alert["rule"], alert["severity"], alert["project"]) == (
-            "nonfinite", "critical", "mnist"
-        )  # fmt: skip
+            "nonfinite",
+            "critical",
+            "mnist",
+        )
         assert alert["evidence"] and alert["hint"]
         assert item["run_url"] == f"{PUBLIC_URL}/#/runs/run-1"
         signature = hook.headers["x-trainvitals-signature"]

@@ -86,7 +86,7 @@ def render(channel: Channel, notices: Sequence[Notice], public_url: str | None) 
     return Message(key, _dumps(payload))
 
 
-def test_message(channel: Channel, public_url: str | None) -> Message:
+def probe_message(channel: Channel, public_url: str | None) -> Message:
     """What ``trainvitals notify-test`` sends: harmless, and says where it came from."""
     key = f"test-{uuid.uuid4().hex}"
     origin = public_url or "a trainvitals server"
