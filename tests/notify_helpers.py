@@ -1,17 +1,23 @@
-"""A real HTTP receiver for notification tests: records every POST, answers as scripted."""
+"""Notification test helpers: a real HTTP receiver that records every POST and answers as
+scripted, a server with channels pointing at it, and a hand-made agent that trips alerts."""
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-from tests.helpers import wait_for
+from trainvitals.protocol import PROTOCOL_VERSION
+from websockets.sync.client import ClientConnection, connect
+
+from tests.helpers import ServerProcess, wait_for
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,12 @@ class Receiver:
         self._server.server_close()
 
 
+SLACK_PATH = "/services/T0001/B0001/slackSECRETtoken"
+HOOK_PATH = "/hooks/trainvitals"
+HMAC_KEY = "hmacSECRETkey"
+PUBLIC_URL = "https://tv.example.org"
+
+
 @contextmanager
 def receiving() -> Iterator[Receiver]:
     receiver = Receiver()
@@ -127,3 +139,64 @@ def receiving() -> Iterator[Receiver]:
         yield receiver
     finally:
         receiver.close()
+
+
+def channels_file(tmp_path: Path, receiver: Receiver, **pace: float) -> Path:
+    """A Slack channel (its URL from the environment) and a signed webhook (its key as a
+    ``${NAME}`` reference), with ``pace`` settings for both."""
+    defaults = "".join(f"{name} = {value}\n" for name, value in pace.items())
+    path = tmp_path / "channels.toml"
+    path.write_text(
+        f"[defaults]\n{defaults}"
+        '[[channels]]\nname = "team"\nkind = "slack"\nurl_env = "TEST_SLACK_URL"\n'
+        '[[channels]]\nname = "ops"\nkind = "webhook"\n'
+        f'url = "{receiver.url(HOOK_PATH)}"\nsecret = "${{TEST_HMAC_KEY}}"\n'
+    )
+    return path
+
+
+def notifying_server(
+    tmp_path: Path, receiver: Receiver, port: int = 0, lease: float = 15.0, **pace: float
+) -> ServerProcess:
+    env = {
+        "TRAINVITALS_NOTIFY": str(channels_file(tmp_path, receiver, **pace)),
+        "TRAINVITALS_PUBLIC_URL": PUBLIC_URL,
+        "TRAINVITALS_NOTIFY_LEASE": str(lease),
+        "TEST_SLACK_URL": receiver.url(SLACK_PATH),
+        "TEST_HMAC_KEY": HMAC_KEY,
+    }
+    return ServerProcess(str(tmp_path / "tv.db"), extra_env=env, port=port)
+
+
+def agent(server: ServerProcess, run_id: str, project: str = "default") -> ClientConnection:
+    """A hand-made agent connection that has said hello."""
+    ws = connect(server.url.replace("http", "ws") + "/api/v1/ingest")
+    ws.send(
+        json.dumps(
+            {
+                "type": "hello",
+                "v": PROTOCOL_VERSION,
+                "run_id": run_id,
+                "project": project,
+                "name": f"name-{run_id}",
+                "config": {},
+                "host": "h",
+                "pid": 1,
+                "started_at": time.time(),
+                "env": {},
+            }
+        )
+    )
+    json.loads(ws.recv(timeout=10))
+    return ws
+
+
+def send(ws: ClientConnection, frame: dict[str, Any]) -> None:
+    """Send a numbered frame and wait for its ack (the alert and its notices are stored)."""
+    ws.send(json.dumps({"v": PROTOCOL_VERSION, **frame}))
+    json.loads(ws.recv(timeout=10))
+
+
+def nan_loss(ws: ClientConnection, seq: int = 1, step: int = 1) -> None:
+    series = {"loss": {"step": [step], "time": [time.time()], "value": [math.nan]}}
+    send(ws, {"type": "points", "seq": seq, "series": series})
