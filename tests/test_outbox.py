@@ -17,14 +17,6 @@ PAGER = Channel("pager", "webhook", "https://ops.example.org/h", min_severity="c
 
 
 @pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store(db_url)
-    store.create_schema()
-    yield store
-    store.dispose()
-
-
-@pytest.fixture
 def notifier(store: Store) -> Iterator[Notifier]:
     writer = Writer(store)
     yield Notifier(NotifyConfig((TEAM, PAGER)), store, writer, lease=10.0)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,12 +37,8 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from trainvitals.detect.settings import read_toml
 from trainvitals.detect.types import SEVERITIES, Severity
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 Kind = Literal["slack", "webhook"]
 
@@ -192,13 +187,7 @@ class NotifyConfig:
 def load_notify(path: str | Path, environ: Mapping[str, str] | None = None) -> NotifyConfig:
     """Read a channels file; a missing file, bad TOML, an unknown setting or an unset
     environment variable is a :class:`NotifyError`."""
-    try:
-        with open(path, "rb") as file:
-            data = tomllib.load(file)
-    except OSError as exc:
-        raise NotifyError(f"Can't read the channels file {str(path)!r}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise NotifyError(f"The channels file {str(path)!r} is not valid TOML: {exc}") from None
+    data = read_toml(path, "channels file", NotifyError)
     try:
         return NotifyConfig.from_mapping(data, environ)
     except NotifyError as exc:
