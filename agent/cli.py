@@ -48,12 +48,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument(
         "--notify",
         default=None,
+        metavar="FILE",
         help="notification channels file (TOML): Slack and webhooks, routing and pace; "
         "see docs/notifications.md",
     )
     serve.add_argument(
         "--public-url",
         default=None,
+        metavar="URL",
         help="the dashboard's address as people reach it, for links in notifications",
     )
 
@@ -63,14 +65,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Send a test message to one channel of the channels file and say whether "
         "its receiver accepted it (exit 0) or not (exit 1).",
     )
-    notify_test.add_argument("--channel", required=True, help="the channel's name")
+    notify_test.add_argument("--channel", required=True, metavar="NAME", help="the channel's name")
     notify_test.add_argument(
         "--notify",
         default=None,
+        metavar="FILE",
         help="channels file (default $TRAINVITALS_NOTIFY)",
     )
     notify_test.add_argument(
-        "--public-url", default=None, help="server address named in the message"
+        "--public-url", default=None, metavar="URL", help="server address named in the message"
     )
 
     demo = commands.add_parser(

@@ -127,6 +127,7 @@ def test_slack_and_a_signed_webhook_hear_an_alert_and_its_resolution(
             ("ops", "fired", "delivered"), ("ops", "resolved", "delivered"),
             ("team", "fired", "delivered"), ("team", "resolved", "delivered"),
         ]  # fmt: skip
+        assert server.get_status("/api/v1/alerts/nope/notifications")[0] == 404
         api = json.dumps([server.get("/api/v1/notify/channels"), notices])
         assert "SECRET" not in api and str(receiver.port) not in api
         assert "SECRET" not in output_of(server)

@@ -164,7 +164,7 @@ class Notifier:
 
     async def _sweep_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._lease / 3)
+            await asyncio.sleep(max(self._lease / 3, 0.1))
             try:
                 await self._sweep()
             except WriterClosed:

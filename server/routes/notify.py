@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from trainvitals.server.deps import StateDep, StoreDep
+from trainvitals.server.deps import StateDep, StoreDep, alert_not_found
 
 router = APIRouter(prefix="/api/v1")
 
@@ -28,4 +28,6 @@ def list_channels(state: StateDep) -> dict[str, Any]:
 @router.get("/alerts/{alert_id}/notifications")
 def alert_notifications(alert_id: str, store: StoreDep) -> dict[str, Any]:
     """What was sent about one alert, where, and how it went, oldest first."""
+    if store.get_alert(alert_id) is None:
+        raise alert_not_found(alert_id)
     return {"notifications": store.list_notices(alert_id)}
