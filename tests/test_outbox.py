@@ -53,6 +53,10 @@ def test_changes_are_routed_by_project_severity_and_silence(
     assert enqueue(store, notifier, ("resolved", resolved)) == ["team:resolved", "pager:resolved"]
     assert enqueue(store, notifier, ("resolved", alert("a3", project="gan"))) == []
     assert enqueue(store, notifier, ("resolved", resolved)) == []  # already told
+    # Fired and resolved in one transaction: the resolution follows its firing.
+    assert enqueue(store, notifier, ("fired", alert("a5")), ("resolved", alert("a5"))) == [
+        "team:fired", "team:resolved",
+    ]  # fmt: skip
 
 
 def test_a_dead_servers_notices_are_taken_over_once_its_lease_runs_out(store: Store) -> None:

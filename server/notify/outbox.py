@@ -73,16 +73,20 @@ class Notifier:
         (moving evidence) are not sent."""
         now = time.time()
         notices = []
+        told: dict[tuple[str, str], str | None] = {}  # this transaction's, before the stored
         for change, alert in changes:
             if change == "updated" or (alert.get("silenced_until") or 0) > now:
                 continue
             for channel in self.config.channels:
+                key = (alert["id"], channel.name)
                 if change == "fired":
                     wanted = channel.wants(alert)
                 else:
-                    told = self._store.last_notice_change(conn, alert["id"], channel.name)
-                    wanted = told == "fired"
+                    if key not in told:
+                        told[key] = self._store.last_notice_change(conn, *key)
+                    wanted = told[key] == "fired"
                 if wanted:
+                    told[key] = change
                     notices.append(Notice(uuid.uuid4().hex, channel.name, change, alert, now))
         self._store.add_notices(
             conn,
