@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.0
 DEPS_STAMP := $(VENV)/.deps-installed
 PKG_STAMP := $(VENV)/.package-installed
-SOURCES := $(wildcard agent/*.py agent/detect/*.py server/*.py server/routes/*.py web/*)
+SOURCES := $(wildcard agent/*.py agent/detect/*.py server/*.py server/routes/*.py server/notify/*.py web/*)
 
 .PHONY: demo test lint typecheck bench screenshot system clean
 
@@ -42,6 +42,7 @@ bench: $(PKG_STAMP)
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/reliability.py
+	$(PY) benchmarks/notify.py
 
 # Regenerates the README's screenshot from the browser test.
 screenshot: $(PKG_STAMP) system

@@ -1,4 +1,5 @@
-"""The ``trainvitals`` command: ``serve`` runs the server, ``demo`` a real training run."""
+"""The ``trainvitals`` command: ``serve`` runs the server, ``demo`` a real training run,
+``notify-test`` checks a notification channel."""
 
 from __future__ import annotations
 
@@ -55,6 +56,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="alert rules file (TOML): thresholds per rule and per project; see docs/alerts.md",
     )
+    serve.add_argument(
+        "--notify",
+        default=None,
+        metavar="FILE",
+        help="notification channels file (TOML): Slack and webhooks, routing and pace; "
+        "see docs/notifications.md",
+    )
+    serve.add_argument(
+        "--public-url",
+        default=None,
+        metavar="URL",
+        help="the dashboard's address as people reach it, for links in notifications",
+    )
+
+    notify_test = commands.add_parser(
+        "notify-test",
+        help="send a test message to a notification channel",
+        description="Send a test message to one channel of the channels file and say whether "
+        "its receiver accepted it (exit 0) or not (exit 1).",
+    )
+    notify_test.add_argument("--channel", required=True, metavar="NAME", help="the channel's name")
+    notify_test.add_argument(
+        "--notify",
+        default=None,
+        metavar="FILE",
+        help="channels file (default $TRAINVITALS_NOTIFY)",
+    )
+    notify_test.add_argument(
+        "--public-url", default=None, metavar="URL", help="server address named in the message"
+    )
 
     demo = commands.add_parser(
         "demo",
@@ -96,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "notify-test":
+        return _notify_test(args)
     return _demo(args)
 
 
@@ -108,14 +141,24 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"trainvitals serve: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
     from trainvitals.detect import RulesError, load_rules
+    from trainvitals.server.notify import NotifyError, load_notify
 
-    overrides = {"host": args.host, "port": args.port, "db": args.db, "rules": args.rules}
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "db": args.db,
+        "rules": args.rules,
+        "notify": args.notify,
+        "public_url": args.public_url,
+    }
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     try:
         database_url(settings.db)
         if settings.rules:
             load_rules(settings.rules)
-    except (StorageError, RulesError) as exc:
+        if settings.notify:
+            load_notify(settings.notify)
+    except (StorageError, RulesError, NotifyError) as exc:
         print(f"trainvitals serve: {exc}", file=sys.stderr)
         return 2
     # Bind first, so --port 0 can print the port it got before anyone needs it.
@@ -142,6 +185,40 @@ def _serve(args: argparse.Namespace) -> int:
     )
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _notify_test(args: argparse.Namespace) -> int:
+    try:
+        import asyncio
+
+        from trainvitals.server import Settings
+        from trainvitals.server.notify import NotifyError, load_notify
+        from trainvitals.server.notify.delivery import send_test
+        from trainvitals.server.notify.messages import probe_message
+    except ImportError as exc:
+        print(f"trainvitals notify-test: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
+        return 2
+    overrides = {"notify": args.notify, "public_url": args.public_url}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    if not settings.notify:
+        print(
+            "trainvitals notify-test: no channels file: pass --notify FILE or set "
+            "TRAINVITALS_NOTIFY",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        channel = load_notify(settings.notify).get(args.channel)
+    except NotifyError as exc:
+        print(f"trainvitals notify-test: {exc}", file=sys.stderr)
+        return 2
+    outcome = asyncio.run(send_test(channel, probe_message(channel, settings.public_url)))
+    where = f"channel {channel.name!r} ({channel.kind}, {channel.target})"
+    if outcome.accepted:
+        print(f"OK: {where} accepted the test message ({outcome.detail}).")
+        return 0
+    print(f"FAILED: {where} did not accept the test message: {outcome.detail}", file=sys.stderr)
+    return 1
 
 
 def _demo(args: argparse.Namespace) -> int:

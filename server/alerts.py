@@ -1,10 +1,11 @@
 """The alert engine in the server: one detector and alert book per run, fed by ingest.
 
 The detection itself is :mod:`trainvitals.detect` (pure, no I/O). This module gives each
-run its state, persists every alert change through the writer, pushes it to browsers and
-hands it to listeners (notifications). A run's state is rebuilt when it is first needed
-after a restart: its stored alerts are taken up and its last frames replayed through a fresh
-detector, whose findings are discarded, so baselines are warm and nothing fires twice.
+run its state, persists every alert change through the writer together with its
+notifications (one transaction: the outbox), pushes it to browsers and hands it to
+listeners. A run's state is rebuilt when it is first needed after a restart: its stored
+alerts are taken up and its last frames replayed through a fresh detector, whose findings
+are discarded, so baselines are warm and nothing fires twice.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from sqlalchemy import Connection
 from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, RulesConfig
 from trainvitals.detect.types import jsonable
 from trainvitals.server.live import Hub
+from trainvitals.server.notify import Notifier
+from trainvitals.server.notify.messages import Notice
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer
 
@@ -47,8 +50,16 @@ class _RunAlerts:
 class AlertEngine:
     """Runs the rules on every run's stream and keeps their alerts."""
 
-    def __init__(self, store: Store, writer: Writer, hub: Hub, rules: RulesConfig) -> None:
+    def __init__(
+        self,
+        store: Store,
+        writer: Writer,
+        hub: Hub,
+        rules: RulesConfig,
+        notifier: Notifier | None = None,
+    ) -> None:
         self._store, self._writer, self._hub = store, writer, hub
+        self._notifier = notifier
         self.rules = rules
         self._runs: dict[str, _RunAlerts] = {}
         self._loading: dict[str, asyncio.Task[_RunAlerts | None]] = {}
@@ -210,8 +221,11 @@ class AlertEngine:
             if kind == "fired":
                 alert.silenced_until = self._silenced_until(alert)
             rows.append(alert.as_dict())
-        await self._writer.submit(partial(_save_all, self._store, rows))
-        for (kind, _), row in zip(changes, rows, strict=True):
+        stored = [(kind, row) for (kind, _), row in zip(changes, rows, strict=True)]
+        notices = await self._writer.submit(partial(_save_all, self._store, stored, self._notifier))
+        if self._notifier is not None:
+            self._notifier.deliver(notices)
+        for kind, row in stored:
             if kind == "fired":
                 log.warning("alert %s on run %s: %s", row["rule"], row["run_name"], row["message"])
             self._hub.alert(row)
@@ -232,6 +246,13 @@ class AlertEngine:
         return max(untils) if untils else None
 
 
-def _save_all(store: Store, rows: list[dict[str, Any]], conn: Connection) -> None:
-    for row in rows:
+def _save_all(
+    store: Store,
+    changes: list[tuple[Change, dict[str, Any]]],
+    notifier: Notifier | None,
+    conn: Connection,
+) -> list[Notice]:
+    """Store alert changes, and their notifications in the same transaction (the outbox)."""
+    for _, row in changes:
         store.save_alert(conn, row)
+    return notifier.enqueue(conn, changes) if notifier is not None else []

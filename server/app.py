@@ -13,7 +13,8 @@ from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.deps import AppState
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
-from trainvitals.server.routes import api, streams, web
+from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
+from trainvitals.server.routes import api, notify, streams, web
 from trainvitals.server.settings import Settings
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer
@@ -33,6 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     # A bad rules file stops the server before it starts, with the setting named.
     rules = load_rules(settings.rules) if settings.rules else RulesConfig()
+    channels = load_notify(settings.notify) if settings.notify else NotifyConfig()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -41,7 +43,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         writer = Writer(store)
         hub = Hub(settings.live_queue_size, settings.runs_push_interval)
         hub.start()
-        alerts = AlertEngine(store, writer, hub, rules)
+        notifier = None
+        if channels.channels:
+            notifier = Notifier(channels, store, writer, settings.public_url, settings.notify_lease)
+            await notifier.start()
+        alerts = AlertEngine(store, writer, hub, rules, notifier)
         await alerts.start()
         liveness = Liveness(
             store,
@@ -58,17 +64,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             hub=hub,
             liveness=liveness,
             alerts=alerts,
+            notify=channels,
         )
         try:
             yield
         finally:
             await liveness.stop()
+            if notifier is not None:
+                await notifier.stop()
             await hub.stop()
             writer.close()
             store.dispose()
 
     app = FastAPI(title="trainvitals", version=__version__, lifespan=lifespan)
     app.include_router(api.router)
+    app.include_router(notify.router)
     app.include_router(streams.router)
     app.include_router(web.router)
     # follow_symlink: an editable install links the package's files rather than copying them.

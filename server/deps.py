@@ -10,6 +10,7 @@ from starlette.requests import HTTPConnection
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
+from trainvitals.server.notify import NotifyConfig
 from trainvitals.server.settings import Settings
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer
@@ -23,6 +24,7 @@ class AppState:
     hub: Hub
     liveness: Liveness
     alerts: AlertEngine
+    notify: NotifyConfig
 
 
 def get_state(connection: HTTPConnection) -> AppState:

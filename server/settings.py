@@ -25,3 +25,11 @@ class Settings(BaseSettings):
     lost_after: float = 30.0
     #: A rules file (TOML) with thresholds per rule and per project; see docs/alerts.md.
     rules: str | None = None
+    #: A channels file (TOML): Slack and webhook destinations; see docs/notifications.md.
+    notify: str | None = None
+    #: The dashboard's address as people reach it (``https://tv.example.org``), for the links
+    #: in notifications; without it they carry no link.
+    public_url: str | None = None
+    #: Seconds a server holds undelivered notifications without renewing its claim before
+    #: another server (or this one, restarted after a kill) takes them over.
+    notify_lease: float = 15.0

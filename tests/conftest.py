@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trainvitals.server.storage import Store
 
 from tests.helpers import ServerProcess, postgres_database
 
@@ -37,6 +38,15 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     else:
         with postgres_database() as url:
             yield url
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    """A :class:`Store` with its schema, on each of SQLite and PostgreSQL."""
+    store = Store(db_url)
+    store.create_schema()
+    yield store
+    store.dispose()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,14 +24,6 @@ def hello(run_id: str, started_at: float = 1000.0, **extra: Any) -> dict[str, An
         "env": {"python": "3.11"},
         **extra,
     }
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    store = Store(db_url)
-    store.create_schema()
-    yield store
-    store.dispose()
 
 
 def test_run_lifecycle(store: Store) -> None:

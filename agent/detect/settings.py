@@ -243,15 +243,21 @@ class RulesConfig:
         return cls(defaults, projects)
 
 
-def load_rules(path: str | Path) -> RulesConfig:
-    """Read a rules file; a missing file, bad TOML or an unknown setting is a RulesError."""
+def read_toml(path: str | Path, what: str, error: type[Exception] = RulesError) -> dict[str, Any]:
+    """The tables of a settings file; ``error`` names the ``what`` (e.g. "rules file") that
+    is missing, unreadable or not TOML."""
     try:
         with open(path, "rb") as file:
-            data = tomllib.load(file)
+            return tomllib.load(file)
     except OSError as exc:
-        raise RulesError(f"Can't read the rules file {str(path)!r}: {exc.strerror}") from None
+        raise error(f"Can't read the {what} {str(path)!r}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise RulesError(f"The rules file {str(path)!r} is not valid TOML: {exc}") from None
+        raise error(f"The {what} {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def load_rules(path: str | Path) -> RulesConfig:
+    """Read a rules file; a missing file, bad TOML or an unknown setting is a RulesError."""
+    data = read_toml(path, "rules file")
     try:
         return RulesConfig.from_mapping(data)
     except RulesError as exc:

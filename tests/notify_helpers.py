@@ -1,0 +1,202 @@
+"""Notification test helpers: a real HTTP receiver that records every POST and answers as
+scripted, a server with channels pointing at it, and a hand-made agent that trips alerts."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from trainvitals.protocol import PROTOCOL_VERSION
+from websockets.sync.client import ClientConnection, connect
+
+from tests.helpers import ServerProcess, wait_for
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer; ``hold`` keeps the request waiting until it is set."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b"ok"
+    hold: threading.Event | None = None
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: dict[str, str]  # names in lower case
+    body: bytes
+    time: float
+    status: int
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def delivery(self) -> str:
+        return self.headers["x-trainvitals-delivery"]
+
+
+class Receiver:
+    """``ThreadingHTTPServer`` on a free port. Answers 200 unless :meth:`script` queued
+    other replies for a path; :attr:`requests` holds every request, in arrival order."""
+
+    def __init__(self) -> None:
+        self.requests: list[Received] = []
+        self._scripts: dict[str, list[Reply]] = {}
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                arrived = time.time()
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with receiver._lock:
+                    script = receiver._scripts.get(self.path, [])
+                    reply = script.pop(0) if script else Reply()
+                    receiver.requests.append(
+                        Received(
+                            self.path,
+                            {k.lower(): v for k, v in self.headers.items()},
+                            body,
+                            arrived,
+                            reply.status,
+                        )
+                    )
+                if reply.hold is not None:
+                    reply.hold.wait(60)
+                try:
+                    self.send_response(reply.status)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(reply.body)))
+                    self.end_headers()
+                    self.wfile.write(reply.body)
+                except OSError:  # the sender is gone (a killed server)
+                    pass
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def script(self, path: str, *replies: Reply) -> None:
+        with self._lock:
+            self._scripts.setdefault(path, []).extend(replies)
+
+    def at(self, path: str, accepted_only: bool = False) -> list[Received]:
+        with self._lock:
+            return [
+                r
+                for r in self.requests
+                if r.path == path and (not accepted_only or 200 <= r.status < 300)
+            ]
+
+    def wait(
+        self, path: str, count: int, timeout: float = 30.0, accepted_only: bool = True
+    ) -> list[Received]:
+        """The first ``count`` requests to ``path`` once they are there."""
+
+        def arrived() -> list[Received] | None:
+            got = self.at(path, accepted_only)
+            return got[:count] if len(got) >= count else None
+
+        return wait_for(arrived, timeout=timeout, what=f"{count} request(s) to {path}")
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+SLACK_PATH = "/services/T0001/B0001/slackSECRETtoken"
+HOOK_PATH = "/hooks/trainvitals"
+HMAC_KEY = "hmacSECRETkey"
+PUBLIC_URL = "https://tv.example.org"
+
+
+@contextmanager
+def receiving() -> Iterator[Receiver]:
+    receiver = Receiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+def channels_file(tmp_path: Path, receiver: Receiver, **pace: float) -> Path:
+    """A Slack channel (its URL from the environment) and a signed webhook (its key as a
+    ``${NAME}`` reference), with ``pace`` settings for both."""
+    defaults = "".join(f"{name} = {value}\n" for name, value in pace.items())
+    path = tmp_path / "channels.toml"
+    path.write_text(
+        f"[defaults]\n{defaults}"
+        '[[channels]]\nname = "team"\nkind = "slack"\nurl_env = "TEST_SLACK_URL"\n'
+        '[[channels]]\nname = "ops"\nkind = "webhook"\n'
+        f'url = "{receiver.url(HOOK_PATH)}"\nsecret = "${{TEST_HMAC_KEY}}"\n'
+    )
+    return path
+
+
+def notifying_server(
+    tmp_path: Path, receiver: Receiver, port: int = 0, lease: float = 15.0, **pace: float
+) -> ServerProcess:
+    env = {
+        "TRAINVITALS_NOTIFY": str(channels_file(tmp_path, receiver, **pace)),
+        "TRAINVITALS_PUBLIC_URL": PUBLIC_URL,
+        "TRAINVITALS_NOTIFY_LEASE": str(lease),
+        "TEST_SLACK_URL": receiver.url(SLACK_PATH),
+        "TEST_HMAC_KEY": HMAC_KEY,
+    }
+    return ServerProcess(str(tmp_path / "tv.db"), extra_env=env, port=port)
+
+
+def agent(server: ServerProcess, run_id: str, project: str = "default") -> ClientConnection:
+    """A hand-made agent connection that has said hello."""
+    ws = connect(server.url.replace("http", "ws") + "/api/v1/ingest")
+    ws.send(
+        json.dumps(
+            {
+                "type": "hello",
+                "v": PROTOCOL_VERSION,
+                "run_id": run_id,
+                "project": project,
+                "name": f"name-{run_id}",
+                "config": {},
+                "host": "h",
+                "pid": 1,
+                "started_at": time.time(),
+                "env": {},
+            }
+        )
+    )
+    json.loads(ws.recv(timeout=10))
+    return ws
+
+
+def send(ws: ClientConnection, frame: dict[str, Any]) -> None:
+    """Send a numbered frame and wait for its ack (the alert and its notices are stored)."""
+    ws.send(json.dumps({"v": PROTOCOL_VERSION, **frame}))
+    json.loads(ws.recv(timeout=10))
+
+
+def nan_loss(ws: ClientConnection, seq: int = 1, step: int = 1) -> None:
+    series = {"loss": {"step": [step], "time": [time.time()], "value": [math.nan]}}
+    send(ws, {"type": "points", "seq": seq, "series": series})

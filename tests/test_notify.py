@@ -1,0 +1,235 @@
+"""Notifications through a real server to a real HTTP receiver: Slack and webhook payloads,
+signatures, retries, a server killed mid-delivery, alert storms, and secrets kept out of
+sight."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from trainvitals.server.notify import verify_signature
+from websockets.sync.client import ClientConnection
+
+from tests.helpers import ServerProcess, free_port, wait_for
+from tests.notify_helpers import (
+    HMAC_KEY,
+    HOOK_PATH,
+    PUBLIC_URL,
+    SLACK_PATH,
+    Receiver,
+    Reply,
+    agent,
+    nan_loss,
+    notifying_server,
+    receiving,
+    send,
+)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with receiving() as receiver:
+        yield receiver
+
+
+def completed(ws: ClientConnection, seq: int) -> None:
+    send(ws, {"type": "end", "seq": seq, "reason": "completed", "time": time.time()})
+
+
+def kill(server: ServerProcess) -> None:
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait(10)
+    server.stop()
+
+
+def output_of(server: ServerProcess) -> str:
+    """Stop the server and return everything it printed."""
+    server.process.terminate()
+    out, _ = server.process.communicate(timeout=20)
+    server.stop()
+    return out
+
+
+def items(request: Any) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = request.json()["items"]
+    return items
+
+
+def test_slack_and_a_signed_webhook_hear_an_alert_and_its_resolution(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    server = notifying_server(tmp_path, receiver)
+    try:
+        with agent(server, "run-1", project="mnist") as ws:
+            nan_loss(ws)
+            (slack,) = receiver.wait(SLACK_PATH, 1)
+            (hook,) = receiver.wait(HOOK_PATH, 1)
+            completed(ws, 2)  # the run ends: its firing alert resolves
+            slack_resolved = receiver.wait(SLACK_PATH, 2)[1]
+            hook_resolved = receiver.wait(HOOK_PATH, 2)[1]
+
+        # Slack: Block Kit with what happened, where, the evidence, what to do and a link.
+        message = slack.json()
+        text = json.dumps(message["blocks"])
+        assert message["text"].startswith("[CRITICAL] nonfinite on mnist/name-run-1")
+        assert message["blocks"][0]["type"] == "header"
+        fields = {
+            f["text"].split("\n")[0]: f["text"].split("\n")[1]
+            for f in message["blocks"][2]["fields"]
+        }
+        assert fields["*Severity*"] == "CRITICAL" and fields["*Project*"] == "mnist"
+        assert fields["*Run*"] == f"<{PUBLIC_URL}/#/runs/run-1|name-run-1>"
+        assert fields["*Rule*"] == "`nonfinite`" and fields["*Step*"] == "1"
+        assert "*Evidence*" in text and "*What to do*" in text
+        assert message["blocks"][-1]["elements"][0]["url"] == f"{PUBLIC_URL}/#/runs/run-1"
+        resolved = slack_resolved.json()
+        assert resolved["text"] == "Resolved: nonfinite on mnist/name-run-1"
+        assert len(resolved["blocks"]) == 1
+
+        # The webhook: the alert as JSON, signed over timestamp and body.
+        (item,) = items(hook)
+        assert item["change"] == "fired" and item["delivery"] == hook.delivery
+        alert = item["alert"]
+        assert (alert["rule"], alert["severity"], alert["project"]) == (
+            "nonfinite",
+            "critical",
+            "mnist",
+        )
+        assert alert["evidence"] and alert["hint"]
+        assert item["run_url"] == f"{PUBLIC_URL}/#/runs/run-1"
+        signature = hook.headers["x-trainvitals-signature"]
+        timestamp = hook.headers["x-trainvitals-timestamp"]
+        assert verify_signature(HMAC_KEY, timestamp, hook.body, signature)
+        assert not verify_signature(HMAC_KEY, timestamp, hook.body + b" ", signature)
+        assert not verify_signature("other key", timestamp, hook.body, signature)
+        assert not verify_signature(
+            HMAC_KEY, timestamp, hook.body, signature, now=time.time() + 600
+        )
+        (resolution,) = items(hook_resolved)
+        assert resolution["change"] == "resolved" and resolution["alert"]["id"] == alert["id"]
+        assert resolution["delivery"] != item["delivery"]
+        assert "x-trainvitals-signature" not in slack.headers  # Slack's URL is its secret
+
+        # Each channel got each change once, and the API says so without showing secrets.
+        assert len(receiver.requests) == 4
+        channels = {c["name"]: c for c in server.get("/api/v1/notify/channels")["channels"]}
+        assert channels["team"]["target"] == "http://127.0.0.1"
+        assert channels["ops"]["signed"] is True
+        assert channels["team"]["delivered"] == channels["ops"]["delivered"] == 2
+        notices = server.get(f"/api/v1/alerts/{alert['id']}/notifications")["notifications"]
+        assert sorted((n["channel"], n["change"], n["state"]) for n in notices) == [
+            ("ops", "fired", "delivered"), ("ops", "resolved", "delivered"),
+            ("team", "fired", "delivered"), ("team", "resolved", "delivered"),
+        ]  # fmt: skip
+        assert server.get_status("/api/v1/alerts/nope/notifications")[0] == 404
+        api = json.dumps([server.get("/api/v1/notify/channels"), notices])
+        assert "SECRET" not in api and str(receiver.port) not in api
+        assert "SECRET" not in output_of(server)
+    finally:
+        server.stop()
+
+
+def test_retries_after_a_500_and_waits_out_a_429_retry_after(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    receiver.script(HOOK_PATH, Reply(500), Reply(429, {"Retry-After": "1"}))
+    receiver.script(SLACK_PATH, Reply(429, {"Retry-After": "1"}, b"rate_limited"))
+    server = notifying_server(tmp_path, receiver)
+    try:
+        with agent(server, "run-1") as ws:
+            nan_loss(ws)
+            receiver.wait(HOOK_PATH, 1)
+            receiver.wait(SLACK_PATH, 1)
+        hooks = receiver.at(HOOK_PATH)
+        assert [r.status for r in hooks] == [500, 429, 200]
+        assert len({r.delivery for r in hooks}) == 1  # the same message, the same key
+        assert hooks[2].time - hooks[1].time >= 0.95  # Retry-After: 1
+        slacks = receiver.at(SLACK_PATH)
+        assert [r.status for r in slacks] == [429, 200]
+        assert slacks[1].time - slacks[0].time >= 0.95
+        assert slacks[0].body == slacks[1].body
+
+        def settled() -> dict[str, Any] | None:
+            channels = {c["name"]: c for c in server.get("/api/v1/notify/channels")["channels"]}
+            return channels if channels["ops"]["delivered"] == 1 else None
+
+        ops = wait_for(settled, what="the delivery to be recorded")["ops"]
+        assert ops["pending"] == 0 and ops["last_error"] == "HTTP 429: ok"
+        output = output_of(server)
+        assert "notification channel ops: HTTP 500" in output  # the retries are logged...
+        assert "SECRET" not in output and HOOK_PATH not in output  # ...without the URLs
+    finally:
+        server.stop()
+
+
+def test_a_server_killed_mid_delivery_delivers_once_after_its_restart(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    held = Reply(200, hold=threading.Event())
+    receiver.script(HOOK_PATH, held)
+    port = free_port()
+    server = notifying_server(tmp_path, receiver, port=port, lease=1.0)
+    try:
+        with agent(server, "first") as ws:
+            nan_loss(ws)
+            receiver.wait(HOOK_PATH, 1, accepted_only=False)  # in flight, held by the receiver
+            wait_for(
+                lambda: server.get("/api/v1/notify/channels")["channels"][0]["delivered"] == 1,
+                what="the Slack delivery to be recorded",
+            )
+        kill(server)  # before the receiver answered
+        assert held.hold is not None
+        held.hold.set()
+        server = notifying_server(tmp_path, receiver, port=port, lease=1.0)
+        first = receiver.wait(HOOK_PATH, 2, accepted_only=False)
+        assert first[0].delivery == first[1].delivery  # the same key: receivers can dedupe
+        wait_for(
+            lambda: server.get("/api/v1/notify/channels")["channels"][1]["delivered"] == 1,
+            what="the redelivery to be recorded",
+        )
+        kill(server)  # after the delivery was recorded: it must not be sent again
+        server = notifying_server(tmp_path, receiver, port=port, lease=1.0)
+        with agent(server, "second") as ws:
+            nan_loss(ws)
+            receiver.wait(HOOK_PATH, 3, accepted_only=False)
+        runs = [items(r)[0]["alert"]["run_id"] for r in receiver.at(HOOK_PATH)]
+        assert runs == ["first", "first", "second"]
+        slack_runs = [r.json()["text"] for r in receiver.wait(SLACK_PATH, 2)]
+        assert ["first" in slack_runs[0], "second" in slack_runs[1]] == [True, True]
+        assert len(receiver.at(SLACK_PATH)) == 2
+    finally:
+        server.stop()
+
+
+def test_an_alert_storm_becomes_one_grouped_message(tmp_path: Path, receiver: Receiver) -> None:
+    server = notifying_server(tmp_path, receiver, group_window=3.0)
+    connections = []
+    try:
+        for index in range(8):  # eight runs blow up at once
+            connections.append(ws := agent(server, f"run-{index}"))
+            nan_loss(ws)
+        alert_ids = {a["id"] for a in server.get("/api/v1/alerts?state=firing")["alerts"]}
+        assert len(alert_ids) == 8
+
+        def all_told() -> list[Any] | None:
+            hooks = receiver.at(HOOK_PATH, accepted_only=True)
+            told = [i["alert"]["id"] for r in hooks for i in items(r)]
+            return hooks if sorted(told) == sorted(alert_ids) else None
+
+        hooks = wait_for(all_told, what="every alert of the storm")
+        assert len(hooks) <= 2 and len(items(hooks[0])) == 1  # the first goes out at once
+        slacks = receiver.wait(SLACK_PATH, len(hooks))
+        group = slacks[-1].json()
+        assert group["text"].startswith(f"{len(items(hooks[-1]))} alert changes")
+        assert all("CRITICAL" in b["text"]["text"] for b in group["blocks"][1:])
+        assert len(receiver.at(SLACK_PATH)) == len(hooks)
+    finally:
+        for ws in connections:
+            ws.close()
+        server.stop()

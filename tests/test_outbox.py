@@ -1,0 +1,96 @@
+"""The notify outbox on a real SQLite file and a real PostgreSQL database: notices stored in
+the alert's transaction, routing, leases taken over from a dead server, and marks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from trainvitals.server.notify import Channel, Notifier, NotifyConfig
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
+
+TEAM = Channel("team", "slack", "https://hooks.slack.com/x", projects=frozenset({"mnist"}))
+PAGER = Channel("pager", "webhook", "https://ops.example.org/h", min_severity="critical")
+
+
+@pytest.fixture
+def notifier(store: Store) -> Iterator[Notifier]:
+    writer = Writer(store)
+    yield Notifier(NotifyConfig((TEAM, PAGER)), store, writer, lease=10.0)
+    writer.close()
+
+
+def alert(id: str = "a1", **changes: Any) -> dict[str, Any]:
+    return {
+        "id": id, "run_id": "r1", "project": "mnist", "run_name": "n", "rule": "nonfinite",
+        "subject": "", "severity": "warning", "state": "firing", "message": "NaN",
+        "hint": "clip", "step": 1, "time": 1.0, "evidence": {}, "silenced_until": None,
+        **changes,
+    }  # fmt: skip
+
+
+def enqueue(store: Store, notifier: Notifier, *changes: tuple[Any, dict[str, Any]]) -> list[str]:
+    with store.engine.begin() as conn:
+        return [f"{n.channel}:{n.change}" for n in notifier.enqueue(conn, changes)]
+
+
+def test_changes_are_routed_by_project_severity_and_silence(
+    store: Store, notifier: Notifier
+) -> None:
+    assert enqueue(store, notifier, ("fired", alert())) == ["team:fired"]
+    assert enqueue(store, notifier, ("fired", alert("a2", severity="critical"))) == [
+        "team:fired", "pager:fired",
+    ]  # fmt: skip
+    assert enqueue(store, notifier, ("fired", alert("a3", project="gan"))) == []
+    silenced = alert("a4", silenced_until=time.time() + 60)
+    assert enqueue(store, notifier, ("fired", silenced)) == []
+    assert enqueue(store, notifier, ("updated", alert())) == []  # moving evidence: not sent
+    # A resolution goes where the firing went, and only there.
+    resolved = alert("a2", severity="critical", state="resolved")
+    assert enqueue(store, notifier, ("resolved", resolved)) == ["team:resolved", "pager:resolved"]
+    assert enqueue(store, notifier, ("resolved", alert("a3", project="gan"))) == []
+    assert enqueue(store, notifier, ("resolved", resolved)) == []  # already told
+    # Fired and resolved in one transaction: the resolution follows its firing.
+    assert enqueue(store, notifier, ("fired", alert("a5")), ("resolved", alert("a5"))) == [
+        "team:fired", "team:resolved",
+    ]  # fmt: skip
+
+
+def test_a_dead_servers_notices_are_taken_over_once_its_lease_runs_out(store: Store) -> None:
+    notice = {"channel": "team", "alert_id": "a1", "change": "fired", "alert": alert()}
+    with store.engine.begin() as conn:
+        store.add_notices(conn, [{**notice, "id": "n1", "created_at": 1.0}], "dead", 100.0)
+        store.add_notices(conn, [{**notice, "id": "n2", "created_at": 2.0}], "alive", 100.0)
+        store.add_notices(conn, [{**notice, "id": "n3", "created_at": 3.0}], "dead", 100.0)
+        store.add_notices(
+            conn, [{**notice, "id": "n4", "created_at": 4.0, "channel": "gone"}], "dead", 100.0
+        )
+    with store.engine.begin() as conn:
+        assert store.claim_notices(conn, "alive", ["team"], now=99.0, lease_until=200.0) == []
+    with store.engine.begin() as conn:  # "alive" renewed its own; "dead" did not
+        taken = store.claim_notices(conn, "new", ["team"], now=150.0, lease_until=300.0)
+    assert [t["id"] for t in taken] == ["n1", "n3"]  # oldest first; no channel "gone" here
+    assert taken[0]["alert"]["rule"] == "nonfinite" and taken[0]["owner"] == "new"
+    with store.engine.begin() as conn:  # nobody takes them twice
+        assert store.claim_notices(conn, "other", ["team"], now=150.0, lease_until=300.0) == []
+        store.notices_done(conn, ["n1"], "delivered", 151.0)
+        store.notice_attempted(conn, ["n3"], "HTTP 500")
+        store.notices_done(conn, ["n3"], "failed", 152.0, "HTTP 404: no_service")
+        store.release_notices(conn, "alive")  # a clean stop
+    with store.engine.begin() as conn:
+        again = store.claim_notices(conn, "next", ["team"], now=160.0, lease_until=400.0)
+    assert [t["id"] for t in again] == ["n2"]
+    assert store.notice_summary()["team"] == {
+        "pending": 1, "delivered": 1, "failed": 1, "last_delivered_at": 151.0,
+        "last_error": "HTTP 404: no_service",
+    }  # fmt: skip
+    history = store.list_notices("a1")
+    assert [(n["id"], n["state"], n["attempts"]) for n in history][:3] == [
+        ("n1", "delivered", 1), ("n2", "pending", 0), ("n3", "failed", 2),
+    ]  # fmt: skip
+    with store.engine.begin() as conn:
+        assert store.last_notice_change(conn, "a1", "team") == "fired"
+        assert store.last_notice_change(conn, "a9", "team") is None
