@@ -278,6 +278,19 @@ def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(
     assert [f for f in findings if f.severity != "info"] == []
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_a_resumed_run_on_a_noisy_plateau_raises_nothing(seed: int) -> None:
+    """Little left to learn and batches whose loss varies by a factor of two: lucky stretches
+    of easy batches must not set a minimum that the ordinary level then "diverges" from."""
+    noise = random.Random(seed)
+
+    def loss(s: int) -> float:
+        return (0.12 + 0.04 * math.exp(-s / 150)) * math.exp(noise.gauss(0, 0.8))
+
+    findings = feed(Detector(), stream(range(1, 6000), 0.01, loss=loss), 40)
+    assert [f.message for f in findings if f.firing and f.severity != "info"] == []
+
+
 # -- memory --------------------------------------------------------------------------------
 
 

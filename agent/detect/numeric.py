@@ -419,6 +419,7 @@ class LossDivergenceRule(Rule):
         super().__init__(context)
         self.settings = settings
         self._recent: deque[float] = deque(maxlen=settings.smooth)
+        self._slow: deque[float] = deque(maxlen=max(settings.minimum_window, settings.smooth))
         self._early: list[float] = []
         self._start: float | None = None
         self._minimum = math.inf
@@ -437,6 +438,7 @@ class LossDivergenceRule(Rule):
         out: list[Finding] = []
         self._seen += 1
         self._recent.append(loss)
+        self._slow.append(loss)
         level, start = self._level, self._start
         if level is not None and start is not None and level > 0:
             if loss > cfg.spike_factor * level and loss > start:
@@ -483,6 +485,7 @@ class LossDivergenceRule(Rule):
                 return None
         self._seen += len(values)
         self._recent.extend(values[-cfg.smooth :].tolist())
+        self._slow.extend(values[-self._slow.maxlen :].tolist())  # type: ignore[misc]
         self._since += len(values)
         if self._since < self._EVERY:
             return []
@@ -497,12 +500,22 @@ class LossDivergenceRule(Rule):
         level = self._level = median(self._recent)
         start = self._start
         assert start is not None
-        self._minimum = min(self._minimum, level)
-        low = self._minimum
+        slow = list(self._slow)
+        slow_level = median(slow)
+        if len(slow) == self._slow.maxlen:
+            self._minimum = min(self._minimum, slow_level)
+        low = min(self._minimum, slow_level)
+        # The standard error of the level (a median of `smooth` losses), from the spread of
+        # the recent losses: 1.4826 x MAD estimates their standard deviation, and a median's
+        # standard error is 1.2533 x that over the square root of its count.
+        spread = 1.4826 * median([abs(v - slow_level) for v in slow])
+        noise = 1.2533 * spread / math.sqrt(len(self._recent))
         learned = start - low
         if learned > 0.05 * abs(start):
-            rising = level - low >= cfg.lost_fraction * learned and (
-                level >= cfg.min_ratio * low if low > 0 else True
+            rising = (
+                level - low >= cfg.lost_fraction * learned
+                and (level >= cfg.min_ratio * low if low > 0 else True)
+                and level - low >= cfg.noise_z * noise
             )
             severity: Severity = "critical" if level > start else "warning"
         else:  # nothing learned yet: only a loss far above where it started counts

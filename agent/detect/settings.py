@@ -98,6 +98,12 @@ class LossDivergence:
     lost_fraction: float = 0.35
     #: ...for this many steps. Critical when the level is above where it started.
     sustain: int = 25
+    #: Steps whose median is the level the minimum is taken from: longer than ``smooth``, so
+    #: a lucky run of easy batches doesn't set a minimum the loss can never hold.
+    minimum_window: int = 100
+    #: The rise must also be this many standard errors of the level (from the spread of the
+    #: last ``minimum_window`` losses): the noise of small batches is not a divergence.
+    noise_z: float = 6.0
     #: An info alert for one batch's loss this multiple of the level.
     spike_factor: float = 10.0
 
