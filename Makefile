@@ -26,8 +26,9 @@ $(PKG_STAMP): $(DEPS_STAMP) $(SOURCES)
 system:
 	./scripts/ensure-system.sh
 
+# `make demo SCENARIO=leak` shows one of the failure scenarios (trainvitals demo --help).
 demo: $(PKG_STAMP)
-	./scripts/demo.sh
+	./scripts/demo.sh $(if $(SCENARIO),--scenario $(SCENARIO))
 
 lint: $(PKG_STAMP)
 	$(PY) -m ruff check agent server tests benchmarks
@@ -43,6 +44,7 @@ bench: $(PKG_STAMP)
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/reliability.py
 	$(PY) benchmarks/notify.py
+	$(PY) benchmarks/scenarios.py
 
 # Regenerates the README's screenshot from the browser test.
 screenshot: $(PKG_STAMP) system

@@ -202,29 +202,28 @@ def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
                 time.sleep(0.05)
 
 
+def demo_command(server: ServerProcess, name: str, *args: str) -> list[str]:
+    """``trainvitals demo`` streaming to ``server`` as run ``name``, with more ``args``."""
+    command = [sys.executable, "-m", "trainvitals", "demo", "--server", server.url]
+    return [*command, "--run-name", name, *args]
+
+
 def demo_training(
     server: ServerProcess, name: str, epochs: int = 200, pace: float = 0.05
 ) -> subprocess.Popen[bytes]:
     """A real Keras run (the demo's CNN on scikit-learn digits) streaming to ``server``,
     paced so it lasts while a test looks at it."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trainvitals",
-            "demo",
-            "--server",
-            server.url,
-            "--epochs",
-            str(epochs),
-            "--pace",
-            str(pace),
-            "--run-name",
-            name,
-        ],
+        demo_command(server, name, "--epochs", str(epochs), "--pace", str(pace)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def in_cgroup(group: Path) -> list[str]:
+    """A command prefix that moves the command into the cgroup directory ``group`` before it
+    execs."""
+    return ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"']
 
 
 def run_in_cgroup(
@@ -232,7 +231,7 @@ def run_in_cgroup(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``command`` inside the cgroup directory ``group`` (moved in before it execs)."""
     return subprocess.run(
-        ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"', *command],
+        [*in_cgroup(group), *command],
         capture_output=True,
         text=True,
         timeout=timeout,

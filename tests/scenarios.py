@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.helpers import ServerProcess, run_series, wait_for
+from tests.helpers import ServerProcess, demo_command, run_series, wait_for
 
 ALARMS = ("warning", "critical")
 #: Lines for the end of the test session's report (see conftest.py): each scenario's lead.
@@ -29,32 +28,21 @@ REPORT: list[str] = []
 HANG_FLOOR = 3.0
 
 
-def demo_command(server: ServerProcess, scenario: str, name: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "trainvitals",
-        "demo",
-        "--server",
-        server.url,
-        "--scenario",
-        scenario,
-        "--run-name",
-        name,
-        "--pace",
-        "0",
-        *extra,
-    ]
-
-
 def run_scenario(
-    server: ServerProcess, scenario: str, *extra: str, prefix: list[str] | None = None
+    server: ServerProcess,
+    scenario: str,
+    *extra: str,
+    prefix: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the scenario's demo to its end (``prefix``: a command that wraps it, such as
-    entering a memory cgroup)."""
-    env = {**os.environ, "TRAINVITALS_STALL_FLOOR": str(HANG_FLOOR)}
+    entering a memory cgroup; ``env``: variables over the test defaults)."""
+    env = {**os.environ, "TRAINVITALS_STALL_FLOOR": str(HANG_FLOOR), **(env or {})}
     return subprocess.run(
-        [*(prefix or []), *demo_command(server, scenario, scenario, *extra)],
+        [
+            *(prefix or []),
+            *demo_command(server, scenario, "--scenario", scenario, "--pace", "0", *extra),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -12,7 +12,7 @@ from trainvitals.cli import SCENARIO_NAMES
 from trainvitals.scenarios import HANG_STEP, NAN_STEP, SCENARIOS
 
 from tests import scenarios as sc
-from tests.helpers import ServerProcess, memory_cgroup
+from tests.helpers import ServerProcess, in_cgroup, memory_cgroup
 
 
 def test_the_demo_offers_every_scenario() -> None:
@@ -91,8 +91,7 @@ def test_a_hung_input_generator_is_reported_with_its_stack(server: ServerProcess
 
 def test_a_leak_is_forecast_before_the_oom_killer_ends_it(server: ServerProcess) -> None:
     with memory_cgroup(1200 * 2**20) as group:
-        enter = ["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"']
-        result = sc.run_scenario(server, "leak", "--time-to-oom", "45", prefix=enter)
+        result = sc.run_scenario(server, "leak", "--time-to-oom", "45", prefix=in_cgroup(group))
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     outcome = sc.outcome(server, "leak")
     assert (outcome.run["status"], outcome.run["end_reason"]) == ("crashed", "oom_killed")
