@@ -485,7 +485,7 @@ class LossDivergenceRule(Rule):
                 return None
         self._seen += len(values)
         self._recent.extend(values[-cfg.smooth :].tolist())
-        self._slow.extend(values[-self._slow.maxlen :].tolist())  # type: ignore[misc]
+        self._slow.extend(values[-(self._slow.maxlen or 1) :].tolist())
         self._since += len(values)
         if self._since < self._EVERY:
             return []
