@@ -118,10 +118,16 @@ def test_slack_and_a_signed_webhook_hear_an_alert_and_its_resolution(
 
         # Each channel got each change once, and the API says so without showing secrets.
         assert len(receiver.requests) == 4
-        channels = {c["name"]: c for c in server.get("/api/v1/notify/channels")["channels"]}
+
+        def channels_delivered() -> dict[str, Any] | None:
+            # A delivery is recorded just after the receiver answers: poll for it.
+            listed = {c["name"]: c for c in server.get("/api/v1/notify/channels")["channels"]}
+            done = listed["team"]["delivered"] == listed["ops"]["delivered"] == 2
+            return listed if done else None
+
+        channels = wait_for(channels_delivered, timeout=10, what="both deliveries recorded")
         assert channels["team"]["target"] == "http://127.0.0.1"
         assert channels["ops"]["signed"] is True
-        assert channels["team"]["delivered"] == channels["ops"]["delivered"] == 2
         notices = server.get(f"/api/v1/alerts/{alert['id']}/notifications")["notifications"]
         assert sorted((n["channel"], n["change"], n["state"]) for n in notices) == [
             ("ops", "fired", "delivered"), ("ops", "resolved", "delivered"),
