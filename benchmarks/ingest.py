@@ -64,7 +64,6 @@ async def say_hello(ws: ClientConnection, run_id: str, name: str) -> None:
 
 async def agent(url: str, deadline: float, counts: list[int]) -> None:
     run_id = uuid.uuid4().hex
-    body = frame_body(0)  # the same numbers each frame; storage keys on (run, series, seq)
     points_per_frame = STEPS_PER_FRAME * len(SERIES)
     async with connect(url, max_size=None, compression=None) as ws:
         await say_hello(ws, run_id, run_id[:8])
@@ -72,6 +71,9 @@ async def agent(url: str, deadline: float, counts: list[int]) -> None:
         while time.monotonic() < deadline:
             while seq - acked < WINDOW:
                 seq += 1
+                # Steps go on from frame to frame, as a training's do, so that the alert rules
+                # judge a healthy run (a stream that went back in time would trip them).
+                body = frame_body((seq - 1) * STEPS_PER_FRAME)
                 await ws.send(f'{{"type":"points","v":1,"seq":{seq},"series":{body}}}')
             acked = json.loads(await ws.recv())["seq"]
             counts[0] += points_per_frame

@@ -8,10 +8,12 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,7 +81,20 @@ class ServerProcess:
             raise RuntimeError(f"server did not start: {line!r} {rest!r}")
         self.port = int(match.group(1))
         self.url = f"http://127.0.0.1:{self.port}"
+        # Drain what the server prints: a full pipe would block its writes, and so its loop.
+        self._output: deque[str] = deque([line], maxlen=20_000)
+        self._drain = threading.Thread(target=self._read_output, daemon=True)
+        self._drain.start()
         wait_for(lambda: self.get("/healthz") == {"status": "ok"}, what="server /healthz")
+
+    def _read_output(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._output.append(line)
+
+    def output(self) -> str:
+        """What the server printed (its last 20,000 lines); complete once it has stopped."""
+        return "".join(self._output)
 
     def get(self, path: str) -> Any:
         with urllib.request.urlopen(self.url + path, timeout=10) as response:
@@ -113,6 +128,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self._drain.join(timeout=10)
         if self.process.stdout:
             self.process.stdout.close()
 

@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from trainvitals.detect import (
     Alert,
@@ -20,6 +21,7 @@ from trainvitals.detect import (
     Severity,
     load_rules,
 )
+from trainvitals.detect.engine import _thinned
 from trainvitals.detect.process import stall_hint
 from trainvitals.detect.settings import Lifecycle
 from trainvitals.detect.stats import RollingWindow, theil_sen
@@ -292,6 +294,15 @@ def test_a_resumed_run_on_a_noisy_plateau_raises_nothing(seed: int) -> None:
 
 
 # -- memory --------------------------------------------------------------------------------
+
+
+def test_system_samples_beyond_25_a_second_are_judged_at_25_a_second() -> None:
+    dense = (list(range(200)), [T0 + i * 0.01 for i in range(200)], [float(i) for i in range(200)])
+    steps, times, values = _thinned(dense)
+    assert len(steps) in (50, 51)  # a bucket of 0.04 s each, the last sample of each
+    assert values[-1] == 199.0 and min(np.diff(times)) > 0.02
+    per_second = ([1, 2, 3], [T0, T0 + 1, T0 + 2], [1.0, 2.0, 3.0])
+    assert _thinned(per_second) == per_second
 
 
 def host(

@@ -50,10 +50,8 @@ def kill(server: ServerProcess) -> None:
 
 def output_of(server: ServerProcess) -> str:
     """Stop the server and return everything it printed."""
-    server.process.terminate()
-    out, _ = server.process.communicate(timeout=20)
     server.stop()
-    return out
+    return server.output()
 
 
 def items(request: Any) -> list[dict[str, Any]]:

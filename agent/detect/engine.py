@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from trainvitals.detect.base import Context, Rule
+from trainvitals.detect.base import Context, Rule, is_system
 from trainvitals.detect.hardware import EnvMismatchRule, HardwareRule, ThermalRule
 from trainvitals.detect.memory import MemoryPressureRule, OomForecastRule
 from trainvitals.detect.numeric import (
@@ -25,7 +25,8 @@ _NAMES = frozenset(("loss", "step_time"))
 _PER_STEP = frozenset(("loss", "step_time", "grad/global_norm"))
 
 #: A frame's points: series name -> (steps, times, values).
-Columns = Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]]
+Column = tuple[Sequence[int], Sequence[float], Sequence[float]]
+Columns = Mapping[str, Column]
 
 
 def watched(name: str) -> bool:
@@ -110,7 +111,11 @@ class Detector:
                     closer.append(rule)
                 else:
                     findings.extend(found)
-        sparse = {name: column for name, column in points.items() if not per_step(name)}
+        sparse = {
+            name: _thinned(column) if is_system(name) else column
+            for name, column in points.items()
+            if not per_step(name)
+        }
         for record in records(sparse):
             self.context.note(record)
             for rule in self._readers_of(tuple(record.values)):
@@ -150,6 +155,23 @@ class Detector:
         """A run given up as lost speaks again."""
         finding = self.crash.revived(time)
         return [] if finding is None else [finding]
+
+
+#: System samples closer together than this (seconds) are judged by the last of them: the
+#: agent samples once a second, and a client sending far faster must not cost the server
+#: more than 25 samples a second of judging.
+SYSTEM_MIN_INTERVAL = 0.04
+
+
+def _thinned(column: Column) -> Column:
+    steps, times, values = column
+    if len(times) < 2:
+        return column
+    bucket = np.floor(np.asarray(times, dtype=np.float64) / SYSTEM_MIN_INTERVAL)
+    keep = np.flatnonzero(np.diff(bucket, append=np.inf) != 0).tolist()  # each bucket's last
+    if len(keep) == len(times):
+        return column
+    return [steps[i] for i in keep], [times[i] for i in keep], [values[i] for i in keep]
 
 
 def records(points: Columns) -> Iterable[Record]:
