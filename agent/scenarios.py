@@ -153,6 +153,7 @@ def nan_input(options: Options) -> Plan:
     plan.x, plan.y = data.prefetch(2), None
     del plan.fit["batch_size"]
     plan.fit["steps_per_epoch"] = steps
+    plan.fit["shuffle"] = False  # the pipeline shuffles
     plan.protect = _protection("nan-input")
     plan.story = (
         f"Step {NAN_STEP}'s batch carries one NaN pixel: the nonfinite alert names the inputs; "

@@ -24,7 +24,14 @@ done
 echo
 echo "  Dashboard: $URL/"
 echo
-"$PY" -m trainvitals demo --server "$URL" "$@"
+# A failure scenario may end the training process (the leak under a memory limit is OOM-killed):
+# the server stays up either way, so the dashboard can show how it ended.
+status=0
+"$PY" -m trainvitals demo --server "$URL" "$@" || status=$?
 echo
-echo "  Training finished. The dashboard stays up at $URL/ ; press Ctrl-C to stop the server."
+if [ "$status" -eq 0 ]; then
+  echo "  Training finished. The dashboard stays up at $URL/ ; press Ctrl-C to stop the server."
+else
+  echo "  Training ended with exit status $status. The dashboard stays up at $URL/ ; press Ctrl-C to stop the server."
+fi
 wait $server
