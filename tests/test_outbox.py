@@ -53,6 +53,13 @@ def test_changes_are_routed_by_project_severity_and_silence(
     assert enqueue(store, notifier, ("resolved", resolved)) == ["team:resolved", "pager:resolved"]
     assert enqueue(store, notifier, ("resolved", alert("a3", project="gan"))) == []
     assert enqueue(store, notifier, ("resolved", resolved)) == []  # already told
+    # A warning that turns critical reaches the critical-only channel then, once; its
+    # resolution goes to both.
+    escalated = alert("a6", severity="critical")
+    assert enqueue(store, notifier, ("fired", alert("a6"))) == ["team:fired"]
+    assert enqueue(store, notifier, ("updated", escalated)) == ["pager:fired"]
+    assert enqueue(store, notifier, ("updated", escalated)) == []
+    assert enqueue(store, notifier, ("resolved", escalated)) == ["team:resolved", "pager:resolved"]
     # Fired and resolved in one transaction: the resolution follows its firing.
     assert enqueue(store, notifier, ("fired", alert("a5")), ("resolved", alert("a5"))) == [
         "team:fired", "team:resolved",

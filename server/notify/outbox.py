@@ -30,7 +30,7 @@ from sqlalchemy import Connection
 from trainvitals.detect import Change
 from trainvitals.server.notify.config import NotifyConfig
 from trainvitals.server.notify.delivery import ChannelSender, RedactSecrets
-from trainvitals.server.notify.messages import Notice
+from trainvitals.server.notify.messages import Notice, NoticeChange
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer, WriterClosed
 
@@ -70,24 +70,33 @@ class Notifier:
 
         A firing alert goes to the channels routed for its project and severity unless it
         is silenced; its resolution goes to the channels that were told it fired. Updates
-        (moving evidence) are not sent."""
+        (moving evidence) are not sent, except to a channel the alert now reaches that was
+        never told of it (a warning escalated to critical, for a critical-only channel): for
+        that channel it fires now."""
         now = time.time()
         notices = []
         told: dict[tuple[str, str], str | None] = {}  # this transaction's, before the stored
+
+        def last_told(key: tuple[str, str]) -> str | None:
+            if key not in told:
+                told[key] = self._store.last_notice_change(conn, *key)
+            return told[key]
+
         for change, alert in changes:
-            if change == "updated" or (alert.get("silenced_until") or 0) > now:
+            if (alert.get("silenced_until") or 0) > now:
                 continue
             for channel in self.config.channels:
                 key = (alert["id"], channel.name)
-                if change == "fired":
-                    wanted = channel.wants(alert)
-                else:
-                    if key not in told:
-                        told[key] = self._store.last_notice_change(conn, *key)
-                    wanted = told[key] == "fired"
+                sent: NoticeChange
+                if change == "resolved":
+                    wanted, sent = last_told(key) == "fired", "resolved"
+                elif change == "fired":
+                    wanted, sent = channel.wants(alert), "fired"
+                else:  # updated
+                    wanted, sent = channel.wants(alert) and last_told(key) is None, "fired"
                 if wanted:
-                    told[key] = change
-                    notices.append(Notice(uuid.uuid4().hex, channel.name, change, alert, now))
+                    told[key] = sent
+                    notices.append(Notice(uuid.uuid4().hex, channel.name, sent, alert, now))
         self._store.add_notices(
             conn,
             [
