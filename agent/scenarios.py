@@ -162,19 +162,21 @@ def nan_input(options: Options) -> Plan:
     return plan
 
 
-class _Warmup(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
-    """A warm-up that never ends: ``start * growth**step``."""
+class _Climb(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
+    """``base`` until step ``at``, then growing ``growth``-fold a step: a warm-up that never
+    ends (``at`` = 0), or a decay with its sign flipped."""
 
-    def __init__(self, start: float, growth: float) -> None:
-        self.start, self.growth = start, growth
+    def __init__(self, base: float, at: int, growth: float) -> None:
+        self.base, self.at, self.growth = base, at, growth
 
     def __call__(self, step: Any) -> Any:
         from keras import ops
 
-        return self.start * ops.power(self.growth, ops.cast(step, "float32"))
+        late = ops.maximum(ops.cast(step, "float32") - self.at, 0.0)
+        return self.base * ops.power(self.growth, late)
 
     def get_config(self) -> dict[str, float]:
-        return {"start": self.start, "growth": self.growth}
+        return {"base": self.base, "at": self.at, "growth": self.growth}
 
 
 def explode(options: Options) -> Plan:
@@ -189,7 +191,7 @@ def explode(options: Options) -> Plan:
         ],
         name="digit_regressor",
     )
-    model.compile(optimizer=keras.optimizers.SGD(_Warmup(1e-3, EXPLODE_GROWTH)), loss="mse")
+    model.compile(optimizer=keras.optimizers.SGD(_Climb(1e-3, 0, EXPLODE_GROWTH)), loss="mse")
     flat = x.reshape(len(x), -1)
     return Plan(
         model=model,
@@ -203,23 +205,6 @@ def explode(options: Options) -> Plan:
             "and grad_explosion fires well before the loss turns NaN."
         ),
     )
-
-
-class _Climb(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
-    """``base`` until ``at``, then growing ``growth``-fold a step: a decay with its sign
-    flipped."""
-
-    def __init__(self, base: float, at: int, growth: float) -> None:
-        self.base, self.at, self.growth = base, at, growth
-
-    def __call__(self, step: Any) -> Any:
-        from keras import ops
-
-        late = ops.maximum(ops.cast(step, "float32") - self.at, 0.0)
-        return self.base * ops.power(self.growth, late)
-
-    def get_config(self) -> dict[str, float]:
-        return {"base": self.base, "at": self.at, "growth": self.growth}
 
 
 def diverge(options: Options) -> Plan:

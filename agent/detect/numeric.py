@@ -418,8 +418,9 @@ class LossDivergenceRule(Rule):
     def __init__(self, context: Context, settings: s.LossDivergence) -> None:
         super().__init__(context)
         self.settings = settings
-        self._recent: deque[float] = deque(maxlen=settings.smooth)
-        self._slow: deque[float] = deque(maxlen=max(settings.minimum_window, settings.smooth))
+        # The last losses: the newest `smooth` give the level, all of them the minimum's
+        # level and the noise.
+        self._losses: deque[float] = deque(maxlen=max(settings.minimum_window, settings.smooth))
         self._early: list[float] = []
         self._start: float | None = None
         self._minimum = math.inf
@@ -437,8 +438,7 @@ class LossDivergenceRule(Rule):
         cfg = self.settings
         out: list[Finding] = []
         self._seen += 1
-        self._recent.append(loss)
-        self._slow.append(loss)
+        self._losses.append(loss)
         level, start = self._level, self._start
         if level is not None and start is not None and level > 0:
             if loss > cfg.spike_factor * level and loss > start:
@@ -460,7 +460,7 @@ class LossDivergenceRule(Rule):
             self._early.append(loss)
             if len(self._early) >= cfg.early_steps:
                 self._start = median(self._early)
-                self._level = median(self._recent)
+                self._level = self._recent_level()
             return out
         self._since += 1
         if self._since < self._EVERY:
@@ -484,32 +484,35 @@ class LossDivergenceRule(Rule):
             if np.any((values > cfg.spike_factor * level) & (values > start)):
                 return None
         self._seen += len(values)
-        self._recent.extend(values[-cfg.smooth :].tolist())
-        self._slow.extend(values[-(self._slow.maxlen or 1) :].tolist())
+        self._losses.extend(values[-(self._losses.maxlen or 1) :].tolist())
         self._since += len(values)
         if self._since < self._EVERY:
             return []
         advanced, self._since = self._since, 0
         return self._judge(last_record(dense, "loss"), advanced)
 
+    def _recent_level(self) -> float:
+        smooth = self.settings.smooth
+        return median(list(self._losses)[-smooth:])
+
     def _judge(self, record: Record, advanced: int) -> list[Finding]:
         """Compare the level with the minimum and the start; ``advanced`` steps since the
         last judgement."""
         cfg = self.settings
         out: list[Finding] = []
-        level = self._level = median(self._recent)
+        level = self._level = self._recent_level()
         start = self._start
         assert start is not None
-        slow = list(self._slow)
+        slow = list(self._losses)
         slow_level = median(slow)
-        if len(slow) == self._slow.maxlen:
+        if len(slow) == self._losses.maxlen:
             self._minimum = min(self._minimum, slow_level)
         low = min(self._minimum, slow_level)
         # The standard error of the level (a median of `smooth` losses), from the spread of
         # the recent losses: 1.4826 x MAD estimates their standard deviation, and a median's
         # standard error is 1.2533 x that over the square root of its count.
         spread = 1.4826 * median([abs(v - slow_level) for v in slow])
-        noise = 1.2533 * spread / math.sqrt(len(self._recent))
+        noise = 1.2533 * spread / math.sqrt(min(len(slow), cfg.smooth))
         learned = start - low
         if learned > 0.05 * abs(start):
             rising = (
