@@ -3,67 +3,109 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainvitals.protocol import MAX_POINTS_PER_FRAME, POINTS, PROTOCOL_VERSION
 
-#: (series name, step, unix time, value)
-Point = tuple[str, int, float, float]
+#: One series' points, as the wire carries them: (steps, unix times, values).
+Columns = tuple[list[int], list[float], list[float]]
 
 
 class PointBuffer:
     """Points recorded by the training thread, waiting for the sender thread.
 
-    ``add`` is the only call on the training path: one lock and a list append per value.
+    Points are kept in the wire's own layout (per series: steps, times, values), so the sender
+    has nothing to regroup. ``add`` records one step's values; ``add_columns`` records many
+    steps of many series at once (what ``VitalsCallback`` does every few dozen steps).
     """
 
-    def __init__(self, on_step: Callable[[int], None] | None = None) -> None:
+    def __init__(self, on_step: Callable[[int, float | None], None] | None = None) -> None:
         self._lock = threading.Lock()
-        self._points: list[Point] = []
+        self._series: dict[str, Columns] = {}
+        self._count = 0
         self._on_step = on_step
         #: The highest training step recorded so far; per-second readings are filed under it.
         self.last_step = 0
 
     def add(self, step: int, time: float, values: Mapping[str, float]) -> None:
         with self._lock:
-            self._points.extend((name, step, time, value) for name, value in values.items())
-            if step > self.last_step:
-                if self._on_step is not None:
-                    self._on_step(step - self.last_step)
-                self.last_step = step
+            series = self._series
+            for name, value in values.items():
+                columns = series.get(name)
+                if columns is None:
+                    columns = series[name] = ([], [], [])
+                columns[0].append(step)
+                columns[1].append(time)
+                columns[2].append(value)
+            self._count += len(values)
+            self._advance(step)
 
-    def drain(self) -> list[Point]:
+    def add_columns(
+        self, columns: Mapping[str, Columns], clock: Sequence[tuple[int, float]] = ()
+    ) -> None:
+        """Record whole columns: ``{name: (steps, times, values)}``, each in step order.
+
+        ``clock`` says when each step ended, as ``(step, time.monotonic())`` in step order, so
+        that the hang detector learns the real step intervals, not the bulk's."""
         with self._lock:
-            points, self._points = self._points, []
-        return points
+            series = self._series
+            for step, at in clock:
+                self._advance(step, at)
+            last = self.last_step
+            for name, (steps, times, values) in columns.items():
+                if not steps:
+                    continue
+                held = series.get(name)
+                if held is None:
+                    series[name] = (list(steps), list(times), list(values))
+                else:
+                    held[0].extend(steps)
+                    held[1].extend(times)
+                    held[2].extend(values)
+                self._count += len(steps)
+                last = max(last, steps[-1])
+            self._advance(last)
+
+    def _advance(self, step: int, at: float | None = None) -> None:
+        if step > self.last_step:
+            if self._on_step is not None:
+                self._on_step(step - self.last_step, at)
+            self.last_step = step
+
+    def drain(self) -> dict[str, Columns]:
+        with self._lock:
+            series, self._series, self._count = self._series, {}, 0
+        return series
 
     def __len__(self) -> int:
-        return len(self._points)
+        return self._count
 
 
-def points_frames(points: list[Point], first_seq: int) -> list[dict[str, Any]]:
-    """Pack points into ``points`` frames, columnar per series, MAX_POINTS_PER_FRAME at most."""
+def points_frames(series: Mapping[str, Columns], first_seq: int) -> list[dict[str, Any]]:
+    """Pack drained series into ``points`` frames of MAX_POINTS_PER_FRAME points at most."""
     frames: list[dict[str, Any]] = []
-    for start in range(0, len(points), MAX_POINTS_PER_FRAME):
-        frames.append(
-            {
-                "type": POINTS,
-                "v": PROTOCOL_VERSION,
-                "seq": first_seq + len(frames),
-                "series": _columns(points[start : start + MAX_POINTS_PER_FRAME]),
+    current: dict[str, dict[str, Sequence[Any]]] = {}
+    room = MAX_POINTS_PER_FRAME
+    for name, (steps, times, values) in series.items():
+        start = 0
+        while start < len(steps):
+            if room == 0:
+                frames.append(_frame(current, first_seq + len(frames)))
+                current, room = {}, MAX_POINTS_PER_FRAME
+            end = min(len(steps), start + room)
+            whole = start == 0 and end == len(steps)
+            current[name] = {
+                "step": steps if whole else steps[start:end],
+                "time": times if whole else times[start:end],
+                "value": values if whole else values[start:end],
             }
-        )
+            room -= end - start
+            start = end
+    if current:
+        frames.append(_frame(current, first_seq + len(frames)))
     return frames
 
 
-def _columns(points: Iterable[Point]) -> dict[str, dict[str, list[Any]]]:
-    series: dict[str, dict[str, list[Any]]] = {}
-    for name, step, time, value in points:
-        columns = series.get(name)
-        if columns is None:
-            columns = series[name] = {"step": [], "time": [], "value": []}
-        columns["step"].append(step)
-        columns["time"].append(time)
-        columns["value"].append(value)
-    return series
+def _frame(series: dict[str, dict[str, Sequence[Any]]], seq: int) -> dict[str, Any]:
+    return {"type": POINTS, "v": PROTOCOL_VERSION, "seq": seq, "series": series}

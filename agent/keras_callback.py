@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -15,19 +16,26 @@ from dataclasses import replace
 from typing import Any
 
 import keras
+import numpy as np
 from trainvitals import tf_vitals
+from trainvitals.buffer import Columns
 from trainvitals.config import resolve
 from trainvitals.protect import Guard, Protection
 from trainvitals.protocol import END_COMPLETED
 from trainvitals.run import Run
 from trainvitals.sampler import Source
-from trainvitals.vitals import StepVitals, healthy, variable_norms
+from trainvitals.vitals import StepVitals, healthy
 
 log = logging.getLogger("trainvitals")
 
 # Vitals computed in the train step ride along with the logs Keras already fetches from the
 # device, under these keys; the callback takes them out before Progbar or History see them.
 _VITALS = "trainvitals/vitals"  # one float32 vector: see tf_vitals.step_vitals
+
+#: Steps collected before they become points all at once: per step, the callback only keeps
+#: what Keras hands it; numpy turns a few dozen steps into columns in one go. A step with a
+#: NaN/Inf is handled at once, and no step waits longer than half the flush interval.
+BATCH_STEPS = 32
 
 
 class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
@@ -41,9 +49,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     weights every ``weights_every`` steps. Per second, host and GPU memory, utilisation,
     temperature, power and throttling (see ``system_metrics``). Per epoch, validation values.
 
-    Recording is a list append: a background thread sends, and an unreachable server costs
-    one warning, never an exception or a slower step. The callback is ``async_safe``, so it
-    does not make Keras wait for each step's results.
+    Recording is a list append per step; every few dozen steps they become points in bulk, a
+    background thread sends, and an unreachable server costs one warning, never an exception
+    or a slower step. The callback is ``async_safe``: a Keras backend that delivers batch ends
+    on a thread pool need not wait for it.
 
     Args:
         server: base URL of the server, e.g. ``"http://10.0.0.5:8600"``. Default:
@@ -54,7 +63,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         config: hyper-parameters to show with the run (``fit``'s epochs and steps are added).
         flush_interval: seconds between sends (default 0.2).
         grad_norms_every: steps between per-variable gradient norms (default 10).
-        weights_every: steps between NaN/Inf checks of the weights (default 50; 0: never).
+        weights_every: steps between NaN/Inf checks of the weights (default 50, and at most
+            one check a second; 0: never).
         system_metrics: seconds between host/GPU samples (default 1; 0 or False: off).
         gpu: a GPU source instead of NVML, e.g. ``trainvitals.SimulatedGpu(...)``.
         watchdog: start a small watchdog process that reports a SIGKILL, an OOM kill or a
@@ -110,9 +120,19 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._grad_names: list[str] = []
         self._has_loss = self._has_grads = False  # what the traced step could measure
         self._undo: list[Callable[[], None]] = []
+        self._weights_check: tf_vitals.WeightsCheck | None = None
+        # (step, time.monotonic(), packed vitals or None, Keras's numbers): waiting to become
+        # points (one clock read per step; unix times are worked out per batch of steps)
+        self._pending: list[tuple[int, float, Any, dict[str, float]]] = []
+        self._pending_since = 0.0
+        self._pending_lock = threading.Lock()
+        # (step, seconds, unix time), appended by the training thread
+        self._step_times: list[tuple[int, float, float]] = []
+        self._last_step = 0
 
-    # Keras may call on_train_batch_end from a thread pool, several at once and out of order:
-    # that hook only reads the logs it is given and appends to the (locked) buffer.
+    # Keras may call on_train_batch_end from a thread pool, several at once and out of order
+    # (with the TensorFlow backend it calls it on the training thread): that hook only reads
+    # the logs it is given and appends to a locked list; _record sorts what it takes.
     async_safe = True
 
     # -- Keras hooks --------------------------------------------------------------------------
@@ -129,13 +149,15 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             watchdog=self._watchdog,
             on_system=self.guard.on_system if self.guard is not None else None,
         )
+        self._epoch_first_step = self._last_step = 0
+        self._pending, self._step_times = [], []
         self.run.start()
-        self._epoch_first_step = 0
+        self.run.on_tick(self._flush_pending)  # steps of a run that hangs still arrive
+        self._weights_check = _weights_check(self.model) if self._weights_every else None
         self._instrument()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.run is not None:
-            self._epoch_first_step = self.run.last_step
+        self._epoch_first_step = self._last_step
         self._batch_began = None  # validation time is not step time
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -146,44 +168,151 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         now = time.perf_counter()
         began = self._batch_began
         self._batch_began = (batch, now)
-        if began is not None and self.run is not None and batch > began[0]:
-            step = self._epoch_first_step + batch  # the last step of the previous execution
-            self.run.log(step, {"step_time": (now - began[1]) / (batch - began[0])})
+        if began is not None and batch > began[0]:
+            # filed under the last step of the previous execution; a list append, no lock
+            step = self._epoch_first_step + batch
+            self._step_times.append((step, (now - began[1]) / (batch - began[0]), time.time()))
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         packed = _take_vitals(logs)
         if self.run is None:
             return
+        if packed is not None:
+            packed = np.asarray(packed)
         step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
-        values = _numbers(logs)
-        values.pop("loss", None)  # Keras's epoch running mean; "loss" is the batch's own
-        if packed is not None:
-            head, norms = tf_vitals.unpack(packed)
-            values.update(
-                self._vitals.values(
-                    step,
-                    head,
-                    norms,
-                    self._grad_names,
-                    loss=self._has_loss,
-                    inputs=True,
-                    grads=self._has_grads,
-                )
+        numbers = _numbers(logs)
+        numbers.pop("loss", None)  # Keras's epoch running mean; "loss" is the batch's own
+        now = time.monotonic()
+        with self._pending_lock:
+            self._last_step = max(self._last_step, step)
+            pending = self._pending
+            if not pending:
+                self._pending_since = now
+            pending.append((step, now, packed, numbers))
+            if (
+                len(pending) < BATCH_STEPS
+                and now - self._pending_since < self._settings.flush_interval / 2
+                and self.guard is None
+                and (packed is None or self._healthy_packed(packed))
+            ):
+                return
+            self._pending = []
+        self._record(pending)
+
+    def _healthy_packed(self, packed: Any) -> bool:
+        loss, nonfinite_loss, nonfinite_inputs, nonfinite_grads, norm = packed[:5].tolist()
+        return (
+            nonfinite_loss == nonfinite_inputs == nonfinite_grads == 0
+            and (not self._has_loss or math.isfinite(loss))
+            and (not self._has_grads or math.isfinite(norm))
+        )
+
+    def _flush_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        if pending:
+            self._record(pending)
+
+    def _record(self, rows: list[tuple[int, float, Any, dict[str, float]]]) -> None:
+        """Turn collected steps into points, series by series, and act on any NaN/Inf step."""
+        run = self.run
+        if run is None:
+            return
+        rows.sort(key=lambda row: row[0])  # Keras's worker threads may deliver out of order
+        steps = [row[0] for row in rows]
+        to_unix = time.time() - time.monotonic()
+        times = [row[1] + to_unix for row in rows]
+        columns: dict[str, Columns] = {}
+        with self._pending_lock:  # the training thread appends without it; takers hold it
+            step_times = self._step_times
+            taken = step_times[: len(step_times)]
+            del step_times[: len(taken)]
+        if taken:
+            columns["step_time"] = (
+                [t[0] for t in taken],
+                [t[2] for t in taken],
+                [t[1] for t in taken],
             )
-        self.run.log(step, values)
-        if self._weights_every and step % self._weights_every == 0:
-            self.run.log(step, {"nonfinite/weights": tf_vitals.nonfinite_weights(self.model)})
-        if packed is not None:
-            self._after_step(step, values)
+        keys = rows[0][3].keys()
+        if all(row[3].keys() == keys for row in rows):
+            for key in keys:
+                columns[key] = (steps, times, [row[3][key] for row in rows])
+        else:  # a metric that comes and goes: one step at a time
+            for row, unix in zip(rows, times, strict=True):
+                for key, value in row[3].items():
+                    column = columns.setdefault(key, ([], [], []))
+                    column[0].append(row[0])
+                    column[1].append(unix)
+                    column[2].append(value)
+        measured = [i for i, row in enumerate(rows) if row[2] is not None]
+        unhealthy: list[int] = []
+        if measured:
+            unhealthy = self._vitals_columns(rows, times, measured, columns)
+        run.add_columns(columns, [(row[0], row[1]) for row in rows])
+        if self._weights_check is not None:
+            checks = [s for s in steps if s % self._weights_every == 0]
+            if checks and self._weights_check.due():
+                run.log(checks[-1], {"nonfinite/weights": self._weights_check()})
+        if self.guard is not None:
+            for i in measured:
+                if i not in unhealthy:
+                    self.guard.healthy_step(rows[i][0])
+        for i in unhealthy:
+            self._after_step(rows[i][0], _row_values(columns, rows[i][0]))
+
+    def _vitals_columns(
+        self,
+        rows: list[tuple[int, float, Any, dict[str, float]]],
+        all_times: list[float],
+        measured: list[int],
+        columns: dict[str, Columns],
+    ) -> list[int]:
+        """Add the packed vitals of ``rows[i]`` for i in ``measured`` to ``columns``; return
+        the indexes of the steps with a NaN/Inf."""
+        block = np.stack([rows[i][2] for i in measured]).astype(np.float64)
+        steps = [rows[i][0] for i in measured]
+        times = [all_times[i] for i in measured]
+        head = block[:, : len(tf_vitals.PACKED)].T.tolist()
+        loss, nonfinite_loss, nonfinite_inputs, nonfinite_grads, norm = head
+        if self._has_loss:
+            columns["loss"] = (steps, times, loss)
+            columns["nonfinite/loss"] = (steps, times, nonfinite_loss)
+        columns["nonfinite/inputs"] = (steps, times, nonfinite_inputs)
+        unhealthy = [
+            measured[j]
+            for j in range(len(steps))
+            if nonfinite_loss[j]
+            or nonfinite_inputs[j]
+            or nonfinite_grads[j]
+            or (self._has_loss and not math.isfinite(loss[j]))
+            or (self._has_grads and not math.isfinite(norm[j]))
+        ]
+        if not self._has_grads:
+            return unhealthy
+        columns["grad/global_norm"] = (steps, times, norm)
+        columns["nonfinite/grads"] = (steps, times, nonfinite_grads)
+        names = self._grad_names
+        norms = block[:, len(tf_vitals.PACKED) :]
+        if norms.shape[1] != len(names):
+            return unhealthy
+        due = [
+            j for j in range(len(steps)) if self._vitals.due(steps[j], norm[j], nonfinite_grads[j])
+        ]
+        if due:
+            due_steps = [steps[j] for j in due]
+            due_times = [times[j] for j in due]
+            for name, values in zip(names, norms[due].T.tolist(), strict=True):
+                columns[f"grad/norm/{name}"] = (due_steps, due_times, values)
+            first_bad = unhealthy[0] if unhealthy else len(rows)
+            healthy_due = [j for j in due if measured[j] < first_bad]
+            if healthy_due:
+                last = healthy_due[-1]
+                self._healthy_norms = dict(zip(names, norms[last].tolist(), strict=True))
+        return unhealthy
 
     def _after_step(self, step: int, values: dict[str, float]) -> None:
         """The autopsy of the first NaN/Inf step, and the protective actions."""
         if healthy(values):
-            norms = variable_norms(values)
-            if norms:
-                self._healthy_norms = norms
-            if self.guard is not None:
-                self.guard.healthy_step(step)
             return
         with self._autopsy_lock:
             if self._autopsied:
@@ -205,6 +334,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         _take_vitals(logs)
+        self._flush_pending()  # Keras has delivered every batch end of the epoch by now
         values = _numbers(logs)
         epoch_values = {k if k.startswith("val_") else f"epoch/{k}": v for k, v in values.items()}
         epoch_values["epoch"] = epoch + 1
@@ -213,6 +343,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         _take_vitals(logs)
+        self._flush_pending()
         self._uninstrument()
         if self.guard is not None:
             self.guard.at_end()
@@ -305,6 +436,17 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.model.train_function = None
 
 
+def _row_values(columns: dict[str, Columns], step: int) -> dict[str, float]:
+    """One step's values out of columns (for the rare step with a NaN/Inf)."""
+    values = {}
+    for name, (steps, _, column) in columns.items():
+        for s, value in zip(reversed(steps), reversed(column), strict=True):
+            if s == step:
+                values[name] = value
+                break
+    return values
+
+
 def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in (logs or {}).items():
@@ -318,6 +460,16 @@ def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
 def _take_vitals(logs: dict[str, Any] | None) -> Any:
     """Remove the step's packed vitals from Keras's logs (before Progbar or History see them)."""
     return None if logs is None else logs.pop(_VITALS, None)
+
+
+def _weights_check(model: Any) -> tf_vitals.WeightsCheck | None:
+    try:
+        return tf_vitals.WeightsCheck(model)
+    except Exception as exc:  # an unusual model must still train
+        log.warning(
+            "trainvitals: no NaN/Inf check of the weights (%s: %s)", type(exc).__name__, exc
+        )
+        return None
 
 
 def _tensorflow_env(model: Any) -> dict[str, Any]:

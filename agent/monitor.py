@@ -73,6 +73,7 @@ class Monitor:
         self._started = False
         self._autopsied = False
         self._healthy_norms: dict[str, float] = {}
+        self._weights_check: Any = None
 
     def start(self) -> Monitor:
         if not self._started:
@@ -116,7 +117,7 @@ class Monitor:
             from trainvitals import tf_vitals
 
             grad_list = None if grads is None else list(grads)
-            head, norms = tf_vitals.unpack(tf_vitals.step_vitals(loss, inputs, grad_list))
+            head, norms = tf_vitals.unpack(tf_vitals.step_vitals_now(loss, inputs, grad_list))
             values.update(
                 self._vitals.values(
                     step,
@@ -129,7 +130,10 @@ class Monitor:
                 )
             )
             if self._model is not None and self._weights_every and step % self._weights_every == 0:
-                values["nonfinite/weights"] = tf_vitals.nonfinite_weights(self._model)
+                if self._weights_check is None:
+                    self._weights_check = tf_vitals.WeightsCheck(self._model)
+                if self._weights_check.due():
+                    values["nonfinite/weights"] = self._weights_check()
         for name, value in (metrics or {}).items():
             values[name] = float(_to_python(value))
         self.run.log(step, values)

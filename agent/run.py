@@ -17,12 +17,12 @@ import time
 import traceback
 import uuid
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
 from trainvitals import environment
-from trainvitals.buffer import PointBuffer
+from trainvitals.buffer import Columns, PointBuffer
 from trainvitals.config import AgentConfig
 from trainvitals.gpu import NvmlSource, TfAllocatorSource
 from trainvitals.host import HostSource
@@ -84,7 +84,11 @@ class Run:
         self.id = uuid.uuid4().hex
         self.started_at = time.time()
         self._stall = StallDetector(config.stall_factor, config.stall_floor)
-        self._buffer = PointBuffer(on_step=lambda steps: self._stall.step(time.monotonic(), steps))
+        self._buffer = PointBuffer(
+            on_step=lambda steps, at: self._stall.step(
+                time.monotonic() if at is None else at, steps
+            )
+        )
         self._sender: Sender | None = None
         self._sampler: Sampler | None = None
         self._interval = 0.0 if system_metrics is False else float(system_metrics)
@@ -94,6 +98,7 @@ class Run:
         self._watchdog: Watchdog | None = None
         self._finished = False
         self._lock = threading.Lock()
+        self._tick_hooks: list[Callable[[], None]] = []
 
     @property
     def last_step(self) -> int:
@@ -128,7 +133,7 @@ class Run:
             flush_interval=self.config.flush_interval,
             token=self.config.token,
             heartbeat_interval=self.config.heartbeat_interval,
-            tick=self._check_stall,
+            tick=self._tick,
             pending=PendingFrames(
                 self.config.spool_after_bytes,
                 Spool(self.config.spool_dir, self.id, self.config.spool_max_bytes),
@@ -151,6 +156,13 @@ class Run:
     def log(self, step: int, values: Mapping[str, float], time_: float | None = None) -> None:
         """Record ``values`` at ``step``: cheap, never blocks on the network."""
         self._buffer.add(step, time.time() if time_ is None else time_, values)
+
+    def add_columns(
+        self, columns: Mapping[str, Columns], clock: Sequence[tuple[int, float]] = ()
+    ) -> None:
+        """Record many steps at once: ``{name: (steps, unix times, values)}``; ``clock`` is
+        ``(step, time.monotonic())`` of each step's end, for the hang detector."""
+        self._buffer.add_columns(columns, clock)
 
     def finish(
         self,
@@ -188,6 +200,18 @@ class Run:
                 timeout,
             )
         return delivered
+
+    def on_tick(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` on the sender thread before each send (to hand over what is held)."""
+        self._tick_hooks.append(hook)
+
+    def _tick(self) -> None:
+        for hook in self._tick_hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("trainvitals: collecting steps failed")
+        self._check_stall()
 
     def _check_stall(self) -> None:
         if self._finished:  # the sender may still be delivering, long after the last step

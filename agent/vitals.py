@@ -69,6 +69,13 @@ class StepVitals:
             return values
         norm = values["grad/global_norm"] = head["grad/global_norm"]
         nonfinite = values["nonfinite/grads"] = head["nonfinite/grads"]
+        if self.due(step, norm, nonfinite) and len(norms) == len(names):
+            values.update({f"grad/norm/{n}": float(v) for n, v in zip(names, norms, strict=True)})
+        return values
+
+    def due(self, step: int, norm: float, nonfinite: float) -> bool:
+        """Whether step ``step`` records the per-variable norms: every N steps, and on a step
+        whose gradients are non-finite or whose global norm jumps."""
         with self._lock:
             due = (
                 step % self._every == 0
@@ -78,6 +85,4 @@ class StepVitals:
             )
             if due:
                 self._last_norm = norm
-        if due and len(norms) == len(names):
-            values.update({f"grad/norm/{n}": float(v) for n, v in zip(names, norms, strict=True)})
-        return values
+        return due

@@ -4,9 +4,16 @@
 Each configuration runs the same model for ``--steps`` steps per round; the time from the
 step after ``--warmup`` to the end of training is divided by the steps, so tracing (which
 the callback's instrumentation redoes once per fit) and the watchdog process's start are left
-out: both are once per run, not per step. Rounds rotate the order of
-the three configurations; the medians are compared. The VitalsCallback streams to a real
-server in another process, with the per-second sampler on.
+out: both are once per run, not per step. Rounds rotate the order of the three
+configurations. A shared machine drifts by more than the effect measured, so each round's
+ratio is taken against the bare run of that same round, and the median of those ratios is
+printed with their spread. The VitalsCallback streams to a real server in another process,
+with the per-second sampler on.
+
+Then, where each thread's CPU clock can be read (Linux), where the added time goes: CPU per
+step by thread (the training thread, the agent's sender and sampler, TensorFlow's own threads)
+and in the server process (``/proc``), each against the bare run's. CPU time does not count
+the time a thread waits for a core, so these are steadier than the wall-clock ratios here.
 
     python benchmarks/agent_overhead.py [--rounds 9] [--steps 800] [--warmup 200]
 """
@@ -18,6 +25,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +41,67 @@ import trainvitals
 from tests.helpers import ServerProcess
 
 BATCH = 32
+
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process, by kind of thread: each Python thread's own clock
+    (nanoseconds), and the rest of the process (TensorFlow's threads) as the difference."""
+    kinds: dict[str, float] = {}
+    total = time.process_time()
+    python = 0.0
+    for thread in threading.enumerate():
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident or 0))
+        except (OSError, AttributeError):
+            continue  # the thread ended, or no per-thread clocks here
+        name = thread.name
+        if name == "MainThread":
+            kind = "training thread"
+        elif name.startswith("ThreadPoolExecutor"):
+            kind = "Keras callback threads"  # where the backend is thread-safe (not TF's)
+        elif name.startswith("trainvitals-"):
+            kind = name
+        else:
+            kind = "other Python threads"
+        kinds[kind] = kinds.get(kind, 0.0) + seconds
+        python += seconds
+    kinds["TensorFlow's threads"] = total - python
+    return kinds
+
+
+class CpuProbe(keras.callbacks.Callback):  # type: ignore[misc]
+    """CPU seconds per step by kind of thread, between the warm-up step and the end of
+    training (read before Keras stops its callback threads)."""
+
+    async_safe = True
+
+    def __init__(self, warmup: int, server_pid: int) -> None:
+        super().__init__()
+        self.warmup, self.server_pid = warmup, server_pid
+        self.start: dict[str, float] = {}
+        self.per_step: dict[str, float] = {}
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if batch == self.warmup:
+            self.start = thread_cpu()
+            self.start["server process"] = process_cpu(self.server_pid)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        end = thread_cpu()
+        end["server process"] = process_cpu(self.server_pid)
+        steps = self.params["steps"] - self.warmup
+        self.per_step = {k: (end[k] - self.start.get(k, 0.0)) / steps for k in end}
+
+
+def process_cpu(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 class StepTimer(keras.callbacks.Callback):  # type: ignore[misc]
@@ -124,13 +193,16 @@ def main() -> None:
                 ],
             }
             print(
-                f"ms per step (median of {args.rounds} alternated rounds, {args.steps} steps, "
-                f"first {args.warmup} left out); ratio = vs bare"
+                f"ms per step: median of {args.rounds} alternated rounds of {args.steps} steps "
+                f"(first {args.warmup} left out); ratio = vs the bare run of the same round, "
+                "median [lowest-highest]"
             )
             print(
-                f"{'model':<6} {'bare ms':>8} {'VitalsCallback':>15} {'TensorBoard(batch)':>19}"
+                f"{'model':<6} {'bare ms':>8} {'VitalsCallback':>24} {'TensorBoard(batch)':>24}"
                 f" {'added ms/step':>14}"
             )
+            cpu_rows: list[tuple[str, dict[str, float], dict[str, float]]] = []
+            probing = hasattr(time, "pthread_getcpuclockid") and Path("/proc").is_dir()
             for name, build in (("MLP", mlp), ("CNN", cnn)):
                 model, x, y = build()
                 model.compile(
@@ -140,23 +212,53 @@ def main() -> None:
                 )
                 run_fit(model, x, y, args.warmup + 10, args.warmup, [])  # trace once
                 times: dict[str, list[float]] = {c: [] for c in configs}
+                cpu: dict[str, list[dict[str, float]]] = {"bare": [], "VitalsCallback": []}
                 order = list(configs)
                 for round_ in range(args.rounds):
                     for config in order[round_ % 3 :] + order[: round_ % 3]:
-                        times[config].append(
-                            run_fit(model, x, y, args.steps, args.warmup, configs[config]())
-                        )
+                        extra = configs[config]()
+                        probe = None
+                        if probing and config in cpu:
+                            # first, so it reads the agent's threads before they stop
+                            probe = CpuProbe(args.warmup, server.process.pid)
+                            extra.insert(0, probe)
+                        times[config].append(run_fit(model, x, y, args.steps, args.warmup, extra))
+                        if probe is not None:
+                            cpu[config].append(probe.per_step)
                 bare = statistics.median(times["bare"])
-                vitals = statistics.median(times["VitalsCallback"]) / bare
-                board = statistics.median(times["TensorBoard(batch)"]) / bare
+                cells = []
+                for config in ("VitalsCallback", "TensorBoard(batch)"):
+                    ratios = [t / b for t, b in zip(times[config], times["bare"], strict=True)]
+                    cells.append(
+                        f"{statistics.median(ratios):.3f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+                    )
+                vitals = statistics.median(
+                    t / b for t, b in zip(times["VitalsCallback"], times["bare"], strict=True)
+                )
                 added = (vitals - 1) * bare * 1000
                 print(
-                    f"{name:<6} {bare * 1000:>8.2f} {vitals:>14.3f}x {board:>18.3f}x"
-                    f" {added:>14.3f}",
+                    f"{name:<6} {bare * 1000:>8.2f} {cells[0]:>24} {cells[1]:>24} {added:>14.3f}",
                     flush=True,
                 )
+                if probing:
+                    cpu_rows.append(
+                        (name, _median_by_kind(cpu["bare"]), _median_by_kind(cpu["VitalsCallback"]))
+                    )
+            for name, bare_cpu, vitals_cpu in cpu_rows:
+                print(
+                    f"\n{name}: CPU µs per step by thread (median of rounds): "
+                    "bare, VitalsCallback, added"
+                )
+                for kind in sorted(set(bare_cpu) | set(vitals_cpu)):
+                    b, v = bare_cpu.get(kind, 0.0) * 1e6, vitals_cpu.get(kind, 0.0) * 1e6
+                    print(f"  {kind:<30} {b:>8.1f} {v:>8.1f} {v - b:>+8.1f}")
         finally:
             server.stop()
+
+
+def _median_by_kind(samples: list[dict[str, float]]) -> dict[str, float]:
+    kinds = {kind for sample in samples for kind in sample}
+    return {k: statistics.median(sample.get(k, 0.0) for sample in samples) for k in kinds}
 
 
 if __name__ == "__main__":

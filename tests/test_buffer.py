@@ -30,3 +30,39 @@ def test_large_batches_split_into_consecutive_frames() -> None:
     assert [f["seq"] for f in frames] == [1, 2]
     sizes = [len(f["series"]["loss"]["step"]) for f in frames]
     assert sizes == [MAX_POINTS_PER_FRAME, 10]
+
+
+def test_columns_join_what_was_added_step_by_step() -> None:
+    advanced: list[tuple[int, float | None]] = []
+    buffer = PointBuffer(on_step=lambda steps, at: advanced.append((steps, at)))
+    buffer.add(1, 10.0, {"loss": 1.0})
+    buffer.add_columns(
+        {"loss": ([2, 3], [11.0, 12.0], [0.9, 0.8]), "lr": ([3], [12.0], [0.1])},
+        clock=[(2, 5.5), (3, 5.6)],
+    )
+    assert len(buffer) == 4
+    assert buffer.last_step == 3
+    # the hang detector hears of each step at the moment it ended, not when the bulk came
+    assert advanced == [(1, None), (1, 5.5), (1, 5.6)]
+    frames = points_frames(buffer.drain(), first_seq=1)
+    assert frames[0]["series"]["loss"] == {
+        "step": [1, 2, 3],
+        "time": [10.0, 11.0, 12.0],
+        "value": [1.0, 0.9, 0.8],
+    }
+    assert frames[0]["series"]["lr"]["step"] == [3]
+
+
+def test_frames_split_across_series_keep_every_point_once() -> None:
+    buffer = PointBuffer()
+    half = MAX_POINTS_PER_FRAME // 2 + 7
+    steps = list(range(half))
+    for name in ("a", "b", "c"):
+        buffer.add_columns({name: (steps, [0.0] * half, [1.0] * half)})
+    frames = points_frames(buffer.drain(), first_seq=4)
+    assert [f["seq"] for f in frames] == [4, 5]
+    sizes = [sum(len(s["step"]) for s in f["series"].values()) for f in frames]
+    assert sizes == [MAX_POINTS_PER_FRAME, 3 * half - MAX_POINTS_PER_FRAME]
+    for name in ("a", "b", "c"):
+        got = [s for f in frames if name in f["series"] for s in f["series"][name]["step"]]
+        assert got == steps, name

@@ -153,3 +153,43 @@ def test_an_exception_in_fit_is_reported_with_its_traceback(
     assert (run["status"], run["end_reason"]) == ("crashed", "exception")
     assert "RuntimeError: boom in batch 3" in run["traceback"]
     assert run["last_step"] == 4
+
+
+def test_steps_before_a_hang_reach_the_server_while_it_hangs(server: ServerProcess) -> None:
+    """The callback collects steps to turn them into points in bulk; a run that stops making
+    steps must not keep its last ones back (the sender collects them on its own)."""
+    import threading
+
+    x, y = regression_data()
+    release = threading.Event()
+
+    def batches() -> Any:
+        for step in range(6):
+            if step == 4:
+                release.wait(60)  # the input pipeline hangs after the fourth batch
+            yield x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
+
+    model = small_model(0.01)
+    vitals = trainvitals.VitalsCallback(server=server.url, run_name="hangs", system_metrics=False)
+    fitting = threading.Thread(
+        target=lambda: model.fit(batches(), epochs=1, verbose=0, callbacks=[vitals])
+    )
+    fitting.start()
+    try:
+        wait_for(lambda: vitals.run is not None, what="the run to start")
+        assert vitals.run is not None
+        run_id = vitals.run.id
+        series = wait_for(
+            lambda: (
+                (s := run_series(server, run_id, "loss", "grad/global_norm"))
+                and s.get("loss", {}).get("step") == [1, 2, 3, 4]
+                and s
+            ),
+            what="the four steps before the hang",
+        )
+        assert series["grad/global_norm"]["step"] == [1, 2, 3, 4]
+        assert fitting.is_alive()  # still hanging: the points came without a fifth step
+    finally:
+        release.set()
+        fitting.join(60)
+    assert run_series(server, run_id, "loss")["loss"]["step"] == [1, 2, 3, 4, 5, 6]

@@ -13,6 +13,7 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import trainvitals  # noqa: E402
+from trainvitals import tf_vitals  # noqa: E402
 from trainvitals.gpu import THROTTLE_HW_THERMAL, THROTTLE_SW_THERMAL, NvmlSource  # noqa: E402
 
 from tests.helpers import ServerProcess, run_series, wait_for  # noqa: E402
@@ -46,6 +47,13 @@ def all_series(server: ServerProcess, run_id: str) -> dict[str, Any]:
     return series["series"]  # type: ignore[no-any-return]
 
 
+@pytest.fixture
+def weights_checked_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lift the once-a-second floor of the weights' check: these runs last a second or two."""
+    monkeypatch.setattr(tf_vitals.WeightsCheck, "min_interval", 0.0)
+
+
+@pytest.mark.usefixtures("weights_checked_every_time")
 def test_healthy_fit_reports_every_vital(server: ServerProcess) -> None:
     x, y = data()
     model = mlp()
@@ -107,11 +115,22 @@ def test_nan_in_one_input_batch_is_counted_at_that_step(server: ServerProcess) -
     assert 3 in series["grad/norm/net/first/kernel"]["step"]
 
 
-def test_nan_input_that_relu_hides_is_still_counted(server: ServerProcess) -> None:
+def test_nan_input_that_the_model_hides_is_still_counted(server: ServerProcess) -> None:
     x, y = data()
     x[BATCH + 2, 0] = np.nan
-    model = mlp(second_activation="relu")  # TF's relu maps NaN to 0: loss and grads look fine
-    vitals = trainvitals.VitalsCallback(server=server.url, run_name="relu", system_metrics=False)
+    keras.utils.set_random_seed(5)
+    # The model imputes NaN as 0 before its first layer, so loss and gradients stay finite.
+    # (TensorFlow's relu hides a NaN the same way on some CPUs and not on others.)
+    model = keras.Sequential(
+        [
+            keras.Input((6,)),
+            keras.layers.Lambda(lambda t: keras.ops.nan_to_num(t, nan=0.0)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    vitals = trainvitals.VitalsCallback(server=server.url, run_name="hidden", system_metrics=False)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[vitals])
     assert vitals.run is not None
     series = run_series(server, vitals.run.id, "nonfinite/inputs", "nonfinite/loss")
@@ -142,6 +161,7 @@ def test_per_variable_norms_name_the_layer_that_blew_up(server: ServerProcess) -
     assert norms[ranked[0]] > 100 * norms[ranked[1]]
 
 
+@pytest.mark.usefixtures("weights_checked_every_time")
 def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> None:
     x, y = data()
     x[BATCH * 2 + 3, 1] = np.nan  # step 2 carries one NaN
@@ -209,3 +229,50 @@ def test_without_nvml_there_are_no_gpu_series_and_one_info_line(
         pytest.skip("this machine has a GPU with NVML: the real path runs instead")
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("trainvitals: no GPU series")
+
+
+def test_weights_check_counts_nan_in_weights_that_do_not_train() -> None:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.BatchNormalization()])
+    check = tf_vitals.WeightsCheck(model)
+    assert check() == 0
+    moving_variance = next(w for w in model.weights if "moving_variance" in w.path)
+    moving_variance.assign([np.nan, 1.0, np.inf, 1.0])  # loss in training mode stays finite
+    assert check() == 2
+
+
+def test_weights_check_keeps_to_its_interval() -> None:
+    clock = [100.0]
+    check = tf_vitals.WeightsCheck(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+    check.clock = lambda: clock[0]
+    assert check.due()
+    clock[0] += 0.5
+    assert not check.due()
+    clock[0] += 0.6
+    assert check.due()
+
+
+def test_step_vitals_in_a_compiled_step_count_only_when_something_is_not_finite() -> None:
+    kernel = tf.Variable(np.ones((3, 2), np.float32))
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def step(x: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, kernel)))
+        grads = tape.gradient(loss, [kernel])
+        return tf_vitals.step_vitals(loss, {"x": x}, grads)
+
+    healthy = step(tf.ones((4, 3))).numpy()
+    assert healthy[1:4].tolist() == [0, 0, 0]
+    assert math.isclose(healthy[0], 9.0) and healthy[4] > 0
+    x = np.ones((4, 3), np.float32)
+    x[0, 0], x[2, 1] = np.nan, np.inf
+    sick = step(tf.constant(x)).numpy()
+    assert sick[1] == 1  # the loss
+    assert sick[2] == 2  # the batch: exactly its two bad elements
+    assert sick[3] == 6  # every gradient element
+    # The counting stays a real conditional (not lowered to switch/merge), so a healthy
+    # step does not push dead values through the counting operations.
+    graph = step.get_concrete_function(tf.TensorSpec((4, 3), tf.float32)).graph
+    conditionals = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+    assert conditionals
+    assert all(not op.get_attr("_lower_using_switch_merge") for op in conditionals)
