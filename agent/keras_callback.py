@@ -24,7 +24,7 @@ from trainvitals.protect import Guard, Protection
 from trainvitals.protocol import END_COMPLETED
 from trainvitals.run import Run
 from trainvitals.sampler import Source
-from trainvitals.vitals import StepVitals, healthy
+from trainvitals.vitals import StepVitals
 
 log = logging.getLogger("trainvitals")
 
@@ -193,18 +193,27 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
                 len(pending) < BATCH_STEPS
                 and now - self._pending_since < self._settings.flush_interval / 2
                 and self.guard is None
-                and (packed is None or self._healthy_packed(packed))
+                and (packed is None or not self._sick(*packed[:5].tolist()))
             ):
                 return
             self._pending = []
         self._record(pending)
 
-    def _healthy_packed(self, packed: Any) -> bool:
-        loss, nonfinite_loss, nonfinite_inputs, nonfinite_grads, norm = packed[:5].tolist()
-        return (
-            nonfinite_loss == nonfinite_inputs == nonfinite_grads == 0
-            and (not self._has_loss or math.isfinite(loss))
-            and (not self._has_grads or math.isfinite(norm))
+    def _sick(
+        self,
+        loss: float,
+        nonfinite_loss: float,
+        nonfinite_inputs: float,
+        nonfinite_grads: float,
+        norm: float,
+    ) -> bool:
+        """Whether a step's packed head (``tf_vitals.PACKED``) shows a NaN/Inf anywhere."""
+        return bool(
+            nonfinite_loss
+            or nonfinite_inputs
+            or nonfinite_grads
+            or (self._has_loss and not math.isfinite(loss))
+            or (self._has_grads and not math.isfinite(norm))
         )
 
     def _flush_pending(self) -> None:
@@ -279,13 +288,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             columns["nonfinite/loss"] = (steps, times, nonfinite_loss)
         columns["nonfinite/inputs"] = (steps, times, nonfinite_inputs)
         unhealthy = [
-            measured[j]
-            for j in range(len(steps))
-            if nonfinite_loss[j]
-            or nonfinite_inputs[j]
-            or nonfinite_grads[j]
-            or (self._has_loss and not math.isfinite(loss[j]))
-            or (self._has_grads and not math.isfinite(norm[j]))
+            measured[j] for j, row in enumerate(zip(*head, strict=True)) if self._sick(*row)
         ]
         if not self._has_grads:
             return unhealthy
@@ -312,8 +315,6 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def _after_step(self, step: int, values: dict[str, float]) -> None:
         """The autopsy of the first NaN/Inf step, and the protective actions."""
-        if healthy(values):
-            return
         with self._autopsy_lock:
             if self._autopsied:
                 return
