@@ -116,6 +116,7 @@ class Run:
             "pid": os.getpid(),
             "started_at": self.started_at,
             "env": {**environment.describe(), **self._env},
+            "job": environment.job(),
         }
 
     def start(self) -> None:

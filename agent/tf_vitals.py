@@ -7,7 +7,6 @@ reach the host with the logs Keras fetches anyway) and eagerly by
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -17,6 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+from trainvitals import environment
 
 #: Order of the scalars at the head of the packed vitals vector; per-variable norms follow.
 PACKED = ("loss", "nonfinite/loss", "nonfinite/inputs", "nonfinite/grads", "grad/global_norm")
@@ -240,9 +240,9 @@ def describe(model: Any = None) -> dict[str, Any]:
         env["mixed_precision_policy"] = keras.config.dtype_policy().name
     except Exception:
         pass
-    worker = _worker_from_tf_config(os.environ.get("TF_CONFIG"))
-    if worker:
-        env["worker"] = worker
+    _, task = environment.tf_config(os.environ.get("TF_CONFIG"))
+    if task:
+        env["worker"] = {"type": task[0], "index": task[1]}
     if model is not None:
         strategy = getattr(model, "distribute_strategy", None)
         if strategy is not None:
@@ -250,14 +250,3 @@ def describe(model: Any = None) -> dict[str, Any]:
             env["replicas"] = int(getattr(strategy, "num_replicas_in_sync", 1))
         env["jit_compile"] = bool(getattr(model, "jit_compile", False))
     return env
-
-
-def _worker_from_tf_config(text: str | None) -> dict[str, Any] | None:
-    """This process's place in a multi-worker job, from ``TF_CONFIG``."""
-    if not text:
-        return None
-    try:
-        task = json.loads(text).get("task", {})
-        return {"type": str(task.get("type", "")), "index": int(task.get("index", 0))}
-    except (ValueError, AttributeError, TypeError):
-        return None

@@ -26,6 +26,16 @@ class Hello(_Frame):
     pid: int = 0
     started_at: float
     env: dict[str, Any] = Field(default_factory=dict)
+    job: Job | None = None
+
+
+class Job(BaseModel):
+    """The job of several processes this run is one worker of (``environment.job``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    key: Annotated[str, Field(min_length=1, max_length=128)]
+    worker: Annotated[str, Field(min_length=1, max_length=64)]
+    size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
 class Columns(BaseModel):

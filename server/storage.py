@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,9 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -65,8 +68,18 @@ runs = Table(
     Column("stall_stacks", Text),
     Column("config", Text, nullable=False, default="{}"),
     Column("env", Text, nullable=False, default="{}"),
+    # The job of several processes the run is one worker of (see ``open_run``).
+    Column("job_id", String(64)),
+    Column("job_key", String(128)),
+    Column("worker", String(64)),
     Index("ix_runs_started_at", "started_at"),
+    Index("ix_runs_job_key", "project", "job_key"),
+    Index("ix_runs_job_id", "job_id"),
 )
+
+#: A new run joins the newest job of its project and key while one of that job's runs is
+#: running or stalled, or when the job's newest run started at most this long before it.
+JOB_WINDOW = 600.0
 
 series = Table(
     "series",
@@ -163,7 +176,7 @@ ALERT_FIELDS = tuple(c.name for c in alerts.columns)
 
 RUN_FIELDS = (
     "id", "project", "name", "status", "started_at", "ended_at", "last_step", "last_seen",
-    "host", "pid", "end_reason",
+    "host", "pid", "end_reason", "job_id", "worker",
 )  # fmt: skip
 
 #: Column arrays of one series: (steps, times, values).
@@ -208,6 +221,8 @@ class Store:
 
     def create_schema(self) -> None:
         metadata.create_all(self.engine)
+        with self.engine.begin() as conn:
+            _add_missing_columns(conn)
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -242,8 +257,39 @@ class Store:
             .where(runs.c.id == hello["run_id"], runs.c.status == "lost")
             .values(status="running", end_reason=None, ended_at=None, last_seen=now)
         )
+        if created and hello.get("job"):
+            self._join_job(conn, hello)
         row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
         return {**row, "created": bool(created)}
+
+    def _join_job(self, conn: Connection, hello: Mapping[str, Any]) -> None:
+        """Link a new run to its job: the newest one of the same project and key while it
+        still runs or started together with this run, else a new job."""
+        job = hello["job"]
+        members = conn.execute(
+            select(runs.c.job_id, runs.c.status, runs.c.started_at)
+            .where(
+                runs.c.project == hello["project"],
+                runs.c.job_key == job["key"],
+                runs.c.id != hello["run_id"],
+                runs.c.job_id.is_not(None),
+            )
+            .order_by(runs.c.started_at.desc())
+            .limit(1000)
+        ).all()
+        job_id = None
+        if members:
+            newest = members[0].job_id
+            same = [m for m in members if m.job_id == newest]
+            alive = any(m.status in ("running", "stalled") for m in same)
+            if alive or hello["started_at"] - max(m.started_at for m in same) <= JOB_WINDOW:
+                job_id = newest
+        job_id = job_id or uuid.uuid4().hex[:16]
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == hello["run_id"])
+            .values(job_id=job_id, job_key=job["key"], worker=job["worker"])
+        )
 
     def touch(self, conn: Connection, run_id: str, now: float) -> None:
         """The run is alive (a heartbeat)."""
@@ -513,10 +559,14 @@ class Store:
             row.pop("alert")
         return rows
 
-    def list_runs(self, limit: int = 500, project: str | None = None) -> list[dict[str, Any]]:
+    def list_runs(
+        self, limit: int = 500, project: str | None = None, job: str | None = None
+    ) -> list[dict[str, Any]]:
         query = select(*(runs.c[f] for f in RUN_FIELDS)).order_by(runs.c.started_at.desc())
         if project is not None:
             query = query.where(runs.c.project == project)
+        if job is not None:
+            query = query.where(runs.c.job_id == job)
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query.limit(limit)).mappings()]
 
@@ -530,10 +580,24 @@ class Store:
             ).scalars()
             run = dict(row)
             run["series"] = list(names)
+            if run["job_id"]:
+                run["job"] = self._job(conn, run["job_id"])
         run["config"] = json.loads(run["config"])
         run["env"] = json.loads(run["env"])
         run.pop("last_seq")
         return run
+
+    def _job(self, conn: Connection, job_id: str) -> dict[str, Any]:
+        """A job and its runs, in worker order (chief first, then by type and index)."""
+        fields = ("id", "name", "worker", "status", "started_at", "last_step", "last_seen", "host")
+        members = [
+            dict(r)
+            for r in conn.execute(
+                select(*(runs.c[f] for f in fields)).where(runs.c.job_id == job_id)
+            ).mappings()
+        ]
+        members.sort(key=lambda m: worker_order(m["worker"]))
+        return {"id": job_id, "runs": members}
 
     def list_alerts(
         self,
@@ -626,6 +690,43 @@ class Store:
             order = np.argsort(steps, kind="stable")
             steps, times, values = steps[order], times[order], values[order]
         return steps, times, values
+
+
+def worker_order(worker: str | None) -> tuple[int, str, int, str]:
+    """Sort key of worker names: ``chief`` and ``master`` first, then by type, then by
+    index (``worker:2`` before ``worker:10``)."""
+    kind, _, index = (worker or "").rpartition(":")
+    if not kind:
+        kind, index = index, ""
+    number = int(index) if index.isdigit() else -1
+    return (0 if kind in ("chief", "master") else 1, kind, number, worker or "")
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    """Add the nullable columns a database made by an older version lacks (``create_all``
+    makes missing tables, never missing columns)."""
+    inspector = inspect(conn)
+    preparer = conn.dialect.identifier_preparer
+    for table in metadata.sorted_tables:
+        have = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in have:
+                continue
+            if not column.nullable:
+                raise StorageError(
+                    f"the database's table {table.name!r} lacks the column {column.name!r}, "
+                    "which cannot be added to existing rows: use a new database"
+                )
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.execute(
+                text(
+                    f"ALTER TABLE {preparer.format_table(table)} "
+                    f"ADD COLUMN {preparer.format_column(column)} {kind}"
+                )
+            )
+        for index in table.indexes:
+            if index.name not in {i["name"] for i in inspector.get_indexes(table.name)}:
+                index.create(conn)
 
 
 def _alert(row: Any) -> dict[str, Any]:

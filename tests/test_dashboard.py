@@ -3,6 +3,7 @@ reach the banner, the run page, the charts and the alerts page."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -269,3 +270,71 @@ def test_the_memory_chart_draws_the_oom_forecast_up_to_the_limit(
     finally:
         run.finish()
     assert not errors, errors
+
+
+def test_the_workers_of_a_job_are_grouped_and_compared_live(
+    server: ServerProcess, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(server.url + "/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+
+    cluster = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222", "10.0.0.3:2222"]}
+    workers: list[Run] = []
+
+    def start_worker(index: int) -> Run:
+        task = {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        monkeypatch.setenv("TF_CONFIG", json.dumps(task))
+        run = Run(
+            resolve(server=server.url, project="dist", run_name=f"sync-{index}"),
+            system_metrics=False,
+            watchdog=False,
+        )
+        run.start()
+        workers.append(run)
+        return run
+
+    def steps(run: Run, first: int, last: int, seconds: float) -> None:
+        for step in range(first, last + 1):
+            run.log(step, {"loss": 1.0 / step, "step_time": seconds})
+
+    try:
+        first, second = start_worker(0), start_worker(1)
+        steps(first, 1, 20, 0.010)
+        steps(second, 1, 20, 0.030)  # the straggler
+
+        # The runs list shows them under one job, in worker order.
+        job_row = page.locator("tr.job-row")
+        expect(job_row.locator("[data-job-workers]")).to_have_text("2 workers")
+        rows = page.locator("tr.job-row ~ tr.job-member")
+        expect(rows).to_have_count(2)
+        expect(rows.nth(0).locator(".worker-tag")).to_have_text("worker:0")
+        expect(rows.nth(1).locator(".worker-tag")).to_have_text("worker:1")
+
+        # The run page compares the workers' step times and follows them live.
+        rows.nth(0).locator("a").click()
+        panel = page.locator("[data-panel='job']")
+        expect(panel.locator("tbody tr")).to_have_count(2)
+        expect(panel.locator(f"tr[data-run-id='{second.id}'] a")).to_have_text("sync-1")
+        step_times = panel.locator("[data-chart='step time by worker (s)']")
+        expect(step_times).to_have_attribute("data-points", "40")
+        steps(second, 21, 30, 0.030)
+        expect(step_times).to_have_attribute("data-points", "50")
+        names = page.evaluate(
+            "() => document.querySelector(\"[data-chart='step time by worker (s)'] .plot\")"
+            ".data.map((trace) => trace.name)"
+        )
+        assert sorted(names) == ["worker:0", "worker:1"]
+
+        # A worker that joins later appears in the panel and on its charts without a reload.
+        third = start_worker(2)
+        steps(third, 1, 5, 0.010)
+        expect(panel.locator("tbody tr")).to_have_count(3)
+        expect(step_times).to_have_attribute("data-points", "55")
+        expect(page.locator("[data-fact='Worker']")).to_have_text("worker:0 of 3 in the job")
+        assert not errors, errors
+    finally:
+        for run in workers:
+            run.finish()

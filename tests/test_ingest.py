@@ -55,6 +55,11 @@ def ingest(server: ServerProcess) -> ClientConnection:
             "invalid points frame at series.loss.value.0",
         ),
         ([json.dumps(HELLO), json.dumps(HELLO)], 1008, "one run only"),
+        (
+            [json.dumps({**HELLO, "job": {"key": "", "worker": "worker:0"}})],
+            1007,
+            "invalid hello frame at job.key",
+        ),
     ],
 )
 def test_malformed_frames_close_with_code_and_reason(

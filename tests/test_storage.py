@@ -174,3 +174,82 @@ def test_recent_points_and_last_readings(store: Store) -> None:
     recent = store.recent_points("r1", frames=2)
     assert list(recent["loss"][0]) == [4, 5]
     assert store.last_values("r1", ("host/",)) == {"host/rss": 50.0}
+
+
+def _job_of(store: Store, run_id: str) -> str:
+    run = store.get_run(run_id)
+    assert run is not None and run["job_id"]
+    return str(run["job_id"])
+
+
+def test_workers_of_one_job_are_linked_and_a_later_launch_starts_a_new_job(store: Store) -> None:
+    def worker(run_id: str, name: str, at: float, key: str = "k1", project: str = "proj") -> None:
+        job = {"key": key, "worker": name, "size": 3}
+        with store.engine.begin() as conn:
+            store.open_run(conn, {**hello(run_id, at), "project": project, "job": job}, now=at)
+
+    worker("w1", "worker:1", 1000.0)
+    worker("w10", "worker:10", 1005.0)
+    worker("c0", "chief:0", 1030.0)
+    worker("other", "worker:0", 1031.0, project="elsewhere")  # same key, another project
+    worker("w2", "worker:2", 1040.0, key="k2")  # another job
+    job = _job_of(store, "c0")
+    assert _job_of(store, "w1") == _job_of(store, "w10") == job
+    assert len({job, _job_of(store, "other"), _job_of(store, "w2")}) == 3
+
+    run = store.get_run("w1")
+    assert run is not None and run["worker"] == "worker:1"
+    assert [m["id"] for m in run["job"]["runs"]] == ["c0", "w1", "w10"]  # chief, then by index
+    assert {r["id"] for r in store.list_runs(job=job)} == {"c0", "w1", "w10"}
+    assert {"job_id", "worker"} <= set(store.list_runs()[0])
+
+    # A worker restarted hours later while the job still runs rejoins it.
+    worker("w1-again", "worker:1", 9000.0)
+    assert _job_of(store, "w1-again") == job
+    # Once every run of the job has ended, a launch with the same key long after is new.
+    with store.engine.begin() as conn:
+        for run_id in ("c0", "w1", "w10", "w1-again"):
+            store.end_run(conn, run_id, 1, RunEnd("finished", "completed", 9100.0, None))
+    worker("next", "chief:0", 9000.0 + 601)
+    assert _job_of(store, "next") != job
+    # ... while a run that starts with it joins it, even after it ended.
+    with store.engine.begin() as conn:
+        store.end_run(conn, "next", 1, RunEnd("finished", "completed", 9610.0, None))
+    worker("late", "worker:0", 9601.0 + 599)
+    assert _job_of(store, "late") == _job_of(store, "next")
+    # A run on its own has no job.
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("alone"), now=1.0)
+    alone = store.get_run("alone")
+    assert alone is not None and alone["job_id"] is None and "job" not in alone
+
+
+def test_a_database_from_before_jobs_gains_their_columns(db_url: str) -> None:
+    old = Store(db_url)
+    try:
+        with old.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "CREATE TABLE runs (id VARCHAR(64) PRIMARY KEY, project VARCHAR(200) NOT NULL, "
+                "name VARCHAR(200) NOT NULL, status VARCHAR(16) NOT NULL, started_at FLOAT NOT "
+                "NULL, ended_at FLOAT, last_step BIGINT, last_seen FLOAT NOT NULL, last_seq BIGINT "
+                "NOT NULL, host VARCHAR(255) NOT NULL, pid INTEGER NOT NULL, end_reason "
+                "VARCHAR(200), traceback TEXT, stalled_at FLOAT, stall_stacks TEXT, config TEXT "
+                "NOT NULL, env TEXT NOT NULL)"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO runs VALUES ('old', 'p', 'n', 'finished', 1, 2, 7, 2, 3, 'h', 1, "
+                "'completed', NULL, NULL, NULL, '{}', '{}')"
+            )
+    finally:
+        old.dispose()
+    store = Store(db_url)
+    try:
+        store.create_schema()
+        store.create_schema()  # and again: nothing left to add
+        run = store.get_run("old")
+        assert run is not None and run["last_step"] == 7 and run["job_id"] is None
+        with store.engine.begin() as conn:
+            store.open_run(conn, {**hello("new"), "job": {"key": "k", "worker": "worker:0"}}, 3.0)
+        assert store.list_runs(job=_job_of(store, "new"))[0]["worker"] == "worker:0"
+    finally:
+        store.dispose()

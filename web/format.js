@@ -46,3 +46,17 @@ export function formatNumber(value) {
   if (!isFinite(value) || Number.isInteger(value)) return String(value);
   return String(Number(value.toPrecision(4)));
 }
+
+// Order of worker names as the server sorts them: chief (or master) first, then by type, then
+// by index, so worker:2 comes before worker:10.
+export function workerOrder(a, b) {
+  const key = (worker) => {
+    const text = worker ?? "";
+    const at = text.lastIndexOf(":");
+    const kind = at < 0 ? text : text.slice(0, at);
+    const index = at < 0 ? NaN : Number(text.slice(at + 1));
+    return [kind === "chief" || kind === "master" ? 0 : 1, kind, Number.isInteger(index) ? index : -1];
+  };
+  const [ra, ka, ia] = key(a), [rb, kb, ib] = key(b);
+  return ra - rb || ka.localeCompare(kb) || ia - ib || (a ?? "").localeCompare(b ?? "");
+}

@@ -5,6 +5,7 @@ import { AlertList, alertItem } from "./alert-items.js";
 import { getRun, getRunAlerts, getSeries } from "./api.js";
 import { Chart, alertChartKeys, chartKey, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, statusBadge } from "./format.js";
+import { JobPanel } from "./job.js";
 
 export async function renderRun(root, live, feed, runId) {
   root.innerHTML = `<p class="muted">Loading run…</p>`;
@@ -28,9 +29,11 @@ export async function renderRun(root, live, feed, runId) {
       <div class="alert-list" id="run-alert-list"><p class="muted">Loading alerts…</p></div>
     </section>
     <div class="charts" id="charts"></div>
+    <div id="run-job"></div>
     <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
     <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
 
+  const job = run.job ? new JobPanel(root.querySelector("#run-job"), live, run) : null;
   const charts = new Map();
   const chartsRoot = root.querySelector("#charts");
   let buffered = [];   // live messages that arrive while the history loads
@@ -44,6 +47,7 @@ export async function renderRun(root, live, feed, runId) {
       ["Project", run.project], ["Started", formatTime(run.started_at)],
       ["Duration", formatDuration(elapsed)], ["Last step", run.last_step ?? "—"],
       ["Last seen", formatAgo(run.last_seen)], ["Host", `${run.host} (pid ${run.pid ?? "?"})`],
+      ...(run.worker ? [["Worker", `${run.worker} of ${job?.members.size ?? "?"} in the job`]] : []),
     ].map(([k, v]) => `<div><dt>${k}</dt><dd data-fact="${k}">${escapeHTML(v)}</dd></div>`).join("");
     const ending = root.querySelector("#run-ending");
     if (run.status === "stalled") {
@@ -114,6 +118,7 @@ export async function renderRun(root, live, feed, runId) {
   };
 
   const apply = (message) => {
+    job?.apply(message);
     if (message.type === "points" && message.run_id === runId) {
       for (const [name, data] of Object.entries(message.series)) chartFor(name)?.extend(name, data);
     } else if (message.type === "runs") {
@@ -131,7 +136,7 @@ export async function renderRun(root, live, feed, runId) {
   // Subscribe before fetching history, so nothing falls between the two.
   const offMessage = live.on((message) => (loaded ? apply(message) : buffered.push(message)));
   live.subscribe(runId);
-  const offReconnect = live.onReconnect(async () => { run = await getRun(runId); drawHeader(); reload(); });
+  const offReconnect = live.onReconnect(async () => { run = await getRun(runId); drawHeader(); reload(); job?.load(); });
   // A null update: the feed reloaded after a reconnect, so this run's alerts may have changed too.
   const offAlerts = feed.on((alert) => {
     if (!alert) loadAlerts();
@@ -141,7 +146,7 @@ export async function renderRun(root, live, feed, runId) {
   drawHeader();
   root.querySelector("#run-config").innerHTML = kvRows(run.config);
   root.querySelector("#run-env").innerHTML = kvRows(run.env);
-  await Promise.all([reload(), loadAlerts()]);
+  await Promise.all([reload(), loadAlerts(), job?.load()]);
   charts.get("gradient norm")?.showTopVariables();
   loaded = true;
   for (const message of buffered) apply(message);
@@ -150,7 +155,7 @@ export async function renderRun(root, live, feed, runId) {
 
   const ticker = setInterval(() => { drawHeader(); drawMarkers(); }, 5000); // markers: a forecast's time left
   return () => {
-    offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); alertList.destroy();
+    offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); alertList.destroy(); job?.destroy();
     live.unsubscribe(runId);
     for (const chart of charts.values()) chart.destroy();
   };

@@ -2,7 +2,7 @@
 
 import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
-import { escapeHTML, formatAgo, formatTime, statusBadge } from "./format.js";
+import { escapeHTML, formatAgo, formatTime, statusBadge, workerOrder } from "./format.js";
 
 // "2 firing" in the colour of the most severe of them.
 function firingBadge(alerts) {
@@ -11,6 +11,37 @@ function firingBadge(alerts) {
   const n = alerts.length;
   return ` <span class="badge alert-count sev-${escapeHTML(worst)}" data-firing-alerts="${n}"
     title="${n} firing alert${n === 1 ? "" : "s"}">${n} firing</span>`;
+}
+
+// Runs newest first, the workers of one job together (in worker order) where its newest
+// worker would stand: [{ job: id or null, members: [run, ...] }, ...].
+function groupedByJob(runs) {
+  const groups = new Map();
+  for (const run of runs) {
+    const key = run.job_id ? `job:${run.job_id}` : `run:${run.id}`;
+    groups.set(key, [...(groups.get(key) ?? []), run]);
+  }
+  const newest = (members) => Math.max(...members.map((run) => run.started_at));
+  return [...groups.values()]
+    .map((members) => ({
+      job: members[0].job_id ?? null,
+      members: members[0].job_id ? members.sort((a, b) => workerOrder(a.worker, b.worker)) : members,
+    }))
+    .sort((a, b) => newest(b.members) - newest(a.members));
+}
+
+// The heading row of a job: how many workers, and how many of them in each state.
+function jobRow(job, members) {
+  const row = document.createElement("tr");
+  row.className = "job-row";
+  row.dataset.jobId = job;
+  const states = new Map();
+  for (const run of members) states.set(run.status, (states.get(run.status) ?? 0) + 1);
+  const summary = [...states].map(([status, n]) => `${n} ${escapeHTML(status)}`).join(", ");
+  row.innerHTML = `<td colspan="7">Job <code>${escapeHTML(job)}</code> ·
+    <span data-job-workers="${members.length}">${members.length} worker${members.length === 1 ? "" : "s"}</span>
+    <span class="muted">(${summary})</span></td>`;
+  return row;
 }
 
 export async function renderRuns(root, live, feed) {
@@ -37,8 +68,10 @@ export async function renderRuns(root, live, feed) {
       row.addEventListener("keydown", (e) => { if (e.key === "Enter") location.hash = `#/runs/${run.id}`; });
       rows.set(run.id, row);
     }
+    row.classList.toggle("job-member", Boolean(run.job_id));
+    const worker = run.worker ? ` <span class="worker-tag" data-worker="${escapeHTML(run.worker)}">${escapeHTML(run.worker)}</span>` : "";
     row.innerHTML = `
-      <td><a href="#/runs/${escapeHTML(run.id)}">${escapeHTML(run.name)}</a></td>
+      <td><a href="#/runs/${escapeHTML(run.id)}">${escapeHTML(run.name)}</a>${worker}</td>
       <td>${escapeHTML(run.project)}</td>
       <td>${statusBadge(run.status)}${firingBadge(firing.get(run.id))}</td>
       <td>${escapeHTML(formatTime(run.started_at))}</td>
@@ -51,13 +84,14 @@ export async function renderRuns(root, live, feed) {
   const redraw = () => {
     firing = new Map();
     for (const alert of feed.firing()) firing.set(alert.run_id, [...(firing.get(alert.run_id) ?? []), alert]);
-    const ordered = [...runs.values()].sort((a, b) => b.started_at - a.started_at);
+    const ordered = [...runs.values()];
     if (!ordered.length) {
       body.innerHTML = `<tr><td colspan="7" class="empty">No runs yet. Add
         <code>trainvitals.VitalsCallback()</code> to <code>model.fit</code>, or run
         <code>trainvitals demo</code>.</td></tr>`;
     } else {
-      body.replaceChildren(...ordered.map(renderRow));
+      body.replaceChildren(...groupedByJob(ordered).flatMap(({ job, members }) =>
+        job ? [jobRow(job, members), ...members.map(renderRow)] : members.map(renderRow)));
     }
     root.querySelector("#run-count").textContent = `${ordered.length} run${ordered.length === 1 ? "" : "s"}`;
   };

@@ -19,10 +19,11 @@ MAX_POINTS_LIMIT = 100_000
 def list_runs(
     store: StoreDep,
     project: str | None = None,
+    job: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
 ) -> dict[str, Any]:
-    """Runs, newest first."""
-    return {"runs": store.list_runs(limit=limit, project=project)}
+    """Runs, newest first; ``job``: only the runs (workers) of that job."""
+    return {"runs": store.list_runs(limit=limit, project=project, job=job)}
 
 
 @router.get("/runs/{run_id}")

@@ -1,0 +1,100 @@
+// The job panel of a run that is one worker of a multi-process job: every worker with its
+// state, and its step time and loss side by side, live, so a straggler or a worker that
+// diverges stands out.
+
+import { getSeries } from "./api.js";
+import { Chart } from "./charts.js";
+import { escapeHTML, formatAgo, statusBadge, workerOrder } from "./format.js";
+
+const COMPARED = [["step_time", "step time by worker (s)"], ["loss", "loss by worker"]];
+const MAX_WORKERS_CHARTED = 16; // each charted worker is one more live subscription
+
+export class JobPanel {
+  constructor(root, live, run) {
+    this.live = live;
+    this.runId = run.id;
+    this.jobId = run.job.id;
+    this.members = new Map(); // run id -> member summary
+    this.charted = new Set();
+    this.root = root;
+    root.innerHTML = `<section class="job-panel panel" data-panel="job" data-job-id="${escapeHTML(this.jobId)}">
+      <h2>Job <code>${escapeHTML(this.jobId)}</code> <span class="muted" id="job-count"></span></h2>
+      <table class="runs-table job-table"><thead><tr><th>Worker</th><th>Run</th><th>Status</th>
+        <th class="num">Last step</th><th>Last seen</th><th>Host</th></tr></thead><tbody></tbody></table>
+      <div class="charts job-charts"></div></section>`;
+    const charts = root.querySelector(".job-charts");
+    this.charts = new Map(COMPARED.map(([series, title]) => [series, new Chart(charts, title, {
+      onTooLong: (worker) => this.reloadWorker(worker),
+    })]));
+    for (const member of run.job.runs) this.members.set(member.id, member);
+  }
+
+  // (Re)load the compared series of every charted worker, charting new ones; one after the
+  // other in worker order, so that each worker keeps its colour.
+  async load() {
+    this.draw();
+    const ordered = [...this.members.values()].sort((a, b) => workerOrder(a.worker, b.worker));
+    for (const member of ordered) {
+      await (this.charted.has(member.id) ? this.reload(member) : this.addToCharts(member));
+    }
+  }
+
+  async addToCharts(member) {
+    if (this.charted.has(member.id) || this.charted.size >= MAX_WORKERS_CHARTED) return;
+    this.charted.add(member.id);
+    if (member.id !== this.runId) this.live.subscribe(member.id);
+    await this.reload(member);
+  }
+
+  async reload(member) {
+    const { series } = await getSeries(member.id, COMPARED.map(([name]) => name));
+    for (const [name, data] of Object.entries(series)) this.charts.get(name)?.setSeries(label(member), data);
+  }
+
+  reloadWorker(worker) {
+    const member = [...this.members.values()].find((m) => label(m) === worker);
+    if (member) this.reload(member);
+  }
+
+  draw() {
+    const ordered = [...this.members.values()].sort((a, b) => workerOrder(a.worker, b.worker));
+    this.root.querySelector("#job-count").textContent = `${ordered.length} worker${ordered.length === 1 ? "" : "s"}`;
+    this.root.querySelector("tbody").innerHTML = ordered.map((m) => `
+      <tr data-run-id="${escapeHTML(m.id)}" class="${m.id === this.runId ? "this-run" : ""}">
+        <td><span class="worker-tag">${escapeHTML(m.worker ?? "?")}</span></td>
+        <td>${m.id === this.runId ? escapeHTML(m.name) + ' <span class="muted">(this run)</span>'
+          : `<a href="#/runs/${escapeHTML(m.id)}">${escapeHTML(m.name)}</a>`}</td>
+        <td>${statusBadge(m.status)}</td><td class="num">${m.last_step ?? "—"}</td>
+        <td>${escapeHTML(formatAgo(m.last_seen))}</td><td>${escapeHTML(m.host ?? "")}</td></tr>`).join("");
+  }
+
+  // A live message: a worker's new points, or run summaries (a worker that changed state or
+  // just joined the job).
+  apply(message) {
+    if (message.type === "points") {
+      const member = this.members.get(message.run_id);
+      if (!member || !this.charted.has(member.id)) return;
+      for (const [name] of COMPARED) {
+        const data = message.series[name];
+        if (data) this.charts.get(name).extend(label(member), data);
+      }
+    } else if (message.type === "runs") {
+      let changed = false;
+      for (const update of message.runs) {
+        if (update.job_id !== this.jobId) continue;
+        const known = this.members.get(update.id);
+        this.members.set(update.id, { ...known, ...update });
+        if (!known) this.addToCharts(update);
+        changed = true;
+      }
+      if (changed) this.draw();
+    }
+  }
+
+  destroy() {
+    for (const id of this.charted) if (id !== this.runId) this.live.unsubscribe(id);
+    for (const chart of this.charts.values()) chart.destroy();
+  }
+}
+
+const label = (member) => member.worker ?? member.name;
