@@ -41,6 +41,7 @@ test: $(PKG_STAMP) system lint typecheck
 
 bench: $(PKG_STAMP)
 	$(PY) benchmarks/ingest.py
+	$(PY) benchmarks/writer.py
 	$(PY) benchmarks/agent_overhead.py
 	$(PY) benchmarks/reliability.py
 	$(PY) benchmarks/notify.py

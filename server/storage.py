@@ -174,6 +174,8 @@ outbox = Table(
 
 ALERT_FIELDS = tuple(c.name for c in alerts.columns)
 
+_PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
+
 RUN_FIELDS = (
     "id", "project", "name", "status", "started_at", "ended_at", "last_step", "last_seen",
     "host", "pid", "end_reason", "job_id", "worker",
@@ -218,6 +220,12 @@ class Store:
         self.dialect = self.engine.dialect.name
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._insert_chunks = self._insert_ignore(chunks)
+        self._insert_series = self._insert_ignore(series)
+        # Run id -> the series names this process has committed for it: a frame's known
+        # series need no insert. Forgotten when the run ends (a run that speaks again only
+        # costs inserts that are ignored).
+        self._known_series: dict[str, set[str]] = {}
 
     def create_schema(self) -> None:
         metadata.create_all(self.engine)
@@ -298,6 +306,7 @@ class Store:
     def mark_lost(self, conn: Connection, run_id: str, now: float) -> dict[str, Any] | None:
         """Give up on a running run that went silent; returns its summary, or None when it
         is not running any more."""
+        self._known_series.pop(run_id, None)
         changed = conn.execute(
             update(runs)
             .where(runs.c.id == run_id, runs.c.status.in_(("running", "stalled")))
@@ -338,10 +347,14 @@ class Store:
             top = int(step_array.max())
             last_step = top if last_step is None else max(last_step, top)
         if rows:
-            conn.execute(self._insert_ignore(chunks), rows)
-            conn.execute(
-                self._insert_ignore(series), [{"run_id": run_id, "name": r["series"]} for r in rows]
-            )
+            conn.execute(self._insert_chunks, rows)
+            known = self._known_series.get(run_id, ())
+            new = [r["series"] for r in rows if r["series"] not in known]
+            if new:
+                conn.execute(self._insert_series, [{"run_id": run_id, "name": n} for n in new])
+                # Remembered once committed (see ``committed``): a rolled-back insert must be
+                # made again when the frame is replayed.
+                conn.info.setdefault(_PENDING_SERIES, []).append((run_id, new))
         changes: dict[str, Any] = {"last_seq": seq, "last_seen": now}
         if last_step is not None:  # steps again: a stalled run is running once more
             changes["status"] = case((runs.c.status == "stalled", "running"), else_=runs.c.status)
@@ -368,7 +381,17 @@ class Store:
             )
         )
 
+    def committed(self, conn: Connection) -> None:
+        """The transaction on ``conn`` was committed: remember the series it stored."""
+        for run_id, names in conn.info.pop(_PENDING_SERIES, ()):
+            self._known_series.setdefault(run_id, set()).update(names)
+
+    def rolled_back(self, conn: Connection) -> None:
+        """The transaction on ``conn`` failed: what it stored is not there."""
+        conn.info.pop(_PENDING_SERIES, None)
+
     def end_run(self, conn: Connection, run_id: str, seq: int, end: RunEnd) -> None:
+        self._known_series.pop(run_id, None)
         conn.execute(
             update(runs)
             .where(runs.c.id == run_id, runs.c.last_seq < seq)
