@@ -148,6 +148,16 @@ def test_a_crashed_run_shows_its_traceback_and_its_last_readings(
     assert panel.locator('[data-reading="gpu0/temp"]').inner_text() == "91 °C"
 
 
+def live_runs_page(server: ServerProcess, browser: Any) -> tuple[Any, list[str]]:
+    """The runs list, open and live, and the page errors it will raise."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(server.url + "/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    return page, errors
+
+
 def run_alerts(server: ServerProcess, run_id: str) -> list[dict[str, Any]]:
     alerts: list[dict[str, Any]] = server.get(f"/api/v1/runs/{run_id}/alerts")["alerts"]
     return alerts
@@ -169,11 +179,7 @@ def clean_steps(run: Run, steps: range) -> None:
 def test_an_alert_reaches_the_banner_the_run_page_and_its_charts(
     server: ServerProcess, browser: Any
 ) -> None:
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(server.url + "/")
-    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    page, errors = live_runs_page(server, browser)
 
     run = Run(
         resolve(server=server.url, project="mnist", run_name="nan-batch"),
@@ -275,11 +281,7 @@ def test_the_memory_chart_draws_the_oom_forecast_up_to_the_limit(
 def test_the_workers_of_a_job_are_grouped_and_compared_live(
     server: ServerProcess, browser: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(server.url + "/")
-    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    page, errors = live_runs_page(server, browser)
 
     cluster = {"worker": ["10.0.0.1:2222", "10.0.0.2:2222", "10.0.0.3:2222"]}
     workers: list[Run] = []
