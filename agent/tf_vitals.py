@@ -7,6 +7,7 @@ reach the host with the logs Keras fetches anyway) and eagerly by
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -56,7 +57,10 @@ class WeightsCheck:
 
     def __init__(self, model: Any) -> None:
         self._variables = list(model.weights)
-        self._count = tf.function(self._nonfinite, autograph=False)
+        # A partial, not the bound method: TensorFlow counts traces by the code they run, and
+        # each check traces once for its own model, so a script that makes many (a
+        # hyper-parameter loop) would be warned of "excessive retracing".
+        self._count = tf.function(functools.partial(WeightsCheck._nonfinite, self), autograph=False)
         self._last = -math.inf
         self.clock = time.monotonic
 

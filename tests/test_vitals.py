@@ -240,6 +240,15 @@ def test_weights_check_counts_nan_in_weights_that_do_not_train() -> None:
     assert check() == 2
 
 
+def test_many_weights_checks_do_not_warn_of_retracing(caplog: pytest.LogCaptureFixture) -> None:
+    # A hyper-parameter loop makes a model and a callback per trial: each check traces once.
+    with caplog.at_level(logging.WARNING, logger="tensorflow"):
+        for width in range(1, 13):
+            model = keras.Sequential([keras.Input((width,)), keras.layers.Dense(width)])
+            assert tf_vitals.WeightsCheck(model)() == 0
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+
+
 def test_weights_check_keeps_to_its_interval() -> None:
     clock = [100.0]
     check = tf_vitals.WeightsCheck(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
