@@ -10,12 +10,15 @@ ratio is taken against the bare run of that same round, and the median of those 
 printed with their spread. The VitalsCallback streams to a real server in another process,
 with the per-second sampler on.
 
+First, the in-step vitals alone (``in_step_cost``): the compiled step with and without
+them, alternated step by step, which resolves a few microseconds even here.
+
 Then, where each thread's CPU clock can be read (Linux), where the added time goes: CPU per
 step by thread (the training thread, the agent's sender and sampler, TensorFlow's own threads)
 and in the server process (``/proc``), each against the bare run's. CPU time does not count
 the time a thread waits for a core, so these are steadier than the wall-clock ratios here.
 
-    python benchmarks/agent_overhead.py [--rounds 9] [--steps 800] [--warmup 200]
+    python benchmarks/agent_overhead.py [--rounds 9] [--steps 800] [--warmup 200] [--pairs 2000]
 """
 
 from __future__ import annotations
@@ -172,12 +175,71 @@ def run_fit(
     return timer.seconds_per_step
 
 
+def in_step_cost(build: Callable[[], tuple[Any, np.ndarray, np.ndarray]], pairs: int) -> str:
+    """The in-step vitals alone (``tf_vitals.step_vitals``, what the callback adds to the
+    compiled train step), measured the only way that resolves a few microseconds here: the
+    same compiled step with and without them, on the same model and batch, alternated step by
+    step; the median of the pairs' differences. No Keras loop around it: against a ``fit``
+    step, which also pays for Keras's loop, the share is smaller."""
+    import tensorflow as tf
+    from trainvitals import tf_vitals
+
+    model, x_all, y_all = build()
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    x, y = tf.constant(x_all[:BATCH]), tf.constant(y_all[:BATCH])
+    variables = model.trainable_variables
+
+    def compiled(output: Callable[[Any, Any], Any]) -> Callable[[], Any]:
+        def step() -> Any:
+            with tf.GradientTape() as tape:
+                loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+            grads = tape.gradient(loss, variables)
+            model.optimizer.apply(grads, variables)
+            return output(loss, grads)
+
+        traced: Callable[[], Any] = tf.function(step)
+        return traced
+
+    steps = {
+        "bare": compiled(lambda loss, grads: loss),
+        # The same work as bare, in a second compiled function: what two functions differ by
+        # when the vitals are not the difference (the measurement's floor).
+        "floor": compiled(lambda loss, grads: tf.reshape(loss, [1])),
+        "vitals": compiled(lambda loss, grads: tf_vitals.step_vitals(loss, (x, y), grads)),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for i in range(pairs + 50):
+        for name in list(steps)[:: 1 if i % 2 else -1]:
+            start = time.perf_counter()
+            np.asarray(steps[name]())  # fetched, as fit fetches its logs
+            if i >= 50:  # tracing and warm-up left out
+                seconds[name].append(time.perf_counter() - start)
+    bare = statistics.median(seconds["bare"]) * 1e6
+
+    def added(name: str) -> float:
+        pairs_ = zip(seconds[name], seconds["bare"], strict=True)
+        return statistics.median(t - b for t, b in pairs_) * 1e6
+
+    return (
+        f"compiled step {bare:.0f} µs bare, {added('vitals'):+.0f} µs with the in-step vitals "
+        f"({1 + added('vitals') / bare:.3f}x; median of {pairs} pairs; floor "
+        f"{added('floor'):+.0f} µs)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--pairs", type=int, default=2000, help="of the in-step measurement")
     args = parser.parse_args()
+    print("in-step vitals, paired step by step:")
+    for name, build in (("MLP", mlp), ("CNN", cnn)):
+        print(f"  {name}: {in_step_cost(build, args.pairs)}", flush=True)
+    print()
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "bench.db"))
         try:
