@@ -300,7 +300,7 @@ def test_the_workers_of_a_job_are_grouped_and_compared_live(
 
     def steps(run: Run, first: int, last: int, seconds: float) -> None:
         for step in range(first, last + 1):
-            run.log(step, {"loss": 1.0 / step, "step_time": seconds})
+            run.log(step, {"loss": 1.0 / step, "step_time": seconds, "host/rss": 2e9 + step})
 
     try:
         first, second = start_worker(0), start_worker(1)
@@ -329,6 +329,9 @@ def test_the_workers_of_a_job_are_grouped_and_compared_live(
             ".data.map((trace) => trace.name)"
         )
         assert sorted(names) == ["worker:0", "worker:1"]
+        expect(panel.locator("[data-chart='host RSS by worker']")).to_have_attribute(
+            "data-points", "50"
+        )
 
         # A worker that joins later appears in the panel and on its charts without a reload.
         third = start_worker(2)

@@ -24,7 +24,7 @@ const GROUPS = [
   [/^(gpu\d+)\/(throttle|ecc_uncorrected|xid_errors)$/, "$1 throttle and errors"],
 ];
 const LOG_SCALE = new Set(["step_time", "gradient norm"]);
-const BYTES = /memory$|^disk free$/;
+const BYTES = /memory$|^disk free$|RSS by worker$/;
 const TOP_VARIABLES = 5; // per-variable gradient norms shown at first; the rest in the legend
 
 // The chart a series is drawn on; null for series not charted.

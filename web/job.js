@@ -1,12 +1,14 @@
 // The job panel of a run that is one worker of a multi-process job: every worker with its
-// state, and its step time and loss side by side, live, so a straggler or a worker that
-// diverges stands out.
+// state, and its step time, loss and memory side by side, live, so a worker whose loss departs
+// from the others' (a bad data shard) or whose memory climbs alone (a leak) stands out.
 
 import { getSeries } from "./api.js";
 import { Chart } from "./charts.js";
 import { escapeHTML, formatAgo, statusBadge, workerOrder } from "./format.js";
 
-const COMPARED = [["step_time", "step time by worker (s)"], ["loss", "loss by worker"]];
+const COMPARED = [
+  ["step_time", "step time by worker (s)"], ["loss", "loss by worker"], ["host/rss", "host RSS by worker"],
+];
 const MAX_WORKERS_CHARTED = 16; // each charted worker is one more live subscription
 
 export class JobPanel {
@@ -22,11 +24,22 @@ export class JobPanel {
       <table class="runs-table job-table"><thead><tr><th>Worker</th><th>Run</th><th>Status</th>
         <th class="num">Last step</th><th>Last seen</th><th>Host</th></tr></thead><tbody></tbody></table>
       <div class="charts job-charts"></div></section>`;
-    const charts = root.querySelector(".job-charts");
-    this.charts = new Map(COMPARED.map(([series, title]) => [series, new Chart(charts, title, {
-      onTooLong: (worker) => this.reloadWorker(worker),
-    })]));
+    this.chartsRoot = root.querySelector(".job-charts");
+    this.charts = new Map(); // series -> its chart, made when its first points arrive
     for (const member of run.job.runs) this.members.set(member.id, member);
+  }
+
+  chartFor(series) {
+    let chart = this.charts.get(series);
+    if (!chart) {
+      const title = COMPARED.find(([name]) => name === series)[1];
+      chart = new Chart(this.chartsRoot, title, { onTooLong: (worker) => this.reloadWorker(worker) });
+      this.charts.set(series, chart);
+      const rank = (key) => COMPARED.findIndex(([name]) => name === key);
+      const ordered = [...this.charts].sort(([a], [b]) => rank(a) - rank(b));
+      this.chartsRoot.replaceChildren(...ordered.map(([, c]) => c.card));
+    }
+    return chart;
   }
 
   // (Re)load the compared series of every charted worker, charting new ones; one after the
@@ -48,7 +61,9 @@ export class JobPanel {
 
   async reload(member) {
     const { series } = await getSeries(member.id, COMPARED.map(([name]) => name));
-    for (const [name, data] of Object.entries(series)) this.charts.get(name)?.setSeries(label(member), data);
+    for (const [name, data] of Object.entries(series)) {
+      if (data.step.length) this.chartFor(name).setSeries(label(member), data);
+    }
   }
 
   reloadWorker(worker) {
@@ -76,7 +91,7 @@ export class JobPanel {
       if (!member || !this.charted.has(member.id)) return;
       for (const [name] of COMPARED) {
         const data = message.series[name];
-        if (data) this.charts.get(name).extend(label(member), data);
+        if (data?.step.length) this.chartFor(name).extend(label(member), data);
       }
     } else if (message.type === "runs") {
       let changed = false;
