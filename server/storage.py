@@ -593,7 +593,8 @@ class Store:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query.limit(limit)).mappings()]
 
-    def get_run(self, run_id: str) -> dict[str, Any] | None:
+    def get_run(self, run_id: str, job: bool = True) -> dict[str, Any] | None:
+        """One run with its series names and (``job``) its job's runs."""
         with self.engine.connect() as conn:
             row = conn.execute(select(runs).where(runs.c.id == run_id)).mappings().first()
             if row is None:
@@ -603,7 +604,7 @@ class Store:
             ).scalars()
             run = dict(row)
             run["series"] = list(names)
-            if run["job_id"]:
+            if job and run["job_id"]:
                 run["job"] = self._job(conn, run["job_id"])
         run["config"] = json.loads(run["config"])
         run["env"] = json.loads(run["env"])

@@ -47,7 +47,7 @@ def get_series(
 ) -> dict[str, Any]:
     """Series of a run (all of them when no ``name`` is given), each downsampled to at most
     ``max_points`` with every bucket's min and max kept. NaN/Inf values come back as null."""
-    run = store.get_run(run_id)
+    run = store.get_run(run_id, job=False)
     if run is None:
         raise run_not_found(run_id)
     names = name if name else run["series"]
