@@ -274,8 +274,8 @@ class Store:
         """Link a new run to its job: the newest one of the same project and key while it
         still runs or started together with this run, else a new job."""
         job = hello["job"]
-        members = conn.execute(
-            select(runs.c.job_id, runs.c.status, runs.c.started_at)
+        newest = conn.execute(
+            select(runs.c.job_id)
             .where(
                 runs.c.project == hello["project"],
                 runs.c.job_key == job["key"],
@@ -283,14 +283,17 @@ class Store:
                 runs.c.job_id.is_not(None),
             )
             .order_by(runs.c.started_at.desc())
-            .limit(1000)
-        ).all()
+            .limit(1)
+        ).scalar()
         job_id = None
-        if members:
-            newest = members[0].job_id
-            same = [m for m in members if m.job_id == newest]
-            alive = any(m.status in ("running", "stalled") for m in same)
-            if alive or hello["started_at"] - max(m.started_at for m in same) <= JOB_WINDOW:
+        if newest is not None:
+            alive = case((runs.c.status.in_(("running", "stalled")), 1), else_=0)
+            running, latest = conn.execute(
+                select(func.sum(alive), func.max(runs.c.started_at)).where(
+                    runs.c.job_id == newest, runs.c.id != hello["run_id"]
+                )
+            ).one()
+            if running or hello["started_at"] - latest <= JOB_WINDOW:
                 job_id = newest
         job_id = job_id or uuid.uuid4().hex[:16]
         conn.execute(

@@ -19,7 +19,8 @@ function groupedByJob(runs) {
   const groups = new Map();
   for (const run of runs) {
     const key = run.job_id ? `job:${run.job_id}` : `run:${run.id}`;
-    groups.set(key, [...(groups.get(key) ?? []), run]);
+    if (groups.has(key)) groups.get(key).push(run);
+    else groups.set(key, [run]);
   }
   const newest = (members) => Math.max(...members.map((run) => run.started_at));
   return [...groups.values()]
