@@ -115,6 +115,48 @@ def test_nan_in_one_input_batch_is_counted_at_that_step(server: ServerProcess) -
     assert 3 in series["grad/norm/net/first/kernel"]["step"]
 
 
+def nan_batch_run(server: ServerProcess, name: str, jit_compile: bool) -> dict[str, Any]:
+    """The series of a 6-step ``fit`` whose third batch carries 3 NaN/Inf."""
+    x, y = data()
+    x[2 * BATCH + 1, 0] = x[2 * BATCH + 9, 2] = np.nan
+    x[2 * BATCH + 5, 3] = np.inf
+    model = mlp(second_activation="tanh")
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit_compile)
+    vitals = trainvitals.VitalsCallback(server=server.url, run_name=name, system_metrics=False)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    names = ("nonfinite/inputs", "nonfinite/loss", "nonfinite/grads", "grad/global_norm")
+    return run_series(server, vitals.run.id, *names)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_vitals_under_xla_and_mixed_precision(server: ServerProcess, policy: str) -> None:
+    # On a machine with a GPU, Keras compiles the train step with XLA by default
+    # (jit_compile="auto"), so that is the path most fit runs take; mixed precision wraps the
+    # optimizer in a LossScaleOptimizer, whose scaled gradients must not reach the norms.
+    reference = nan_batch_run(server, "reference", jit_compile=False)
+    keras.mixed_precision.set_dtype_policy(policy)
+    try:
+        series = nan_batch_run(server, f"xla-{policy}", jit_compile=True)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    assert series["nonfinite/inputs"]["value"] == [0, 0, 3, 0, 0, 0]
+    assert series["nonfinite/loss"]["value"][:3] == [0, 0, 1]
+    assert series["nonfinite/grads"]["value"][:2] == [0, 0]
+    assert series["nonfinite/grads"]["value"][2] > 0
+    # The first two steps' norms are the float32 run's, not multiplied by the loss scale.
+    for got, want in zip(
+        series["grad/global_norm"]["value"][:2],
+        reference["grad/global_norm"]["value"][:2],
+        strict=True,
+    ):
+        assert math.isclose(got, want, rel_tol=1e-2), (got, want)
+    if policy == "mixed_float16":
+        # The loss scale skips the bad step's update, so training goes on with finite values.
+        assert series["nonfinite/grads"]["value"][3:] == [0, 0, 0]
+        assert all(math.isfinite(v) for v in series["grad/global_norm"]["value"][3:])
+
+
 def test_nan_input_that_the_model_hides_is_still_counted(server: ServerProcess) -> None:
     x, y = data()
     x[BATCH + 2, 0] = np.nan
