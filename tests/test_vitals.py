@@ -88,45 +88,35 @@ def test_healthy_fit_reports_every_vital(server: ServerProcess) -> None:
     assert "mixed_precision_policy" in env and "tf_build" in env
 
 
-def test_nan_in_one_input_batch_is_counted_at_that_step(server: ServerProcess) -> None:
-    x, y = data()
-    x[2 * BATCH + 1, 0] = np.nan  # the third batch carries k = 3 non-finite values
-    x[2 * BATCH + 5, 3] = np.inf
-    x[2 * BATCH + 9, 2] = np.nan
-    model = mlp(second_activation="tanh")  # lets the NaN through to the loss (see below)
-    vitals = trainvitals.VitalsCallback(
-        server=server.url, run_name="nan-input", system_metrics=False
-    )
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[vitals])
-    assert vitals.run is not None
-    series = run_series(
-        server,
-        vitals.run.id,
-        "nonfinite/inputs",
-        "nonfinite/loss",
-        "nonfinite/grads",
-        "grad/norm/net/first/kernel",
-    )
-    assert series["nonfinite/inputs"]["value"] == [0, 0, 3, 0, 0, 0]
-    assert series["nonfinite/loss"]["value"][:3] == [0, 0, 1]
-    assert series["nonfinite/grads"]["value"][:2] == [0, 0]
-    assert series["nonfinite/grads"]["value"][2] > 0
-    # Non-finite gradients record the per-variable norms at that very step.
-    assert 3 in series["grad/norm/net/first/kernel"]["step"]
-
-
-def nan_batch_run(server: ServerProcess, name: str, jit_compile: bool) -> dict[str, Any]:
-    """The series of a 6-step ``fit`` whose third batch carries 3 NaN/Inf."""
+def nan_batch_run(
+    server: ServerProcess, name: str, *names: str, jit_compile: bool = False
+) -> dict[str, Any]:
+    """The series of a 6-step ``fit`` whose third batch carries k = 3 NaN/Inf."""
     x, y = data()
     x[2 * BATCH + 1, 0] = x[2 * BATCH + 9, 2] = np.nan
     x[2 * BATCH + 5, 3] = np.inf
-    model = mlp(second_activation="tanh")
+    model = mlp(second_activation="tanh")  # lets the NaN through to the loss (see below)
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit_compile)
     vitals = trainvitals.VitalsCallback(server=server.url, run_name=name, system_metrics=False)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[vitals])
     assert vitals.run is not None
-    names = ("nonfinite/inputs", "nonfinite/loss", "nonfinite/grads", "grad/global_norm")
-    return run_series(server, vitals.run.id, *names)
+    counts = ("nonfinite/inputs", "nonfinite/loss", "nonfinite/grads", "grad/global_norm")
+    return run_series(server, vitals.run.id, *counts, *names)
+
+
+def assert_third_step_counted(series: dict[str, Any]) -> None:
+    """The NaN/Inf of :func:`nan_batch_run`'s third batch, counted at that very step."""
+    assert series["nonfinite/inputs"]["value"] == [0, 0, 3, 0, 0, 0]
+    assert series["nonfinite/loss"]["value"][:3] == [0, 0, 1]
+    assert series["nonfinite/grads"]["value"][:2] == [0, 0]
+    assert series["nonfinite/grads"]["value"][2] > 0
+
+
+def test_nan_in_one_input_batch_is_counted_at_that_step(server: ServerProcess) -> None:
+    series = nan_batch_run(server, "nan-input", "grad/norm/net/first/kernel")
+    assert_third_step_counted(series)
+    # Non-finite gradients record the per-variable norms at that very step.
+    assert 3 in series["grad/norm/net/first/kernel"]["step"]
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
@@ -134,16 +124,13 @@ def test_vitals_under_xla_and_mixed_precision(server: ServerProcess, policy: str
     # On a machine with a GPU, Keras compiles the train step with XLA by default
     # (jit_compile="auto"), so that is the path most fit runs take; mixed precision wraps the
     # optimizer in a LossScaleOptimizer, whose scaled gradients must not reach the norms.
-    reference = nan_batch_run(server, "reference", jit_compile=False)
+    reference = nan_batch_run(server, "reference")
     keras.mixed_precision.set_dtype_policy(policy)
     try:
         series = nan_batch_run(server, f"xla-{policy}", jit_compile=True)
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
-    assert series["nonfinite/inputs"]["value"] == [0, 0, 3, 0, 0, 0]
-    assert series["nonfinite/loss"]["value"][:3] == [0, 0, 1]
-    assert series["nonfinite/grads"]["value"][:2] == [0, 0]
-    assert series["nonfinite/grads"]["value"][2] > 0
+    assert_third_step_counted(series)
     # The first two steps' norms are the float32 run's, not multiplied by the loss scale.
     for got, want in zip(
         series["grad/global_norm"]["value"][:2],
