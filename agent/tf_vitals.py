@@ -90,8 +90,9 @@ class WeightsCheck:
 def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:
     """Each tensor's sum of squares, as a float32 vector (0 for a missing gradient).
 
-    One ``l2_loss`` op per tensor: on small models the number of ops, not their size, is what
-    a training step pays for.
+    One ``l2_loss`` op per tensor: one concatenation and a segmented sum, or a ``tensordot``,
+    measured several times slower on the benchmark MLP. Reading each gradient once is most of
+    what the vitals add to a CPU step (``benchmarks/agent_overhead.py`` times it alone).
     """
     halves = []  # l2_loss is half the sum of squares: one multiplication for all of them
     for tensor in tensors:
@@ -113,9 +114,9 @@ def step_vitals(
     anyway) are checked, and the exact counts run, inside one ``tf.cond``, only on a step
     that has a NaN or an Inf somewhere.
     """
-    # On millisecond steps every operation counts (each costs some microseconds to schedule),
-    # so this builds as few as it can: no reduction of a scalar loss, one sum for the checksum,
-    # one concatenation at the end.
+    # Few operations: no reduction of a scalar loss, one sum for the checksum, one
+    # concatenation at the end. (Fewer still, with the square roots on the host, measured
+    # within noise of this: the gradients' sums of squares are the cost.)
     zero = tf.constant(0.0, tf.float32)
     loss32 = tf.constant(float("nan")) if loss is None else _mean32(loss)
     input_tensors = _floating(inputs)
