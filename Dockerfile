@@ -3,9 +3,7 @@ FROM python:3.11-slim
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY agent agent
-COPY server server
-COPY web web
+COPY src src
 RUN pip install --no-cache-dir ".[server]" && rm -rf /src
 
 WORKDIR /data

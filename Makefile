@@ -6,8 +6,6 @@ PY := $(VENV)/bin/python
 # TensorFlow is the user's; this is the build the demo and tests train with.
 TF_PACKAGE ?= tensorflow-cpu==2.21.0
 DEPS_STAMP := $(VENV)/.deps-installed
-PKG_STAMP := $(VENV)/.package-installed
-SOURCES := $(wildcard agent/*.py agent/detect/*.py server/*.py server/routes/*.py server/notify/*.py web/*)
 
 .PHONY: demo test lint typecheck bench screenshot system clean
 
@@ -17,29 +15,23 @@ $(DEPS_STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[server,demo,dev]' '$(TF_PACKAGE)'
 	touch $@
 
-# A strict editable install (a link tree of the package as it installs) lets mypy and the
-# tests see `trainvitals` exactly as a wheel lays it out; it is redone when files come or go.
-$(PKG_STAMP): $(DEPS_STAMP) $(SOURCES)
-	$(PY) -m pip install -q --no-deps -e . --config-settings editable_mode=strict
-	touch $@
-
 system:
 	./scripts/ensure-system.sh
 
 # `make demo SCENARIO=leak` shows one of the failure scenarios (trainvitals demo --help).
-demo: $(PKG_STAMP)
+demo: $(DEPS_STAMP)
 	./scripts/demo.sh $(if $(SCENARIO),--scenario $(SCENARIO))
 
-lint: $(PKG_STAMP)
-	$(PY) -m ruff check agent server tests benchmarks
+lint: $(DEPS_STAMP)
+	$(PY) -m ruff check src tests benchmarks
 
-typecheck: $(PKG_STAMP)
+typecheck: $(DEPS_STAMP)
 	$(PY) -m mypy -p trainvitals -p tests
 
-test: $(PKG_STAMP) system lint typecheck
+test: $(DEPS_STAMP) system lint typecheck
 	$(PY) -m pytest
 
-bench: $(PKG_STAMP)
+bench: $(DEPS_STAMP)
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/writer.py
 	$(PY) benchmarks/agent_overhead.py
@@ -48,7 +40,7 @@ bench: $(PKG_STAMP)
 	$(PY) benchmarks/scenarios.py
 
 # Regenerates the README's screenshot from the browser test.
-screenshot: $(PKG_STAMP) system
+screenshot: $(DEPS_STAMP) system
 	TRAINVITALS_SCREENSHOT=docs/dashboard.png $(PY) -m pytest -q tests/test_dashboard.py -k live_run
 
 clean:

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import keras
 import numpy as np
-import trainvitals
 
+import trainvitals
 from tests.helpers import ServerProcess
 
 BATCH = 32
@@ -188,7 +188,8 @@ def in_step_cost(
     step; the median of the pairs' differences. No Keras loop around it: against a ``fit``
     step, which also pays for Keras's loop, the share is smaller."""
     import tensorflow as tf
-    from trainvitals import tf_vitals
+
+    from trainvitals.agent import tf_vitals
 
     model, x_all, y_all = build()
     model.compile(
@@ -253,7 +254,8 @@ def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     else is timed."""
     import tensorflow as tf
     from keras.src.utils.python_utils import pythonify_logs
-    from trainvitals import tf_vitals
+
+    from trainvitals.agent import tf_vitals
 
     model, _, _ = mlp()
     model.compile(optimizer="adam", loss="mse")

@@ -33,8 +33,8 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import keras
-import trainvitals
 
+import trainvitals
 from benchmarks.agent_overhead import BATCH, mlp, run_fit
 from tests.helpers import ServerProcess, demo_training, free_port, run_series, wait_for
 

@@ -5,9 +5,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from trainvitals.server.storage import Store
 
 from tests.helpers import ServerProcess, postgres_database
+from trainvitals.server.storage import Store
 
 # Keep TensorFlow quiet and on the CPU in every test process and its children.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

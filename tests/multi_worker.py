@@ -21,6 +21,7 @@ def main(index: int, ports: list[str], server: str) -> None:
     import keras
     import numpy as np
     import tensorflow as tf
+
     import trainvitals
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()

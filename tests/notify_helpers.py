@@ -14,10 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from trainvitals.protocol import PROTOCOL_VERSION
 from websockets.sync.client import ClientConnection, connect
 
 from tests.helpers import ServerProcess, wait_for
+from trainvitals.protocol import PROTOCOL_VERSION
 
 
 @dataclass(frozen=True)

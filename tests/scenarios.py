@@ -134,7 +134,7 @@ def _stuck(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | No
     """The last step before the generator blocked: the moment the run hung (the lead is then
     negative: the time the stall took to be reported)."""
     times = run_series(server, run["id"], "step_time")["step_time"]
-    from trainvitals.scenarios import HANG_STEP
+    from trainvitals.demo.scenarios import HANG_STEP
 
     before = [(s, t) for s, t in zip(times["step"], times["time"], strict=True) if s < HANG_STEP]
     return max(before) if before else None
@@ -155,7 +155,7 @@ _POINT_OF_NO_RETURN: dict[
 
 
 def _digits_flat() -> tuple[Any, Any]:
-    from trainvitals.scenarios import digits
+    from trainvitals.demo.scenarios import digits
 
     (x, y), _ = digits()
     return x.reshape(len(x), -1), y
@@ -208,7 +208,8 @@ def batchnorm_cnn(server: ServerProcess, name: str) -> None:
     """A CNN with batch normalisation, AdamW and an exponential decay, four steps per
     execution."""
     import keras
-    from trainvitals.scenarios import digits
+
+    from trainvitals.demo.scenarios import digits
 
     (x, y), _ = digits()
     schedule = keras.optimizers.schedules.ExponentialDecay(3e-3, 400, 0.7)
@@ -233,7 +234,8 @@ def gru_regression(server: ServerProcess, name: str) -> None:
     """A GRU reading the image's rows, regressing the digit's value (MSE) with Adam and a
     stepwise decay."""
     import keras
-    from trainvitals.scenarios import digits
+
+    from trainvitals.demo.scenarios import digits
 
     (x, y), _ = digits()
     schedule = keras.optimizers.schedules.PiecewiseConstantDecay([600, 1200], [3e-3, 1e-3, 3e-4])
@@ -250,7 +252,8 @@ def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None
     """The demo's CNN trained for a while, saved, and a new run that loads the checkpoint
     and carries on from its epoch (its loss starts low: no baseline to lean on)."""
     import keras
-    from trainvitals.scenarios import build_model, digits
+
+    from trainvitals.demo.scenarios import build_model, digits
 
     (x, y), validation = digits()
     first = build_model()

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainvitals import Run, resolve
-from trainvitals.protocol import PROTOCOL_VERSION
 from websockets.sync.client import connect
 
 from tests.helpers import ServerProcess, free_port, wait_for
+from trainvitals import Run, resolve
+from trainvitals.protocol import PROTOCOL_VERSION
 
 ALERT_CONTRACT_FIELDS = {
     "id", "run_id", "rule", "severity", "state", "message", "hint", "step", "time",

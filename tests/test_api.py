@@ -6,9 +6,9 @@ import math
 import urllib.parse
 
 import numpy as np
-from trainvitals import Run, resolve
 
 from tests.helpers import RUN_CONTRACT_FIELDS, ServerProcess, run_series, wait_for
+from trainvitals import Run, resolve
 
 
 def stream_run(server: ServerProcess, steps: int, name: str = "r", **values_at: float) -> Run:

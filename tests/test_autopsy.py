@@ -13,10 +13,10 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import trainvitals  # noqa: E402
-from trainvitals import autopsy  # noqa: E402
-from trainvitals.detect.settings import OomForecast  # noqa: E402
-
 from tests.helpers import ServerProcess, wait_for  # noqa: E402
+from trainvitals.agent import autopsy  # noqa: E402
+from trainvitals.agent.gpu import SimulatedGpu  # noqa: E402
+from trainvitals.detect.settings import OomForecast  # noqa: E402
 
 BATCH = 16
 
@@ -143,7 +143,7 @@ def test_a_memory_forecast_saves_the_weights_and_stops_before_the_oom(
         # The simulated leak fills the card in ~10 s; the forecast may decide after 1 s.
         forecast=OomForecast(min_span=1.0, min_points=5, every=0.2),
     )
-    gpu = trainvitals.SimulatedGpu(mem_total=16e9, mem_start=2e9, mem_growth=5e7)
+    gpu = SimulatedGpu(mem_total=16e9, mem_start=2e9, mem_growth=5e7)
     pace = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.01))
     vitals = trainvitals.VitalsCallback(
         server=server.url,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import math
 
-from trainvitals.buffer import PointBuffer, points_frames
+from trainvitals.agent.buffer import PointBuffer, points_frames
 from trainvitals.protocol import MAX_POINTS_PER_FRAME
 
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from trainvitals import ConfigurationError, resolve
-from trainvitals.config import websocket_url
+from trainvitals.agent.config import websocket_url
 
 
 def test_defaults_come_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

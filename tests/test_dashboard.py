@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainvitals import Run, resolve
 
 from tests.helpers import ServerProcess, demo_training, wait_for
+from trainvitals import Run, resolve
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect

@@ -3,6 +3,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+
 from trainvitals.server.downsample import downsample_indices
 
 

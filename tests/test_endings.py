@@ -14,10 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainvitals.server.live import Hub
-from trainvitals.server.liveness import Liveness
-from trainvitals.server.storage import Store
-from trainvitals.server.writer import Writer
 
 from tests.helpers import (
     ServerProcess,
@@ -27,6 +23,10 @@ from tests.helpers import (
     run_series,
     wait_for,
 )
+from trainvitals.server.live import Hub
+from trainvitals.server.liveness import Liveness
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
 
 LOST_AFTER = 1.5
 

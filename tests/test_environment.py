@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trainvitals.environment import job
+from trainvitals.agent.environment import job
 
 
 def tf_config(index: int, kind: str = "worker", cluster: dict[str, list[str]] | None = None) -> str:

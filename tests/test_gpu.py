@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from trainvitals.gpu import NvmlSource
+from trainvitals.agent.gpu import NvmlSource
 
 
 class NotSupported(Exception):

@@ -9,10 +9,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from trainvitals.host import HostSource, cgroup_memory_limit
-from trainvitals.sampler import Sampler
 
 from tests.helpers import ServerProcess, memory_cgroup, run_in_cgroup, run_series, wait_for
+from trainvitals.agent.host import HostSource, cgroup_memory_limit
+from trainvitals.agent.sampler import Sampler
 
 
 def write(path: Path, text: str) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from trainvitals import Run, resolve
-from trainvitals.protocol import MAX_FRAME_BYTES
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.helpers import ServerProcess
+from trainvitals import Run, resolve
+from trainvitals.protocol import MAX_FRAME_BYTES
 
 HELLO = {
     "type": "hello",

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trainvitals import Run, resolve
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.helpers import ServerProcess, wait_for
+from trainvitals import Run, resolve
 
 
 def test_subscribed_browser_receives_points_and_run_updates(server: ServerProcess) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainvitals.server.notify import verify_signature
 from websockets.sync.client import ClientConnection
 
 from tests.helpers import ServerProcess, free_port, wait_for
@@ -30,6 +29,7 @@ from tests.notify_helpers import (
     receiving,
     send,
 )
+from trainvitals.server.notify import verify_signature
 
 
 @pytest.fixture

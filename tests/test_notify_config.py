@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from trainvitals.cli import main
 from trainvitals.server.notify import NotifyConfig, NotifyError, load_notify
 

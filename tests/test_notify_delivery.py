@@ -8,12 +8,12 @@ import logging
 from pathlib import Path
 
 import pytest
+
+from tests.notify_helpers import Reply, receiving
 from trainvitals.cli import main
 from trainvitals.server.notify import Channel
 from trainvitals.server.notify.delivery import TokenBucket, redact, retry_after, send_test
 from trainvitals.server.notify.messages import probe_message
-
-from tests.notify_helpers import Reply, receiving
 
 
 def test_the_token_bucket_allows_a_burst_then_the_rate() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from trainvitals.server.notify import Channel, Notifier, NotifyConfig
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainvitals import Run, resolve
-
 from tests.helpers import ServerProcess, free_port, run_series, wait_for
+from trainvitals import Run, resolve
 
 STEPS = 300
 

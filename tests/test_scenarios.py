@@ -8,11 +8,11 @@ import signal
 from pathlib import Path
 
 import pytest
-from trainvitals.cli import SCENARIO_NAMES
-from trainvitals.scenarios import HANG_STEP, NAN_STEP, SCENARIOS
 
 from tests import scenarios as sc
 from tests.helpers import ServerProcess, in_cgroup, memory_cgroup
+from trainvitals.cli import SCENARIO_NAMES
+from trainvitals.demo.scenarios import HANG_STEP, NAN_STEP, SCENARIOS
 
 
 def test_the_demo_offers_every_scenario() -> None:

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+
 from trainvitals.server.schemas import FrameError, Hello, Points, parse_frame
 
 HELLO = {

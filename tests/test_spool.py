@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from trainvitals.spool import HEADER, STALE_AFTER, PendingFrames, Spool
+
+from trainvitals.agent.spool import HEADER, STALE_AFTER, PendingFrames, Spool
 
 
 def frame(seq: int, size: int = 100) -> str:
@@ -99,7 +100,7 @@ FULL_DISK = textwrap.dedent(
     """
     import json, resource, signal, sys
     from pathlib import Path
-    from trainvitals.spool import Spool
+    from trainvitals.agent.spool import Spool
 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
     resource.setrlimit(resource.RLIMIT_FSIZE, (4000, 4000))  # each file: 11 records fit

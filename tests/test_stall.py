@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from trainvitals.stall import StallDetector, thread_stacks
+from trainvitals.agent.stall import StallDetector, thread_stacks
 
 
 def test_nothing_is_judged_before_the_second_step() -> None:

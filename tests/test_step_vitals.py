@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from trainvitals.vitals import StepVitals
+from trainvitals.agent.vitals import StepVitals
 
 NAMES = ["dense/kernel", "dense/bias"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from trainvitals.server.storage import RunEnd, StorageError, Store, database_url
 
 from tests.helpers import RUN_CONTRACT_FIELDS
+from trainvitals.server.storage import RunEnd, StorageError, Store, database_url
 
 
 def hello(run_id: str, started_at: float = 1000.0, **extra: Any) -> dict[str, Any]:

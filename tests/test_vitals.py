@@ -13,10 +13,14 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import trainvitals  # noqa: E402
-from trainvitals import tf_vitals  # noqa: E402
-from trainvitals.gpu import THROTTLE_HW_THERMAL, THROTTLE_SW_THERMAL, NvmlSource  # noqa: E402
-
 from tests.helpers import ServerProcess, run_series, wait_for  # noqa: E402
+from trainvitals.agent import tf_vitals  # noqa: E402
+from trainvitals.agent.gpu import (  # noqa: E402
+    THROTTLE_HW_THERMAL,
+    THROTTLE_SW_THERMAL,
+    NvmlSource,
+    SimulatedGpu,
+)
 
 BATCH = 16
 
@@ -228,7 +232,7 @@ def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> Non
 
 
 def test_simulated_gpu_values_arrive_as_gpu_series(server: ServerProcess) -> None:
-    gpu = trainvitals.SimulatedGpu(
+    gpu = SimulatedGpu(
         mem_total=16e9, mem_start=1e9, mem_growth=5e8, temp_start=60, temp_rise=2, throttle_from=3
     )
     mon = trainvitals.Monitor(server=server.url, run_name="gpu", gpu=gpu, system_metrics=0.02)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Connection, create_engine, text
-from trainvitals.server.storage import Store
-from trainvitals.server.writer import Writer
 
 from tests.helpers import POSTGRES_ADMIN_URL
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
 
 HELLO = {
     "run_id": "r1", "project": "p", "name": "n", "config": {}, "host": "h", "pid": 1,

@@ -1,0 +1,334 @@
+"""A run: the link between one training process and the server.
+
+:class:`Run` is what :class:`~trainvitals.VitalsCallback` (and custom loops) record into.
+It owns the point buffer and the sender thread, and makes sure the server hears how the
+run ended, even when the script dies of an uncaught exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import uuid
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType, TracebackType
+from typing import Any
+
+from trainvitals.agent import environment
+from trainvitals.agent.buffer import Columns, PointBuffer
+from trainvitals.agent.config import AgentConfig
+from trainvitals.agent.gpu import NvmlSource, TfAllocatorSource
+from trainvitals.agent.host import HostSource
+from trainvitals.agent.sampler import Sampler, Source
+from trainvitals.agent.spool import PendingFrames, Spool
+from trainvitals.agent.stall import StallDetector, thread_stacks
+from trainvitals.agent.transport import Sender
+from trainvitals.agent.watchdog import Watchdog
+from trainvitals.protocol import (
+    AUTOPSY,
+    END_COMPLETED,
+    END_EXCEPTION,
+    HELLO,
+    PROTOCOL_VERSION,
+    STALL,
+)
+
+log = logging.getLogger("trainvitals")
+
+#: How long ``finish`` waits for the server to acknowledge the last frames.
+FLUSH_TIMEOUT = 10.0
+#: ... and how long when the server is known to be unreachable.
+UNREACHABLE_FLUSH_TIMEOUT = 2.0
+
+
+class Run:
+    """One training run streaming to a trainvitals server.
+
+    Args:
+        config: where to send and what to call the run (see
+            :func:`trainvitals.agent.config.resolve`).
+        system_metrics: seconds between host/GPU samples (default 1); 0 or False turns the
+            sampler off.
+        gpu: a GPU source to sample instead of NVML (e.g.
+            :class:`trainvitals.agent.gpu.SimulatedGpu`).
+        env: more facts for the run's environment (the callback adds TensorFlow's).
+        watchdog: start the watchdog process that reports SIGKILL, OOM kills and segfaults,
+            which the process cannot report itself (default True).
+        on_system: called on the sampler thread with ``(step, time, values)`` after each
+            host/GPU sample (the agent's own protective actions watch memory this way).
+
+    Example:
+        >>> run = Run(resolve(project="mnist"))          # doctest: +SKIP
+        >>> run.start()
+        >>> run.log(step=1, values={"loss": 0.7})
+        >>> run.finish()
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        system_metrics: float | bool = 1.0,
+        gpu: Source | None = None,
+        env: dict[str, Any] | None = None,
+        watchdog: bool = True,
+        on_system: Callable[[int, float, Mapping[str, float]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self._on_system = on_system
+        self.id = uuid.uuid4().hex
+        self.started_at = time.time()
+        self._stall = StallDetector(config.stall_factor, config.stall_floor)
+        self._buffer = PointBuffer(
+            on_step=lambda steps, at: self._stall.step(
+                time.monotonic() if at is None else at, steps
+            )
+        )
+        self._sender: Sender | None = None
+        self._sampler: Sampler | None = None
+        self._interval = 0.0 if system_metrics is False else float(system_metrics)
+        self._gpu = gpu
+        self._env = dict(env or {})
+        self._use_watchdog = watchdog
+        self._watchdog: Watchdog | None = None
+        self._finished = False
+        self._lock = threading.Lock()
+        self._tick_hooks: list[Callable[[], None]] = []
+
+    @property
+    def last_step(self) -> int:
+        return self._buffer.last_step
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "type": HELLO,
+            "v": PROTOCOL_VERSION,
+            "run_id": self.id,
+            "project": self.config.project,
+            "name": self.config.run_name,
+            "config": _jsonable(self.config.config),
+            "host": environment.host(),
+            "pid": os.getpid(),
+            "started_at": self.started_at,
+            "env": {**environment.describe(), **self._env},
+            "job": environment.job(),
+        }
+
+    def start(self) -> None:
+        """Start the sender (and sampler) threads. Returns at once, server up or not."""
+        if self._interval > 0:
+            sources = system_sources(self._gpu)
+            for source in sources:
+                self._env[source.name] = _jsonable(source.describe())
+            self._sampler = Sampler(sources, self._record_system, self._interval)
+        hello = self.hello()
+        self._sender = Sender(
+            self.config.ingest_url,
+            hello,
+            self._buffer,
+            flush_interval=self.config.flush_interval,
+            token=self.config.token,
+            heartbeat_interval=self.config.heartbeat_interval,
+            tick=self._tick,
+            pending=PendingFrames(
+                self.config.spool_after_bytes,
+                Spool(self.config.spool_dir, self.id, self.config.spool_max_bytes),
+            ),
+        )
+        self._sender.start()
+        if self._use_watchdog:
+            try:
+                self._watchdog = Watchdog(self.config.ingest_url, hello, self.config.token)
+            except OSError as exc:
+                log.warning(
+                    "trainvitals: no watchdog (%s): a SIGKILL or OOM kill will show as a lost run",
+                    exc,
+                )
+        if self._sampler is not None:
+            self._sampler.start()
+        _install_exit_hooks()
+        _open_runs.add(self)
+
+    def log(self, step: int, values: Mapping[str, float], time_: float | None = None) -> None:
+        """Record ``values`` at ``step``: cheap, never blocks on the network."""
+        self._buffer.add(step, time.time() if time_ is None else time_, values)
+
+    def add_columns(
+        self, columns: Mapping[str, Columns], clock: Sequence[tuple[int, float]] = ()
+    ) -> None:
+        """Record many steps at once: ``{name: (steps, unix times, values)}``; ``clock`` is
+        ``(step, time.monotonic())`` of each step's end, for the hang detector."""
+        self._buffer.add_columns(columns, clock)
+
+    def finish(
+        self,
+        reason: str = END_COMPLETED,
+        traceback_text: str | None = None,
+        timeout: float = FLUSH_TIMEOUT,
+    ) -> bool:
+        """Send what is left and how the run ended; wait up to ``timeout`` s for the server.
+
+        Returns whether the server acknowledged everything. Calling it twice is harmless.
+        """
+        with self._lock:
+            if self._finished or self._sender is None:
+                return True
+            self._finished = True
+        _open_runs.discard(self)
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler.sample_once()  # the last readings before the end
+        end: dict[str, Any] = {"reason": reason, "time": time.time()}
+        if traceback_text:
+            end["traceback"] = traceback_text
+        if not self._sender.connected:
+            # The server is away: don't hold the end of training hostage to it.
+            timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
+        delivered = self._sender.close(end, timeout)
+        if self._watchdog is not None:
+            self._watchdog.done()
+        if not delivered:
+            log.warning(
+                "trainvitals: %d frames of run %r not acknowledged by %s after %.0f s",
+                self._sender.unacknowledged,
+                self.config.run_name,
+                self.config.server,
+                timeout,
+            )
+        return delivered
+
+    def on_tick(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` on the sender thread before each send (to hand over what is held)."""
+        self._tick_hooks.append(hook)
+
+    def _tick(self) -> None:
+        for hook in self._tick_hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("trainvitals: collecting steps failed")
+        self._check_stall()
+
+    def _check_stall(self) -> None:
+        if self._finished:  # the sender may still be delivering, long after the last step
+            return
+        stalled = self._stall.check(time.monotonic())
+        if stalled is not None and self._sender is not None:
+            idle, threshold = stalled
+            log.warning(
+                "trainvitals: no training step for %.0f s (threshold %.1f s); "
+                "reporting every thread's stack",
+                idle,
+                threshold,
+            )
+            self._sender.send_event(
+                {
+                    "type": STALL,
+                    "time": time.time(),
+                    "idle": idle,
+                    "threshold": threshold,
+                    "stacks": thread_stacks(),
+                }
+            )
+
+    def report_autopsy(self, step: int, report: Mapping[str, Any]) -> None:
+        """Send where the first NaN/Inf came from (see :mod:`trainvitals.agent.autopsy`)."""
+        if self._sender is not None:
+            frame = {"type": AUTOPSY, "time": time.time(), "step": step, "report": dict(report)}
+            self._sender.send_event(_jsonable(frame))
+
+    def _record_system(self, values: Mapping[str, float]) -> None:
+        step, now = self._buffer.last_step, time.time()
+        self._buffer.add(step, now, values)
+        if self._on_system is not None:
+            try:
+                self._on_system(step, now, values)
+            except Exception as exc:  # a protective check must never end the sampler
+                log.warning("trainvitals: memory watch stopped: %s: %s", type(exc).__name__, exc)
+                self._on_system = None
+
+
+def system_sources(gpu: Source | None = None) -> list[Source]:
+    """The host, the GPUs (NVML unless ``gpu`` is given) and TensorFlow's GPU allocator."""
+    sources: list[Source] = [HostSource()]
+    gpu_source = gpu if gpu is not None else NvmlSource.create()
+    if gpu_source is not None:
+        sources.append(gpu_source)
+    allocator = TfAllocatorSource.create()
+    if allocator is not None and gpu is None:
+        sources.append(allocator)
+    return sources
+
+
+def _jsonable(value: Any) -> Any:
+    """Hyper-parameters as JSON: containers kept, anything else by its ``str``."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+# -- runs that the script leaves open -------------------------------------------------------
+# An uncaught exception skips Keras's on_train_end. The interpreter calls sys.excepthook
+# before atexit handlers, so the hook keeps the traceback and the atexit handler reports it.
+# SIGTERM's default action kills the process without running atexit handlers, so the signal
+# handler reports the ending first, then lets the signal do what it would have done.
+
+_open_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+_uncaught: list[str] = []
+_signals: list[str] = []
+_hooks_installed = False
+
+
+def _install_exit_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    previous = sys.excepthook
+
+    def excepthook(
+        kind: type[BaseException], value: BaseException, tb: TracebackType | None
+    ) -> None:
+        _uncaught.append("".join(traceback.format_exception(kind, value, tb)))
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(_finish_open_runs)
+    if threading.current_thread() is threading.main_thread():  # signals live there only
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            _chain_signal(signum)
+
+
+def _chain_signal(signum: int) -> None:
+    previous = signal.getsignal(signum)
+    if previous in (signal.SIG_IGN, None):
+        return
+
+    def handler(number: int, frame: FrameType | None) -> None:
+        _signals.append(f"signal:{signal.Signals(number).name}")
+        if previous == signal.SIG_DFL:
+            _finish_open_runs()
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)  # end as the signal would have ended it
+        elif callable(previous):
+            previous(number, frame)  # e.g. SIGINT's KeyboardInterrupt: the script may catch it
+
+    signal.signal(signum, handler)
+
+
+def _finish_open_runs() -> None:
+    text = _uncaught[-1] if _uncaught else None
+    reason = _signals[-1] if _signals else END_EXCEPTION if text else "exited"
+    for run in list(_open_runs):
+        run.finish(reason, text, timeout=5.0)

@@ -1,0 +1,82 @@
+"""The per-second sampler: one daemon thread reads every source on a fixed schedule.
+
+The schedule runs on a monotonic clock, so intervals do not drift with the time a sample
+takes; the loop waits on ``stop_event.wait(...)``, so ``stop()`` is instant. A source that
+fails is reported once and dropped; the others carry on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+log = logging.getLogger("trainvitals")
+
+
+class Source(Protocol):
+    name: str
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def sample(self) -> dict[str, float]: ...
+
+
+class Sampler:
+    """Calls ``record(values)`` every ``interval`` seconds with what the sources read.
+
+    Args:
+        sources: what to read (see :mod:`trainvitals.agent.host` and :mod:`trainvitals.agent.gpu`).
+        record: where the values go (the run's buffer).
+        interval: seconds between samples (default 1).
+        clock: a monotonic clock; injected by tests.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        record: Callable[[Mapping[str, float]], None],
+        interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sources = list(sources)
+        self._record = record
+        self._interval = interval
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainvitals-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def sample_once(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for source in list(self.sources):
+            try:
+                values.update(source.sample())
+            except Exception as exc:
+                log.warning(
+                    "trainvitals: %s readings stopped: %s: %s", source.name, type(exc).__name__, exc
+                )
+                self.sources.remove(source)
+        if values:
+            self._record(values)
+        return values
+
+    def _run(self) -> None:
+        due = self._clock()
+        while True:
+            self.sample_once()
+            due += self._interval
+            now = self._clock()
+            if due < now:  # fell behind (suspended, swapping): skip, don't burst
+                due = now + self._interval
+            if self._stop.wait(due - now):
+                return

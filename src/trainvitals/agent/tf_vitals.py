@@ -1,0 +1,258 @@
+"""Training vitals as TensorFlow ops: NaN/Inf counts and gradient norms.
+
+Used inside the compiled train step by :class:`~trainvitals.VitalsCallback` (so the values
+reach the host with the logs Keras fetches anyway) and eagerly by
+:class:`~trainvitals.Monitor` in custom loops. Imports TensorFlow: load it lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+from trainvitals.agent import environment
+
+#: Order of the scalars at the head of the packed vitals vector; per-variable norms follow.
+PACKED = ("loss", "nonfinite/loss", "nonfinite/inputs", "nonfinite/grads", "grad/global_norm")
+
+
+def _dense(tensor: Any) -> Any:
+    if isinstance(tensor, tf.IndexedSlices):  # embedding gradients
+        return tensor.values
+    return tf.convert_to_tensor(tensor)
+
+
+def _floating(structure: Any) -> list[Any]:
+    tensors = (_dense(t) for t in tf.nest.flatten(structure) if t is not None)
+    return [t for t in tensors if t.dtype.is_floating]
+
+
+def nonfinite_count(structure: Any) -> tf.Tensor:
+    """NaN/Inf elements across every floating tensor in a (nested) structure, as float32."""
+    total = tf.constant(0.0, tf.float32)
+    for tensor in _floating(structure):
+        total += tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(tensor)), tf.float32))
+    return total
+
+
+class WeightsCheck:
+    """NaN/Inf elements in a Keras model's weights, as one compiled TensorFlow function.
+
+    Run every N steps off the training thread. Eagerly, the count is some thirty separate
+    operations, each dispatched from Python while holding the interpreter lock that the
+    training loop needs too; compiled, it is one call. As in :func:`step_vitals`, a healthy
+    model pays for one sum of squares; the exact count runs only when that sum is not finite.
+    """
+
+    #: The least time between two checks, in seconds: at hundreds of steps a second, every N
+    #: steps would mean several checks a second, for weights that only change by small steps.
+    min_interval = 1.0
+
+    def __init__(self, model: Any) -> None:
+        self._variables = list(model.weights)
+        # A partial, not the bound method: TensorFlow counts traces by the code they run, and
+        # each check traces once for its own model, so a script that makes many (a
+        # hyper-parameter loop) would be warned of "excessive retracing".
+        self._count = tf.function(functools.partial(WeightsCheck._nonfinite, self), autograph=False)
+        self._last = -math.inf
+        self.clock = time.monotonic
+
+    def due(self) -> bool:
+        """Whether a check now keeps to :attr:`min_interval` (and counts it as done)."""
+        now = self.clock()
+        if now - self._last < self.min_interval:
+            return False
+        self._last = now
+        return True
+
+    def _nonfinite(self) -> tf.Tensor:
+        tensors = _floating([v.value for v in self._variables])
+        checksum = tf.reduce_sum(squared_norms(tensors))
+        return _conditional(
+            tf.cond(
+                tf.math.is_finite(checksum),
+                lambda: tf.constant(0.0, tf.float32),
+                lambda: nonfinite_count(tensors),
+            )
+        )
+
+    def __call__(self) -> float:
+        return float(self._count()) if self._variables else 0.0
+
+
+def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:
+    """Each tensor's sum of squares, as a float32 vector (0 for a missing gradient).
+
+    One ``l2_loss`` op per tensor: one concatenation and a segmented sum, or a ``tensordot``,
+    measured several times slower on the benchmark MLP. Reading each gradient once is most of
+    what the vitals add to a CPU step (``benchmarks/agent_overhead.py`` times it alone).
+    """
+    halves = []  # l2_loss is half the sum of squares: one multiplication for all of them
+    for tensor in tensors:
+        if tensor is None:
+            halves.append(tf.constant(0.0, tf.float32))
+            continue
+        halves.append(_float32(tf.nn.l2_loss(_dense(tensor))))
+    return 2.0 * tf.stack(halves) if halves else tf.zeros([0], tf.float32)
+
+
+def step_vitals(
+    loss: Any, inputs: Any, grads: Sequence[Any] | None, loss_scale: Any = None
+) -> tf.Tensor:
+    """Everything a step reports, packed into one float32 vector so that fetching it costs one
+    transfer: the scalars named in :data:`PACKED`, then the per-variable gradient norms.
+
+    Counting NaN/Inf element by element costs more than the norms themselves, and NaN/Inf
+    always make a sum of squares non-finite. So the sums of squares (which the norms need
+    anyway) are checked, and the exact counts run, inside one ``tf.cond``, only on a step
+    that has a NaN or an Inf somewhere.
+    """
+    # Few operations: no reduction of a scalar loss, one sum for the checksum, one
+    # concatenation at the end. (Fewer still, with the square roots on the host, measured
+    # within noise of this: the gradients' sums of squares are the cost.)
+    zero = tf.constant(0.0, tf.float32)
+    loss32 = tf.constant(float("nan")) if loss is None else _mean32(loss)
+    input_tensors = _floating(inputs)
+    present = [g for g in grads if g is not None] if grads is not None else []
+    squares = squared_norms(grads) if grads is not None else tf.zeros([0], tf.float32)
+    # A NaN or Inf anywhere makes this sum non-finite (the mean of a loss with a NaN/Inf
+    # in it is NaN or Inf); a finite sum that overflows only costs an exact count.
+    parts = [_float32(tf.nn.l2_loss(tensor)) for tensor in input_tensors]
+    if grads is not None:
+        parts.append(tf.reduce_sum(squares))
+    if loss is not None:
+        parts.append(loss32)
+    checksum = tf.add_n(parts) if parts else zero
+    counts = _conditional(
+        tf.cond(
+            tf.math.is_finite(checksum),
+            lambda: tf.zeros([3], tf.float32),
+            lambda: tf.stack(
+                [
+                    nonfinite_count(loss) if loss is not None else zero,
+                    nonfinite_count(input_tensors),
+                    nonfinite_count(present),
+                ]
+            ),
+        )
+    )
+    if loss_scale is not None:
+        squares = squares / tf.square(tf.cast(loss_scale, tf.float32))
+    norm = tf.sqrt(tf.reduce_sum(squares)) if grads is not None else tf.constant(float("nan"))
+    one = [1]
+    return tf.concat([tf.reshape(loss32, one), counts, tf.reshape(norm, one), tf.sqrt(squares)], 0)
+
+
+def _float32(tensor: Any) -> Any:
+    return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
+
+
+def _mean32(loss: Any) -> Any:
+    loss = tf.convert_to_tensor(loss)
+    if loss.shape.rank != 0:
+        loss = tf.reduce_mean(loss)
+    return _float32(loss)
+
+
+def _conditional(output: tf.Tensor) -> tf.Tensor:
+    """Keep the ``tf.cond`` that ``output`` comes from a real conditional call.
+
+    Inside a ``tf.function`` TensorFlow lowers a ``tf.cond`` to switch and merge operations,
+    and then each operation of the branch not taken still passes a "dead" value every step.
+    Kept as an ``If``, only the branch taken runs: on the benchmark MLP the healthy step's
+    counting then costs some 35 µs instead of 60. Eagerly, under XLA, or where TensorFlow's
+    graph internals differ, the ``tf.cond`` is left as it is.
+    """
+    try:
+        op = output.op
+        while op.type not in ("If", "StatelessIf"):
+            if not op.inputs:
+                return output
+            op = op.inputs[0].op
+        op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
+    except Exception:  # an eager tensor has no op; a private API may change
+        pass
+    return output
+
+
+_compiled_step_vitals = tf.function(step_vitals, reduce_retracing=True, autograph=False)
+
+
+def step_vitals_now(loss: Any, inputs: Any, grads: Sequence[Any] | None) -> tf.Tensor:
+    """:func:`step_vitals` for tensors a custom loop hands over: compiled, so one call instead
+    of some thirty eagerly dispatched operations (numbers become tensors first, so that a new
+    loss value is not a new trace)."""
+
+    def tensor(value: Any) -> Any:
+        if value is None or isinstance(value, (tf.Tensor, tf.IndexedSlices, tf.Variable)):
+            return value
+        return tf.convert_to_tensor(value)
+
+    return _compiled_step_vitals(
+        tensor(loss),
+        tf.nest.map_structure(tensor, inputs),
+        None if grads is None else [tensor(g) for g in grads],
+    )
+
+
+def unpack(packed: Any) -> tuple[dict[str, float], Any]:
+    """A fetched :func:`step_vitals` vector as ``({name in PACKED: value}, per-variable norms)``
+    (the norms stay a numpy array: they are only turned into points when they are due)."""
+    vector = np.asarray(packed)
+    head = dict(zip(PACKED, vector[: len(PACKED)].tolist(), strict=True))
+    return head, vector[len(PACKED) :]
+
+
+def loss_scale_of(optimizer: Any) -> Any:
+    """The dynamic loss scale of a Keras ``LossScaleOptimizer``, else None."""
+    scale = getattr(optimizer, "dynamic_scale", None)
+    return None if scale is None else tf.convert_to_tensor(scale)
+
+
+def variable_name(variable: Any, index: int) -> str:
+    return str(getattr(variable, "path", None) or getattr(variable, "name", None) or index)
+
+
+def describe(model: Any = None) -> dict[str, Any]:
+    """What TensorFlow says about the build and the devices, for the run's ``hello``."""
+    env: dict[str, Any] = {"tensorflow": tf.__version__}
+    try:
+        build = tf.sysconfig.get_build_info()
+        env["tf_build"] = {
+            k: build[k] for k in ("cuda_version", "cudnn_version", "is_cuda_build") if k in build
+        }
+    except Exception:  # very old or exotic builds
+        pass
+    gpus = tf.config.list_physical_devices("GPU")
+    env["tf_gpus"] = [gpu.name for gpu in gpus]
+    growth: dict[str, bool | None] = {}
+    for gpu in gpus:
+        try:
+            growth[gpu.name] = bool(tf.config.experimental.get_memory_growth(gpu))
+        except Exception:
+            growth[gpu.name] = None
+    env["memory_growth"] = growth
+    try:
+        import keras
+
+        env["mixed_precision_policy"] = keras.config.dtype_policy().name
+    except Exception:
+        pass
+    _, task = environment.tf_config(os.environ.get("TF_CONFIG"))
+    if task:
+        env["worker"] = {"type": task[0], "index": task[1]}
+    if model is not None:
+        strategy = getattr(model, "distribute_strategy", None)
+        if strategy is not None:
+            env["distribution_strategy"] = type(strategy).__name__
+            env["replicas"] = int(getattr(strategy, "num_replicas_in_sync", 1))
+        env["jit_compile"] = bool(getattr(model, "jit_compile", False))
+    return env

@@ -1,0 +1,281 @@
+"""The sender thread: ships recorded points to the server over one websocket.
+
+Training never waits on this module. The training thread only appends to a
+:class:`~trainvitals.agent.buffer.PointBuffer`; one named daemon thread drains it every
+``flush_interval`` seconds, numbers each frame, sends it and forgets it once the server
+acknowledges it. Frames not yet acknowledged wait in :class:`~trainvitals.agent.spool.PendingFrames`
+(memory, then a spool on disk during a long outage) and are re-sent in order after a
+reconnect; the server drops the ones it already stored (it is idempotent on the run's
+sequence numbers), so an outage costs nothing but a delay. Network trouble is logged once
+per outage, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.sync.client import ClientConnection, connect
+
+from trainvitals.agent.buffer import PointBuffer, points_frames
+from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
+from trainvitals.agent.spool import PendingFrames
+from trainvitals.protocol import (
+    ACK,
+    END,
+    HEARTBEAT,
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    WELCOME,
+)
+
+log = logging.getLogger("trainvitals")
+
+
+def backoff_delays(
+    initial: float = 0.2, factor: float = 2.0, maximum: float = 10.0
+) -> Iterator[float]:
+    """Exponential reconnect delays with full jitter, so restarted servers aren't stampeded."""
+    delay = initial
+    while True:
+        yield random.uniform(0.0, delay)
+        delay = min(delay * factor, maximum)
+
+
+class ProtocolError(Exception):
+    """The server answered something this agent does not understand."""
+
+
+class Sender:
+    """Sends one run's frames from a background thread named ``trainvitals-sender``.
+
+    Args:
+        url: the server's ingest websocket URL (``ws://host:port/api/v1/ingest``).
+        hello: the run's ``hello`` frame, sent first on every connection.
+        buffer: where the training thread records points.
+        flush_interval: seconds between sends.
+        token: sent as ``Authorization: Bearer <token>`` when set.
+        heartbeat_interval: seconds without anything sent before a ``heartbeat`` goes out, so
+            the server knows the process lives while no step completes.
+        tick: called on this thread at every send interval, connected or not (the run's
+            hang check: this thread keeps running while the training thread is stuck).
+        pending: where unacknowledged frames wait (default: 32 MiB in memory, no spool).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        hello: dict[str, Any],
+        buffer: PointBuffer,
+        flush_interval: float = 0.2,
+        token: str | None = None,
+        heartbeat_interval: float = 5.0,
+        tick: Callable[[], None] | None = None,
+        pending: PendingFrames | None = None,
+    ) -> None:
+        self._url = url
+        self._hello = json.dumps(hello)
+        self._buffer = buffer
+        self._interval = flush_interval
+        self._heartbeat_interval = heartbeat_interval
+        self._tick = tick
+        self._events: deque[dict[str, Any]] = deque()  # numbered frames other than points
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._pending = PendingFrames(DEFAULT_SPOOL_AFTER_BYTES) if pending is None else pending
+        self._next_seq = 1
+        self._end: dict[str, Any] | None = None
+        self._end_packed = False
+        self._closing = threading.Event()
+        self._done = threading.Event()
+        self._wake = threading.Event()
+        self._outage_reported = False
+        self._connected = False
+        self._thread = threading.Thread(target=self._run, name="trainvitals-sender", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, end: dict[str, Any], timeout: float) -> bool:
+        """Queue the ``end`` frame, then wait up to ``timeout`` s for everything to be acked.
+
+        Returns whether every frame reached the server. The thread keeps trying in the
+        background after a timeout (it is a daemon: it dies with the process).
+        """
+        self._end = end
+        self._closing.set()
+        self._wake.set()
+        self._done.wait(timeout)
+        return self._done.is_set()
+
+    def send_event(self, frame: dict[str, Any]) -> None:
+        """Queue a frame (e.g. a ``stall``) to be numbered and sent after the points so far."""
+        self._events.append(frame)
+        self._wake.set()
+
+    @property
+    def connected(self) -> bool:
+        """Whether the last connection attempt succeeded (the server is reachable)."""
+        return not self._outage_reported
+
+    @property
+    def unacknowledged(self) -> int:
+        return len(self._pending) + (0 if self._end_packed or self._end is None else 1)
+
+    @property
+    def dropped_frames(self) -> int:
+        """Frames given up on: the spool over its cap, or no disk to spool to."""
+        return self._pending.dropped
+
+    # -- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self._pending.spool is not None:
+            try:
+                self._pending.spool.remove_leftovers()
+            except Exception:
+                log.exception("trainvitals: cannot tidy the spools of earlier runs")
+        delays = backoff_delays()
+        while True:
+            try:
+                self._connection()
+                self._pending.close()
+                self._done.set()
+                return
+            except (
+                OSError,
+                TimeoutError,
+                ConnectionClosed,
+                InvalidHandshake,
+                ProtocolError,
+            ) as exc:
+                self._report_outage(exc)
+            except InvalidURI as exc:  # cannot get better by retrying
+                log.warning("trainvitals: not sending telemetry: %s", exc)
+                return
+            except Exception:  # never let telemetry die silently, never raise into training
+                log.exception("trainvitals: sender failed; retrying")
+            if self._connected:  # a connection that worked starts the backoff afresh
+                delays = backoff_delays()
+                self._connected = False
+            self._wait_packing(next(delays))
+
+    def _wait_packing(self, delay: float) -> None:
+        """Wait ``delay`` s before reconnecting, packing frames each interval meanwhile, so
+        points leave the training process's buffer for the spool at the usual pace."""
+        deadline = time.monotonic() + delay
+        while True:
+            self._pack()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._wake.wait(min(self._interval, remaining)):
+                break
+        self._wake.clear()
+
+    def _connection(self) -> None:
+        with connect(
+            self._url,
+            additional_headers=self._headers,
+            open_timeout=5,
+            close_timeout=2,
+            max_size=MAX_FRAME_BYTES,
+            compression=None,  # JSON floats compress poorly; spare the training process's CPU
+        ) as ws:
+            ws.send(self._hello)
+            welcome = _decode(ws.recv(timeout=10))
+            if welcome.get("type") != WELCOME:
+                raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
+            self._pending.rewind()
+            self._pending.ack(int(welcome.get("last_seq", 0)))
+            self._connected = True
+            if self._outage_reported:
+                log.warning(
+                    "trainvitals: reconnected to %s; resending %d frames (%d from the spool)",
+                    self._url,
+                    len(self._pending),
+                    self._pending.spooled,
+                )
+                self._outage_reported = False
+            last_send = time.monotonic()
+            next_pack = 0.0
+            while True:
+                if time.monotonic() >= next_pack or self._closing.is_set():
+                    self._pack()
+                    next_pack = time.monotonic() + self._interval
+                for _, text in self._pending.take():
+                    ws.send(text)
+                    last_send = time.monotonic()
+                if time.monotonic() - last_send >= self._heartbeat_interval:
+                    ws.send(
+                        json.dumps({"type": HEARTBEAT, "v": PROTOCOL_VERSION, "time": time.time()})
+                    )
+                    last_send = time.monotonic()
+                if self._end_packed and not self._pending:
+                    return
+                if self._closing.is_set() or self._pending.spooled:
+                    # Flushing, or replaying the spool as acks make room: block on acks
+                    # rather than polling.
+                    self._read_acks(ws, timeout=self._interval)
+                else:
+                    self._read_acks(ws, timeout=0)
+                    self._wake.wait(self._interval)
+                    self._wake.clear()
+                    next_pack = 0.0  # an interval has passed, or an event is waiting
+
+    def _read_acks(self, ws: ClientConnection, timeout: float) -> None:
+        while True:
+            try:
+                frame = _decode(ws.recv(timeout=timeout))
+            except TimeoutError:
+                return
+            if frame.get("type") == ACK:
+                self._pending.ack(int(frame["seq"]))
+            timeout = 0
+
+    def _pack(self) -> None:
+        if self._tick is not None:
+            try:
+                self._tick()
+            except Exception:
+                log.exception("trainvitals: hang check failed")
+        points = self._buffer.drain()
+        if points:
+            for frame in points_frames(points, self._next_seq):
+                self._pending.push(frame["seq"], json.dumps(frame))
+                self._next_seq = frame["seq"] + 1
+        while self._events:
+            event = {**self._events.popleft(), "v": PROTOCOL_VERSION, "seq": self._next_seq}
+            self._pending.push(self._next_seq, json.dumps(event))
+            self._next_seq += 1
+        if self._closing.is_set() and not self._end_packed and self._end is not None:
+            end = {**self._end, "type": END, "v": PROTOCOL_VERSION, "seq": self._next_seq}
+            self._pending.push(self._next_seq, json.dumps(end))
+            self._next_seq += 1
+            self._end_packed = True
+
+    def _report_outage(self, exc: BaseException) -> None:
+        if not self._outage_reported:
+            log.warning(
+                "trainvitals: cannot reach %s (%s: %s); training continues, "
+                "telemetry is kept (in memory, then spooled to disk) and sent when the "
+                "server is back",
+                self._url,
+                type(exc).__name__,
+                exc,
+            )
+            self._outage_reported = True
+
+
+def _decode(message: str | bytes) -> dict[str, Any]:
+    try:
+        frame = json.loads(message)
+    except ValueError as exc:
+        raise ProtocolError(f"Expected a JSON frame from the server, got {message[:80]!r}") from exc
+    if not isinstance(frame, dict):
+        raise ProtocolError(f"Expected a JSON object from the server, got {frame!r}")
+    return frame

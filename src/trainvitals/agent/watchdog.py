@@ -1,0 +1,175 @@
+"""The watchdog: says how a training process ended when the process itself could not.
+
+SIGKILL, the kernel's OOM killer and a segfault leave no chance to speak from inside. So
+:class:`Watchdog` starts :func:`main` in a small Python process, in a session of
+its own, that holds a pipe from the training process and watches its pid. A clean ending says
+``done`` down the pipe. If instead the process disappears, the watchdog tells the server,
+speaking as the run: ``hello``, then an ``end`` numbered after the last frame the server
+stored. The reason is ``oom_killed`` when the memory cgroup's OOM-kill counter rose,
+``signal:SIGSEGV`` (with the dump) when ``faulthandler`` wrote one, else ``signal:SIGKILL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from trainvitals.protocol import END, PROTOCOL_VERSION
+
+#: How long the watchdog keeps trying to reach the server with the news.
+REPORT_FOR = 60.0
+
+_ENTRY = "import sys; from trainvitals.agent.watchdog import main; sys.exit(main(sys.argv[1:]))"
+
+
+class Watchdog:
+    """The training side: starts the watchdog process; :meth:`done` on a clean ending.
+
+    Args:
+        url: the server's ingest websocket URL.
+        hello: the run's ``hello`` frame (the watchdog speaks as the run).
+        token: the bearer token, passed through the environment, never the command line.
+    """
+
+    def __init__(self, url: str, hello: dict[str, Any], token: str | None) -> None:
+        self._fault_file: IO[str] | None = None
+        self._fault_path = ""
+        if not faulthandler.is_enabled():  # leave a user's own faulthandler set-up alone
+            handle, self._fault_path = tempfile.mkstemp(prefix="trainvitals-fault-", suffix=".txt")
+            self._fault_file = os.fdopen(handle, "w")
+            faulthandler.enable(self._fault_file, all_threads=True)
+        env = {**os.environ, "TRAINVITALS_TOKEN": token or ""}
+        self._process = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                # Not `-m trainvitals.agent.watchdog`: the package imports this module, and runpy
+                # would warn about running it again as __main__ in every training's stderr.
+                _ENTRY,
+                "--url",
+                url,
+                "--pid",
+                str(os.getpid()),
+                "--fault-file",
+                self._fault_path,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,  # a Ctrl-C or kill of the job's process group spares it
+        )
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(hello) + "\n")
+        self._process.stdin.flush()
+
+    def done(self) -> None:
+        """The run ended and told the server itself: the watchdog can go."""
+        try:
+            assert self._process.stdin is not None
+            self._process.stdin.write("done\n")
+            self._process.stdin.close()
+        except (OSError, ValueError):
+            pass
+        if self._fault_file is not None:
+            faulthandler.disable()
+            self._fault_file.close()
+            Path(self._fault_path).unlink(missing_ok=True)
+            self._fault_file = None
+
+
+# -- the watchdog process ---------------------------------------------------------------------
+
+
+def _wait_for_ending(pid: int) -> bool:
+    """True when the parent said ``done``; False when it vanished without a word."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return False
+    stdin_open = True
+    while True:
+        if stdin_open:
+            readable, _, _ = select.select([sys.stdin], [], [], 0.25)
+            if readable:
+                line = sys.stdin.readline()
+                if line.strip() == "done":
+                    return True
+                if line == "":  # EOF; forked children may still hold the pipe: watch the pid
+                    stdin_open = False
+        else:
+            time.sleep(0.25)
+        try:
+            if not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            return False
+
+
+def _report(url: str, hello: dict[str, Any], reason: str, traceback_text: str | None) -> None:
+    from websockets.sync.client import connect
+
+    token = os.environ.get("TRAINVITALS_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    deadline = time.monotonic() + REPORT_FOR
+    delay = 0.2
+    while True:
+        try:
+            with connect(url, additional_headers=headers, open_timeout=5) as ws:
+                ws.send(json.dumps(hello))
+                welcome = json.loads(ws.recv(timeout=10))
+                seq = int(welcome["last_seq"]) + 1
+                end = {
+                    "type": END,
+                    "v": PROTOCOL_VERSION,
+                    "seq": seq,
+                    "reason": reason,
+                    "time": time.time(),
+                    "traceback": traceback_text,
+                }
+                ws.send(json.dumps(end))
+                ws.recv(timeout=10)  # the ack
+                return
+        except Exception:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainvitals.agent.host import cgroup_oom_kills
+
+    parser = argparse.ArgumentParser(prog="trainvitals-watchdog")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--pid", type=int, required=True)
+    parser.add_argument("--fault-file", default="")
+    args = parser.parse_args(argv)
+    hello = json.loads(sys.stdin.readline())
+    oom_before = cgroup_oom_kills() or 0
+    if _wait_for_ending(args.pid):
+        return 0
+    fault = Path(args.fault_file).read_text() if args.fault_file else ""
+    if args.fault_file:
+        Path(args.fault_file).unlink(missing_ok=True)
+    if (cgroup_oom_kills() or 0) > oom_before:
+        reason, text = "oom_killed", None
+    elif "Segmentation fault" in fault:
+        reason, text = "signal:SIGSEGV", fault
+    elif "Fatal Python error" in fault:
+        reason, text = "fatal_error", fault
+    else:
+        reason, text = "signal:SIGKILL", None
+    _report(args.url, hello, reason, text)
+    return 0

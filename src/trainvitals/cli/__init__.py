@@ -1,0 +1,143 @@
+"""The ``trainvitals`` command: ``serve`` runs the server, ``demo`` a real training run,
+``notify-test`` checks a notification channel.
+
+This module only builds the parser; each command lives beside it (:mod:`.server`,
+:mod:`.demo`) and imports what it needs when it runs."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from trainvitals import __version__
+from trainvitals.agent.config import DEFAULT_SERVER
+
+#: ``demo --scenario`` choices (trainvitals.demo.scenarios has the runs; importing it loads Keras).
+SCENARIO_NAMES = {
+    "healthy": "a CNN that learns; no alert",
+    "nan-input": "a NaN pixel in one batch (nonfinite)",
+    "explode": "a learning-rate warm-up that never stops (grad_explosion)",
+    "diverge": "a learning-rate decay with its sign flipped (loss_divergence)",
+    "leak": "a host-memory leak toward the limit (oom_forecast)",
+    "hang": "the input generator blocks (stall)",
+    "vanishing": "a deep sigmoid network (grad_vanishing)",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="trainvitals",
+        description="Live training-health monitor for TensorFlow/Keras.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainvitals {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the server and dashboard",
+        description="Run the trainvitals server: agent ingest, REST API and the dashboard.",
+    )
+    serve.add_argument("--host", default=None, help="interface to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port (default 8600; 0 picks a free one and prints it)",
+    )
+    serve.add_argument(
+        "--db",
+        default=None,
+        help="SQLite file path, sqlite:///path or "
+        "postgresql://user@host/db (default ./trainvitals.db)",
+    )
+    serve.add_argument(
+        "--rules",
+        default=None,
+        help="alert rules file (TOML): thresholds per rule and per project; see docs/alerts.md",
+    )
+    serve.add_argument(
+        "--notify",
+        default=None,
+        metavar="FILE",
+        help="notification channels file (TOML): Slack and webhooks, routing and pace; "
+        "see docs/notifications.md",
+    )
+    serve.add_argument(
+        "--public-url",
+        default=None,
+        metavar="URL",
+        help="the dashboard's address as people reach it, for links in notifications",
+    )
+
+    notify_test = commands.add_parser(
+        "notify-test",
+        help="send a test message to a notification channel",
+        description="Send a test message to one channel of the channels file and say whether "
+        "its receiver accepted it (exit 0) or not (exit 1).",
+    )
+    notify_test.add_argument("--channel", required=True, metavar="NAME", help="the channel's name")
+    notify_test.add_argument(
+        "--notify",
+        default=None,
+        metavar="FILE",
+        help="channels file (default $TRAINVITALS_NOTIFY)",
+    )
+    notify_test.add_argument(
+        "--public-url", default=None, metavar="URL", help="server address named in the message"
+    )
+
+    demo = commands.add_parser(
+        "demo",
+        help="train a small real Keras model that streams to a server",
+        description="Train a small CNN on scikit-learn's bundled digits, streaming to a server.",
+    )
+    demo.add_argument("--server", default=None, help=f"server URL (default {DEFAULT_SERVER})")
+    demo.add_argument(
+        "--scenario",
+        default="healthy",
+        choices=list(SCENARIO_NAMES),
+        help="what goes wrong in the run, to show its alert: "
+        + "; ".join(f"{name}: {summary}" for name, summary in SCENARIO_NAMES.items())
+        + " (default healthy)",
+    )
+    demo.add_argument("--project", default="demo", help="project name (default demo)")
+    demo.add_argument("--run-name", default=None, help="run name (default generated)")
+    demo.add_argument("--epochs", type=int, default=30, help="epochs (default 30)")
+    demo.add_argument(
+        "--pace",
+        type=float,
+        default=0.02,
+        help="seconds to pause after each step so people can watch it draw "
+        "(default 0.02; 0 trains at full speed)",
+    )
+    demo.add_argument(
+        "--time-to-oom",
+        type=float,
+        default=180.0,
+        help="leak: seconds the leak would take to reach the memory limit (default 180)",
+    )
+    demo.add_argument(
+        "--hang-for",
+        type=float,
+        default=90.0,
+        help="hang: seconds the input generator blocks (default 90)",
+    )
+
+    args = parser.parse_args(argv)
+    # Each command imports its own stack only when it runs: `serve` the server extra, `demo`
+    # TensorFlow and scikit-learn, so `--help` and the light agent install stay fast.
+    if args.command == "serve":
+        from trainvitals.cli.server import serve_command
+
+        return serve_command(args)
+    if args.command == "notify-test":
+        from trainvitals.cli.server import notify_test_command
+
+        return notify_test_command(args)
+    from trainvitals.cli.demo import demo_command
+
+    return demo_command(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""``trainvitals serve`` and ``trainvitals notify-test``: the commands that need the server
+extra."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from trainvitals import __version__
+
+SERVER_EXTRA_HINT = "this command needs the server extra: pip install 'trainvitals[server]'"
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from trainvitals.server import Settings, create_app
+        from trainvitals.server.storage import StorageError, database_url
+    except ImportError as exc:
+        print(f"trainvitals serve: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
+        return 2
+    from trainvitals.detect import RulesError, load_rules
+    from trainvitals.server.notify import NotifyError, load_notify
+
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "db": args.db,
+        "rules": args.rules,
+        "notify": args.notify,
+        "public_url": args.public_url,
+    }
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        database_url(settings.db)
+        if settings.rules:
+            load_rules(settings.rules)
+        if settings.notify:
+            load_notify(settings.notify)
+    except (StorageError, RulesError, NotifyError) as exc:
+        print(f"trainvitals serve: {exc}", file=sys.stderr)
+        return 2
+    # Bind first, so --port 0 can print the port it got before anyone needs it.
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        print(
+            f"trainvitals serve: cannot listen on {settings.host}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    port = sock.getsockname()[1]
+    print(
+        f"trainvitals {__version__} serving on http://{settings.host}:{port}/ (db: {settings.db})",
+        flush=True,
+    )
+    config = uvicorn.Config(
+        create_app(settings),
+        ws_max_size=2 * settings.max_frame_bytes,  # oversized frames get our 1009 with a reason
+        log_level="warning",
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+def notify_test_command(args: argparse.Namespace) -> int:
+    try:
+        import asyncio
+
+        from trainvitals.server import Settings
+        from trainvitals.server.notify import NotifyError, load_notify
+        from trainvitals.server.notify.delivery import send_test
+        from trainvitals.server.notify.messages import probe_message
+    except ImportError as exc:
+        print(f"trainvitals notify-test: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
+        return 2
+    overrides = {"notify": args.notify, "public_url": args.public_url}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    if not settings.notify:
+        print(
+            "trainvitals notify-test: no channels file: pass --notify FILE or set "
+            "TRAINVITALS_NOTIFY",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        channel = load_notify(settings.notify).get(args.channel)
+    except NotifyError as exc:
+        print(f"trainvitals notify-test: {exc}", file=sys.stderr)
+        return 2
+    outcome = asyncio.run(send_test(channel, probe_message(channel, settings.public_url)))
+    where = f"channel {channel.name!r} ({channel.kind}, {channel.target})"
+    if outcome.accepted:
+        print(f"OK: {where} accepted the test message ({outcome.detail}).")
+        return 0
+    print(f"FAILED: {where} did not accept the test message: {outcome.detail}", file=sys.stderr)
+    return 1

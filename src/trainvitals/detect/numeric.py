@@ -1,0 +1,555 @@
+"""Rules on the numbers of training itself: NaN/Inf, gradient norms, the loss."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from trainvitals.detect import settings as s
+from trainvitals.detect.base import Context, Rule, finite, last_record
+from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
+from trainvitals.detect.text import listing, number
+from trainvitals.detect.types import Dense, Finding, Record, Severity
+
+#: Where NaN/Inf can first appear, in the order that explains the rest: bad data poisons the
+#: loss, poisoned weights poison everything, a loss overflow poisons the gradients.
+ORIGINS = ("inputs", "weights", "loss", "grads")
+_PLACE = {"inputs": "input batch", "weights": "weights", "loss": "loss", "grads": "gradients"}
+
+NONFINITE_HINTS = {
+    "inputs": (
+        "The data itself carries NaN/Inf: find the bad records (check the preprocessing for "
+        "division by zero, log of zero, missing values) and filter them, e.g. "
+        "`dataset.filter(lambda x, y: tf.reduce_all(tf.math.is_finite(x)))`. One bad batch "
+        "has already poisoned the weights through its gradients: resume from the last "
+        "checkpoint once the data is clean."
+    ),
+    "weights": (
+        "The weights hold NaN/Inf, so every later step is lost: resume from the last good "
+        "checkpoint, and lower the learning rate or clip gradients (`clipnorm=1.0`)."
+    ),
+    "loss": (
+        "The forward pass overflowed on a clean batch: lower the learning rate, clip "
+        "gradients (`clipnorm=1.0`), add an epsilon to log/divide/sqrt in a custom loss, and "
+        "under mixed precision compute the loss in float32."
+    ),
+    "grads": (
+        "The backward pass overflowed while the loss was finite: clip gradients "
+        "(`clipnorm=1.0`) and lower the learning rate; under float16 use Keras's "
+        "LossScaleOptimizer (the mixed_float16 policy does)."
+    ),
+}
+
+
+class NonfiniteRule(Rule):
+    """NaN/Inf anywhere, critical in the very step it appears, naming where it came from."""
+
+    id = "nonfinite"
+    watches = ("loss", "grad/global_norm", "nonfinite/", "grad/norm/")
+
+    def __init__(self, context: Context, settings: s.Nonfinite) -> None:
+        super().__init__(context)
+        self.settings = settings
+        self._clean = 0
+        self._skips = 0
+        self._seen: set[str] = set()
+        self._bad_steps = 0
+        self._last_loss: float | None = None
+        self._last_norm: float | None = None
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        relevant = {
+            name: column
+            for name, column in dense.items()
+            if name.startswith("nonfinite/") or name in ("loss", "grad/global_norm")
+        }
+        if not relevant:
+            return []
+        for name, (_, _, values) in relevant.items():
+            clean = not np.any(values != 0) if name.startswith("nonfinite/") else None
+            if clean is None:
+                clean = bool(np.all(np.isfinite(values)))
+            if not clean:
+                return None  # judged step by step, to name the very step and the origin
+        steps, times, _ = max(relevant.values(), key=lambda column: len(column[0]))
+        before, self._clean, self._skips = self._clean, self._clean + len(steps), 0
+        if "loss" in relevant:
+            self._last_loss = float(relevant["loss"][2][-1])
+        if "grad/global_norm" in relevant:
+            self._last_norm = float(relevant["grad/global_norm"][2][-1])
+        if self.firing and self._clean >= self.settings.clear_steps:
+            at = max(0, self.settings.clear_steps - before - 1)
+            self._seen.clear()
+            return [self.resolve("", Record(int(steps[at]), float(times[at]), {}))]
+        return []
+
+    def observe(self, record: Record) -> list[Finding]:
+        values = record.values
+        counts: dict[str, float] = {}
+        for origin in ORIGINS:
+            count = values.get(f"nonfinite/{origin}")
+            if count is not None and not (count == 0):
+                counts[origin] = count
+        loss, norm = values.get("loss"), values.get("grad/global_norm")
+        where = set(counts)
+        if loss is not None and not math.isfinite(loss):
+            where.add("loss")
+        if norm is not None and not math.isfinite(norm):
+            where.add("grads")
+        if not where:
+            if counts or loss is not None or norm is not None or "nonfinite/weights" in values:
+                self._clean += 1
+                self._skips = 0
+                if finite(loss):
+                    self._last_loss = loss
+                if finite(norm):
+                    self._last_norm = norm
+                if self.firing and self._clean >= self.settings.clear_steps:
+                    self._seen.clear()
+                    return [self.resolve("", record)]
+            return []
+        self._clean = 0
+        if where == {"grads"} and self.context.mixed_precision:
+            self._skips += 1  # the loss scale at work, unless it keeps happening
+            if self._skips < self.settings.mixed_precision_skips:
+                return []
+        self._bad_steps += 1
+        if self.firing and where <= self._seen:
+            return []
+        first = not self.firing
+        self._seen |= where
+        ordered = [o for o in ORIGINS if o in where]
+        origin = ordered[0]
+        bad_variables = [
+            name.removeprefix("grad/norm/")
+            for name in self.context.in_model_order(
+                n for n, v in values.items() if n.startswith("grad/norm/") and not finite(v)
+            )
+        ]
+        evidence: dict[str, Any] = {
+            "origin": origin,
+            "where": ordered,
+            "counts": counts,
+            "first_step": record.step,
+            "steps_nonfinite": self._bad_steps,
+            "last_finite_loss": self._last_loss,
+            "last_grad_norm": self._last_norm,
+        }
+        if bad_variables:
+            evidence["variables"] = bad_variables[:10]
+        if first:
+            message = _first_message(origin, ordered, counts, record.step)
+        else:
+            message = (
+                f"NaN/Inf now also in the {listing([_PLACE[o] for o in ordered])} "
+                f"(step {record.step})"
+            )
+        return [self.fire("", record, "critical", message, NONFINITE_HINTS[origin], evidence)]
+
+
+def _first_message(origin: str, ordered: list[str], counts: dict[str, float], step: int) -> str:
+    count = counts.get(origin)
+    amount = f" ({count:.0f} values)" if count is not None and math.isfinite(count) else ""
+    if origin == "inputs":
+        head = f"NaN/Inf in the input batch itself at step {step}{amount}"
+    elif origin == "weights":
+        head = f"The weights hold NaN/Inf at step {step}{amount}"
+    elif origin == "loss":
+        head = f"The loss became NaN/Inf at step {step} on a clean input batch"
+    else:
+        head = f"The gradients overflowed at step {step}{amount} while the loss was finite"
+    rest = [_PLACE[o] for o in ordered[1:]]
+    return head + (f"; the {listing(rest)} followed" if rest else "")
+
+
+GRAD_EXPLOSION_HINT = (
+    "Clip gradients (e.g. `keras.optimizers.Adam(learning_rate, clipnorm=1.0)`) and lower the "
+    "learning rate or lengthen its warm-up. If one layer dominates the rise, check its "
+    "initialisation and normalisation. Under mixed precision keep the LossScaleOptimizer. "
+    "Save a checkpoint now: the loss usually turns NaN soon after."
+)
+
+
+class GradExplosionRule(Rule):
+    """The global gradient norm far above its robust baseline (median/MAD of log10 norms)."""
+
+    id = "grad_explosion"
+    watches = ("grad/global_norm", "grad/norm/")
+
+    def __init__(self, context: Context, settings: s.GradExplosion) -> None:
+        super().__init__(context)
+        self.settings = settings
+        self._baseline = RollingWindow(settings.window)
+        self._lagging: deque[float] = deque()
+        self._above = 0
+        self._calm = 0
+        # Per-variable norms arrive every few steps: each one's rise over its own median.
+        self._variables: dict[str, RollingWindow] = {}
+        self._rise: dict[str, tuple[float, float]] = {}  # name -> (norm, ratio)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        column = dense.get("grad/global_norm")
+        if column is None:
+            return []
+        cfg = self.settings
+        if self.firing or len(self._baseline) < cfg.min_history:
+            return None  # firing, or about to judge for the first time: step by step
+        values = column[2]
+        levels = np.log10(values[np.isfinite(values) & (values > 0)])
+        centre = self._baseline.median
+        spread = max(MAD_TO_SIGMA * self._baseline.mad, 0.05)
+        excess = levels - centre
+        if np.any((excess >= math.log10(cfg.factor)) & (excess / spread >= cfg.min_z)):
+            return None
+        self._above = 0
+        self._calm += len(levels)
+        self._lagging.extend(levels.tolist())
+        overflow = len(self._lagging) - cfg.lag
+        if overflow > 0:
+            self._baseline.extend([self._lagging.popleft() for _ in range(overflow)])
+        return []
+
+    def observe(self, record: Record) -> list[Finding]:
+        cfg = self.settings
+        for name, value in record.values.items():
+            if name.startswith("grad/norm/") and finite(value) and value > 0:
+                window = self._variables.get(name)
+                if window is None:
+                    window = self._variables[name] = RollingWindow(20, refresh=1)
+                level = math.log10(value)
+                if len(window) >= 3:
+                    self._rise[name] = (value, 10 ** (level - window.median))
+                window.add(level)
+        norm = record.values.get("grad/global_norm")
+        if norm is None or not finite(norm) or norm <= 0:
+            return []
+        level = math.log10(norm)
+        self._lagging.append(level)
+        if len(self._lagging) > cfg.lag:
+            self._baseline.add(self._lagging.popleft())
+        if len(self._baseline) < cfg.min_history:
+            return []
+        centre = self._baseline.median
+        spread = max(MAD_TO_SIGMA * self._baseline.mad, 0.05)
+        ratio = 10 ** (level - centre)
+        hot = ratio >= cfg.factor and (level - centre) / spread >= cfg.min_z
+        if hot:
+            self._above += 1
+            self._calm = 0
+        else:
+            self._above = 0
+            self._calm += 1
+        severity = "critical" if ratio >= cfg.critical_factor else "warning"
+        if hot and (self._above >= cfg.sustain or severity == "critical"):
+            current = self.firing.get("")
+            if current is None or (current == "warning" and severity == "critical"):
+                return [self._fire(record, norm, 10**centre, ratio, severity)]
+        elif self.firing and self._calm >= cfg.clear_steps:
+            return [self.resolve("", record)]
+        return []
+
+    def _fire(
+        self, record: Record, norm: float, baseline: float, ratio: float, severity: Any
+    ) -> Finding:
+        layers = sorted(self._rise.items(), key=lambda item: -item[1][1])[:3]
+        evidence: dict[str, Any] = {
+            "norm": norm,
+            "baseline": baseline,
+            "ratio": ratio,
+            "steps_above": self._above,
+            "layers": [
+                {"variable": name.removeprefix("grad/norm/"), "norm": n, "ratio": r}
+                for name, (n, r) in layers
+            ],
+        }
+        message = (
+            f"Gradient norm {number(norm)} is {ratio:.0f}x its recent baseline {number(baseline)}"
+        )
+        if layers and layers[0][1][1] >= 3:
+            name, (_, rise) = layers[0]
+            message += f"; the largest rise is in {name.removeprefix('grad/norm/')} ({rise:.0f}x)"
+        return self.fire("", record, severity, message, GRAD_EXPLOSION_HINT, evidence)
+
+
+GRAD_VANISHING_HINT = (
+    "Gradients die on their way back through the network: use ReLU/GELU instead of "
+    "sigmoid/tanh in deep stacks, He initialisation (`kernel_initializer='he_normal'`), "
+    "BatchNormalization or residual connections. If every gradient is tiny, raise the "
+    "learning rate or check that the loss depends on the weights at all."
+)
+
+
+class GradVanishingRule(Rule):
+    """Early layers' gradients orders of magnitude below the rest while the loss is flat,
+    or every gradient near zero, for a sustained window."""
+
+    id = "grad_vanishing"
+    watches = ("loss", "grad/global_norm", "grad/norm/")
+
+    def __init__(self, context: Context, settings: s.GradVanishing) -> None:
+        super().__init__(context)
+        self.settings = settings
+        self._tiny = 0
+        self._low = 0
+        self._recovered = 0
+        self._losses: deque[float] = deque(maxlen=settings.window)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        cfg = self.settings
+        if "loss" in dense:
+            losses = dense["loss"][2]
+            self._losses.extend(losses[np.isfinite(losses)].tolist())
+        if "grad/global_norm" not in dense:
+            return []
+        norms = dense["grad/global_norm"][2]
+        norms = norms[np.isfinite(norms)]
+        if not len(norms):
+            return []
+        small = norms < cfg.min_norm
+        if small.all():
+            self._tiny += len(norms)
+        else:
+            self._tiny = len(norms) - 1 - int(np.flatnonzero(~small)[-1])
+        if self._tiny >= cfg.window and not self.firing:
+            return [self._all_tiny(last_record(dense, "grad/global_norm"), float(norms[-1]))]
+        return []
+
+    def _all_tiny(self, record: Record, norm: float) -> Finding:
+        message = (
+            f"The gradient norm has stayed below {self.settings.min_norm:g} for {self._tiny} "
+            "steps: nothing is learning"
+        )
+        evidence = {"global_norm": norm, "steps": self._tiny}
+        return self.fire("", record, "warning", message, GRAD_VANISHING_HINT, evidence)
+
+    def observe(self, record: Record) -> list[Finding]:
+        cfg = self.settings
+        values = record.values
+        loss = values.get("loss")
+        if finite(loss):
+            self._losses.append(loss)  # type: ignore[arg-type]
+        out: list[Finding] = []
+        norm = values.get("grad/global_norm")
+        if finite(norm):
+            self._tiny = self._tiny + 1 if norm < cfg.min_norm else 0  # type: ignore[operator]
+            if self._tiny >= cfg.window and not self.firing:
+                out.append(self._all_tiny(record, norm))  # type: ignore[arg-type]
+        kernels = [n for n in values if n.startswith("grad/norm/") and "kernel" in n]
+        if not kernels:
+            kernels = [n for n in values if n.startswith("grad/norm/")]
+        ordered = [n for n in self.context.in_model_order(kernels) if finite(values[n])]
+        if len(ordered) < 3:
+            return out
+        early = ordered[: max(1, len(ordered) // 3)]
+        low_name = min(early, key=lambda n: values[n])
+        top_name = max(ordered, key=lambda n: values[n])
+        top = values[top_name]
+        ratio = values[low_name] / top if top > 0 else 1.0
+        if ratio < cfg.layer_ratio:
+            self._low += 1
+            self._recovered = 0
+        else:
+            self._low = 0
+            self._recovered += 1 if ratio >= cfg.layer_ratio * 10 else 0
+        change = self._loss_change()
+        if (
+            not self.firing
+            and self._low >= cfg.samples
+            and change is not None
+            and change < cfg.flat_loss
+        ):
+            low, top_short = (
+                low_name.removeprefix("grad/norm/"),
+                top_name.removeprefix("grad/norm/"),
+            )
+            message = (
+                f"Gradients vanish in the early layers: {low} gets {ratio:.1e}x the gradient "
+                f"of {top_short}, and the loss improved {max(change, 0.0):.1%} over the last "
+                f"{len(self._losses)} steps"
+            )
+            evidence = {
+                "early_variable": low,
+                "early_norm": values[low_name],
+                "top_variable": top_short,
+                "top_norm": top,
+                "ratio": ratio,
+                "samples": self._low,
+                "loss_improvement": change,
+                "layers": {n.removeprefix("grad/norm/"): values[n] for n in ordered},
+            }
+            out.append(self.fire("", record, "warning", message, GRAD_VANISHING_HINT, evidence))
+        elif self.firing and self._recovered >= cfg.samples:
+            out.append(self.resolve("", record))
+        return out
+
+    def _loss_change(self) -> float | None:
+        """Relative improvement of the loss from the first to the second half of the window."""
+        losses = list(self._losses)
+        if len(losses) < self.settings.window // 2:
+            return None
+        half = len(losses) // 2
+        before, after = median(losses[:half]), median(losses[half:])
+        return (before - after) / max(abs(before), 1e-12)
+
+
+LOSS_DIVERGENCE_HINT = (
+    "Lower the learning rate (or decay it, or add warm-up) and clip gradients "
+    "(`clipnorm=1.0`); resume from the checkpoint with the lowest loss. If it began at a "
+    "data or schedule boundary, check that change (a learning-rate step, shuffled labels, a "
+    "new data shard)."
+)
+LOSS_SPIKE_HINT = (
+    "One batch's loss jumped far above the level: often a bad or mislabelled batch, or an "
+    "outlier the model can't fit. Repeated spikes that grow precede a divergence: clip "
+    "gradients and look at the batch."
+)
+
+
+class LossDivergenceRule(Rule):
+    """The batch loss's level (a rolling median) rising well above its running minimum,
+    giving back what training had learned; and single-batch spikes (info)."""
+
+    id = "loss_divergence"
+    watches = ("loss",)
+    _EVERY = 5  # steps between judgements of the level
+
+    def __init__(self, context: Context, settings: s.LossDivergence) -> None:
+        super().__init__(context)
+        self.settings = settings
+        # The last losses: the newest `smooth` give the level, all of them the minimum's
+        # level and the noise.
+        self._losses: deque[float] = deque(maxlen=max(settings.minimum_window, settings.smooth))
+        self._early: list[float] = []
+        self._start: float | None = None
+        self._minimum = math.inf
+        self._level: float | None = None
+        self._seen = 0
+        self._since = 0
+        self._above = 0
+        self._calm = 0
+        self._spike_at = -1
+
+    def observe(self, record: Record) -> list[Finding]:
+        loss = record.values.get("loss")
+        if loss is None or not math.isfinite(loss):
+            return []
+        cfg = self.settings
+        out: list[Finding] = []
+        self._seen += 1
+        self._losses.append(loss)
+        level, start = self._level, self._start
+        if level is not None and start is not None and level > 0:
+            if loss > cfg.spike_factor * level and loss > start:
+                if "spike" not in self.firing:
+                    message = (
+                        f"Loss spiked to {number(loss)} at step {record.step}, "
+                        f"{loss / level:.0f}x its level {number(level)}"
+                    )
+                    evidence = {"loss": loss, "level": level, "start": start}
+                    out.append(
+                        self.fire("spike", record, "info", message, LOSS_SPIKE_HINT, evidence)
+                    )
+                self._spike_at = record.step
+            elif "spike" in self.firing and record.step - self._spike_at >= cfg.smooth:
+                out.append(self.resolve("spike", record))
+        if self._seen <= cfg.warmup_steps:
+            return out
+        if self._start is None:
+            self._early.append(loss)
+            if len(self._early) >= cfg.early_steps:
+                self._start = median(self._early)
+                self._level = self._recent_level()
+            return out
+        self._since += 1
+        if self._since < self._EVERY:
+            return out
+        self._since = 0
+        return out + self._judge(record, self._EVERY)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        column = dense.get("loss")
+        if column is None:
+            return []
+        if self._start is None or "spike" in self.firing:
+            return None  # the warm-up and a spike's end are judged step by step
+        cfg = self.settings
+        values = column[2]
+        values = values[np.isfinite(values)]
+        if not len(values):
+            return []
+        level, start = self._level, self._start
+        if level is not None and level > 0:
+            if np.any((values > cfg.spike_factor * level) & (values > start)):
+                return None
+        self._seen += len(values)
+        self._losses.extend(values[-(self._losses.maxlen or 1) :].tolist())
+        self._since += len(values)
+        if self._since < self._EVERY:
+            return []
+        advanced, self._since = self._since, 0
+        return self._judge(last_record(dense, "loss"), advanced)
+
+    def _recent_level(self) -> float:
+        smooth = self.settings.smooth
+        return median(list(self._losses)[-smooth:])
+
+    def _judge(self, record: Record, advanced: int) -> list[Finding]:
+        """Compare the level with the minimum and the start; ``advanced`` steps since the
+        last judgement."""
+        cfg = self.settings
+        out: list[Finding] = []
+        level = self._level = self._recent_level()
+        start = self._start
+        assert start is not None
+        slow = list(self._losses)
+        slow_level = median(slow)
+        if len(slow) == self._losses.maxlen:
+            self._minimum = min(self._minimum, slow_level)
+        low = min(self._minimum, slow_level)
+        # The standard error of the level (a median of `smooth` losses), from the spread of
+        # the recent losses: 1.4826 x MAD estimates their standard deviation, and a median's
+        # standard error is 1.2533 x that over the square root of its count.
+        spread = 1.4826 * median([abs(v - slow_level) for v in slow])
+        noise = 1.2533 * spread / math.sqrt(min(len(slow), cfg.smooth))
+        learned = start - low
+        if learned > 0.05 * abs(start):
+            rising = (
+                level - low >= cfg.lost_fraction * learned
+                and (level >= cfg.min_ratio * low if low > 0 else True)
+                and level - low >= cfg.noise_z * noise
+            )
+            severity: Severity = "critical" if level > start else "warning"
+        else:  # nothing learned yet: only a loss far above where it started counts
+            rising = start > 0 and level >= 2 * start
+            severity = "critical" if start > 0 and level >= 3 * start else "warning"
+        if rising:
+            self._above += advanced
+            self._calm = 0
+        else:
+            self._above = 0
+            self._calm += advanced
+        if rising and self._above >= cfg.sustain:
+            current = self.firing.get("")
+            if current is None or (current == "warning" and severity == "critical"):
+                gave_back = (level - low) / learned if learned > 0 else math.inf
+                message = (
+                    f"Loss is rising: its level {number(level)} is "
+                    f"{level / low if low > 0 else math.inf:.1f}x its minimum {number(low)}"
+                    f" (it started at {number(start)})"
+                )
+                if severity == "critical":
+                    message = "Training is diverging: " + message[0].lower() + message[1:]
+                evidence = {
+                    "level": level,
+                    "minimum": low,
+                    "start": start,
+                    "given_back": gave_back,
+                    "steps_rising": self._above,
+                }
+                out.append(self.fire("", record, severity, message, LOSS_DIVERGENCE_HINT, evidence))
+        elif "" in self.firing and self._calm >= cfg.sustain:
+            out.append(self.resolve("", record))
+        return out

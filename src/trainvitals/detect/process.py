@@ -1,0 +1,288 @@
+"""Rules on the training process: hangs, slow steps, and how it ended."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from trainvitals.detect import settings as s
+from trainvitals.detect.base import Context, Rule, finite, is_system, last_record
+from trainvitals.detect.stats import RollingWindow, median
+from trainvitals.detect.text import duration, number, size
+from trainvitals.detect.types import Dense, Finding, Record, Severity
+
+# What a hung stack usually shows, and what to do about it (first match wins).
+_STALL_CAUSES = (
+    (
+        ("py_dataset", "data_adapter", "generator", "__next__", "__getitem__", "queue.py"),
+        "The input pipeline is blocked: the stacks show training waiting for the next batch "
+        "from Python code. Check the generator or loader for a deadlock, a dead worker or a "
+        "remote read that never returns; feeding data through tf.data (with `prefetch` and "
+        "`num_parallel_calls=tf.data.AUTOTUNE`) keeps Python off the step path.",
+    ),
+    (
+        ("collective", "nccl", "all_reduce", "allreduce", "barrier", "multi_worker"),
+        "A collective is waiting for a peer: check that every worker is alive and reached "
+        "the same step (NCCL_DEBUG=INFO shows who waits for whom), and the network between "
+        "them.",
+    ),
+    (
+        ("acquire", "lock", "wait(", "join("),
+        "A thread waits on a lock or another thread: the stacks show which; look for the "
+        "thread that holds it.",
+    ),
+)
+STALL_HINT = (
+    "Look at the main thread's stack: it shows where training waits. A swap storm or a "
+    "stuck filesystem also stalls steps; check host memory and I/O."
+)
+
+
+def stall_hint(stacks: str) -> str:
+    lowered = stacks.lower()
+    for needles, hint in _STALL_CAUSES:
+        if any(needle in lowered for needle in needles):
+            return hint
+    return STALL_HINT
+
+
+class StallRule(Rule):
+    """No step for far longer than usual while the process lives (the agent's report)."""
+
+    id = "stall"
+
+    @classmethod
+    def reads(cls, name: str) -> bool:
+        return not is_system(name)  # any step resolves a stall
+
+    def __init__(self, context: Context, settings: s.Stall) -> None:
+        super().__init__(context)
+        self._step: int | None = None
+
+    def stalled(
+        self, step: int, time: float, idle: float, threshold: float, stacks: str
+    ) -> Finding:
+        self._step = step
+        record = Record(step, time, {})
+        message = (
+            f"No training step for {duration(idle)} (alarm at {duration(threshold)}); the "
+            f"process is alive, last step {step}"
+        )
+        evidence = {"idle_s": idle, "threshold_s": threshold, "stacks": stacks}
+        return self.fire("", record, "critical", message, stall_hint(stacks), evidence)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        if not self.firing or self._step is None:
+            return []
+        resumed = [
+            (int(steps[i]), float(times[i]))
+            for steps, times, _ in dense.values()
+            for i in np.flatnonzero(steps > self._step)[:1]
+        ]
+        if not resumed:
+            return []
+        step, time = min(resumed)
+        return [self.resolve("", Record(step, time, {}))]
+
+    def observe(self, record: Record) -> list[Finding]:
+        if (
+            self.firing
+            and self._step is not None
+            and record.step > self._step
+            and any(not is_system(n) for n in record.values)
+        ):
+            return [self.resolve("", record)]
+        return []
+
+
+class SlowdownRule(Rule):
+    """The recent median step time far above its baseline median."""
+
+    id = "slowdown"
+    watches = ("step_time",)
+    _EVERY = 10
+
+    def __init__(self, context: Context, settings: s.Slowdown) -> None:
+        super().__init__(context)
+        self.settings = settings
+        self._baseline = RollingWindow(settings.baseline_window)
+        self._recent: deque[float] = deque(maxlen=settings.recent)
+        self._seen = 0
+        self._since = 0
+        self._above = 0
+        self._calm = 0
+
+    def observe(self, record: Record) -> list[Finding]:
+        value = record.values.get("step_time")
+        if value is None or not finite(value) or value <= 0:
+            return []
+        cfg = self.settings
+        self._seen += 1
+        if self._seen <= cfg.warmup_steps:
+            return []
+        if len(self._recent) == self._recent.maxlen:
+            self._baseline.add(self._recent[0])
+        self._recent.append(value)
+        self._since += 1
+        if self._since < self._EVERY or len(self._baseline) < cfg.recent:
+            return []
+        advanced, self._since = self._since, 0
+        return self._judge(record, advanced)
+
+    def skim(self, dense: Dense) -> list[Finding] | None:
+        column = dense.get("step_time")
+        if column is None:
+            return []
+        cfg = self.settings
+        if self._seen < cfg.warmup_steps:
+            return None
+        values = column[2]
+        fresh = values[np.isfinite(values) & (values > 0)].tolist()
+        if not fresh:
+            return []
+        self._seen += len(fresh)
+        pushed_out = len(self._recent) + len(fresh) - cfg.recent
+        if pushed_out > 0:  # what leaves the recent window joins the baseline
+            self._baseline.extend((list(self._recent) + fresh)[:pushed_out])
+        self._recent.extend(fresh)
+        self._since += len(fresh)
+        if self._since < self._EVERY or len(self._baseline) < cfg.recent:
+            return []
+        advanced, self._since = self._since, 0
+        return self._judge(last_record(dense, "step_time"), advanced)
+
+    def _judge(self, record: Record, advanced: int) -> list[Finding]:
+        cfg = self.settings
+        base, now = self._baseline.median, median(self._recent)
+        slow = now >= cfg.factor * base and now - base >= cfg.min_increase
+        if slow:
+            self._above += advanced
+            self._calm = 0
+        else:
+            self._above = 0
+            recovered = now < (1 + (cfg.factor - 1) / 2) * base
+            self._calm = self._calm + advanced if recovered else 0
+        if slow and self._above >= cfg.sustain and "" not in self.firing:
+            return [self._fire(record, base, now)]
+        if "" in self.firing and self._calm >= cfg.sustain:
+            return [self.resolve("", record)]
+        return []
+
+    def _fire(self, record: Record, base: float, now: float) -> Finding:
+        latest = self.context.latest
+        evidence: dict[str, Any] = {"step_time": now, "baseline": base, "ratio": now / base}
+        causes = []
+        swap = latest.get("host/swap_used")
+        if swap:
+            evidence["swap_used"] = swap
+            causes.append(f"the host swaps ({size(swap)} in swap)")
+        throttled = [k for k, v in latest.items() if k.endswith("/throttle") and v]
+        if throttled:
+            evidence["throttle"] = {k: latest[k] for k in throttled}
+            causes.append("the GPU is throttled")
+        cpu = latest.get("host/cpu_percent")
+        if cpu is not None:
+            evidence["cpu_percent"] = cpu
+        message = (
+            f"Steps take {now / base:.1f}x as long as before: {number(now)} s against "
+            f"{number(base)} s"
+        )
+        if causes:
+            message += "; " + " and ".join(causes)
+            hint = (
+                "Relieve the resource named: free host memory so it stops swapping, cool or "
+                "unthrottle the GPU (see the thermal alert)."
+            )
+        else:
+            hint = (
+                "Steps wait on something else: an input pipeline that can't keep up (use "
+                "tf.data with `prefetch` and `num_parallel_calls`, `cache` decoded data), "
+                "another process on the same CPU or GPU, a slow filesystem, or a callback "
+                "doing heavy work each step."
+            )
+        return self.fire("", record, "warning", message, hint, evidence)
+
+
+_END_HINTS = {
+    "oom_killed": (
+        "The kernel's OOM killer ended the run at its memory limit: find what grows (see the "
+        "memory chart), lower the batch size or tf.data buffers, or raise the limit."
+    ),
+    "signal:SIGKILL": (
+        "Killed from outside with SIGKILL: a scheduler (preemption, time limit), an OOM "
+        "killer outside this cgroup, or a person. Check the scheduler's log and `dmesg`; "
+        "checkpoint often (`keras.callbacks.BackupAndRestore`) so a rerun resumes."
+    ),
+    "signal:SIGTERM": (
+        "Asked to stop with SIGTERM: usually preemption or a time limit. Save a checkpoint "
+        "on SIGTERM (`keras.callbacks.BackupAndRestore`) to resume."
+    ),
+    "signal:SIGINT": "Interrupted (Ctrl-C).",
+    "signal:SIGSEGV": (
+        "A segmentation fault in native code: usually mismatched CUDA/cuDNN/driver versions "
+        "or a library bug. The faulthandler dump shows the Python frames; check the "
+        "versions in the environment panel."
+    ),
+    "heartbeat_lost": (
+        "Nothing heard from the run, not even a heartbeat: the host died, rebooted or lost "
+        "its network, or the process froze entirely (swap storm). Check the host."
+    ),
+}
+_EXCEPTION_HINTS = (
+    (
+        "ResourceExhausted",
+        "Out of GPU memory: a smaller batch or gradient accumulation, mixed precision, and "
+        "`set_memory_growth` if other processes share the card.",
+    ),
+    ("MemoryError", "Out of host memory: a smaller batch or smaller tf.data buffers."),
+    (
+        "InvalidArgumentError",
+        "A tensor check failed (often `check_numerics` on NaN, or a shape/label out of "
+        "range): the traceback names the op.",
+    ),
+)
+
+
+class CrashRule(Rule):
+    """The process ended other than by completing."""
+
+    id = "crash"
+
+    def __init__(self, context: Context, settings: s.Crash) -> None:
+        super().__init__(context)
+
+    def ended(self, reason: str, time: float, traceback: str | None) -> Finding:
+        record = Record(self.context.step, time, {})
+        readings = self.context.memory_readings()
+        evidence: dict[str, Any] = {"end_reason": reason, "last_step": self.context.step}
+        if readings:
+            evidence["last_readings"] = readings
+        severity: Severity = "critical"
+        if reason == "exception":
+            last_line = (traceback or "").strip().splitlines()[-1:] or [""]
+            evidence["exception"] = last_line[0]
+            message = f"The run crashed at step {self.context.step}: {last_line[0]}"
+            hint = next(
+                (h for key, h in _EXCEPTION_HINTS if key in (traceback or "")),
+                "The traceback shows where it failed.",
+            )
+        else:
+            what = {
+                "oom_killed": "was killed by the kernel's OOM killer",
+                "heartbeat_lost": "went silent (heartbeats stopped)",
+            }.get(reason, f"ended by {reason.removeprefix('signal:')}")
+            message = f"The run {what} at step {self.context.step}"
+            rss, limit = readings.get("host/rss"), readings.get("host/limit")
+            if rss is not None and limit:
+                message += f"; last RSS {size(rss)} of {size(limit)}"
+            hint = _END_HINTS.get(reason, "Check the process's logs and the host.")
+            if reason == "signal:SIGINT":
+                severity = "info"
+        return self.fire("", record, severity, message, hint, evidence)
+
+    def revived(self, time: float) -> Finding | None:
+        if not self.firing:
+            return None
+        return self.resolve("", Record(self.context.step, time, {}))

@@ -1,0 +1,259 @@
+"""The alert engine in the server: one detector and alert book per run, fed by ingest.
+
+The detection itself is :mod:`trainvitals.detect` (pure, no I/O). This module gives each
+run its state, persists every alert change through the writer together with its
+notifications (one transaction: the outbox), pushes it to browsers and hands it to
+listeners. A run's state is rebuilt when it is first needed after a restart: its stored
+alerts are taken up and its last frames replayed through a fresh detector, whose findings
+are discarded, so baselines are warm and nothing fires twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from sqlalchemy import Connection
+
+from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, RulesConfig
+from trainvitals.detect.types import jsonable
+from trainvitals.server.live import Hub
+from trainvitals.server.notify import Notifier
+from trainvitals.server.notify.messages import Notice
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
+
+log = logging.getLogger("trainvitals.server")
+
+#: Frames of history replayed into a rebuilt detector (about 10 minutes at 5 frames/s).
+REPLAY_FRAMES = 3000
+
+Listener = Callable[[Change, dict[str, Any]], Awaitable[None]]
+Columns = Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]]
+
+
+@dataclass
+class _RunAlerts:
+    run_id: str
+    project: str
+    name: str
+    detector: Detector
+    book: AlertBook
+    autopsy: dict[str, Any] | None = None
+
+
+class AlertEngine:
+    """Runs the rules on every run's stream and keeps their alerts."""
+
+    def __init__(
+        self,
+        store: Store,
+        writer: Writer,
+        hub: Hub,
+        rules: RulesConfig,
+        notifier: Notifier | None = None,
+    ) -> None:
+        self._store, self._writer, self._hub = store, writer, hub
+        self._notifier = notifier
+        self.rules = rules
+        self._runs: dict[str, _RunAlerts] = {}
+        self._loading: dict[str, asyncio.Task[_RunAlerts | None]] = {}
+        self._silences: list[dict[str, Any]] = []
+        self.listeners: list[Listener] = []
+
+    async def start(self) -> None:
+        self._silences = await asyncio.to_thread(self._store.active_silences, time.time())
+
+    # -- events from ingest and liveness ----------------------------------------------------
+
+    async def opened(
+        self, run: Mapping[str, Any], env: Mapping[str, Any], now: float, new: bool = False
+    ) -> None:
+        """A run's agent said hello: a ``new`` run, or one reconnecting (whose state may
+        have to be rebuilt from storage)."""
+        if new and run["id"] not in self._runs:  # nothing stored to rebuild from
+            self._runs[run["id"]] = self._fresh(run["id"], run["project"], run["name"], env)
+        state = await self._state(run["id"])
+        if state is None:
+            return
+        findings = state.detector.hello(int(run.get("last_step") or 0), now)
+        crash = state.book.alerts.get(("crash", ""))
+        if crash is not None and crash.state == "firing":  # a lost run speaks again
+            findings.append(Finding("crash", "", False, crash.step, now))
+        await self._apply(state, findings)
+
+    async def points(self, run_id: str, columns: Columns) -> None:
+        state = await self._state(run_id)
+        if state is not None:
+            await self._apply(state, state.detector.feed(columns))
+
+    async def stalled(
+        self, run_id: str, step: int, when: float, idle: float, threshold: float, stacks: str
+    ) -> None:
+        state = await self._state(run_id)
+        if state is not None:
+            await self._apply(state, state.detector.stalled(step, when, idle, threshold, stacks))
+
+    async def autopsy(self, run_id: str, step: int, report: dict[str, Any]) -> None:
+        """The agent's answer to where the first NaN/Inf came from: it joins the evidence of
+        the run's ``nonfinite`` alert (now, or when that alert fires)."""
+        state = await self._state(run_id)
+        if state is None:
+            return
+        state.autopsy = {"step": step, **report}
+        alert = state.book.alerts.get(("nonfinite", ""))
+        if alert is not None and alert.state == "firing":
+            await self._publish(state, [("updated", alert)])
+
+    async def ended(
+        self, run_id: str, reason: str, when: float, traceback: str | None = None
+    ) -> None:
+        """The run ended (or was given up as lost): a crash alert unless it completed, and
+        every other firing alert resolves."""
+        state = await self._state(run_id)
+        if state is None:
+            return
+        await self._apply(state, state.detector.ended(reason, when, traceback))
+        resolved = state.book.resolve_all(when, keep=("crash",))
+        await self._publish(state, [("resolved", alert) for alert in resolved])
+        self._runs.pop(run_id, None)
+
+    # -- people ------------------------------------------------------------------------------
+
+    async def acknowledge(self, alert_id: str, by: str | None) -> dict[str, Any] | None:
+        now = time.time()
+        stored = await self._writer.submit(
+            partial(self._store.acknowledge, alert_id=alert_id, when=now, by=by)
+        )
+        if stored is None:
+            return None
+        alert = self._held(stored)
+        if alert is not None:
+            alert.acknowledged_at, alert.acknowledged_by = now, by
+        self._hub.alert(stored)
+        return stored
+
+    async def silence(
+        self, alert_id: str, duration: float, by: str | None
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Silence the alert's rule and subject on its run for ``duration`` seconds."""
+        stored = await asyncio.to_thread(self._store.get_alert, alert_id)
+        if stored is None:
+            return None
+        now = time.time()
+        silence = {
+            "id": uuid.uuid4().hex,
+            "run_id": stored["run_id"],
+            "rule": stored["rule"],
+            "subject": stored["subject"],
+            "until": now + duration,
+            "created_at": now,
+            "created_by": by,
+        }
+        await self._writer.submit(partial(self._store.add_silence, silence=silence))
+        self._silences.append(silence)
+        stored["silenced_until"] = silence["until"]
+        alert = self._held(stored)
+        if alert is not None:
+            alert.silenced_until = silence["until"]
+        self._hub.alert(stored)
+        return stored, silence
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _held(self, stored: Mapping[str, Any]) -> Alert | None:
+        state = self._runs.get(stored["run_id"])
+        return None if state is None else state.book.find(stored["id"])
+
+    async def _state(self, run_id: str) -> _RunAlerts | None:
+        state = self._runs.get(run_id)
+        if state is not None:
+            return state
+        task = self._loading.get(run_id)
+        if task is None:
+            task = self._loading[run_id] = asyncio.create_task(self._rebuild(run_id))
+        try:
+            return await asyncio.shield(task)
+        finally:
+            self._loading.pop(run_id, None)
+
+    def _fresh(self, run_id: str, project: str, name: str, env: Mapping[str, Any]) -> _RunAlerts:
+        settings = self.rules.for_project(project)
+        detector = Detector(settings, env)
+        return _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
+
+    async def _rebuild(self, run_id: str) -> _RunAlerts | None:
+        run = await asyncio.to_thread(self._store.get_run, run_id)
+        if run is None:
+            return None
+        state = self._fresh(run_id, run["project"], run["name"], run["env"])
+        history = await asyncio.to_thread(self._store.recent_points, run_id, REPLAY_FRAMES)
+        if history:
+            columns = {n: (s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()}
+            state.detector.feed(columns)  # warms the baselines; what it finds is already known
+        stored = await asyncio.to_thread(self._store.list_alerts, run_id=run_id, limit=10_000)
+        state.book.load(Alert.from_dict(a) for a in stored)
+        self._runs[run_id] = state
+        return state
+
+    async def _apply(self, state: _RunAlerts, findings: Iterable[Finding]) -> None:
+        changes = []
+        for finding in findings:
+            change = state.book.apply(finding)
+            if change is not None:
+                changes.append(change)
+        if changes:
+            await self._publish(state, changes)
+
+    async def _publish(self, state: _RunAlerts, changes: list[tuple[Change, Alert]]) -> None:
+        if not changes:
+            return
+        rows = []
+        for kind, alert in changes:
+            alert.run_id, alert.project, alert.run_name = state.run_id, state.project, state.name
+            if alert.rule == "nonfinite" and state.autopsy is not None:
+                alert.evidence["autopsy"] = jsonable(state.autopsy)
+            if kind == "fired":
+                alert.silenced_until = self._silenced_until(alert)
+            rows.append(alert.as_dict())
+        stored = [(kind, row) for (kind, _), row in zip(changes, rows, strict=True)]
+        notices = await self._writer.submit(partial(_save_all, self._store, stored, self._notifier))
+        if self._notifier is not None:
+            self._notifier.deliver(notices)
+        for kind, row in stored:
+            if kind == "fired":
+                log.warning("alert %s on run %s: %s", row["rule"], row["run_name"], row["message"])
+            self._hub.alert(row)
+            for listener in self.listeners:
+                try:
+                    await listener(kind, row)
+                except Exception:  # a broken notifier must not stop detection
+                    log.exception("alert listener failed")
+
+    def _silenced_until(self, alert: Alert) -> float | None:
+        now = time.time()
+        self._silences = [s for s in self._silences if s["until"] > now]
+        untils = [
+            s["until"]
+            for s in self._silences
+            if (s["run_id"], s["rule"], s["subject"]) == (alert.run_id, alert.rule, alert.subject)
+        ]
+        return max(untils) if untils else None
+
+
+def _save_all(
+    store: Store,
+    changes: list[tuple[Change, dict[str, Any]]],
+    notifier: Notifier | None,
+    conn: Connection,
+) -> list[Notice]:
+    """Store alert changes, and their notifications in the same transaction (the outbox)."""
+    for _, row in changes:
+        store.save_alert(conn, row)
+    return notifier.enqueue(conn, changes) if notifier is not None else []

@@ -1,0 +1,87 @@
+"""Build the FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from trainvitals import __version__
+from trainvitals.detect import RulesConfig, load_rules
+from trainvitals.server.alerts import AlertEngine
+from trainvitals.server.deps import AppState
+from trainvitals.server.live import Hub
+from trainvitals.server.liveness import Liveness
+from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
+from trainvitals.server.routes import api, notify, streams, web
+from trainvitals.server.settings import Settings
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The trainvitals server as an ASGI app.
+
+    Example:
+        ```python
+        import uvicorn
+        from trainvitals.server import Settings, create_app
+
+        uvicorn.run(create_app(Settings(db="runs.db")), port=8600)
+        ```
+    """
+    settings = settings or Settings()
+    # A bad rules file stops the server before it starts, with the setting named.
+    rules = load_rules(settings.rules) if settings.rules else RulesConfig()
+    channels = load_notify(settings.notify) if settings.notify else NotifyConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = Store(settings.db)
+        store.create_schema()
+        writer = Writer(store)
+        hub = Hub(settings.live_queue_size, settings.runs_push_interval)
+        hub.start()
+        notifier = None
+        if channels.channels:
+            notifier = Notifier(channels, store, writer, settings.public_url, settings.notify_lease)
+            await notifier.start()
+        alerts = AlertEngine(store, writer, hub, rules, notifier)
+        await alerts.start()
+        liveness = Liveness(
+            store,
+            writer,
+            hub,
+            settings.lost_after,
+            on_lost=lambda run_id, when: alerts.ended(run_id, "heartbeat_lost", when),
+        )
+        await liveness.start()
+        app.state.trainvitals = AppState(
+            settings=settings,
+            store=store,
+            writer=writer,
+            hub=hub,
+            liveness=liveness,
+            alerts=alerts,
+            notify=channels,
+        )
+        try:
+            yield
+        finally:
+            await liveness.stop()
+            if notifier is not None:
+                await notifier.stop()
+            await hub.stop()
+            writer.close()
+            store.dispose()
+
+    app = FastAPI(title="trainvitals", version=__version__, lifespan=lifespan)
+    app.include_router(api.router)
+    app.include_router(notify.router)
+    app.include_router(streams.router)
+    app.include_router(web.router)
+    # follow_symlink: an editable install links the package's files rather than copying them.
+    app.mount("/static", StaticFiles(directory=web.WEB_DIR, follow_symlink=True), name="static")
+    return app

@@ -1,0 +1,54 @@
+"""Shared state of the app and the FastAPI dependencies that hand it to routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from starlette.requests import HTTPConnection
+
+from trainvitals.server.alerts import AlertEngine
+from trainvitals.server.live import Hub
+from trainvitals.server.liveness import Liveness
+from trainvitals.server.notify import NotifyConfig
+from trainvitals.server.settings import Settings
+from trainvitals.server.storage import Store
+from trainvitals.server.writer import Writer
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    store: Store
+    writer: Writer
+    hub: Hub
+    liveness: Liveness
+    alerts: AlertEngine
+    notify: NotifyConfig
+
+
+def get_state(connection: HTTPConnection) -> AppState:
+    state: AppState = connection.app.state.trainvitals
+    return state
+
+
+def get_store(request: Request) -> Store:
+    return get_state(request).store
+
+
+def get_alerts(request: Request) -> AlertEngine:
+    return get_state(request).alerts
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+AlertsDep = Annotated[AlertEngine, Depends(get_alerts)]
+StoreDep = Annotated[Store, Depends(get_store)]
+
+
+def run_not_found(run_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"No run with id {run_id!r}")
+
+
+def alert_not_found(alert_id: str) -> HTTPException:
+    return HTTPException(status_code=404, detail=f"No alert with id {alert_id!r}")

@@ -1,0 +1,242 @@
+"""The channels file: where alerts go, which ones, and how fast.
+
+A channels file is TOML (``trainvitals serve --notify FILE`` or ``TRAINVITALS_NOTIFY``)::
+
+    [defaults]                       # optional; every channel may override these
+    min_severity = "warning"
+    group_window = 2.0               # seconds: alerts this close are sent as one message
+    rate = 1.0                       # messages per second, with bursts of `burst`
+    burst = 3
+
+    [[channels]]
+    name = "ml-team"
+    kind = "slack"                   # a Slack incoming webhook
+    url_env = "SLACK_WEBHOOK_URL"    # the secret URL, read from this environment variable
+    projects = ["mnist", "gan"]      # default: every project
+
+    [[channels]]
+    name = "pager"
+    kind = "webhook"                 # JSON, signed with HMAC-SHA256
+    url = "https://ops.example.org/hooks/trainvitals"
+    secret = "${PAGER_HMAC_KEY}"     # ${NAME} is taken from the environment
+    min_severity = "critical"
+
+Secret URLs and keys are held by :class:`Channel` out of its ``repr`` and out of
+:meth:`Channel.describe`, which is all the API and the logs ever show.
+``docs/notifications.md`` explains every setting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainvitals.detect.settings import read_toml
+from trainvitals.detect.types import SEVERITIES, Severity
+
+Kind = Literal["slack", "webhook"]
+
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class NotifyError(ValueError):
+    """A channels file or channel that can't be used; the message names the bad setting."""
+
+
+class _Pace(BaseModel):
+    """How often one channel may be sent to (the settings a ``[defaults]`` table may set)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_severity: Severity = "warning"
+    #: Alerts arriving within this many seconds of the channel's last message wait for the
+    #: window to end and go out together as one grouped message.
+    group_window: Annotated[float, Field(ge=0)] = 2.0
+    #: Most alerts in one grouped message; more wait for the next one.
+    group_max: Annotated[int, Field(ge=1, le=40)] = 20
+    #: Messages per second, with bursts of up to ``burst`` (a token bucket).
+    rate: Annotated[float, Field(gt=0)] = 1.0
+    burst: Annotated[int, Field(ge=1)] = 3
+    #: Seconds one HTTP request may take before it counts as a network error.
+    timeout: Annotated[float, Field(gt=0, le=60)] = 5.0
+    #: Seconds after which an undeliverable notification is given up (marked failed).
+    give_up_after: Annotated[float, Field(gt=0)] = 86_400.0
+
+
+class _ChannelTable(_Pace):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")]
+    kind: Kind
+    url: str | None = None
+    url_env: str | None = None
+    secret: str | None = None
+    secret_env: str | None = None
+    projects: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _one_url(self) -> _ChannelTable:
+        if (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url and url_env")
+        if self.secret is not None and self.secret_env is not None:
+            raise ValueError("give at most one of secret and secret_env")
+        if self.kind == "slack" and (self.secret or self.secret_env):
+            raise ValueError("a slack channel takes no secret (its URL is the secret)")
+        return self
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One destination with its routing and pace; ``url`` and ``secret`` never show."""
+
+    name: str
+    kind: Kind
+    url: str = field(repr=False)
+    secret: bytes | None = field(default=None, repr=False)
+    #: Projects routed here; None means every project.
+    projects: frozenset[str] | None = None
+    min_severity: Severity = "warning"
+    group_window: float = 2.0
+    group_max: int = 20
+    rate: float = 1.0
+    burst: int = 3
+    timeout: float = 5.0
+    give_up_after: float = 86_400.0
+
+    def wants(self, alert: Mapping[str, Any]) -> bool:
+        """Whether ``alert`` (a stored alert's dict) is routed to this channel."""
+        if self.projects is not None and alert["project"] not in self.projects:
+            return False
+        return SEVERITIES.index(alert["severity"]) >= SEVERITIES.index(self.min_severity)
+
+    @property
+    def target(self) -> str:
+        """Scheme and host of the URL: enough to tell channels apart, nothing secret."""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.hostname}"
+
+    def describe(self) -> dict[str, Any]:
+        """The channel as the API and logs show it: no URL path, no secret."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "target": self.target,
+            "signed": self.secret is not None,
+            "projects": sorted(self.projects) if self.projects is not None else None,
+            "min_severity": self.min_severity,
+            "group_window": self.group_window,
+            "group_max": self.group_max,
+            "rate": self.rate,
+            "burst": self.burst,
+        }
+
+
+@dataclass(frozen=True)
+class NotifyConfig:
+    """Every channel, in file order."""
+
+    channels: tuple[Channel, ...] = ()
+
+    def get(self, name: str) -> Channel:
+        for channel in self.channels:
+            if channel.name == name:
+                return channel
+        known = ", ".join(c.name for c in self.channels) or "none"
+        raise NotifyError(f"No channel named {name!r}; the channels file has: {known}")
+
+    def routes(self, alert: Mapping[str, Any]) -> list[Channel]:
+        return [c for c in self.channels if c.wants(alert)]
+
+    @classmethod
+    def from_mapping(
+        cls, data: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> NotifyConfig:
+        environ = os.environ if environ is None else environ
+        unknown = set(data) - {"defaults", "channels"}
+        if unknown:
+            raise NotifyError(
+                f"unknown table {sorted(unknown)[0]!r}; expected [defaults] and [[channels]]"
+            )
+        defaults = data.get("defaults", {})
+        tables = data.get("channels", [])
+        if not isinstance(defaults, Mapping):
+            raise NotifyError("[defaults]: expected a table")
+        if not isinstance(tables, list):
+            raise NotifyError("channels: expected an array of tables, [[channels]]")
+        _validated(_Pace, defaults, "[defaults]")
+        channels = []
+        for index, table in enumerate(tables):
+            where = f"[[channels]] #{index + 1}"
+            if isinstance(table, Mapping) and isinstance(table.get("name"), str):
+                where += f" ({table['name']})"
+            if not isinstance(table, Mapping):
+                raise NotifyError(f"{where}: expected a table")
+            spec = _validated(_ChannelTable, {**defaults, **table}, where)
+            channels.append(_resolve(spec, environ, where))
+        names = [c.name for c in channels]
+        for name in names:
+            if names.count(name) > 1:
+                raise NotifyError(f"channel name {name!r} is used twice; names must be unique")
+        return cls(tuple(channels))
+
+
+def load_notify(path: str | Path, environ: Mapping[str, str] | None = None) -> NotifyConfig:
+    """Read a channels file; a missing file, bad TOML, an unknown setting or an unset
+    environment variable is a :class:`NotifyError`."""
+    data = read_toml(path, "channels file", NotifyError)
+    try:
+        return NotifyConfig.from_mapping(data, environ)
+    except NotifyError as exc:
+        raise NotifyError(f"{path}: {exc}") from None
+
+
+def _validated(model: type[_Pace], table: Mapping[str, Any], where: str) -> Any:
+    try:
+        return model.model_validate(table)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        setting = ".".join(str(part) for part in error["loc"])
+        # Never echo the input: it may be a secret URL or key.
+        raise NotifyError(f"{where} {setting or 'table'}: {error['msg']}") from None
+
+
+def _resolve(spec: _ChannelTable, environ: Mapping[str, str], where: str) -> Channel:
+    url = _secret(spec.url, spec.url_env, environ, f"{where} url")
+    assert url is not None  # one of url and url_env is given
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        raise NotifyError(f"{where} url: expected an http:// or https:// URL")
+    secret = _secret(spec.secret, spec.secret_env, environ, f"{where} secret")
+    pace = spec.model_dump(include=set(_Pace.model_fields))
+    return Channel(
+        name=spec.name,
+        kind=spec.kind,
+        url=url,
+        secret=secret.encode() if secret is not None else None,
+        projects=frozenset(spec.projects) if spec.projects is not None else None,
+        **pace,
+    )
+
+
+def _secret(
+    value: str | None, env_name: str | None, environ: Mapping[str, str], where: str
+) -> str | None:
+    """``value`` with ``${NAME}`` references expanded, or the variable ``env_name``."""
+    if env_name is not None:
+        if not environ.get(env_name):
+            raise NotifyError(f"{where}_env: the environment variable {env_name} is not set")
+        return environ[env_name]
+    if value is None:
+        return None
+
+    def expand(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise NotifyError(f"{where}: the environment variable {name} is not set")
+        return environ[name]
+
+    return _ENV_REFERENCE.sub(expand, value)

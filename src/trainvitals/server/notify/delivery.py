@@ -1,0 +1,287 @@
+"""Sending to one channel: an HTTP attempt, its outcome, retries, pace and grouping.
+
+Each channel has one :class:`ChannelSender` task, which sends one message at a time in the
+order notices came, so a resolution never overtakes its alert. A message is retried on
+network errors, 5xx and 429 (after Slack's ``Retry-After``) with a jittered exponential
+backoff, the same message with the same delivery key each time; any other answer gives it
+up. Between messages the channel keeps its pace: notices that arrive within
+``group_window`` seconds of its last message wait for the window to end, and the token
+bucket (``rate``, ``burst``) holds back the next message; whatever piled up meanwhile goes
+out as one grouped message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Protocol
+
+import httpx
+
+from trainvitals.agent.transport import backoff_delays
+from trainvitals.server.notify.config import Channel
+from trainvitals.server.notify.messages import Message, Notice, headers, render
+
+log = logging.getLogger("trainvitals.server")
+
+#: The longest ``Retry-After`` honoured as given; longer ones wait this long.
+MAX_RETRY_AFTER = 600.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one attempt went. ``detail`` never holds the channel's URL."""
+
+    accepted: bool
+    retry: bool
+    detail: str
+    status: int | None = None
+    retry_after: float | None = None
+
+
+async def post(client: httpx.AsyncClient, channel: Channel, message: Message) -> Outcome:
+    """One attempt to deliver ``message`` to ``channel``."""
+    try:
+        response = await client.post(
+            channel.url,
+            content=message.body,
+            headers=headers(channel, message),
+            timeout=channel.timeout,
+        )
+    except httpx.HTTPError as exc:  # connection refused, timeout, reset, ...
+        return Outcome(False, True, redact(f"{type(exc).__name__}: {exc}", channel))
+    status = response.status_code
+    if 200 <= status < 300:
+        return Outcome(True, False, f"HTTP {status}", status)
+    answer = redact(response.text[:200].strip(), channel)
+    detail = f"HTTP {status}" + (f": {answer}" if answer else "")
+    if status == 429 or status >= 500:
+        wait = retry_after(response.headers.get("Retry-After"))
+        return Outcome(False, True, detail, status, wait)
+    return Outcome(False, False, detail, status)
+
+
+async def send_test(channel: Channel, message: Message) -> Outcome:
+    """One attempt with a client of its own (``trainvitals notify-test``)."""
+    with RedactSecrets([channel]):
+        async with httpx.AsyncClient() as client:
+            return await post(client, channel, message)
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: seconds, or an HTTP date."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value).timestamp()
+        except (TypeError, ValueError):
+            return None
+        seconds = when - (time.time() if now is None else now)
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def redact(text: str, channel: Channel) -> str:
+    """``text`` with the channel's URL and secret taken out (error messages may quote
+    the request URL, and Slack's URL is itself the secret)."""
+    secrets = [channel.url, channel.url.split("?", 1)[0]]
+    if channel.secret:
+        secrets.append(channel.secret.decode(errors="replace"))
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, f"<{channel.name} url>")
+    return text
+
+
+class RedactSecrets(logging.Filter):
+    """Takes channel URLs and secrets out of the HTTP client's own log records: httpx logs
+    every request's URL at INFO, and a Slack webhook's URL is its secret.
+
+    Example:
+        ```python
+        with RedactSecrets(config.channels):
+            ...  # requests to the channels
+        ```
+    """
+
+    LOGGER = "httpx"
+
+    def __init__(self, channels: Sequence[Channel]) -> None:
+        super().__init__()
+        self._channels = tuple(channels)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = clean = record.getMessage()
+        for channel in self._channels:
+            clean = redact(clean, channel)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        return True
+
+    def __enter__(self) -> RedactSecrets:
+        logging.getLogger(self.LOGGER).addFilter(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        logging.getLogger(self.LOGGER).removeFilter(self)
+
+
+class TokenBucket:
+    """``rate`` tokens a second, holding at most ``burst``; one message costs one token."""
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._tokens = float(burst)
+        self._last = clock()
+
+    def wait_time(self) -> float:
+        """Seconds until a token is there (0 when one is)."""
+        self._refill()
+        return 0.0 if self._tokens >= 1 else (1 - self._tokens) / self.rate
+
+    def take(self) -> None:
+        self._refill()
+        self._tokens -= 1
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+
+
+class Journal(Protocol):
+    """Where a sender records what happened to its notices (the outbox)."""
+
+    def attempted(self, ids: list[str], error: str) -> Awaitable[None]: ...
+
+    def done(
+        self, ids: list[str], state: str, when: float, error: str | None = None
+    ) -> Awaitable[None]: ...
+
+
+class ChannelSender:
+    """The task that sends one channel's notices."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        client: httpx.AsyncClient,
+        journal: Journal,
+        public_url: str | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.channel = channel
+        self._client, self._journal, self._public_url = client, journal, public_url
+        self._clock = clock
+        self._bucket = TokenBucket(channel.rate, channel.burst, clock)
+        self._pending: list[Notice] = []
+        self._known: set[str] = set()
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._last_sent = -math.inf
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(
+            self._run(), name=f"trainvitals-notify-{self.channel.name}"
+        )
+
+    def add(self, notices: Sequence[Notice]) -> None:
+        """Queue notices (one already queued is ignored)."""
+        for notice in notices:
+            if notice.id not in self._known:
+                self._known.add(notice.id)
+                self._pending.append(notice)
+        self._wake.set()
+
+    async def stop(self, timeout: float) -> None:
+        """Finish the attempt in flight (up to ``timeout`` seconds), then end; what is left
+        stays pending in the outbox for the next start."""
+        self._stopping.set()
+        self._wake.set()
+        if self._task is None:
+            return
+        done, _ = await asyncio.wait([self._task], timeout=timeout)
+        if not done:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            hold = max(
+                self._last_sent + self.channel.group_window - self._clock(),
+                self._bucket.wait_time(),
+            )
+            if hold > 0:  # what arrives meanwhile joins this message
+                await self._pause(hold)
+                continue
+            batch = self._pending[: self.channel.group_max]
+            try:
+                await self._deliver(batch)
+            except Exception:  # the database or a bug: keep the channel alive
+                log.exception("notification channel %s: delivery failed", self.channel.name)
+                await self._pause(1.0)
+
+    async def _deliver(self, batch: list[Notice]) -> None:
+        channel = self.channel
+        message = render(channel, batch, self._public_url)
+        ids = [n.id for n in batch]
+        delays = backoff_delays(initial=0.5, maximum=60.0)
+        while True:
+            self._bucket.take()
+            outcome = await post(self._client, channel, message)
+            now = time.time()
+            if outcome.accepted:
+                self._last_sent = self._clock()
+                await self._settle(batch, self._journal.done(ids, "delivered", now))
+                return
+            if not outcome.retry or now - batch[0].created_at > channel.give_up_after:
+                log.warning(
+                    "notification channel %s: gave up on %d alert change(s): %s",
+                    channel.name,
+                    len(batch),
+                    outcome.detail,
+                )
+                await self._settle(batch, self._journal.done(ids, "failed", now, outcome.detail))
+                return
+            await self._journal.attempted(ids, outcome.detail)
+            wait = outcome.retry_after if outcome.retry_after is not None else next(delays)
+            log.warning(
+                "notification channel %s: %s; retrying in %.1f s",
+                channel.name,
+                outcome.detail,
+                wait,
+            )
+            await self._pause(wait)
+            if self._stopping.is_set():
+                return
+
+    async def _settle(self, batch: list[Notice], record: Awaitable[None]) -> None:
+        """Drop the batch from the queue; then record it (a notice that could not be marked
+        would be sent again after a restart, with the same delivery key)."""
+        self._pending = self._pending[len(batch) :]
+        try:
+            await record
+        finally:
+            self._known.difference_update(n.id for n in batch)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)

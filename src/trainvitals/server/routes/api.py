@@ -1,0 +1,134 @@
+"""``/api/v1`` REST routes: runs, series, alerts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from trainvitals.server.deps import AlertsDep, StoreDep, alert_not_found, run_not_found
+from trainvitals.server.downsample import downsample_indices
+from trainvitals.server.live import finite_or_none
+
+router = APIRouter(prefix="/api/v1")
+
+MAX_POINTS_LIMIT = 100_000
+
+
+@router.get("/runs")
+def list_runs(
+    store: StoreDep,
+    project: str | None = None,
+    job: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+) -> dict[str, Any]:
+    """Runs, newest first; ``job``: only the runs (workers) of that job."""
+    return {"runs": store.list_runs(limit=limit, project=project, job=job)}
+
+
+@router.get("/runs/{run_id}")
+def get_run(run_id: str, store: StoreDep) -> dict[str, Any]:
+    """One run with its config, environment, series names and how it ended."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise run_not_found(run_id)
+    run["events"] = store.run_events(run_id)
+    if run["status"] not in ("running", "stalled"):  # evidence for the ending panel
+        run["last_readings"] = store.last_values(run_id, ("host/", "gpu"))
+    return run
+
+
+@router.get("/runs/{run_id}/series")
+def get_series(
+    run_id: str,
+    store: StoreDep,
+    name: Annotated[list[str] | None, Query()] = None,
+    max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT)] = 2000,
+) -> dict[str, Any]:
+    """Series of a run (all of them when no ``name`` is given), each downsampled to at most
+    ``max_points`` with every bucket's min and max kept. NaN/Inf values come back as null."""
+    run = store.get_run(run_id, job=False)
+    if run is None:
+        raise run_not_found(run_id)
+    names = name if name else run["series"]
+    out: dict[str, Any] = {}
+    for series_name in names:
+        steps, times, values = store.read_series(run_id, series_name)
+        keep = downsample_indices(values, max_points)
+        out[series_name] = {
+            "step": steps[keep].tolist(),
+            "time": times[keep].tolist(),
+            "value": finite_or_none(values[keep].tolist()),
+            "count": int(values.size),
+        }
+    return {"series": out}
+
+
+State = Literal["firing", "resolved"]
+SeverityParam = Literal["info", "warning", "critical"]
+Limit = Annotated[int, Query(ge=1, le=10_000)]
+
+
+@router.get("/runs/{run_id}/alerts")
+def run_alerts(
+    run_id: str, store: StoreDep, state: State | None = None, limit: Limit = 1000
+) -> dict[str, Any]:
+    """Alerts of one run, newest first."""
+    if store.get_run(run_id) is None:
+        raise run_not_found(run_id)
+    return {"alerts": store.list_alerts(run_id=run_id, state=state, limit=limit)}
+
+
+@router.get("/alerts")
+def list_alerts(
+    store: StoreDep,
+    state: State | None = None,
+    project: str | None = None,
+    severity: SeverityParam | None = None,
+    limit: Limit = 500,
+) -> dict[str, Any]:
+    """Alerts across runs, newest first, optionally only ``firing`` or ``resolved`` ones."""
+    alerts = store.list_alerts(state=state, project=project, severity=severity, limit=limit)
+    return {"alerts": alerts}
+
+
+class AckRequest(BaseModel):
+    by: str | None = Field(default=None, max_length=200)
+
+
+class SilenceRequest(BaseModel):
+    duration_s: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    by: str | None = Field(default=None, max_length=200)
+
+
+@router.post("/alerts/{alert_id}/ack")
+async def acknowledge_alert(
+    alert_id: str, engine: AlertsDep, body: AckRequest | None = None
+) -> dict[str, Any]:
+    """Acknowledge an alert: someone is on it (it leaves the banner; it still resolves)."""
+    alert = await engine.acknowledge(alert_id, body.by if body else None)
+    if alert is None:
+        raise alert_not_found(alert_id)
+    return alert
+
+
+@router.post("/alerts/{alert_id}/silence")
+async def silence_alert(
+    alert_id: str, engine: AlertsDep, body: SilenceRequest | None = None
+) -> dict[str, Any]:
+    """Silence the alert's rule and subject on its run for ``duration_s`` seconds: alerts
+    are still recorded, but neither bannered nor notified."""
+    body = body or SilenceRequest()
+    result = await engine.silence(alert_id, body.duration_s, body.by)
+    if result is None:
+        raise alert_not_found(alert_id)
+    alert, silence = result
+    return {"alert": alert, "silence": silence}
+
+
+@router.get("/rules")
+def effective_rules(engine: AlertsDep, project: str | None = None) -> dict[str, Any]:
+    """The thresholds in force (defaults, the rules file, and ``project``'s overrides)."""
+    rules = engine.rules.for_project(project) if project else engine.rules.defaults
+    return {"project": project, "rules": rules.as_dict()}

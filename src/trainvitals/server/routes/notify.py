@@ -1,0 +1,34 @@
+"""``/api/v1/notify`` routes: the notification channels and how their deliveries go."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from trainvitals.server.deps import StateDep, StoreDep, alert_not_found
+
+router = APIRouter(prefix="/api/v1")
+
+
+@router.get("/notify/channels")
+def list_channels(state: StateDep) -> dict[str, Any]:
+    """Every channel with its routing and pace, and its deliveries so far: ``pending``,
+    ``delivered``, ``failed``, ``last_delivered_at``, ``last_error``. URLs and secrets are
+    never shown, only the target's scheme and host."""
+    summary = state.store.notice_summary()
+    empty = {"pending": 0, "delivered": 0, "failed": 0, "last_delivered_at": None}
+    return {
+        "channels": [
+            {**c.describe(), **summary.get(c.name, {**empty, "last_error": None})}
+            for c in state.notify.channels
+        ]
+    }
+
+
+@router.get("/alerts/{alert_id}/notifications")
+def alert_notifications(alert_id: str, store: StoreDep) -> dict[str, Any]:
+    """What was sent about one alert, where, and how it went, oldest first."""
+    if store.get_alert(alert_id) is None:
+        raise alert_not_found(alert_id)
+    return {"notifications": store.list_notices(alert_id)}

@@ -1,0 +1,115 @@
+"""Websocket routes: ``/api/v1/ingest`` for agents, ``/api/v1/live`` for browsers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from trainvitals.protocol import (
+    CLOSE_INVALID_PAYLOAD,
+    CLOSE_TRY_AGAIN_LATER,
+    CLOSE_UNSUPPORTED_DATA,
+    INGEST_PATH,
+    LIVE_PATH,
+)
+from trainvitals.server.deps import StateDep
+from trainvitals.server.ingest import IngestRejected, IngestSession
+from trainvitals.server.live import Subscriber
+
+log = logging.getLogger("trainvitals.server")
+router = APIRouter()
+
+#: A websocket close reason may hold at most 123 bytes (RFC 6455, 5.5).
+_MAX_REASON = 123
+
+
+@router.websocket(INGEST_PATH)
+async def ingest(websocket: WebSocket, state: StateDep) -> None:
+    await websocket.accept()
+    session = IngestSession(
+        state.store,
+        state.writer,
+        state.hub,
+        state.liveness,
+        state.alerts,
+        state.settings.max_frame_bytes,
+    )
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text is None:
+                raise IngestRejected(
+                    CLOSE_UNSUPPORTED_DATA, "expected JSON text frames, got a binary frame"
+                )
+            reply = await session.handle(text)
+            if reply is not None:
+                await websocket.send_text(reply)
+    except IngestRejected as exc:
+        run = session.run["id"] if session.run else "unknown run"
+        log.warning("closing ingest connection (%s): %d %s", run, exc.code, exc.reason)
+        await websocket.close(code=exc.code, reason=_reason(exc.reason))
+    except WebSocketDisconnect:
+        return
+
+
+@router.websocket(LIVE_PATH)
+async def live(websocket: WebSocket, state: StateDep) -> None:
+    """Browser stream. Send ``{"type": "subscribe", "run_id": ...}`` to get a run's points;
+    every browser gets run-list changes."""
+    await websocket.accept()
+    subscriber = state.hub.subscribe()
+    sender = asyncio.create_task(_drain(websocket, subscriber))
+    try:
+        while True:
+            raw = await websocket.receive_text()
+            try:
+                request = json.loads(raw)
+                kind, run_id = request["type"], str(request["run_id"])
+            except (ValueError, KeyError, TypeError):
+                await websocket.close(
+                    CLOSE_INVALID_PAYLOAD,
+                    _reason('expected {"type": "subscribe"|"unsubscribe", "run_id": ...}'),
+                )
+                return
+            if kind == "subscribe":
+                subscriber.runs.add(run_id)
+            elif kind == "unsubscribe":
+                subscriber.runs.discard(run_id)
+    except (WebSocketDisconnect, RuntimeError):
+        return
+    finally:
+        state.hub.unsubscribe(subscriber)
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
+
+
+async def _drain(websocket: WebSocket, subscriber: Subscriber) -> None:
+    overflow = asyncio.create_task(subscriber.overflowed.wait())
+    try:
+        while True:
+            get = asyncio.create_task(subscriber.queue.get())
+            done, _ = await asyncio.wait({get, overflow}, return_when=asyncio.FIRST_COMPLETED)
+            if overflow in done:
+                get.cancel()
+                await websocket.close(CLOSE_TRY_AGAIN_LATER, "too slow to follow the live stream")
+                return
+            await websocket.send_text(get.result())
+    except (WebSocketDisconnect, RuntimeError):
+        return
+    finally:
+        overflow.cancel()
+
+
+def _reason(text: str) -> str:
+    encoded = text.encode()
+    if len(encoded) <= _MAX_REASON:
+        return text
+    return encoded[: _MAX_REASON - 3].decode(errors="ignore") + "..."

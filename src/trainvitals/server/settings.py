@@ -1,0 +1,36 @@
+"""Server settings: command-line flags override ``TRAINVITALS_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from trainvitals.protocol import MAX_FRAME_BYTES
+
+
+class Settings(BaseSettings):
+    """Everything the server can be told. Environment: ``TRAINVITALS_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINVITALS_")
+
+    #: SQLite file path, ``sqlite:///path``, or ``postgresql://user@host/db``.
+    db: str = "trainvitals.db"
+    host: str = "127.0.0.1"
+    port: int = 8600
+    #: Largest agent frame accepted; larger ones close the connection with 1009.
+    max_frame_bytes: int = MAX_FRAME_BYTES
+    #: Seconds between pushes of run-list updates to browsers (run changes are coalesced).
+    runs_push_interval: float = 0.5
+    #: Messages a browser may fall behind before it is disconnected (1013) to protect ingest.
+    live_queue_size: int = 2000
+    #: Seconds without any frame (points or heartbeat) before a running run becomes ``lost``.
+    lost_after: float = 30.0
+    #: A rules file (TOML) with thresholds per rule and per project; see docs/alerts.md.
+    rules: str | None = None
+    #: A channels file (TOML): Slack and webhook destinations; see docs/notifications.md.
+    notify: str | None = None
+    #: The dashboard's address as people reach it (``https://tv.example.org``), for the links
+    #: in notifications; without it they carry no link.
+    public_url: str | None = None
+    #: Seconds a server holds undelivered notifications without renewing its claim before
+    #: another server (or this one, restarted after a kill) takes them over.
+    notify_lease: float = 15.0

@@ -1,0 +1,151 @@
+"""One thread that applies every write, many per transaction (group commit).
+
+SQLite takes one writer at a time, and a commit costs far more than a row. Ingest handlers
+therefore hand their writes to this thread and await the result; whatever queued up while
+the previous transaction committed goes into the next one. An agent is acknowledged only
+after its frame is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from trainvitals.server.storage import Store
+
+log = logging.getLogger("trainvitals.server")
+
+T = TypeVar("T")
+Operation = Callable[[Connection], Any]
+_Item = tuple[Operation, "asyncio.Future[Any]", asyncio.AbstractEventLoop]
+
+#: Most operations per transaction; bounds the latency one commit adds to the first in line.
+MAX_BATCH = 512
+
+
+class WriterClosed(RuntimeError):
+    """A write was submitted after :meth:`Writer.close`."""
+
+
+class Writer:
+    """Serialises writes onto a thread named ``trainvitals-writer``."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        # The thread's own connection, kept between transactions: taking one from the pool
+        # for each would add a ping and a rollback on return to every commit.
+        self._conn: Connection | None = None
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="trainvitals-writer", daemon=True)
+        self._thread.start()
+
+    async def submit(self, operation: Callable[[Connection], T]) -> T:
+        """Run ``operation(connection)`` inside a transaction; return its result once committed."""
+        if self._closed:
+            raise WriterClosed("the server is shutting down")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put((operation, future, loop))
+        return await future
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish what is queued, then stop the thread."""
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._disconnect()
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            while len(batch) < MAX_BATCH:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._apply(batch)
+                    return
+                batch.append(more)
+            self._apply(batch)
+
+    def _connection(self) -> Connection:
+        if self._conn is None or self._conn.closed or self._conn.invalidated:
+            self._disconnect()
+            self._conn = self._store.engine.connect()
+        return self._conn
+
+    def _disconnect(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.warning("closing the writer's database connection failed", exc_info=True)
+
+    def _apply(self, batch: list[_Item], retry: bool = True) -> None:
+        conn = None
+        try:
+            conn = self._connection()
+            with conn.begin():
+                results = [operation(conn) for operation, _, _ in batch]
+            self._store.committed(conn)
+        except Exception as exc:
+            if conn is not None:
+                self._store.rolled_back(conn)
+            self._disconnect()  # the next transaction starts on a fresh connection
+            if retry and isinstance(exc, DBAPIError) and exc.connection_invalidated:
+                # The database dropped the kept connection (it restarted, or an idle
+                # timeout): the same writes again, on a connection the pool checks first.
+                self._apply(batch, retry=False)
+                return
+            if len(batch) > 1:
+                # One bad write must not fail its neighbours: apply them one by one.
+                for item in batch:
+                    self._apply([item])
+                return
+            log.exception("write failed")
+            _settle(batch[0][2], [(batch[0][1], None, exc)])
+            return
+        # One wake-up of each waiting event loop for the whole batch, not one per write.
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+        for (_, future, loop), result in zip(batch, results, strict=True):
+            by_loop.setdefault(loop, []).append((future, result, None))
+        for loop, outcomes in by_loop.items():
+            _settle(loop, outcomes)
+
+
+#: A write's future, and its result or its error.
+_Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+def _settle(loop: asyncio.AbstractEventLoop, outcomes: list[_Outcome]) -> None:
+    def settle() -> None:
+        for future, result, error in outcomes:
+            if future.cancelled():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the event loop is closed: nobody is waiting any more
+        pass
