@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainvitals.cli import main
-from trainvitals.server.notify import NotifyConfig, NotifyError, load_notify
+from trainvitals.exceptions import NotifyError
+from trainvitals.server.notify import NotifyConfig, load_notify
 
 ENV = {"SLACK_URL": "https://hooks.slack.com/services/T1/B1/slackSECRET", "KEY": "keySECRET"}
 

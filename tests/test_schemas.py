@@ -5,7 +5,8 @@ import math
 
 import pytest
 
-from trainvitals.server.schemas import FrameError, Hello, Points, parse_frame
+from trainvitals.exceptions import FrameError
+from trainvitals.server.schemas import Hello, Points, parse_frame
 
 HELLO = {
     "type": "hello",

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tests.helpers import RUN_CONTRACT_FIELDS
-from trainvitals.server.storage import RunEnd, StorageError, Store, database_url
+from trainvitals.exceptions import StorageError
+from trainvitals.server.storage import RunEnd, Store, database_url
 
 
 def hello(run_id: str, started_at: float = 1000.0, **extra: Any) -> dict[str, Any]:

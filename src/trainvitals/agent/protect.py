@@ -25,6 +25,7 @@ from trainvitals.detect.base import Context
 from trainvitals.detect.memory import OomForecastRule
 from trainvitals.detect.settings import OomForecast
 from trainvitals.detect.types import Record
+from trainvitals.exceptions import ConfigurationError
 
 log = logging.getLogger("trainvitals")
 
@@ -61,9 +62,11 @@ class Protection:
 
     def __post_init__(self) -> None:
         if self.on_nonfinite not in ("stop", "none"):
-            raise ValueError(f"on_nonfinite: expected 'stop' or 'none', got {self.on_nonfinite!r}")
+            raise ConfigurationError(
+                f"on_nonfinite: expected 'stop' or 'none', got {self.on_nonfinite!r}"
+            )
         if self.on_oom not in ("checkpoint", "stop", "none"):
-            raise ValueError(
+            raise ConfigurationError(
                 f"on_oom: expected 'checkpoint', 'stop' or 'none', got {self.on_oom!r}"
             )
 

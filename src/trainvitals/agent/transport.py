@@ -27,6 +27,7 @@ from websockets.sync.client import ClientConnection, connect
 from trainvitals.agent.buffer import PointBuffer, points_frames
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
 from trainvitals.agent.spool import PendingFrames
+from trainvitals.exceptions import ProtocolError
 from trainvitals.protocol import (
     ACK,
     END,
@@ -47,10 +48,6 @@ def backoff_delays(
     while True:
         yield random.uniform(0.0, delay)
         delay = min(delay * factor, maximum)
-
-
-class ProtocolError(Exception):
-    """The server answered something this agent does not understand."""
 
 
 class Sender:

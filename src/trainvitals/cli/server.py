@@ -17,12 +17,13 @@ def serve_command(args: argparse.Namespace) -> int:
         import uvicorn
 
         from trainvitals.server import Settings, create_app
-        from trainvitals.server.storage import StorageError, database_url
+        from trainvitals.server.storage import database_url
     except ImportError as exc:
         print(f"trainvitals serve: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
-    from trainvitals.detect import RulesError, load_rules
-    from trainvitals.server.notify import NotifyError, load_notify
+    from trainvitals.detect import load_rules
+    from trainvitals.exceptions import ConfigurationError
+    from trainvitals.server.notify import load_notify
 
     overrides = {
         "host": args.host,
@@ -39,7 +40,7 @@ def serve_command(args: argparse.Namespace) -> int:
             load_rules(settings.rules)
         if settings.notify:
             load_notify(settings.notify)
-    except (StorageError, RulesError, NotifyError) as exc:
+    except ConfigurationError as exc:
         print(f"trainvitals serve: {exc}", file=sys.stderr)
         return 2
     # Bind first, so --port 0 can print the port it got before anyone needs it.
@@ -72,8 +73,9 @@ def notify_test_command(args: argparse.Namespace) -> int:
     try:
         import asyncio
 
+        from trainvitals.exceptions import NotifyError
         from trainvitals.server import Settings
-        from trainvitals.server.notify import NotifyError, load_notify
+        from trainvitals.server.notify import load_notify
         from trainvitals.server.notify.delivery import send_test
         from trainvitals.server.notify.messages import probe_message
     except ImportError as exc:

@@ -15,6 +15,7 @@ import keras
 from trainvitals.agent.config import resolve
 from trainvitals.agent.keras_callback import VitalsCallback
 from trainvitals.demo.scenarios import SCENARIOS, Options
+from trainvitals.exceptions import ConfigurationError
 
 
 class _Showcase(keras.callbacks.Callback):  # type: ignore[misc]
@@ -46,7 +47,9 @@ def run_demo(
     """Train the scenario's model with :class:`VitalsCallback` attached; returns Keras's
     History."""
     if scenario not in SCENARIOS:
-        raise ValueError(f"Expected a scenario among {sorted(SCENARIOS)}, but got {scenario!r}")
+        raise ConfigurationError(
+            f"Expected a scenario among {sorted(SCENARIOS)}, but got {scenario!r}"
+        )
     settings = resolve(server=server, project=project, run_name=run_name)
     plan = SCENARIOS[scenario].plan(
         Options(epochs=epochs, time_to_oom=time_to_oom, hang_for=hang_for)

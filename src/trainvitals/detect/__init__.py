@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from trainvitals.detect.engine import Detector, records, watched
 from trainvitals.detect.lifecycle import Alert, AlertBook, Change
-from trainvitals.detect.settings import RulesConfig, RulesError, RuleSet, load_rules
+from trainvitals.detect.settings import RulesConfig, RuleSet, load_rules
 from trainvitals.detect.types import SEVERITIES, Finding, Record, Severity
+from trainvitals.exceptions import RulesError
 
 RULES = (
     "nonfinite", "grad_explosion", "grad_vanishing", "loss_divergence", "oom_forecast",

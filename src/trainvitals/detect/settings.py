@@ -27,14 +27,12 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from trainvitals.exceptions import RulesError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-class RulesError(ValueError):
-    """A rules file or override that can't be used; the message names the bad setting."""
 
 
 @dataclass(frozen=True)

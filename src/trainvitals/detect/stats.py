@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainvitals.exceptions import ConfigurationError
+
 #: MAD times this estimates the standard deviation of normally distributed data.
 MAD_TO_SIGMA = 1.4826
 
@@ -96,7 +98,7 @@ def theil_sen(times: Sequence[float], values: Sequence[float], max_points: int =
     """
     n = len(times)
     if n < 2:
-        raise ValueError(f"Expected at least 2 points for a trend, but got {n}")
+        raise ConfigurationError(f"Expected at least 2 points for a trend, but got {n}")
     if n > max_points:
         stride = (n - 1) / (max_points - 1)
         picks = [round(i * stride) for i in range(max_points)]

@@ -12,6 +12,7 @@ import time
 from functools import partial
 from typing import Any
 
+from trainvitals.exceptions import FrameError, IngestRejected
 from trainvitals.protocol import (
     ACK,
     CLOSE_INVALID_PAYLOAD,
@@ -27,7 +28,6 @@ from trainvitals.server.liveness import Liveness
 from trainvitals.server.schemas import (
     Autopsy,
     End,
-    FrameError,
     Heartbeat,
     Hello,
     Points,
@@ -36,15 +36,6 @@ from trainvitals.server.schemas import (
 )
 from trainvitals.server.storage import RUN_FIELDS, RunEnd, Store
 from trainvitals.server.writer import Writer
-
-
-class IngestRejected(Exception):
-    """Close the connection with ``code`` and ``reason``; other runs carry on."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(f"{code}: {reason}")
-        self.code = code
-        self.reason = reason
 
 
 class IngestSession:

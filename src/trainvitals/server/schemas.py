@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from trainvitals.exceptions import FrameError
 from trainvitals.protocol import AUTOPSY, END, HEARTBEAT, HELLO, POINTS, PROTOCOL_VERSION, STALL
 
 SeriesName = Annotated[str, Field(min_length=1, max_length=256)]
@@ -102,10 +103,6 @@ class End(_Frame):
 AnyFrame = Hello | Points | Heartbeat | Stall | Autopsy | End
 Frame = Annotated[AnyFrame, Field(discriminator="type")]
 _frame_adapter: TypeAdapter[AnyFrame] = TypeAdapter(Frame)
-
-
-class FrameError(ValueError):
-    """A frame that is not valid JSON or not a valid frame; ``str()`` is a short reason."""
 
 
 def parse_frame(text: str | bytes) -> AnyFrame:

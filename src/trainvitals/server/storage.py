@@ -46,6 +46,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.sql.dml import Insert
 
+from trainvitals.exceptions import StorageError
+
 metadata = MetaData()
 
 runs = Table(
@@ -185,10 +187,6 @@ RUN_FIELDS = (
 SeriesData = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
 #: One frame's points: series name -> (steps, times, values), as lists or arrays.
 FramePoints = Mapping[str, tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]]
-
-
-class StorageError(Exception):
-    """The database is unusable: a bad URL or an unreachable server."""
 
 
 def database_url(db: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
+from trainvitals.exceptions import WriterClosed
 from trainvitals.server.storage import Store
 
 log = logging.getLogger("trainvitals.server")
@@ -28,10 +29,6 @@ _Item = tuple[Operation, "asyncio.Future[Any]", asyncio.AbstractEventLoop]
 
 #: Most operations per transaction; bounds the latency one commit adds to the first in line.
 MAX_BATCH = 512
-
-
-class WriterClosed(RuntimeError):
-    """A write was submitted after :meth:`Writer.close`."""
 
 
 class Writer:

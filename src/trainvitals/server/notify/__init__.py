@@ -10,7 +10,8 @@ See ``docs/notifications.md``.
 
 from __future__ import annotations
 
-from trainvitals.server.notify.config import Channel, NotifyConfig, NotifyError, load_notify
+from trainvitals.exceptions import NotifyError
+from trainvitals.server.notify.config import Channel, NotifyConfig, load_notify
 from trainvitals.server.notify.messages import sign, verify_signature
 from trainvitals.server.notify.outbox import Notifier
 

@@ -40,14 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from trainvitals.detect.settings import read_toml
 from trainvitals.detect.types import SEVERITIES, Severity
+from trainvitals.exceptions import NotifyError
 
 Kind = Literal["slack", "webhook"]
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class NotifyError(ValueError):
-    """A channels file or channel that can't be used; the message names the bad setting."""
 
 
 class _Pace(BaseModel):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
+from trainvitals.exceptions import ConfigurationError
 from trainvitals.server.notify.config import Channel
 
 NoticeChange = Literal["fired", "resolved"]
@@ -64,7 +65,7 @@ class Message:
 def render(channel: Channel, notices: Sequence[Notice], public_url: str | None) -> Message:
     """The message that tells ``channel`` about ``notices`` (one, or a group)."""
     if not notices:
-        raise ValueError("Expected at least one notice to render, but got none")
+        raise ConfigurationError("Expected at least one notice to render, but got none")
     key = notices[0].id if len(notices) == 1 else _group_key(notices)
     if channel.kind == "slack":
         payload = _slack(notices, public_url)

@@ -29,11 +29,12 @@ import httpx
 from sqlalchemy import Connection
 
 from trainvitals.detect import Change
+from trainvitals.exceptions import WriterClosed
 from trainvitals.server.notify.config import NotifyConfig
 from trainvitals.server.notify.delivery import ChannelSender, RedactSecrets
 from trainvitals.server.notify.messages import Notice, NoticeChange
 from trainvitals.server.storage import Store
-from trainvitals.server.writer import Writer, WriterClosed
+from trainvitals.server.writer import Writer
 
 log = logging.getLogger("trainvitals.server")
 

@@ -9,6 +9,7 @@ import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
+from trainvitals.exceptions import IngestRejected
 from trainvitals.protocol import (
     CLOSE_INVALID_PAYLOAD,
     CLOSE_TRY_AGAIN_LATER,
@@ -17,7 +18,7 @@ from trainvitals.protocol import (
     LIVE_PATH,
 )
 from trainvitals.server.deps import StateDep
-from trainvitals.server.ingest import IngestRejected, IngestSession
+from trainvitals.server.ingest import IngestSession
 from trainvitals.server.live import Subscriber
 
 log = logging.getLogger("trainvitals.server")
