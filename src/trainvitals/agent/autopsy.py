@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from trainvitals.series import GRAD_NORM_PREFIX
+
 #: Layers listed in a replay report, at most (the first bad one is always among them).
 MAX_LAYERS = 40
 
@@ -151,9 +153,9 @@ def from_vitals(
         "weights_nonfinite": poisoned_weights(model),
     }
     norms = {
-        name.removeprefix("grad/norm/"): value
+        name.removeprefix(GRAD_NORM_PREFIX): value
         for name, value in values.items()
-        if name.startswith("grad/norm/")
+        if name.startswith(GRAD_NORM_PREFIX)
     }
     overflowed = [name for name, value in norms.items() if not math.isfinite(value)]
     if overflowed:

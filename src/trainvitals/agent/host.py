@@ -13,6 +13,16 @@ from typing import Any
 
 import psutil
 
+from trainvitals.series import (
+    HOST_AVAILABLE,
+    HOST_CPU_PERCENT,
+    HOST_CPU_TEMP,
+    HOST_DISK_FREE,
+    HOST_LIMIT,
+    HOST_RSS,
+    HOST_SWAP_USED,
+)
+
 #: cgroup v1 writes "no limit" as a huge page-aligned number.
 _V1_UNLIMITED = 1 << 60
 
@@ -111,12 +121,12 @@ class HostSource:
 
     def sample(self) -> dict[str, float]:
         values = {
-            "host/rss": float(self._process.memory_info().rss),
-            "host/available": float(psutil.virtual_memory().available),
-            "host/limit": float(self._limit),
-            "host/swap_used": float(psutil.swap_memory().used),
-            "host/cpu_percent": float(self._process.cpu_percent(None)),
-            "host/disk_free": float(psutil.disk_usage(self._disk_path).free),
+            HOST_RSS: float(self._process.memory_info().rss),
+            HOST_AVAILABLE: float(psutil.virtual_memory().available),
+            HOST_LIMIT: float(self._limit),
+            HOST_SWAP_USED: float(psutil.swap_memory().used),
+            HOST_CPU_PERCENT: float(self._process.cpu_percent(None)),
+            HOST_DISK_FREE: float(psutil.disk_usage(self._disk_path).free),
         }
         if self._sensors:
             temperatures = [
@@ -126,7 +136,7 @@ class HostSource:
                 if entry.current
             ]
             if temperatures:
-                values["host/cpu_temp"] = float(max(temperatures))
+                values[HOST_CPU_TEMP] = float(max(temperatures))
             else:
                 self._sensors = False  # no sensors here; don't look every second
         return values

@@ -26,6 +26,15 @@ from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.vitals import StepVitals
 from trainvitals.protocol import END_COMPLETED
+from trainvitals.series import (
+    GRAD_GLOBAL_NORM,
+    LOSS,
+    NONFINITE_GRADS,
+    NONFINITE_INPUTS,
+    NONFINITE_LOSS,
+    NONFINITE_WEIGHTS,
+    STEP_TIME,
+)
 
 log = logging.getLogger("trainvitals")
 
@@ -182,7 +191,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             packed = np.asarray(packed)
         step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
         numbers = _numbers(logs)
-        numbers.pop("loss", None)  # Keras's epoch running mean; "loss" is the batch's own
+        numbers.pop(LOSS, None)  # Keras's epoch running mean; "loss" is the batch's own
         now = time.monotonic()
         with self._pending_lock:
             self._last_step = max(self._last_step, step)
@@ -238,7 +247,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             taken = step_times[: len(step_times)]
             del step_times[: len(taken)]
         if taken:
-            columns["step_time"] = (
+            columns[STEP_TIME] = (
                 [t[0] for t in taken],
                 [t[2] for t in taken],
                 [t[1] for t in taken],
@@ -262,7 +271,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if self._weights_check is not None:
             checks = [s for s in steps if s % self._weights_every == 0]
             if checks and self._weights_check.due():
-                run.log(checks[-1], {"nonfinite/weights": self._weights_check()})
+                run.log(checks[-1], {NONFINITE_WEIGHTS: self._weights_check()})
         if self.guard is not None:
             for i in measured:
                 if i not in unhealthy:
@@ -285,16 +294,16 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         head = block[:, : len(tf_vitals.PACKED)].T.tolist()
         loss, nonfinite_loss, nonfinite_inputs, nonfinite_grads, norm = head
         if self._has_loss:
-            columns["loss"] = (steps, times, loss)
-            columns["nonfinite/loss"] = (steps, times, nonfinite_loss)
-        columns["nonfinite/inputs"] = (steps, times, nonfinite_inputs)
+            columns[LOSS] = (steps, times, loss)
+            columns[NONFINITE_LOSS] = (steps, times, nonfinite_loss)
+        columns[NONFINITE_INPUTS] = (steps, times, nonfinite_inputs)
         unhealthy = [
             measured[j] for j, row in enumerate(zip(*head, strict=True)) if self._sick(*row)
         ]
         if not self._has_grads:
             return unhealthy
-        columns["grad/global_norm"] = (steps, times, norm)
-        columns["nonfinite/grads"] = (steps, times, nonfinite_grads)
+        columns[GRAD_GLOBAL_NORM] = (steps, times, norm)
+        columns[NONFINITE_GRADS] = (steps, times, nonfinite_grads)
         names = self._grad_names
         norms = block[:, len(tf_vitals.PACKED) :]
         if norms.shape[1] != len(names):

@@ -13,6 +13,7 @@ from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.vitals import StepVitals, healthy, variable_norms
 from trainvitals.protocol import END_COMPLETED, END_EXCEPTION
+from trainvitals.series import NONFINITE_WEIGHTS, STEP_TIME
 
 
 class Monitor:
@@ -112,7 +113,7 @@ class Monitor:
         now = time.perf_counter()
         values: dict[str, float] = {}
         if self._last_log is not None:
-            values["step_time"] = now - self._last_log
+            values[STEP_TIME] = now - self._last_log
         self._last_log = now
         if loss is not None or grads is not None or inputs is not None:
             from trainvitals.agent import tf_vitals
@@ -134,7 +135,7 @@ class Monitor:
                 if self._weights_check is None:
                     self._weights_check = tf_vitals.WeightsCheck(self._model)
                 if self._weights_check.due():
-                    values["nonfinite/weights"] = self._weights_check()
+                    values[NONFINITE_WEIGHTS] = self._weights_check()
         for name, value in (metrics or {}).items():
             values[name] = float(_to_python(value))
         self.run.log(step, values)

@@ -19,9 +19,16 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from trainvitals.agent import environment
+from trainvitals.series import (
+    GRAD_GLOBAL_NORM,
+    LOSS,
+    NONFINITE_GRADS,
+    NONFINITE_INPUTS,
+    NONFINITE_LOSS,
+)
 
 #: Order of the scalars at the head of the packed vitals vector; per-variable norms follow.
-PACKED = ("loss", "nonfinite/loss", "nonfinite/inputs", "nonfinite/grads", "grad/global_norm")
+PACKED = (LOSS, NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS, GRAD_GLOBAL_NORM)
 
 
 def _dense(tensor: Any) -> Any:

@@ -11,6 +11,16 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 
+from trainvitals.series import (
+    GRAD_GLOBAL_NORM,
+    GRAD_NORM_PREFIX,
+    LOSS,
+    NONFINITE_GRADS,
+    NONFINITE_INPUTS,
+    NONFINITE_LOSS,
+    NONFINITE_PREFIX,
+)
+
 #: A global norm this many times the last one recorded also records the per-variable norms.
 JUMP = 10.0
 
@@ -18,10 +28,10 @@ JUMP = 10.0
 def healthy(values: Mapping[str, float]) -> bool:
     """Whether a step's vitals are all finite and count no NaN/Inf anywhere."""
     for name, value in values.items():
-        if name.startswith("nonfinite/"):
+        if name.startswith(NONFINITE_PREFIX):
             if value != 0:
                 return False
-        elif name in ("loss", "grad/global_norm") or name.startswith("grad/norm/"):
+        elif name in (LOSS, GRAD_GLOBAL_NORM) or name.startswith(GRAD_NORM_PREFIX):
             if not math.isfinite(value):
                 return False
     return True
@@ -29,7 +39,7 @@ def healthy(values: Mapping[str, float]) -> bool:
 
 def variable_norms(values: Mapping[str, float]) -> dict[str, float]:
     """The per-variable gradient norms among a step's values, by variable path."""
-    prefix = "grad/norm/"
+    prefix = GRAD_NORM_PREFIX
     return {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
 
 
@@ -61,14 +71,14 @@ class StepVitals:
         ``grads`` say which of them the step measured."""
         values: dict[str, float] = {}
         if loss:
-            values["loss"] = head["loss"]
-            values["nonfinite/loss"] = head["nonfinite/loss"]
+            values[LOSS] = head[LOSS]
+            values[NONFINITE_LOSS] = head[NONFINITE_LOSS]
         if inputs:
-            values["nonfinite/inputs"] = head["nonfinite/inputs"]
+            values[NONFINITE_INPUTS] = head[NONFINITE_INPUTS]
         if not grads:
             return values
-        norm = values["grad/global_norm"] = head["grad/global_norm"]
-        nonfinite = values["nonfinite/grads"] = head["nonfinite/grads"]
+        norm = values[GRAD_GLOBAL_NORM] = head[GRAD_GLOBAL_NORM]
+        nonfinite = values[NONFINITE_GRADS] = head[NONFINITE_GRADS]
         if self.due(step, norm, nonfinite) and len(norms) == len(names):
             values.update({f"grad/norm/{n}": float(v) for n, v in zip(names, norms, strict=True)})
         return values

@@ -9,7 +9,7 @@ Example:
     from trainvitals.detect import AlertBook, Detector
 
     detector, book = Detector(), AlertBook()
-    for finding in detector.feed({"nonfinite/inputs": ([120], [t], [3.0])}):
+    for finding in detector.feed({"nonfinite/inputs": Columns([120], [t], [3.0])}):
         change = book.apply(finding)   # ("fired", Alert(rule="nonfinite", ...))
     ```
 """

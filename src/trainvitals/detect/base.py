@@ -8,13 +8,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from trainvitals.detect.types import Dense, Finding, Record, Severity
+from trainvitals.series import GRAD_NORM_PREFIX, is_system
 
 #: Prefixes of per-second system series; everything else is a per-step vital.
-SYSTEM_PREFIXES = ("host/", "gpu")
-
-
-def is_system(name: str) -> bool:
-    return name.startswith(SYSTEM_PREFIXES)
 
 
 def finite(value: float | None) -> bool:
@@ -51,7 +47,7 @@ class Context:
                 self.latest_time = record.time
             else:
                 stepped = True
-                if name.startswith("grad/norm/") and name not in self._variable_order:
+                if name.startswith(GRAD_NORM_PREFIX) and name not in self._variable_order:
                     self._variable_order[name] = len(self._variable_order)
         if stepped and record.step > self.step:
             self.step = record.step

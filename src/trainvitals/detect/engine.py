@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from trainvitals.detect.base import Context, Rule, is_system
+from trainvitals.detect.base import Context, Rule
 from trainvitals.detect.hardware import EnvMismatchRule, HardwareRule, ThermalRule
 from trainvitals.detect.memory import MemoryPressureRule, OomForecastRule
 from trainvitals.detect.numeric import (
@@ -19,11 +19,20 @@ from trainvitals.detect.numeric import (
 from trainvitals.detect.process import CrashRule, SlowdownRule, StallRule
 from trainvitals.detect.settings import RuleSet
 from trainvitals.detect.types import Dense, Finding, Record
+from trainvitals.series import (
+    GPU_PREFIX,
+    GRAD_GLOBAL_NORM,
+    HOST_PREFIX,
+    LOSS,
+    NONFINITE_PREFIX,
+    STEP_TIME,
+    is_system,
+)
 
 #: Series the rules read; the rest of a frame (accuracy, epoch values...) is skipped unseen.
-_PREFIXES = ("grad/", "nonfinite/", "host/", "gpu")
-_NAMES = frozenset(("loss", "step_time"))
-_PER_STEP = frozenset(("loss", "step_time", "grad/global_norm"))
+_PREFIXES = ("grad/", NONFINITE_PREFIX, HOST_PREFIX, GPU_PREFIX)
+_NAMES = frozenset((LOSS, STEP_TIME))
+_PER_STEP = frozenset((LOSS, STEP_TIME, GRAD_GLOBAL_NORM))
 
 #: A frame's points: series name -> (steps, times, values).
 Column = tuple[Sequence[int], Sequence[float], Sequence[float]]
@@ -36,7 +45,7 @@ def watched(name: str) -> bool:
 
 def per_step(name: str) -> bool:
     """Series recorded at every step (as opposed to every few steps or every second)."""
-    return name in _PER_STEP or name.startswith("nonfinite/")
+    return name in _PER_STEP or name.startswith(NONFINITE_PREFIX)
 
 
 class Detector:

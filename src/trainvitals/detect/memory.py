@@ -12,6 +12,7 @@ from trainvitals.detect.base import Context, Rule, finite
 from trainvitals.detect.stats import theil_sen
 from trainvitals.detect.text import duration, size
 from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.series import GPU_PREFIX, HOST_LIMIT, HOST_RSS, HOST_SWAP_USED
 
 _GPU_SERIES = re.compile(r"gpu(\d+)/(tf_current|mem_used)$")
 
@@ -48,8 +49,8 @@ SWAP_HINT = (
 
 def _subject(name: str, context: Context) -> tuple[str, str, str] | None:
     """``(subject, used series, limit series)`` for a memory series, or None."""
-    if name == "host/rss":
-        return "host", name, "host/limit"
+    if name == HOST_RSS:
+        return "host", name, HOST_LIMIT
     match = _GPU_SERIES.match(name)
     if match is None:
         return None
@@ -74,7 +75,7 @@ class OomForecastRule(Rule):
     """A Theil-Sen trend of memory use meeting its limit within the horizon."""
 
     id = "oom_forecast"
-    watches = ("host/rss", "gpu")
+    watches = (HOST_RSS, GPU_PREFIX)
 
     def __init__(self, context: Context, settings: s.OomForecast) -> None:
         super().__init__(context)
@@ -164,7 +165,7 @@ class MemoryPressureRule(Rule):
     """Memory above a high fraction of its limit now; swap filling up."""
 
     id = "memory_pressure"
-    watches = ("host/rss", "host/swap_used", "gpu")
+    watches = (HOST_RSS, HOST_SWAP_USED, GPU_PREFIX)
 
     def __init__(self, context: Context, settings: s.MemoryPressure) -> None:
         super().__init__(context)
@@ -177,7 +178,7 @@ class MemoryPressureRule(Rule):
         for name, value in record.values.items():
             if not finite(value):
                 continue
-            if name == "host/swap_used":
+            if name == HOST_SWAP_USED:
                 finding = self._swap_growth(record, value)
                 if finding is not None:
                     out.append(finding)

@@ -13,6 +13,13 @@ from trainvitals.detect.base import Context, Rule, finite, last_record
 from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
 from trainvitals.detect.text import listing, number
 from trainvitals.detect.types import Dense, Finding, Record, Severity
+from trainvitals.series import (
+    GRAD_GLOBAL_NORM,
+    GRAD_NORM_PREFIX,
+    LOSS,
+    NONFINITE_PREFIX,
+    NONFINITE_WEIGHTS,
+)
 
 #: Where NaN/Inf can first appear, in the order that explains the rest: bad data poisons the
 #: loss, poisoned weights poison everything, a loss overflow poisons the gradients.
@@ -48,7 +55,7 @@ class NonfiniteRule(Rule):
     """NaN/Inf anywhere, critical in the very step it appears, naming where it came from."""
 
     id = "nonfinite"
-    watches = ("loss", "grad/global_norm", "nonfinite/", "grad/norm/")
+    watches = (LOSS, GRAD_GLOBAL_NORM, NONFINITE_PREFIX, GRAD_NORM_PREFIX)
 
     def __init__(self, context: Context, settings: s.Nonfinite) -> None:
         super().__init__(context)
@@ -64,22 +71,22 @@ class NonfiniteRule(Rule):
         relevant = {
             name: column
             for name, column in dense.items()
-            if name.startswith("nonfinite/") or name in ("loss", "grad/global_norm")
+            if name.startswith(NONFINITE_PREFIX) or name in (LOSS, GRAD_GLOBAL_NORM)
         }
         if not relevant:
             return []
         for name, (_, _, values) in relevant.items():
-            clean = not np.any(values != 0) if name.startswith("nonfinite/") else None
+            clean = not np.any(values != 0) if name.startswith(NONFINITE_PREFIX) else None
             if clean is None:
                 clean = bool(np.all(np.isfinite(values)))
             if not clean:
                 return None  # judged step by step, to name the very step and the origin
         steps, times, _ = max(relevant.values(), key=lambda column: len(column[0]))
         before, self._clean, self._skips = self._clean, self._clean + len(steps), 0
-        if "loss" in relevant:
-            self._last_loss = float(relevant["loss"][2][-1])
-        if "grad/global_norm" in relevant:
-            self._last_norm = float(relevant["grad/global_norm"][2][-1])
+        if LOSS in relevant:
+            self._last_loss = float(relevant[LOSS][2][-1])
+        if GRAD_GLOBAL_NORM in relevant:
+            self._last_norm = float(relevant[GRAD_GLOBAL_NORM][2][-1])
         if self.firing and self._clean >= self.settings.clear_steps:
             at = max(0, self.settings.clear_steps - before - 1)
             self._seen.clear()
@@ -93,14 +100,14 @@ class NonfiniteRule(Rule):
             count = values.get(f"nonfinite/{origin}")
             if count is not None and not (count == 0):
                 counts[origin] = count
-        loss, norm = values.get("loss"), values.get("grad/global_norm")
+        loss, norm = values.get(LOSS), values.get(GRAD_GLOBAL_NORM)
         where = set(counts)
         if loss is not None and not math.isfinite(loss):
             where.add("loss")
         if norm is not None and not math.isfinite(norm):
             where.add("grads")
         if not where:
-            if counts or loss is not None or norm is not None or "nonfinite/weights" in values:
+            if counts or loss is not None or norm is not None or NONFINITE_WEIGHTS in values:
                 self._clean += 1
                 self._skips = 0
                 if finite(loss):
@@ -124,9 +131,9 @@ class NonfiniteRule(Rule):
         ordered = [o for o in ORIGINS if o in where]
         origin = ordered[0]
         bad_variables = [
-            name.removeprefix("grad/norm/")
+            name.removeprefix(GRAD_NORM_PREFIX)
             for name in self.context.in_model_order(
-                n for n, v in values.items() if n.startswith("grad/norm/") and not finite(v)
+                n for n, v in values.items() if n.startswith(GRAD_NORM_PREFIX) and not finite(v)
             )
         ]
         evidence: dict[str, Any] = {
@@ -177,7 +184,7 @@ class GradExplosionRule(Rule):
     """The global gradient norm far above its robust baseline (median/MAD of log10 norms)."""
 
     id = "grad_explosion"
-    watches = ("grad/global_norm", "grad/norm/")
+    watches = (GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX)
 
     def __init__(self, context: Context, settings: s.GradExplosion) -> None:
         super().__init__(context)
@@ -191,7 +198,7 @@ class GradExplosionRule(Rule):
         self._rise: dict[str, tuple[float, float]] = {}  # name -> (norm, ratio)
 
     def skim(self, dense: Dense) -> list[Finding] | None:
-        column = dense.get("grad/global_norm")
+        column = dense.get(GRAD_GLOBAL_NORM)
         if column is None:
             return []
         cfg = self.settings
@@ -215,7 +222,7 @@ class GradExplosionRule(Rule):
     def observe(self, record: Record) -> list[Finding]:
         cfg = self.settings
         for name, value in record.values.items():
-            if name.startswith("grad/norm/") and finite(value) and value > 0:
+            if name.startswith(GRAD_NORM_PREFIX) and finite(value) and value > 0:
                 window = self._variables.get(name)
                 if window is None:
                     window = self._variables[name] = RollingWindow(20, refresh=1)
@@ -223,7 +230,7 @@ class GradExplosionRule(Rule):
                 if len(window) >= 3:
                     self._rise[name] = (value, 10 ** (level - window.median))
                 window.add(level)
-        norm = record.values.get("grad/global_norm")
+        norm = record.values.get(GRAD_GLOBAL_NORM)
         if norm is None or not finite(norm) or norm <= 0:
             return []
         level = math.log10(norm)
@@ -261,7 +268,7 @@ class GradExplosionRule(Rule):
             "ratio": ratio,
             "steps_above": self._above,
             "layers": [
-                {"variable": name.removeprefix("grad/norm/"), "norm": n, "ratio": r}
+                {"variable": name.removeprefix(GRAD_NORM_PREFIX), "norm": n, "ratio": r}
                 for name, (n, r) in layers
             ],
         }
@@ -287,7 +294,7 @@ class GradVanishingRule(Rule):
     or every gradient near zero, for a sustained window."""
 
     id = "grad_vanishing"
-    watches = ("loss", "grad/global_norm", "grad/norm/")
+    watches = (LOSS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX)
 
     def __init__(self, context: Context, settings: s.GradVanishing) -> None:
         super().__init__(context)
@@ -299,12 +306,12 @@ class GradVanishingRule(Rule):
 
     def skim(self, dense: Dense) -> list[Finding] | None:
         cfg = self.settings
-        if "loss" in dense:
-            losses = dense["loss"][2]
+        if LOSS in dense:
+            losses = dense[LOSS][2]
             self._losses.extend(losses[np.isfinite(losses)].tolist())
-        if "grad/global_norm" not in dense:
+        if GRAD_GLOBAL_NORM not in dense:
             return []
-        norms = dense["grad/global_norm"][2]
+        norms = dense[GRAD_GLOBAL_NORM][2]
         norms = norms[np.isfinite(norms)]
         if not len(norms):
             return []
@@ -314,7 +321,7 @@ class GradVanishingRule(Rule):
         else:
             self._tiny = len(norms) - 1 - int(np.flatnonzero(~small)[-1])
         if self._tiny >= cfg.window and not self.firing:
-            return [self._all_tiny(last_record(dense, "grad/global_norm"), float(norms[-1]))]
+            return [self._all_tiny(last_record(dense, GRAD_GLOBAL_NORM), float(norms[-1]))]
         return []
 
     def _all_tiny(self, record: Record, norm: float) -> Finding:
@@ -328,18 +335,18 @@ class GradVanishingRule(Rule):
     def observe(self, record: Record) -> list[Finding]:
         cfg = self.settings
         values = record.values
-        loss = values.get("loss")
+        loss = values.get(LOSS)
         if finite(loss):
             self._losses.append(loss)  # type: ignore[arg-type]
         out: list[Finding] = []
-        norm = values.get("grad/global_norm")
+        norm = values.get(GRAD_GLOBAL_NORM)
         if finite(norm):
             self._tiny = self._tiny + 1 if norm < cfg.min_norm else 0  # type: ignore[operator]
             if self._tiny >= cfg.window and not self.firing:
                 out.append(self._all_tiny(record, norm))  # type: ignore[arg-type]
-        kernels = [n for n in values if n.startswith("grad/norm/") and "kernel" in n]
+        kernels = [n for n in values if n.startswith(GRAD_NORM_PREFIX) and "kernel" in n]
         if not kernels:
-            kernels = [n for n in values if n.startswith("grad/norm/")]
+            kernels = [n for n in values if n.startswith(GRAD_NORM_PREFIX)]
         ordered = [n for n in self.context.in_model_order(kernels) if finite(values[n])]
         if len(ordered) < 3:
             return out
@@ -362,8 +369,8 @@ class GradVanishingRule(Rule):
             and change < cfg.flat_loss
         ):
             low, top_short = (
-                low_name.removeprefix("grad/norm/"),
-                top_name.removeprefix("grad/norm/"),
+                low_name.removeprefix(GRAD_NORM_PREFIX),
+                top_name.removeprefix(GRAD_NORM_PREFIX),
             )
             message = (
                 f"Gradients vanish in the early layers: {low} gets {ratio:.1e}x the gradient "
@@ -378,7 +385,7 @@ class GradVanishingRule(Rule):
                 "ratio": ratio,
                 "samples": self._low,
                 "loss_improvement": change,
-                "layers": {n.removeprefix("grad/norm/"): values[n] for n in ordered},
+                "layers": {n.removeprefix(GRAD_NORM_PREFIX): values[n] for n in ordered},
             }
             out.append(self.fire("", record, "warning", message, GRAD_VANISHING_HINT, evidence))
         elif self.firing and self._recovered >= cfg.samples:
@@ -413,7 +420,7 @@ class LossDivergenceRule(Rule):
     giving back what training had learned; and single-batch spikes (info)."""
 
     id = "loss_divergence"
-    watches = ("loss",)
+    watches = (LOSS,)
     _EVERY = 5  # steps between judgements of the level
 
     def __init__(self, context: Context, settings: s.LossDivergence) -> None:
@@ -433,7 +440,7 @@ class LossDivergenceRule(Rule):
         self._spike_at = -1
 
     def observe(self, record: Record) -> list[Finding]:
-        loss = record.values.get("loss")
+        loss = record.values.get(LOSS)
         if loss is None or not math.isfinite(loss):
             return []
         cfg = self.settings
@@ -470,7 +477,7 @@ class LossDivergenceRule(Rule):
         return out + self._judge(record, self._EVERY)
 
     def skim(self, dense: Dense) -> list[Finding] | None:
-        column = dense.get("loss")
+        column = dense.get(LOSS)
         if column is None:
             return []
         if self._start is None or "spike" in self.firing:
@@ -490,7 +497,7 @@ class LossDivergenceRule(Rule):
         if self._since < self._EVERY:
             return []
         advanced, self._since = self._since, 0
-        return self._judge(last_record(dense, "loss"), advanced)
+        return self._judge(last_record(dense, LOSS), advanced)
 
     def _recent_level(self) -> float:
         smooth = self.settings.smooth

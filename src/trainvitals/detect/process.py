@@ -8,10 +8,18 @@ from typing import Any
 import numpy as np
 
 from trainvitals.detect import settings as s
-from trainvitals.detect.base import Context, Rule, finite, is_system, last_record
+from trainvitals.detect.base import Context, Rule, finite, last_record
 from trainvitals.detect.stats import RollingWindow, median
 from trainvitals.detect.text import duration, number, size
 from trainvitals.detect.types import Dense, Finding, Record, Severity
+from trainvitals.series import (
+    HOST_CPU_PERCENT,
+    HOST_LIMIT,
+    HOST_RSS,
+    HOST_SWAP_USED,
+    STEP_TIME,
+    is_system,
+)
 
 # What a hung stack usually shows, and what to do about it (first match wins).
 _STALL_CAUSES = (
@@ -101,7 +109,7 @@ class SlowdownRule(Rule):
     """The recent median step time far above its baseline median."""
 
     id = "slowdown"
-    watches = ("step_time",)
+    watches = (STEP_TIME,)
     _EVERY = 10
 
     def __init__(self, context: Context, settings: s.Slowdown) -> None:
@@ -115,7 +123,7 @@ class SlowdownRule(Rule):
         self._calm = 0
 
     def observe(self, record: Record) -> list[Finding]:
-        value = record.values.get("step_time")
+        value = record.values.get(STEP_TIME)
         if value is None or not finite(value) or value <= 0:
             return []
         cfg = self.settings
@@ -132,7 +140,7 @@ class SlowdownRule(Rule):
         return self._judge(record, advanced)
 
     def skim(self, dense: Dense) -> list[Finding] | None:
-        column = dense.get("step_time")
+        column = dense.get(STEP_TIME)
         if column is None:
             return []
         cfg = self.settings
@@ -151,7 +159,7 @@ class SlowdownRule(Rule):
         if self._since < self._EVERY or len(self._baseline) < cfg.recent:
             return []
         advanced, self._since = self._since, 0
-        return self._judge(last_record(dense, "step_time"), advanced)
+        return self._judge(last_record(dense, STEP_TIME), advanced)
 
     def _judge(self, record: Record, advanced: int) -> list[Finding]:
         cfg = self.settings
@@ -172,9 +180,9 @@ class SlowdownRule(Rule):
 
     def _fire(self, record: Record, base: float, now: float) -> Finding:
         latest = self.context.latest
-        evidence: dict[str, Any] = {"step_time": now, "baseline": base, "ratio": now / base}
+        evidence: dict[str, Any] = {STEP_TIME: now, "baseline": base, "ratio": now / base}
         causes = []
-        swap = latest.get("host/swap_used")
+        swap = latest.get(HOST_SWAP_USED)
         if swap:
             evidence["swap_used"] = swap
             causes.append(f"the host swaps ({size(swap)} in swap)")
@@ -182,7 +190,7 @@ class SlowdownRule(Rule):
         if throttled:
             evidence["throttle"] = {k: latest[k] for k in throttled}
             causes.append("the GPU is throttled")
-        cpu = latest.get("host/cpu_percent")
+        cpu = latest.get(HOST_CPU_PERCENT)
         if cpu is not None:
             evidence["cpu_percent"] = cpu
         message = (
@@ -274,7 +282,7 @@ class CrashRule(Rule):
                 "heartbeat_lost": "went silent (heartbeats stopped)",
             }.get(reason, f"ended by {reason.removeprefix('signal:')}")
             message = f"The run {what} at step {self.context.step}"
-            rss, limit = readings.get("host/rss"), readings.get("host/limit")
+            rss, limit = readings.get(HOST_RSS), readings.get(HOST_LIMIT)
             if rss is not None and limit:
                 message += f"; last RSS {size(rss)} of {size(limit)}"
             hint = _END_HINTS.get(reason, "Check the process's logs and the host.")

@@ -1,0 +1,63 @@
+"""Every series name the agent records and the detectors and dashboard read.
+
+One place for the names users see on charts and in alerts (``docs/contract.md`` lists them
+with their units); ``web/series.js`` mirrors them for the dashboard, and a test keeps the two
+equal. Names are plain strings on the wire: these are constants, not an enum, so a user's own
+metric names (every Keras log key as-is) travel beside them unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The loss of that very batch, taken inside the train step (not Keras's running mean).
+LOSS: Final = "loss"
+#: Seconds per training step.
+STEP_TIME: Final = "step_time"
+#: The optimizer's learning rate, when it exposes one.
+LR: Final = "lr"
+
+GRAD_GLOBAL_NORM: Final = "grad/global_norm"
+#: ``grad/norm/<variable path>``: one variable's gradient norm.
+GRAD_NORM_PREFIX: Final = "grad/norm/"
+
+#: ``nonfinite/<origin>``: counts of NaN/Inf elements.
+NONFINITE_PREFIX: Final = "nonfinite/"
+NONFINITE_LOSS: Final = "nonfinite/loss"
+NONFINITE_GRADS: Final = "nonfinite/grads"
+NONFINITE_INPUTS: Final = "nonfinite/inputs"
+NONFINITE_WEIGHTS: Final = "nonfinite/weights"
+
+#: Process and host readings (bytes, percent), once a second.
+HOST_PREFIX: Final = "host/"
+HOST_RSS: Final = "host/rss"
+HOST_AVAILABLE: Final = "host/available"
+HOST_LIMIT: Final = "host/limit"
+HOST_SWAP_USED: Final = "host/swap_used"
+HOST_CPU_PERCENT: Final = "host/cpu_percent"
+HOST_CPU_TEMP: Final = "host/cpu_temp"
+HOST_DISK_FREE: Final = "host/disk_free"
+
+#: ``gpu<i>/<field>``: one device's readings, once a second (see :func:`gpu`).
+GPU_PREFIX: Final = "gpu"
+GPU_MEM_USED: Final = "mem_used"
+GPU_MEM_TOTAL: Final = "mem_total"
+GPU_TF_CURRENT: Final = "tf_current"
+GPU_TF_PEAK: Final = "tf_peak"
+GPU_UTIL: Final = "util"
+GPU_TEMP: Final = "temp"
+GPU_POWER: Final = "power"
+GPU_CLOCK_SM: Final = "clock_sm"
+GPU_THROTTLE: Final = "throttle"
+
+
+def gpu(index: int, field: str) -> str:
+    """The series name of one GPU reading: ``gpu(0, GPU_MEM_USED) == "gpu0/mem_used"``."""
+    return f"{GPU_PREFIX}{index}/{field}"
+
+
+def is_system(name: str) -> bool:
+    """Readings of the host and GPUs (sampled every second), as opposed to per-step vitals."""
+    return name.startswith(HOST_PREFIX) or (
+        name.startswith(GPU_PREFIX) and name[len(GPU_PREFIX) : len(GPU_PREFIX) + 1].isdigit()
+    )
