@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 
 from trainvitals.agent.buffer import PointBuffer, points_frames
-from trainvitals.protocol import MAX_POINTS_PER_FRAME
+from trainvitals.protocol import MAX_POINTS_PER_FRAME, Columns
 
 
 def test_frames_are_columnar_per_series_and_numbered() -> None:
@@ -37,7 +37,7 @@ def test_columns_join_what_was_added_step_by_step() -> None:
     buffer = PointBuffer(on_step=lambda steps, at: advanced.append((steps, at)))
     buffer.add(1, 10.0, {"loss": 1.0})
     buffer.add_columns(
-        {"loss": ([2, 3], [11.0, 12.0], [0.9, 0.8]), "lr": ([3], [12.0], [0.1])},
+        {"loss": Columns([2, 3], [11.0, 12.0], [0.9, 0.8]), "lr": Columns([3], [12.0], [0.1])},
         clock=[(2, 5.5), (3, 5.6)],
     )
     assert len(buffer) == 4
@@ -58,7 +58,7 @@ def test_frames_split_across_series_keep_every_point_once() -> None:
     half = MAX_POINTS_PER_FRAME // 2 + 7
     steps = list(range(half))
     for name in ("a", "b", "c"):
-        buffer.add_columns({name: (steps, [0.0] * half, [1.0] * half)})
+        buffer.add_columns({name: Columns(steps, [0.0] * half, [1.0] * half)})
     frames = points_frames(buffer.drain(), first_seq=4)
     assert [f["seq"] for f in frames] == [4, 5]
     sizes = [sum(len(s["step"]) for s in f["series"].values()) for f in frames]

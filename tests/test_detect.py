@@ -26,34 +26,31 @@ from trainvitals.detect.engine import _thinned
 from trainvitals.detect.process import stall_hint
 from trainvitals.detect.settings import Lifecycle
 from trainvitals.detect.stats import RollingWindow, theil_sen
+from trainvitals.protocol import Columns, ListColumns
 
 T0 = 1_800_000_000.0
+Stream = dict[str, ListColumns]
 GiB = 2**30
 
 
-def stream(
-    steps: range, dt: float, **series: Callable[[int], float]
-) -> dict[str, tuple[list[int], list[float], list[float]]]:
+def stream(steps: range, dt: float, **series: Callable[[int], float]) -> Stream:
     """Columns as an agent frame carries them: every series recorded at every step."""
     return {
-        name: (list(steps), [T0 + s * dt for s in steps], [fn(s) for s in steps])
+        name: Columns(list(steps), [T0 + s * dt for s in steps], [fn(s) for s in steps])
         for name, fn in series.items()
     }
 
 
-Columns = dict[str, tuple[list[int], list[float], list[float]]]
-
-
-def frames(columns: Columns, steps_per_frame: int) -> list[Columns]:
+def frames(columns: Stream, steps_per_frame: int) -> list[Stream]:
     """Cut a stream into the frames an agent would send (every series up to a step)."""
     last = max(max(steps) for steps, _, _ in columns.values())
     out = []
     for start in range(0, last + 1, steps_per_frame):
-        frame: Columns = {}
+        frame: Stream = {}
         for name, (steps, times, values) in columns.items():
             keep = [i for i, s in enumerate(steps) if start <= s < start + steps_per_frame]
             if keep:
-                frame[name] = (
+                frame[name] = Columns(
                     [steps[i] for i in keep],
                     [times[i] for i in keep],
                     [values[i] for i in keep],
@@ -62,7 +59,7 @@ def frames(columns: Columns, steps_per_frame: int) -> list[Columns]:
     return out
 
 
-def feed(detector: Detector, columns: Columns, steps_per_frame: int | None) -> list[Finding]:
+def feed(detector: Detector, columns: Stream, steps_per_frame: int | None) -> list[Finding]:
     """Whole (the step-by-step path) or in frames (mostly the bulk path)."""
     if steps_per_frame is None:
         return detector.feed(columns)
@@ -77,7 +74,7 @@ def fired(findings: list[Finding], rule: str) -> list[Finding]:
     return [f for f in findings if f.rule == rule and f.firing]
 
 
-def run_through(detector: Detector, columns: Columns, framing: int | None = None):  # type: ignore[no-untyped-def]
+def run_through(detector: Detector, columns: Stream, framing: int | None = None):  # type: ignore[no-untyped-def]
     book = AlertBook()
     changes = []
     for finding in feed(detector, columns, framing):
@@ -298,21 +295,25 @@ def test_a_resumed_run_on_a_noisy_plateau_raises_nothing(seed: int) -> None:
 
 
 def test_system_samples_beyond_25_a_second_are_judged_at_25_a_second() -> None:
-    dense = (list(range(200)), [T0 + i * 0.01 for i in range(200)], [float(i) for i in range(200)])
+    dense = Columns(
+        list(range(200)), [T0 + i * 0.01 for i in range(200)], [float(i) for i in range(200)]
+    )
     steps, times, values = _thinned(dense)
     assert len(steps) in (50, 51)  # a bucket of 0.04 s each, the last sample of each
     assert values[-1] == 199.0 and min(np.diff(times)) > 0.02
-    per_second = ([1, 2, 3], [T0, T0 + 1, T0 + 2], [1.0, 2.0, 3.0])
+    per_second = Columns([1, 2, 3], [T0, T0 + 1, T0 + 2], [1.0, 2.0, 3.0])
     assert _thinned(per_second) == per_second
 
 
-def host(
-    rss: Callable[[int], float], limit: float = 4 * GiB
-) -> dict[str, tuple[list[int], list[float], list[float]]]:
+def host(rss: Callable[[int], float], limit: float = 4 * GiB) -> Stream:
     seconds = range(0, 300)
     return {
-        "host/rss": ([7] * len(seconds), [T0 + t for t in seconds], [rss(t) for t in seconds]),
-        "host/limit": ([7] * len(seconds), [T0 + t for t in seconds], [limit] * len(seconds)),
+        "host/rss": Columns(
+            [7] * len(seconds), [T0 + t for t in seconds], [rss(t) for t in seconds]
+        ),
+        "host/limit": Columns(
+            [7] * len(seconds), [T0 + t for t in seconds], [limit] * len(seconds)
+        ),
     }
 
 
@@ -379,9 +380,9 @@ def test_thermal_throttling_and_hardware_errors_on_a_gpu() -> None:
 
     def gpu(
         **values: Callable[[int], float],
-    ) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    ) -> Stream:
         return {
-            f"gpu0/{k}": ([5] * 30, [T0 + t for t in seconds], [fn(t) for t in seconds])
+            f"gpu0/{k}": Columns([5] * 30, [T0 + t for t in seconds], [fn(t) for t in seconds])
             for k, fn in values.items()
         }
 

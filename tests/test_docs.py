@@ -4,17 +4,12 @@ with its true default, and example rules files that the server would accept."""
 from __future__ import annotations
 
 import re
-import sys
+import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from trainvitals.detect import RULES, RulesConfig, RuleSet
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ALERTS_DOC = Path(__file__).resolve().parent.parent / "docs" / "alerts.md"
 

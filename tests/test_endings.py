@@ -253,7 +253,7 @@ HANGING = textwrap.dedent(
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    vitals = trainvitals.VitalsCallback(server=sys.argv[1], run_name="hang", system_metrics=False)
+    vitals = trainvitals.VitalsCallback(server=sys.argv[1], run_name="hang")
     model.fit(batches(), steps_per_epoch=60, epochs=1, verbose=0, callbacks=[vitals])
     """
 )
@@ -280,6 +280,16 @@ def test_a_hung_input_generator_is_stalled_with_its_stack_then_running_again(
         report = stalled["stall_stacks"]
         assert report.startswith("No training step for")
         assert "in batches" in report and "time.sleep" in report  # where it hangs
+
+        # The host samples keep coming once a second, filed under the step it hangs at: they
+        # are no progress, so the run stays stalled while they arrive.
+        def samples() -> int:
+            series = run_series(server, stalled["id"], "host/rss")
+            return len(series.get("host/rss", {}).get("step", []))
+
+        seen = samples()
+        wait_for(lambda: samples() >= seen + 2, timeout=10, what="two more host samples")
+        assert only_run(server)["status"] == "stalled"
         assert training.wait(120) == 0  # the generator wakes up and training completes
     finally:
         training.kill()

@@ -10,6 +10,7 @@ import pytest
 
 from tests.helpers import RUN_CONTRACT_FIELDS
 from trainvitals.exceptions import StorageError
+from trainvitals.protocol import Columns
 from trainvitals.server.storage import RunEnd, Store, database_url
 
 
@@ -31,8 +32,10 @@ def test_run_lifecycle(store: Store) -> None:
     with store.engine.begin() as conn:
         row = store.open_run(conn, hello("r1"), now=1001.0)
         assert (row["status"], row["last_seq"]) == ("running", 0)
-        store.add_points(conn, "r1", 1, {"loss": ([1, 2], [1.0, 2.0], [0.5, 0.4])}, now=1002.0)
-        store.end_run(conn, "r1", 2, RunEnd("crashed", "exception", 1003.0, "Traceback ..."))
+        store.add_points(
+            conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.5, 0.4])}, now=1002.0
+        )
+        store.end_run(conn, "r1", 2, RunEnd("exception", 1003.0, "Traceback ..."))
     run = store.get_run("r1")
     assert run is not None
     assert run["status"] == "crashed" and run["end_reason"] == "exception"
@@ -44,13 +47,13 @@ def test_run_lifecycle(store: Store) -> None:
 def test_reconnecting_run_keeps_its_progress(store: Store) -> None:
     with store.engine.begin() as conn:
         store.open_run(conn, hello("r1"), now=1.0)
-        store.add_points(conn, "r1", 5, {"loss": ([9], [9.0], [0.1])}, now=2.0)
+        store.add_points(conn, "r1", 5, {"loss": Columns([9], [9.0], [0.1])}, now=2.0)
         again = store.open_run(conn, hello("r1"), now=3.0)
     assert again["last_seq"] == 5 and again["last_step"] == 9
 
 
 def test_replayed_frames_are_stored_once(store: Store) -> None:
-    points = {"loss": ([1, 2, 3], [1.0, 2.0, 3.0], [3.0, 2.0, 1.0])}
+    points = {"loss": Columns([1, 2, 3], [1.0, 2.0, 3.0], [3.0, 2.0, 1.0])}
     with store.engine.begin() as conn:
         store.open_run(conn, hello("r1"), now=1.0)
         store.add_points(conn, "r1", 1, points, now=2.0)
@@ -63,8 +66,10 @@ def test_replayed_frames_are_stored_once(store: Store) -> None:
 def test_series_reads_in_step_order_and_keeps_nan(store: Store) -> None:
     with store.engine.begin() as conn:
         store.open_run(conn, hello("r1"), now=1.0)
-        store.add_points(conn, "r1", 2, {"loss": ([3, 4], [3.0, 4.0], [math.nan, math.inf])}, 2.0)
-        store.add_points(conn, "r1", 1, {"loss": ([1, 2], [1.0, 2.0], [1.0, 2.0])}, 2.0)
+        store.add_points(
+            conn, "r1", 2, {"loss": Columns([3, 4], [3.0, 4.0], [math.nan, math.inf])}, 2.0
+        )
+        store.add_points(conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [1.0, 2.0])}, 2.0)
     steps, times, values = store.read_series("r1", "loss")
     assert steps.tolist() == [1, 2, 3, 4]
     assert times.tolist() == [1.0, 2.0, 3.0, 4.0]
@@ -87,7 +92,9 @@ def test_a_million_points_read_back(store: Store) -> None:
         store.open_run(conn, hello("big"), now=1.0)
         for seq, start in enumerate(range(0, n, per_frame), start=1):
             steps = np.arange(start, start + per_frame)
-            store.add_points(conn, "big", seq, {"loss": (steps, steps * 0.5, np.sqrt(steps))}, 1.0)
+            store.add_points(
+                conn, "big", seq, {"loss": Columns(steps, steps * 0.5, np.sqrt(steps))}, 1.0
+            )
     steps, times, values = store.read_series("big", "loss")
     assert steps.size == n and steps[-1] == n - 1 and times[10] == 5.0 and values[16] == 4.0
 
@@ -102,13 +109,13 @@ def test_database_urls() -> None:
 def test_a_stalled_run_runs_again_when_steps_resume(store: Store) -> None:
     with store.engine.begin() as conn:
         store.open_run(conn, hello("r1"), now=1.0)
-        store.add_points(conn, "r1", 1, {"loss": ([1], [1.0], [0.5])}, now=2.0)
+        store.add_points(conn, "r1", 1, {"loss": Columns([1], [1.0], [0.5])}, now=2.0)
         store.mark_stalled(conn, "r1", 2, when=40.0, report="No training step for 38 s")
     stalled = store.get_run("r1")
     assert stalled is not None and stalled["status"] == "stalled"
     assert stalled["stall_stacks"] == "No training step for 38 s"
     with store.engine.begin() as conn:
-        store.add_points(conn, "r1", 3, {"loss": ([2], [41.0], [0.4])}, now=41.0)
+        store.add_points(conn, "r1", 3, {"loss": Columns([2], [41.0], [0.4])}, now=41.0)
     resumed = store.get_run("r1")
     assert resumed is not None and resumed["status"] == "running"
 
@@ -167,8 +174,8 @@ def test_recent_points_and_last_readings(store: Store) -> None:
                 "r1",
                 seq,
                 {
-                    "loss": ([seq], [1000.0 + seq], [1.0 / seq]),
-                    "host/rss": ([seq], [1000.0], [seq * 10.0]),
+                    "loss": Columns([seq], [1000.0 + seq], [1.0 / seq]),
+                    "host/rss": Columns([seq], [1000.0], [seq * 10.0]),
                 },
                 now=1000.0 + seq,
             )
@@ -210,12 +217,12 @@ def test_workers_of_one_job_are_linked_and_a_later_launch_starts_a_new_job(store
     # Once every run of the job has ended, a launch with the same key long after is new.
     with store.engine.begin() as conn:
         for run_id in ("c0", "w1", "w10", "w1-again"):
-            store.end_run(conn, run_id, 1, RunEnd("finished", "completed", 9100.0, None))
+            store.end_run(conn, run_id, 1, RunEnd("completed", 9100.0, None))
     worker("next", "chief:0", 9000.0 + 601)
     assert _job_of(store, "next") != job
     # ... while a run that starts with it joins it, even after it ended.
     with store.engine.begin() as conn:
-        store.end_run(conn, "next", 1, RunEnd("finished", "completed", 9610.0, None))
+        store.end_run(conn, "next", 1, RunEnd("completed", 9610.0, None))
     worker("late", "worker:0", 9601.0 + 599)
     assert _job_of(store, "late") == _job_of(store, "next")
     # A run on its own has no job.
@@ -254,3 +261,19 @@ def test_a_database_from_before_jobs_gains_their_columns(db_url: str) -> None:
         assert store.list_runs(job=_job_of(store, "new"))[0]["worker"] == "worker:0"
     finally:
         store.dispose()
+
+
+def test_a_stalled_run_is_running_again_only_on_a_new_step(store: Store) -> None:
+    """The per-second samples carry the latest step: they must not end a stall."""
+    sample = {"host/rss": Columns([2], [5.0], [1e9])}
+    with store.engine.begin() as conn:
+        store.open_run(conn, hello("r1"), now=1.0)
+        store.add_points(conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.5, 0.4])}, 2.0)
+        store.mark_stalled(conn, "r1", 2, when=40.0, report="no step for 30 s")
+        store.add_points(conn, "r1", 3, sample, now=41.0)
+    run = store.get_run("r1")
+    assert run is not None and (run["status"], run["last_step"]) == ("stalled", 2)
+    with store.engine.begin() as conn:
+        store.add_points(conn, "r1", 4, {"loss": Columns([3], [42.0], [0.3])}, now=42.0)
+    run = store.get_run("r1")
+    assert run is not None and (run["status"], run["last_step"]) == ("running", 3)

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import Connection, create_engine, text
 
 from tests.helpers import POSTGRES_ADMIN_URL
+from trainvitals.protocol import Columns
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer
 
@@ -44,7 +45,7 @@ def test_writes_share_one_connection_and_survive_its_loss(postgres_url: str) -> 
             assert first == second  # no checkout (a ping and a rollback) per transaction
             with admin.connect() as conn:  # the database drops it (a restart, a proxy timeout)
                 conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
-            points = {"loss": ([1], [1.0], [0.5])}
+            points = {"loss": Columns([1], [1.0], [0.5])}
             assert (
                 await writer.submit(
                     partial(store.add_points, run_id="r1", seq=1, points=points, now=2.0)
@@ -65,7 +66,10 @@ def test_writes_share_one_connection_and_survive_its_loss(postgres_url: str) -> 
 def test_a_rolled_back_frame_stores_its_series_when_it_is_replayed(
     store: Store, writer: Writer
 ) -> None:
-    points = {"loss": ([1, 2], [1.0, 2.0], [0.5, 0.4]), "grad/global_norm": ([1], [1.0], [3.0])}
+    points = {
+        "loss": Columns([1, 2], [1.0, 2.0], [0.5, 0.4]),
+        "grad/global_norm": Columns([1], [1.0], [3.0]),
+    }
 
     def fails_after_storing(conn: Connection) -> Any:
         store.add_points(conn, "r1", 1, points, now=2.0)

@@ -1,12 +1,99 @@
-"""Wire protocol constants shared by the agent and the server.
+"""The types and constants the agent, the detection core and the server share.
 
-The full description of the frames lives in ``docs/protocol.md``. This module holds only the
-names and limits both sides must agree on; it is plain Python so the agent stays light.
+The full description of the frames lives in ``docs/protocol.md``; the contract (statuses, end
+reasons, series names) in ``docs/contract.md``. This module is plain Python (numpy appears in
+annotations only) so the light agent can import it.
+
+- :class:`Columns`: one series' points, column by column. The one shape of the core data:
+  the agent buffers ``Columns`` of lists, the server stores and the detectors judge
+  ``Columns`` of numpy arrays.
+- :class:`RunStatus` and :class:`EndReason`: where a run is in its life and how it ended
+  (what moves it between statuses is :mod:`trainvitals.lifecycle`).
+- The frame types and their limits, and the websocket close codes.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import enum
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final, Generic, NamedTuple, TypeAlias, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+_Steps = TypeVar("_Steps", covariant=True)
+_Values = TypeVar("_Values", covariant=True)
+
+
+class Columns(NamedTuple, Generic[_Steps, _Values]):
+    """One series' points, column by column: step numbers, Unix times (seconds), values.
+
+    A tuple, so ``steps, times, values = columns`` works; the column type is a parameter:
+    :data:`ListColumns` where points are gathered, :data:`ArrayColumns` where they are judged
+    or read back from storage.
+
+    Example:
+        >>> Columns([1, 2], [1700000000.0, 1700000000.1], [0.7, 0.69]).steps
+        [1, 2]
+    """
+
+    steps: _Steps
+    times: _Values
+    values: _Values
+
+
+#: Columns being gathered (the agent's buffer, a frame as sent or validated).
+ListColumns: TypeAlias = Columns[list[int], list[float]]
+#: Columns to read: lists or slices of them.
+SeqColumns: TypeAlias = Columns[Sequence[int], Sequence[float]]
+#: Columns whatever holds them: lists, slices or numpy arrays.
+AnyColumns: TypeAlias = "Columns[npt.ArrayLike, npt.ArrayLike]"
+#: Columns as numpy arrays (the detectors' bulk pass, storage reads).
+ArrayColumns: TypeAlias = "Columns[npt.NDArray[np.int64], npt.NDArray[np.float64]]"
+#: Many series' points, by series name (see :mod:`trainvitals.series`).
+Series: TypeAlias = Mapping[str, ListColumns]
+
+
+class RunStatus(enum.StrEnum):
+    """Where a run is in its life; :mod:`trainvitals.lifecycle` says what moves it."""
+
+    RUNNING = "running"
+    #: No step for far longer than usual while the process is alive.
+    STALLED = "stalled"
+    #: Ended by completing.
+    FINISHED = "finished"
+    #: Ended any other way: an exception, a signal, an OOM kill.
+    CRASHED = "crashed"
+    #: Went silent (no frame, not even a heartbeat): the host died or the network was cut.
+    LOST = "lost"
+
+
+class EndReason(enum.StrEnum):
+    """How a run ended (``end_reason``). A run killed by a signal ends with
+    ``signal:<NAME>`` (:func:`signal_reason`), so the reason is a plain string on the wire."""
+
+    COMPLETED = "completed"
+    #: An exception left training; the traceback comes with it.
+    EXCEPTION = "exception"
+    #: The process ended without a signal or an exception (``sys.exit`` in the middle).
+    EXITED = "exited"
+    #: The kernel's OOM killer took the process (seen in its cgroup's counters).
+    OOM_KILLED = "oom_killed"
+    #: The interpreter aborted (``Fatal Python error``).
+    FATAL_ERROR = "fatal_error"
+    #: Nothing heard from the run for the server's ``lost_after``.
+    HEARTBEAT_LOST = "heartbeat_lost"
+    SIGKILL = "signal:SIGKILL"
+    SIGTERM = "signal:SIGTERM"
+    SIGINT = "signal:SIGINT"
+    SIGSEGV = "signal:SIGSEGV"
+
+
+def signal_reason(name: str) -> str:
+    """The end reason of a run killed by the signal ``name``: ``signal_reason("SIGTERM")``."""
+    return f"signal:{name}"
+
 
 #: Version carried in every frame as ``"v"``. The server rejects versions it does not speak.
 PROTOCOL_VERSION: Final = 1
@@ -40,6 +127,6 @@ CLOSE_POLICY_VIOLATION: Final = 1008  # valid frame in the wrong place (points b
 CLOSE_TOO_BIG: Final = 1009  # frame over MAX_FRAME_BYTES
 CLOSE_TRY_AGAIN_LATER: Final = 1013  # a browser too slow to keep up with the live stream
 
-#: How a run ended, as sent in the ``end`` frame.
-END_COMPLETED: Final = "completed"
-END_EXCEPTION: Final = "exception"
+#: How a run ended, as sent in the ``end`` frame (kept for scripts that import them).
+END_COMPLETED: Final = EndReason.COMPLETED.value
+END_EXCEPTION: Final = EndReason.EXCEPTION.value

@@ -6,10 +6,14 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from trainvitals.protocol import MAX_POINTS_PER_FRAME, POINTS, PROTOCOL_VERSION
-
-#: One series' points, as the wire carries them: (steps, unix times, values).
-Columns = tuple[list[int], list[float], list[float]]
+from trainvitals.protocol import (
+    MAX_POINTS_PER_FRAME,
+    POINTS,
+    PROTOCOL_VERSION,
+    Columns,
+    ListColumns,
+    SeqColumns,
+)
 
 
 class PointBuffer:
@@ -22,7 +26,7 @@ class PointBuffer:
 
     def __init__(self, on_step: Callable[[int, float | None], None] | None = None) -> None:
         self._lock = threading.Lock()
-        self._series: dict[str, Columns] = {}
+        self._series: dict[str, ListColumns] = {}
         self._count = 0
         self._on_step = on_step
         #: The highest training step recorded so far; per-second readings are filed under it.
@@ -34,7 +38,7 @@ class PointBuffer:
             for name, value in values.items():
                 columns = series.get(name)
                 if columns is None:
-                    columns = series[name] = ([], [], [])
+                    columns = series[name] = Columns([], [], [])
                 columns[0].append(step)
                 columns[1].append(time)
                 columns[2].append(value)
@@ -42,7 +46,7 @@ class PointBuffer:
             self._advance(step)
 
     def add_columns(
-        self, columns: Mapping[str, Columns], clock: Sequence[tuple[int, float]] = ()
+        self, columns: Mapping[str, SeqColumns], clock: Sequence[tuple[int, float]] = ()
     ) -> None:
         """Record whole columns: ``{name: (steps, times, values)}``, each in step order.
 
@@ -58,7 +62,7 @@ class PointBuffer:
                     continue
                 held = series.get(name)
                 if held is None:
-                    series[name] = (list(steps), list(times), list(values))
+                    series[name] = Columns(list(steps), list(times), list(values))
                 else:
                     held[0].extend(steps)
                     held[1].extend(times)
@@ -73,7 +77,7 @@ class PointBuffer:
                 self._on_step(step - self.last_step, at)
             self.last_step = step
 
-    def drain(self) -> dict[str, Columns]:
+    def drain(self) -> dict[str, ListColumns]:
         with self._lock:
             series, self._series, self._count = self._series, {}, 0
         return series
@@ -82,7 +86,7 @@ class PointBuffer:
         return self._count
 
 
-def points_frames(series: Mapping[str, Columns], first_seq: int) -> list[dict[str, Any]]:
+def points_frames(series: Mapping[str, SeqColumns], first_seq: int) -> list[dict[str, Any]]:
     """Pack drained series into ``points`` frames of MAX_POINTS_PER_FRAME points at most."""
     frames: list[dict[str, Any]] = []
     current: dict[str, dict[str, Sequence[Any]]] = {}

@@ -19,15 +19,15 @@ import keras
 import numpy as np
 
 from trainvitals.agent import tf_vitals
-from trainvitals.agent.buffer import Columns
 from trainvitals.agent.config import resolve
 from trainvitals.agent.protect import Guard, Protection
 from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import END_COMPLETED
+from trainvitals.protocol import END_COMPLETED, Columns, ListColumns
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
+    GRAD_NORM_PREFIX,
     LOSS,
     NONFINITE_GRADS,
     NONFINITE_INPUTS,
@@ -241,13 +241,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         steps = [row[0] for row in rows]
         to_unix = time.time() - time.monotonic()
         times = [row[1] + to_unix for row in rows]
-        columns: dict[str, Columns] = {}
+        columns: dict[str, ListColumns] = {}
         with self._pending_lock:  # the training thread appends without it; takers hold it
             step_times = self._step_times
             taken = step_times[: len(step_times)]
             del step_times[: len(taken)]
         if taken:
-            columns[STEP_TIME] = (
+            columns[STEP_TIME] = Columns(
                 [t[0] for t in taken],
                 [t[2] for t in taken],
                 [t[1] for t in taken],
@@ -255,11 +255,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         keys = rows[0][3].keys()
         if all(row[3].keys() == keys for row in rows):
             for key in keys:
-                columns[key] = (steps, times, [row[3][key] for row in rows])
+                columns[key] = Columns(steps, times, [row[3][key] for row in rows])
         else:  # a metric that comes and goes: one step at a time
             for row, unix in zip(rows, times, strict=True):
                 for key, value in row[3].items():
-                    column = columns.setdefault(key, ([], [], []))
+                    column = columns.setdefault(key, Columns([], [], []))
                     column[0].append(row[0])
                     column[1].append(unix)
                     column[2].append(value)
@@ -284,7 +284,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         rows: list[tuple[int, float, Any, dict[str, float]]],
         all_times: list[float],
         measured: list[int],
-        columns: dict[str, Columns],
+        columns: dict[str, ListColumns],
     ) -> list[int]:
         """Add the packed vitals of ``rows[i]`` for i in ``measured`` to ``columns``; return
         the indexes of the steps with a NaN/Inf."""
@@ -294,16 +294,16 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         head = block[:, : len(tf_vitals.PACKED)].T.tolist()
         loss, nonfinite_loss, nonfinite_inputs, nonfinite_grads, norm = head
         if self._has_loss:
-            columns[LOSS] = (steps, times, loss)
-            columns[NONFINITE_LOSS] = (steps, times, nonfinite_loss)
-        columns[NONFINITE_INPUTS] = (steps, times, nonfinite_inputs)
+            columns[LOSS] = Columns(steps, times, loss)
+            columns[NONFINITE_LOSS] = Columns(steps, times, nonfinite_loss)
+        columns[NONFINITE_INPUTS] = Columns(steps, times, nonfinite_inputs)
         unhealthy = [
             measured[j] for j, row in enumerate(zip(*head, strict=True)) if self._sick(*row)
         ]
         if not self._has_grads:
             return unhealthy
-        columns[GRAD_GLOBAL_NORM] = (steps, times, norm)
-        columns[NONFINITE_GRADS] = (steps, times, nonfinite_grads)
+        columns[GRAD_GLOBAL_NORM] = Columns(steps, times, norm)
+        columns[NONFINITE_GRADS] = Columns(steps, times, nonfinite_grads)
         names = self._grad_names
         norms = block[:, len(tf_vitals.PACKED) :]
         if norms.shape[1] != len(names):
@@ -315,7 +315,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             due_steps = [steps[j] for j in due]
             due_times = [times[j] for j in due]
             for name, values in zip(names, norms[due].T.tolist(), strict=True):
-                columns[f"grad/norm/{name}"] = (due_steps, due_times, values)
+                columns[GRAD_NORM_PREFIX + name] = Columns(due_steps, due_times, values)
             first_bad = unhealthy[0] if unhealthy else len(rows)
             healthy_due = [j for j in due if measured[j] < first_bad]
             if healthy_due:
@@ -447,7 +447,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.model.train_function = None
 
 
-def _row_values(columns: dict[str, Columns], step: int) -> dict[str, float]:
+def _row_values(columns: dict[str, ListColumns], step: int) -> dict[str, float]:
     """One step's values out of columns (for the rare step with a NaN/Inf)."""
     values = {}
     for name, (steps, _, column) in columns.items():

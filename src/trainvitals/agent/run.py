@@ -22,7 +22,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from trainvitals.agent import environment
-from trainvitals.agent.buffer import Columns, PointBuffer
+from trainvitals.agent.buffer import PointBuffer
 from trainvitals.agent.config import AgentConfig
 from trainvitals.agent.gpu import NvmlSource, TfAllocatorSource
 from trainvitals.agent.host import HostSource
@@ -38,6 +38,9 @@ from trainvitals.protocol import (
     HELLO,
     PROTOCOL_VERSION,
     STALL,
+    EndReason,
+    SeqColumns,
+    signal_reason,
 )
 
 log = logging.getLogger("trainvitals")
@@ -161,7 +164,7 @@ class Run:
         self._buffer.add(step, time.time() if time_ is None else time_, values)
 
     def add_columns(
-        self, columns: Mapping[str, Columns], clock: Sequence[tuple[int, float]] = ()
+        self, columns: Mapping[str, SeqColumns], clock: Sequence[tuple[int, float]] = ()
     ) -> None:
         """Record many steps at once: ``{name: (steps, unix times, values)}``; ``clock`` is
         ``(step, time.monotonic())`` of each step's end, for the hang detector."""
@@ -316,7 +319,7 @@ def _chain_signal(signum: int) -> None:
         return
 
     def handler(number: int, frame: FrameType | None) -> None:
-        _signals.append(f"signal:{signal.Signals(number).name}")
+        _signals.append(signal_reason(signal.Signals(number).name))
         if previous == signal.SIG_DFL:
             _finish_open_runs()
             signal.signal(number, signal.SIG_DFL)
@@ -329,6 +332,6 @@ def _chain_signal(signum: int) -> None:
 
 def _finish_open_runs() -> None:
     text = _uncaught[-1] if _uncaught else None
-    reason = _signals[-1] if _signals else END_EXCEPTION if text else "exited"
+    reason = _signals[-1] if _signals else END_EXCEPTION if text else EndReason.EXITED.value
     for run in list(_open_runs):
         run.finish(reason, text, timeout=5.0)

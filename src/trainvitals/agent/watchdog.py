@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from trainvitals.protocol import END, PROTOCOL_VERSION
+from trainvitals.protocol import END, PROTOCOL_VERSION, EndReason
 
 #: How long the watchdog keeps trying to reach the server with the news.
 REPORT_FOR = 60.0
@@ -164,12 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.fault_file:
         Path(args.fault_file).unlink(missing_ok=True)
     if (cgroup_oom_kills() or 0) > oom_before:
-        reason, text = "oom_killed", None
+        reason, text = EndReason.OOM_KILLED.value, None
     elif "Segmentation fault" in fault:
-        reason, text = "signal:SIGSEGV", fault
+        reason, text = EndReason.SIGSEGV.value, fault
     elif "Fatal Python error" in fault:
-        reason, text = "fatal_error", fault
+        reason, text = EndReason.FATAL_ERROR.value, fault
     else:
-        reason, text = "signal:SIGKILL", None
+        reason, text = EndReason.SIGKILL.value, None
     _report(args.url, hello, reason, text)
     return 0

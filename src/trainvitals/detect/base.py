@@ -7,7 +7,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from trainvitals.detect.types import Dense, Finding, Record, Severity
+from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.protocol import ArrayColumns
 from trainvitals.series import GRAD_NORM_PREFIX, is_system
 
 #: Prefixes of per-second system series; everything else is a per-step vital.
@@ -17,7 +18,7 @@ def finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def last_record(dense: Dense, name: str) -> Record:
+def last_record(dense: Mapping[str, ArrayColumns], name: str) -> Record:
     """The moment of a series' last point in a frame, for findings made in bulk."""
     steps, times, _ = dense[name]
     return Record(int(steps[-1]), float(times[-1]), {})
@@ -53,7 +54,7 @@ class Context:
             self.step = record.step
             self._steps.append((record.time, record.step))
 
-    def note_dense(self, dense: Dense) -> None:
+    def note_dense(self, dense: Mapping[str, ArrayColumns]) -> None:
         steps, times, _ = max(dense.values(), key=lambda column: len(column[0]))
         if len(steps) and int(steps[-1]) > self.step:
             self.step = int(steps[-1])
@@ -97,7 +98,7 @@ class Rule:
     def observe(self, record: Record) -> list[Finding]:
         return []
 
-    def skim(self, dense: Dense) -> list[Finding] | None:
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         """Take a frame's per-step series in bulk when nothing in them can change this rule's
         mind; return None to have them replayed step by step through :meth:`observe`.
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,8 @@ from trainvitals.detect.numeric import (
 )
 from trainvitals.detect.process import CrashRule, SlowdownRule, StallRule
 from trainvitals.detect.settings import RuleSet
-from trainvitals.detect.types import Dense, Finding, Record
+from trainvitals.detect.types import Finding, Record
+from trainvitals.protocol import ArrayColumns, Columns, EndReason, SeqColumns
 from trainvitals.series import (
     GPU_PREFIX,
     GRAD_GLOBAL_NORM,
@@ -35,8 +36,6 @@ _NAMES = frozenset((LOSS, STEP_TIME))
 _PER_STEP = frozenset((LOSS, STEP_TIME, GRAD_GLOBAL_NORM))
 
 #: A frame's points: series name -> (steps, times, values).
-Column = tuple[Sequence[int], Sequence[float], Sequence[float]]
-Columns = Mapping[str, Column]
 
 
 def watched(name: str) -> bool:
@@ -93,7 +92,7 @@ class Detector:
             return []
         return self.env_mismatch.check(self.context.env, step, time)
 
-    def feed(self, points: Columns) -> list[Finding]:
+    def feed(self, points: Mapping[str, SeqColumns]) -> list[Finding]:
         """Judge one frame's points in the order they were recorded.
 
         The per-step series (loss, gradient norm, NaN/Inf counts, step time) are offered to
@@ -102,8 +101,8 @@ class Detector:
         always go record by record.
         """
         points = {name: column for name, column in points.items() if watched(name)}
-        dense: Dense = {
-            name: (
+        dense: Mapping[str, ArrayColumns] = {
+            name: Columns(
                 np.asarray(steps, dtype=np.int64),
                 np.asarray(times, dtype=np.float64),
                 np.asarray(values, dtype=np.float64),
@@ -157,7 +156,7 @@ class Detector:
 
     def ended(self, reason: str, time: float, traceback: str | None = None) -> list[Finding]:
         """The run ended with ``reason``; anything but ``completed`` is a crash."""
-        if reason == "completed" or not self.settings.crash.enabled:
+        if reason == EndReason.COMPLETED or not self.settings.crash.enabled:
             return []
         return [self.crash.ended(reason, time, traceback)]
 
@@ -173,7 +172,7 @@ class Detector:
 SYSTEM_MIN_INTERVAL = 0.04
 
 
-def _thinned(column: Column) -> Column:
+def _thinned(column: SeqColumns) -> SeqColumns:
     steps, times, values = column
     if len(times) < 2:
         return column
@@ -181,10 +180,10 @@ def _thinned(column: Column) -> Column:
     keep = np.flatnonzero(np.diff(bucket, append=np.inf) != 0).tolist()  # each bucket's last
     if len(keep) == len(times):
         return column
-    return [steps[i] for i in keep], [times[i] for i in keep], [values[i] for i in keep]
+    return Columns([steps[i] for i in keep], [times[i] for i in keep], [values[i] for i in keep])
 
 
-def records(points: Columns) -> Iterable[Record]:
+def records(points: Mapping[str, SeqColumns]) -> Iterable[Record]:
     """Regroup a frame's columns into the records the agent logged: the values that share
     a step and a time were recorded together (one step's vitals, or one system sample)."""
     grouped: dict[tuple[int, float], dict[str, float]] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,8 @@ from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite, last_record
 from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
 from trainvitals.detect.text import listing, number
-from trainvitals.detect.types import Dense, Finding, Record, Severity
+from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.protocol import ArrayColumns
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
@@ -67,7 +69,7 @@ class NonfiniteRule(Rule):
         self._last_loss: float | None = None
         self._last_norm: float | None = None
 
-    def skim(self, dense: Dense) -> list[Finding] | None:
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         relevant = {
             name: column
             for name, column in dense.items()
@@ -197,7 +199,7 @@ class GradExplosionRule(Rule):
         self._variables: dict[str, RollingWindow] = {}
         self._rise: dict[str, tuple[float, float]] = {}  # name -> (norm, ratio)
 
-    def skim(self, dense: Dense) -> list[Finding] | None:
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         column = dense.get(GRAD_GLOBAL_NORM)
         if column is None:
             return []
@@ -304,7 +306,7 @@ class GradVanishingRule(Rule):
         self._recovered = 0
         self._losses: deque[float] = deque(maxlen=settings.window)
 
-    def skim(self, dense: Dense) -> list[Finding] | None:
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         cfg = self.settings
         if LOSS in dense:
             losses = dense[LOSS][2]
@@ -476,7 +478,7 @@ class LossDivergenceRule(Rule):
         self._since = 0
         return out + self._judge(record, self._EVERY)
 
-    def skim(self, dense: Dense) -> list[Finding] | None:
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         column = dense.get(LOSS)
         if column is None:
             return []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,8 @@ from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite, last_record
 from trainvitals.detect.stats import RollingWindow, median
 from trainvitals.detect.text import duration, number, size
-from trainvitals.detect.types import Dense, Finding, Record, Severity
+from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.protocol import ArrayColumns, EndReason
 from trainvitals.series import (
     HOST_CPU_PERCENT,
     HOST_LIMIT,
@@ -81,7 +83,7 @@ class StallRule(Rule):
         evidence = {"idle_s": idle, "threshold_s": threshold, "stacks": stacks}
         return self.fire("", record, "critical", message, stall_hint(stacks), evidence)
 
-    def skim(self, dense: Dense) -> list[Finding] | None:
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         if not self.firing or self._step is None:
             return []
         resumed = [
@@ -139,7 +141,7 @@ class SlowdownRule(Rule):
         advanced, self._since = self._since, 0
         return self._judge(record, advanced)
 
-    def skim(self, dense: Dense) -> list[Finding] | None:
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         column = dense.get(STEP_TIME)
         if column is None:
             return []
@@ -213,27 +215,27 @@ class SlowdownRule(Rule):
         return self.fire("", record, "warning", message, hint, evidence)
 
 
-_END_HINTS = {
-    "oom_killed": (
+_END_HINTS: dict[str, str] = {
+    EndReason.OOM_KILLED: (
         "The kernel's OOM killer ended the run at its memory limit: find what grows (see the "
         "memory chart), lower the batch size or tf.data buffers, or raise the limit."
     ),
-    "signal:SIGKILL": (
+    EndReason.SIGKILL: (
         "Killed from outside with SIGKILL: a scheduler (preemption, time limit), an OOM "
         "killer outside this cgroup, or a person. Check the scheduler's log and `dmesg`; "
         "checkpoint often (`keras.callbacks.BackupAndRestore`) so a rerun resumes."
     ),
-    "signal:SIGTERM": (
+    EndReason.SIGTERM: (
         "Asked to stop with SIGTERM: usually preemption or a time limit. Save a checkpoint "
         "on SIGTERM (`keras.callbacks.BackupAndRestore`) to resume."
     ),
-    "signal:SIGINT": "Interrupted (Ctrl-C).",
-    "signal:SIGSEGV": (
+    EndReason.SIGINT: "Interrupted (Ctrl-C).",
+    EndReason.SIGSEGV: (
         "A segmentation fault in native code: usually mismatched CUDA/cuDNN/driver versions "
         "or a library bug. The faulthandler dump shows the Python frames; check the "
         "versions in the environment panel."
     ),
-    "heartbeat_lost": (
+    EndReason.HEARTBEAT_LOST: (
         "Nothing heard from the run, not even a heartbeat: the host died, rebooted or lost "
         "its network, or the process froze entirely (swap storm). Check the host."
     ),
@@ -268,7 +270,7 @@ class CrashRule(Rule):
         if readings:
             evidence["last_readings"] = readings
         severity: Severity = "critical"
-        if reason == "exception":
+        if reason == EndReason.EXCEPTION:
             last_line = (traceback or "").strip().splitlines()[-1:] or [""]
             evidence["exception"] = last_line[0]
             message = f"The run crashed at step {self.context.step}: {last_line[0]}"
@@ -277,16 +279,16 @@ class CrashRule(Rule):
                 "The traceback shows where it failed.",
             )
         else:
-            what = {
-                "oom_killed": "was killed by the kernel's OOM killer",
-                "heartbeat_lost": "went silent (heartbeats stopped)",
+            what: str = {
+                EndReason.OOM_KILLED.value: "was killed by the kernel's OOM killer",
+                EndReason.HEARTBEAT_LOST.value: "went silent (heartbeats stopped)",
             }.get(reason, f"ended by {reason.removeprefix('signal:')}")
             message = f"The run {what} at step {self.context.step}"
             rss, limit = readings.get(HOST_RSS), readings.get(HOST_LIMIT)
             if rss is not None and limit:
                 message += f"; last RSS {size(rss)} of {size(limit)}"
             hint = _END_HINTS.get(reason, "Check the process's logs and the host.")
-            if reason == "signal:SIGINT":
+            if reason == EndReason.SIGINT:
                 severity = "info"
         return self.fire("", record, severity, message, hint, evidence)
 

@@ -21,18 +21,13 @@ A rules file is TOML. Top-level tables set the defaults for every project; table
 from __future__ import annotations
 
 import dataclasses
-import sys
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from trainvitals.exceptions import RulesError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -23,6 +23,7 @@ from sqlalchemy import Connection
 
 from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, RulesConfig
 from trainvitals.detect.types import jsonable
+from trainvitals.protocol import Columns, SeqColumns
 from trainvitals.server.live import Hub
 from trainvitals.server.notify import Notifier
 from trainvitals.server.notify.messages import Notice
@@ -35,7 +36,6 @@ log = logging.getLogger("trainvitals.server")
 REPLAY_FRAMES = 3000
 
 Listener = Callable[[Change, dict[str, Any]], Awaitable[None]]
-Columns = Mapping[str, tuple[Sequence[int], Sequence[float], Sequence[float]]]
 
 
 @dataclass
@@ -88,7 +88,7 @@ class AlertEngine:
             findings.append(Finding("crash", "", False, crash.step, now))
         await self._apply(state, findings)
 
-    async def points(self, run_id: str, columns: Columns) -> None:
+    async def points(self, run_id: str, columns: Mapping[str, SeqColumns]) -> None:
         state = await self._state(run_id)
         if state is not None:
             await self._apply(state, state.detector.feed(columns))
@@ -195,7 +195,9 @@ class AlertEngine:
         state = self._fresh(run_id, run["project"], run["name"], run["env"])
         history = await asyncio.to_thread(self._store.recent_points, run_id, REPLAY_FRAMES)
         if history:
-            columns = {n: (s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()}
+            columns = {
+                n: Columns(s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()
+            }
             state.detector.feed(columns)  # warms the baselines; what it finds is already known
         stored = await asyncio.to_thread(self._store.list_alerts, run_id=run_id, limit=10_000)
         state.book.load(Alert.from_dict(a) for a in stored)

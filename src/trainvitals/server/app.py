@@ -10,6 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from trainvitals import __version__
 from trainvitals.detect import RulesConfig, load_rules
+from trainvitals.protocol import EndReason
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.deps import AppState
 from trainvitals.server.live import Hub
@@ -55,7 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             writer,
             hub,
             settings.lost_after,
-            on_lost=lambda run_id, when: alerts.ended(run_id, "heartbeat_lost", when),
+            on_lost=lambda run_id, when: alerts.ended(run_id, EndReason.HEARTBEAT_LOST, when),
         )
         await liveness.start()
         app.state.trainvitals = AppState(

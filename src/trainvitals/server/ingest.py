@@ -12,15 +12,18 @@ import time
 from functools import partial
 from typing import Any
 
+from trainvitals import lifecycle
 from trainvitals.exceptions import FrameError, IngestRejected
+from trainvitals.lifecycle import ALIVE, Effect, RunState, transition
 from trainvitals.protocol import (
     ACK,
     CLOSE_INVALID_PAYLOAD,
     CLOSE_POLICY_VIOLATION,
     CLOSE_TOO_BIG,
-    END_COMPLETED,
     PROTOCOL_VERSION,
     WELCOME,
+    Columns,
+    RunStatus,
 )
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.live import Hub
@@ -57,6 +60,7 @@ class IngestSession:
         self._liveness = liveness
         self._max_frame_bytes = max_frame_bytes
         self.run: dict[str, Any] | None = None  # the run's summary as browsers see it
+        self._state = RunState(RunStatus.RUNNING)
         self._last_seq = 0
 
     async def handle(self, text: str) -> str | None:
@@ -98,10 +102,12 @@ class IngestSession:
         )
         self._last_seq = int(row["last_seq"])
         self.run = {field: row[field] for field in RUN_FIELDS}
-        if self.run["status"] in ("running", "stalled"):
-            self._liveness.seen(hello.run_id, time.time())
+        # Storage applied the hello (a lost run is running again); what follows from it:
+        stored = RunState(RunStatus(row["status"]), row["last_step"], row["end_reason"])
+        self._state, effects = transition(stored, lifecycle.Hello())
+        self._apply(effects, time.time())
         self._hub.run_changed(dict(self.run))
-        if self.run["status"] in ("running", "stalled"):
+        if self._state.status in ALIVE:
             await self._alerts.opened(self.run, hello.env, time.time(), new=row["created"])
         return json.dumps(
             {
@@ -115,7 +121,7 @@ class IngestSession:
     async def _points(self, frame: Points) -> str:
         assert self.run is not None
         run_id = self.run["id"]
-        columns = {name: (c.step, c.time, c.value) for name, c in frame.series.items()}
+        columns = {name: Columns(c.step, c.time, c.value) for name, c in frame.series.items()}
         now = time.time()
         last_step = await self._writer.submit(
             partial(self._store.add_points, run_id=run_id, seq=frame.seq, points=columns, now=now)
@@ -123,12 +129,10 @@ class IngestSession:
         self._last_seq = frame.seq
         self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
         if last_step is not None:
-            if (self.run["last_step"] or 0) < last_step:
-                self.run["last_step"] = last_step
-            if self.run["status"] == "stalled":
-                self.run["status"] = "running"
+            self._advance(lifecycle.Progress(last_step), now)
         self.run["last_seen"] = now
-        self._liveness.seen(run_id, now)
+        if self._state.status in ALIVE:
+            self._liveness.seen(run_id, now)
         self._hub.run_changed(dict(self.run))
         await self._alerts.points(run_id, columns)
         return _ack(frame.seq)
@@ -149,8 +153,7 @@ class IngestSession:
             )
         )
         self._last_seq = frame.seq
-        if self.run["status"] == "running":
-            self.run["status"] = "stalled"
+        self._advance(lifecycle.Stall(), frame.time)
         self._hub.run_changed(dict(self.run))
         await self._alerts.stalled(
             self.run["id"],
@@ -182,7 +185,7 @@ class IngestSession:
     async def _heartbeat(self) -> None:
         assert self.run is not None
         now = time.time()
-        if self.run["status"] in ("running", "stalled"):
+        if self._state.status in ALIVE:
             self._liveness.seen(self.run["id"], now)
         await self._writer.submit(partial(self._store.touch, run_id=self.run["id"], now=now))
         self.run["last_seen"] = now
@@ -190,21 +193,35 @@ class IngestSession:
 
     async def _end(self, frame: End) -> str:
         assert self.run is not None
-        end = RunEnd(
-            status="finished" if frame.reason == END_COMPLETED else "crashed",
-            reason=frame.reason,
-            ended_at=frame.time,
-            traceback=frame.traceback,
-        )
+        end = RunEnd(reason=frame.reason, ended_at=frame.time, traceback=frame.traceback)
         await self._writer.submit(
             partial(self._store.end_run, run_id=self.run["id"], seq=frame.seq, end=end)
         )
         self._last_seq = frame.seq
-        self._liveness.ended(self.run["id"])
-        self.run.update(status=end.status, end_reason=end.reason, ended_at=end.ended_at)
+        effects = self._advance(lifecycle.End(frame.reason), end.ended_at)
+        if Effect.ENDED in effects:
+            self.run.update(end_reason=end.reason, ended_at=end.ended_at)
         self._hub.run_changed(dict(self.run))
-        await self._alerts.ended(self.run["id"], end.reason, end.ended_at, end.traceback)
+        if Effect.ENDED in effects:
+            await self._alerts.ended(self.run["id"], end.reason, end.ended_at, end.traceback)
         return _ack(frame.seq)
+
+    def _advance(self, event: lifecycle.Event, now: float) -> tuple[Effect, ...]:
+        """Move the run through its lifecycle; the browsers' summary follows."""
+        assert self.run is not None
+        self._state, effects = transition(self._state, event)
+        self.run["status"] = self._state.status.value
+        if self._state.last_step is not None:
+            self.run["last_step"] = self._state.last_step
+        self._apply(effects, now)
+        return effects
+
+    def _apply(self, effects: tuple[Effect, ...], now: float) -> None:
+        assert self.run is not None
+        if Effect.WATCH in effects:
+            self._liveness.seen(self.run["id"], now)
+        if Effect.UNWATCH in effects:
+            self._liveness.ended(self.run["id"])
 
 
 def _ack(seq: int) -> str:

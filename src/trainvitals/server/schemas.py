@@ -40,8 +40,9 @@ class Job(BaseModel):
     size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
-class Columns(BaseModel):
-    """One series' points in a frame, column by column."""
+class WireColumns(BaseModel):
+    """One series' points as a frame carries them (``step``, ``time``, ``value`` lists),
+    validated; :meth:`columns` gives them as :class:`~trainvitals.protocol.Columns`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     step: list[int]
@@ -49,7 +50,7 @@ class Columns(BaseModel):
     value: list[float]  # NaN and ±Infinity are data here, sent as JSON NaN/Infinity tokens
 
     @model_validator(mode="after")
-    def _same_length(self) -> Columns:
+    def _same_length(self) -> WireColumns:
         if not len(self.step) == len(self.time) == len(self.value):
             raise ValueError(
                 f"step, time and value must have equal lengths, got "
@@ -61,7 +62,7 @@ class Columns(BaseModel):
 class Points(_Frame):
     type: Literal["points"]
     seq: Annotated[int, Field(ge=1)]
-    series: dict[SeriesName, Columns]
+    series: dict[SeriesName, WireColumns]
 
 
 class Heartbeat(_Frame):

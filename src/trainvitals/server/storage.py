@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -33,6 +32,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    and_,
     case,
     create_engine,
     event,
@@ -45,8 +45,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import ColumnElement
 
 from trainvitals.exceptions import StorageError
+from trainvitals.lifecycle import ALIVE, End, Event, Hello, Progress, Silent, Stall, moves
+from trainvitals.protocol import AnyColumns, ArrayColumns, Columns, EndReason, RunStatus
 
 metadata = MetaData()
 
@@ -184,9 +187,25 @@ RUN_FIELDS = (
 )  # fmt: skip
 
 #: Column arrays of one series: (steps, times, values).
-SeriesData = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
-#: One frame's points: series name -> (steps, times, values), as lists or arrays.
-FramePoints = Mapping[str, tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike]]
+
+
+def _values(statuses: Iterable[RunStatus]) -> list[str]:
+    return [status.value for status in statuses]
+
+
+def _moved(event: Event, when: ColumnElement[bool] | None = None) -> ColumnElement[Any]:
+    """The run's status after ``event``, as SQL: the lifecycle's moves, applied in the
+    database so a concurrent writer can't slip between reading and writing the status."""
+    whens = [
+        (
+            runs.c.status == before.value
+            if when is None
+            else and_(runs.c.status == before.value, when),
+            after.value,
+        )
+        for before, after in moves(event).items()
+    ]
+    return case(*whens, else_=runs.c.status) if whens else runs.c.status
 
 
 def database_url(db: str) -> str:
@@ -203,7 +222,8 @@ def database_url(db: str) -> str:
 
 @dataclass(frozen=True)
 class RunEnd:
-    status: str
+    """How a run ended; its status follows from the reason (:mod:`trainvitals.lifecycle`)."""
+
     reason: str
     ended_at: float
     traceback: str | None
@@ -247,7 +267,7 @@ class Store:
                 id=hello["run_id"],
                 project=hello["project"],
                 name=hello["name"],
-                status="running",
+                status=RunStatus.RUNNING.value,
                 started_at=hello["started_at"],
                 last_seen=now,
                 last_seq=0,
@@ -260,8 +280,8 @@ class Store:
         # A run given up as lost that speaks again is alive after all.
         conn.execute(
             update(runs)
-            .where(runs.c.id == hello["run_id"], runs.c.status == "lost")
-            .values(status="running", end_reason=None, ended_at=None, last_seen=now)
+            .where(runs.c.id == hello["run_id"], runs.c.status.in_(_values(moves(Hello()))))
+            .values(status=_moved(Hello()), end_reason=None, ended_at=None, last_seen=now)
         )
         if created and hello.get("job"):
             self._join_job(conn, hello)
@@ -285,7 +305,7 @@ class Store:
         ).scalar()
         job_id = None
         if newest is not None:
-            alive = case((runs.c.status.in_(("running", "stalled")), 1), else_=0)
+            alive = case((runs.c.status.in_(_values(ALIVE)), 1), else_=0)
             running, latest = conn.execute(
                 select(func.sum(alive), func.max(runs.c.started_at)).where(
                     runs.c.job_id == newest, runs.c.id != hello["run_id"]
@@ -310,8 +330,12 @@ class Store:
         self._known_series.pop(run_id, None)
         changed = conn.execute(
             update(runs)
-            .where(runs.c.id == run_id, runs.c.status.in_(("running", "stalled")))
-            .values(status="lost", end_reason="heartbeat_lost", ended_at=runs.c.last_seen)
+            .where(runs.c.id == run_id, runs.c.status.in_(_values(moves(Silent()))))
+            .values(
+                status=_moved(Silent()),
+                end_reason=EndReason.HEARTBEAT_LOST.value,
+                ended_at=runs.c.last_seen,
+            )
         ).rowcount
         if not changed:
             return None
@@ -320,12 +344,12 @@ class Store:
 
     def running_runs(self) -> dict[str, float]:
         """``{run id: last seen}`` of every run still marked running or stalled."""
-        query = select(runs.c.id, runs.c.last_seen).where(runs.c.status.in_(("running", "stalled")))
+        query = select(runs.c.id, runs.c.last_seen).where(runs.c.status.in_(_values(ALIVE)))
         with self.engine.connect() as conn:
             return {run_id: last_seen for run_id, last_seen in conn.execute(query)}
 
     def add_points(
-        self, conn: Connection, run_id: str, seq: int, points: FramePoints, now: float
+        self, conn: Connection, run_id: str, seq: int, points: Mapping[str, AnyColumns], now: float
     ) -> int | None:
         """Store one frame's points; returns the highest step in it (None when empty)."""
         rows = []
@@ -357,9 +381,11 @@ class Store:
                 # made again when the frame is replayed.
                 conn.info.setdefault(_PENDING_SERIES, []).append((run_id, new))
         changes: dict[str, Any] = {"last_seq": seq, "last_seen": now}
-        if last_step is not None:  # steps again: a stalled run is running once more
-            changes["status"] = case((runs.c.status == "stalled", "running"), else_=runs.c.status)
         if last_step is not None:
+            # Only a step beyond the stored last one is progress (see trainvitals.lifecycle):
+            # the per-second samples filed under the latest step do not end a stall.
+            advanced = func.coalesce(runs.c.last_step, -1) < last_step
+            changes["status"] = _moved(Progress(last_step), advanced)
             larger = func.greatest if self.dialect == "postgresql" else func.max
             changes["last_step"] = larger(func.coalesce(runs.c.last_step, last_step), last_step)
         conn.execute(
@@ -378,7 +404,7 @@ class Store:
                 last_seen=when,
                 stalled_at=when,
                 stall_stacks=report,
-                status=case((runs.c.status == "running", "stalled"), else_=runs.c.status),
+                status=_moved(Stall()),
             )
         )
 
@@ -399,7 +425,7 @@ class Store:
             .values(
                 last_seq=seq,
                 last_seen=end.ended_at,
-                status=end.status,
+                status=_moved(End(end.reason)),
                 end_reason=end.reason,
                 ended_at=end.ended_at,
                 traceback=end.traceback,
@@ -673,7 +699,7 @@ class Store:
                     out[name] = float(np.frombuffer(row[0], dtype=np.float64)[-1])
         return out
 
-    def recent_points(self, run_id: str, frames: int) -> dict[str, SeriesData]:
+    def recent_points(self, run_id: str, frames: int) -> dict[str, ArrayColumns]:
         """The points of the run's last ``frames`` frames, per series, in frame order: the
         history the alert engine replays to rebuild its state after a restart."""
         with self.engine.connect() as conn:
@@ -689,7 +715,7 @@ class Store:
         for name, steps, times, values in rows:
             parts.setdefault(name, []).append((steps, times, values))
         return {
-            name: (
+            name: Columns(
                 np.frombuffer(b"".join(p[0] for p in chunk), dtype=np.int64),
                 np.frombuffer(b"".join(p[1] for p in chunk), dtype=np.float64),
                 np.frombuffer(b"".join(p[2] for p in chunk), dtype=np.float64),
@@ -697,7 +723,7 @@ class Store:
             for name, chunk in parts.items()
         }
 
-    def read_series(self, run_id: str, name: str) -> SeriesData:
+    def read_series(self, run_id: str, name: str) -> ArrayColumns:
         """Every point of one series, ordered by step."""
         query = (
             select(chunks.c.steps, chunks.c.times, chunks.c.vals)
@@ -707,14 +733,14 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
         if not rows:
-            return (np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.float64))
+            return Columns(np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.float64))
         steps = np.frombuffer(b"".join(r[0] for r in rows), dtype=np.int64)
         times = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float64)
         values = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float64)
         if steps.size > 1 and np.any(steps[1:] < steps[:-1]):
             order = np.argsort(steps, kind="stable")
             steps, times, values = steps[order], times[order], values[order]
-        return steps, times, values
+        return Columns(steps, times, values)
 
 
 def worker_order(worker: str | None) -> tuple[int, str, int, str]:

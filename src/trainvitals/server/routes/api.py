@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
+from trainvitals.lifecycle import ALIVE
 from trainvitals.series import HOST_PREFIX
 from trainvitals.server.deps import AlertsDep, StoreDep, alert_not_found, run_not_found
 from trainvitals.server.downsample import downsample_indices
@@ -35,7 +36,7 @@ def get_run(run_id: str, store: StoreDep) -> dict[str, Any]:
     if run is None:
         raise run_not_found(run_id)
     run["events"] = store.run_events(run_id)
-    if run["status"] not in ("running", "stalled"):  # evidence for the ending panel
+    if run["status"] not in ALIVE:  # evidence for the ending panel
         run["last_readings"] = store.last_values(run_id, (HOST_PREFIX, "gpu"))
     return run
 
