@@ -9,7 +9,7 @@ import pytest
 
 from trainvitals.cli import main
 from trainvitals.exceptions import NotifyError
-from trainvitals.server.notify import NotifyConfig, load_notify
+from trainvitals.server.notify import Channel, NotifyConfig, load_notify
 
 ENV = {"SLACK_URL": "https://hooks.slack.com/services/T1/B1/slackSECRET", "KEY": "keySECRET"}
 
@@ -49,9 +49,13 @@ def test_channels_take_defaults_routing_and_secrets_from_the_environment(tmp_pat
     assert pager.secret == b"keySECRET" and pager.rate == 2.0 and pager.group_window == 5.0
     warning = {"project": "mnist", "severity": "warning"}
     critical = {"project": "gan", "severity": "critical"}
-    assert notify.routes(warning) == [team]
-    assert notify.routes(critical) == [pager]
-    assert notify.routes({"project": "mnist", "severity": "info"}) == []
+
+    def routes(alert: dict[str, str]) -> list[Channel]:
+        return [c for c in notify.channels if c.wants(alert)]
+
+    assert routes(warning) == [team]
+    assert routes(critical) == [pager]
+    assert routes({"project": "mnist", "severity": "info"}) == []
     assert notify.get("pager") is pager
     # What the API and the logs show: no URL path, no secret.
     shown = repr(notify) + repr([c.describe() for c in notify.channels])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Generic, NamedTuple, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Final, Generic, NamedTuple, TypeAlias, TypedDict, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -130,3 +130,52 @@ CLOSE_TRY_AGAIN_LATER: Final = 1013  # a browser too slow to keep up with the li
 #: How a run ended, as sent in the ``end`` frame (kept for scripts that import them).
 END_COMPLETED: Final = EndReason.COMPLETED.value
 END_EXCEPTION: Final = EndReason.EXCEPTION.value
+
+
+# The frames as the agent builds them (the server validates them again: server/schemas.py).
+class JobInfo(TypedDict):
+    """This process's place in a job of several processes (see ``agent.environment.job``)."""
+
+    key: str
+    worker: str
+    size: int | None
+    source: str
+
+
+class HelloFrame(TypedDict):
+    """The first frame of every connection: which run this is, where and what it runs."""
+
+    type: str
+    v: int
+    run_id: str
+    project: str
+    name: str
+    config: dict[str, object]
+    host: str
+    pid: int
+    started_at: float
+    env: dict[str, object]
+    job: JobInfo | None
+
+
+class EndFrame(TypedDict):
+    """The last frame of a run: how it ended."""
+
+    type: str
+    v: int
+    seq: int
+    reason: str
+    time: float
+    traceback: str | None
+
+
+def end_frame(seq: int, reason: str, time: float, traceback: str | None = None) -> EndFrame:
+    """The ``end`` frame, as the agent's sender and its watchdog both send it."""
+    return {
+        "type": END,
+        "v": PROTOCOL_VERSION,
+        "seq": seq,
+        "reason": reason,
+        "time": time,
+        "traceback": traceback,
+    }

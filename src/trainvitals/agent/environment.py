@@ -11,6 +11,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from trainvitals.protocol import JobInfo
+
 
 def describe() -> dict[str, Any]:
     """Host, process and library versions. Imports nothing heavy: frameworks are only
@@ -30,7 +32,7 @@ def describe() -> dict[str, Any]:
     return env
 
 
-def job(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+def job(environ: Mapping[str, str] | None = None) -> JobInfo | None:
     """This process's place in a job of several processes, so that the server shows the
     workers of one job together: ``{"key", "worker", "size", "source"}``, or None for a
     process on its own.

@@ -39,6 +39,7 @@ from trainvitals.protocol import (
     PROTOCOL_VERSION,
     STALL,
     EndReason,
+    HelloFrame,
     SeqColumns,
     signal_reason,
 )
@@ -109,7 +110,7 @@ class Run:
     def last_step(self) -> int:
         return self._buffer.last_step
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> HelloFrame:
         return {
             "type": HELLO,
             "v": PROTOCOL_VERSION,
@@ -188,13 +189,10 @@ class Run:
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler.sample_once()  # the last readings before the end
-        end: dict[str, Any] = {"reason": reason, "time": time.time()}
-        if traceback_text:
-            end["traceback"] = traceback_text
         if not self._sender.connected:
             # The server is away: don't hold the end of training hostage to it.
             timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
-        delivered = self._sender.close(end, timeout)
+        delivered = self._sender.close(reason, time.time(), traceback_text or None, timeout)
         if self._watchdog is not None:
             self._watchdog.done()
         if not delivered:

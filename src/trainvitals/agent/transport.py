@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -27,27 +26,19 @@ from websockets.sync.client import ClientConnection, connect
 from trainvitals.agent.buffer import PointBuffer, points_frames
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
 from trainvitals.agent.spool import PendingFrames
+from trainvitals.backoff import backoff_delays
 from trainvitals.exceptions import ProtocolError
 from trainvitals.protocol import (
     ACK,
-    END,
     HEARTBEAT,
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     WELCOME,
+    HelloFrame,
+    end_frame,
 )
 
 log = logging.getLogger("trainvitals")
-
-
-def backoff_delays(
-    initial: float = 0.2, factor: float = 2.0, maximum: float = 10.0
-) -> Iterator[float]:
-    """Exponential reconnect delays with full jitter, so restarted servers aren't stampeded."""
-    delay = initial
-    while True:
-        yield random.uniform(0.0, delay)
-        delay = min(delay * factor, maximum)
 
 
 class Sender:
@@ -69,7 +60,7 @@ class Sender:
     def __init__(
         self,
         url: str,
-        hello: dict[str, Any],
+        hello: HelloFrame,
         buffer: PointBuffer,
         flush_interval: float = 0.2,
         token: str | None = None,
@@ -87,7 +78,7 @@ class Sender:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._pending = PendingFrames(DEFAULT_SPOOL_AFTER_BYTES) if pending is None else pending
         self._next_seq = 1
-        self._end: dict[str, Any] | None = None
+        self._end: tuple[str, float, str | None] | None = None  # reason, time, traceback
         self._end_packed = False
         self._closing = threading.Event()
         self._done = threading.Event()
@@ -99,13 +90,13 @@ class Sender:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self, end: dict[str, Any], timeout: float) -> bool:
+    def close(self, reason: str, when: float, traceback: str | None, timeout: float) -> bool:
         """Queue the ``end`` frame, then wait up to ``timeout`` s for everything to be acked.
 
         Returns whether every frame reached the server. The thread keeps trying in the
         background after a timeout (it is a daemon: it dies with the process).
         """
-        self._end = end
+        self._end = (reason, when, traceback)
         self._closing.set()
         self._wake.set()
         self._done.wait(timeout)
@@ -124,11 +115,6 @@ class Sender:
     @property
     def unacknowledged(self) -> int:
         return len(self._pending) + (0 if self._end_packed or self._end is None else 1)
-
-    @property
-    def dropped_frames(self) -> int:
-        """Frames given up on: the spool over its cap, or no disk to spool to."""
-        return self._pending.dropped
 
     # -- the thread ---------------------------------------------------------------------------
 
@@ -250,7 +236,7 @@ class Sender:
             self._pending.push(self._next_seq, json.dumps(event))
             self._next_seq += 1
         if self._closing.is_set() and not self._end_packed and self._end is not None:
-            end = {**self._end, "type": END, "v": PROTOCOL_VERSION, "seq": self._next_seq}
+            end = end_frame(self._next_seq, *self._end)
             self._pending.push(self._next_seq, json.dumps(end))
             self._next_seq += 1
             self._end_packed = True

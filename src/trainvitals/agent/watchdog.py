@@ -21,9 +21,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
-from trainvitals.protocol import END, PROTOCOL_VERSION, EndReason
+from trainvitals.backoff import backoff_delays
+from trainvitals.protocol import EndReason, HelloFrame, end_frame
 
 #: How long the watchdog keeps trying to reach the server with the news.
 REPORT_FOR = 60.0
@@ -40,7 +41,7 @@ class Watchdog:
         token: the bearer token, passed through the environment, never the command line.
     """
 
-    def __init__(self, url: str, hello: dict[str, Any], token: str | None) -> None:
+    def __init__(self, url: str, hello: HelloFrame, token: str | None) -> None:
         self._fault_file: IO[str] | None = None
         self._fault_path = ""
         if not faulthandler.is_enabled():  # leave a user's own faulthandler set-up alone
@@ -117,35 +118,26 @@ def _wait_for_ending(pid: int) -> bool:
             return False
 
 
-def _report(url: str, hello: dict[str, Any], reason: str, traceback_text: str | None) -> None:
+def _report(url: str, hello: HelloFrame, reason: str, traceback_text: str | None) -> None:
     from websockets.sync.client import connect
 
     token = os.environ.get("TRAINVITALS_TOKEN")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline = time.monotonic() + REPORT_FOR
-    delay = 0.2
+    delays = backoff_delays(initial=0.2, maximum=5.0)
     while True:
         try:
             with connect(url, additional_headers=headers, open_timeout=5) as ws:
                 ws.send(json.dumps(hello))
                 welcome = json.loads(ws.recv(timeout=10))
                 seq = int(welcome["last_seq"]) + 1
-                end = {
-                    "type": END,
-                    "v": PROTOCOL_VERSION,
-                    "seq": seq,
-                    "reason": reason,
-                    "time": time.time(),
-                    "traceback": traceback_text,
-                }
-                ws.send(json.dumps(end))
+                ws.send(json.dumps(end_frame(seq, reason, time.time(), traceback_text)))
                 ws.recv(timeout=10)  # the ack
                 return
         except Exception:
             if time.monotonic() > deadline:
                 return
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            time.sleep(next(delays))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,11 +160,6 @@ class Detector:
             return []
         return [self.crash.ended(reason, time, traceback)]
 
-    def revived(self, time: float) -> list[Finding]:
-        """A run given up as lost speaks again."""
-        finding = self.crash.revived(time)
-        return [] if finding is None else [finding]
-
 
 #: System samples closer together than this (seconds) are judged by the last of them: the
 #: agent samples once a second, and a client sending far faster must not cost the server

@@ -291,8 +291,3 @@ class CrashRule(Rule):
             if reason == EndReason.SIGINT:
                 severity = "info"
         return self.fire("", record, severity, message, hint, evidence)
-
-    def revived(self, time: float) -> Finding | None:
-        if not self.firing:
-            return None
-        return self.resolve("", Record(self.context.step, time, {}))

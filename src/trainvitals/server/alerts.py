@@ -2,10 +2,10 @@
 
 The detection itself is :mod:`trainvitals.detect` (pure, no I/O). This module gives each
 run its state, persists every alert change through the writer together with its
-notifications (one transaction: the outbox), pushes it to browsers and hands it to
-listeners. A run's state is rebuilt when it is first needed after a restart: its stored
-alerts are taken up and its last frames replayed through a fresh detector, whose findings
-are discarded, so baselines are warm and nothing fires twice.
+notifications (one transaction: the outbox) and pushes it to browsers. A run's state is
+rebuilt when it is first needed after a restart: its stored alerts are taken up and its last
+frames replayed through a fresh detector, whose findings are discarded, so baselines are
+warm and nothing fires twice.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -34,8 +34,6 @@ log = logging.getLogger("trainvitals.server")
 
 #: Frames of history replayed into a rebuilt detector (about 10 minutes at 5 frames/s).
 REPLAY_FRAMES = 3000
-
-Listener = Callable[[Change, dict[str, Any]], Awaitable[None]]
 
 
 @dataclass
@@ -65,7 +63,6 @@ class AlertEngine:
         self._runs: dict[str, _RunAlerts] = {}
         self._loading: dict[str, asyncio.Task[_RunAlerts | None]] = {}
         self._silences: list[dict[str, Any]] = []
-        self.listeners: list[Listener] = []
 
     async def start(self) -> None:
         self._silences = await asyncio.to_thread(self._store.active_silences, time.time())
@@ -232,11 +229,6 @@ class AlertEngine:
             if kind == "fired":
                 log.warning("alert %s on run %s: %s", row["rule"], row["run_name"], row["message"])
             self._hub.alert(row)
-            for listener in self.listeners:
-                try:
-                    await listener(kind, row)
-                except Exception:  # a broken notifier must not stop detection
-                    log.exception("alert listener failed")
 
     def _silenced_until(self, alert: Alert) -> float | None:
         now = time.time()

@@ -146,9 +146,6 @@ class NotifyConfig:
         known = ", ".join(c.name for c in self.channels) or "none"
         raise NotifyError(f"No channel named {name!r}; the channels file has: {known}")
 
-    def routes(self, alert: Mapping[str, Any]) -> list[Channel]:
-        return [c for c in self.channels if c.wants(alert)]
-
     @classmethod
     def from_mapping(
         cls, data: Mapping[str, Any], environ: Mapping[str, str] | None = None

@@ -24,7 +24,7 @@ from typing import Protocol
 
 import httpx
 
-from trainvitals.agent.transport import backoff_delays
+from trainvitals.backoff import backoff_delays
 from trainvitals.server.notify.config import Channel
 from trainvitals.server.notify.messages import Message, Notice, headers, render
 

@@ -1,0 +1,28 @@
+"""Reconnect and retry delays: exponential with full jitter, so that agents reconnecting to a
+restarted server, or a server retrying a webhook, don't arrive all at once.
+
+Used by the agent's sender and watchdog and by the server's notification delivery; plain
+Python, so the light agent can import it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+
+def backoff_delays(
+    initial: float = 0.2, factor: float = 2.0, maximum: float = 10.0
+) -> Iterator[float]:
+    """Endless delays (seconds): each drawn uniformly below a ceiling that starts at
+    ``initial`` and grows by ``factor`` up to ``maximum``.
+
+    Example:
+        >>> delays = backoff_delays(initial=1.0, maximum=4.0)
+        >>> all(0.0 <= next(delays) <= ceiling for ceiling in (1.0, 2.0, 4.0, 4.0))
+        True
+    """
+    ceiling = initial
+    while True:
+        yield random.uniform(0.0, ceiling)
+        ceiling = min(ceiling * factor, maximum)
