@@ -6,6 +6,7 @@ import logging
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -98,21 +99,22 @@ def test_schedule_follows_the_clock_without_drift_and_stops_at_once() -> None:
             sampled.set()
             return {"x": 1.0}
 
-    sampler = Sampler([Slow()], lambda v: None, interval=1.0, clock=lambda: now[0])
-
-    def advance(timeout: float | None = None) -> bool:  # the stop event's wait, on fake time
-        now[0] += timeout or 0.0
+    def advance(timeout: float) -> bool:  # waiting, on fake time
+        now[0] += timeout
         return len(samples) >= 4
 
-    sampler._stop.wait = advance  # type: ignore[method-assign]
+    sampler = Sampler([Slow()], lambda v: None, interval=1.0, clock=lambda: now[0], wait=advance)
     sampler.start()
-    sampler._thread.join(5)
+    wait_for(lambda: len(samples) >= 4, timeout=5, what="four samples")
+    sampler.stop(timeout=5)
     assert samples == [100.0, 101.0, 102.0, 103.0]  # every second on the dot, not every 1.3 s
 
     real = Sampler([Counting()], lambda v: None, interval=3600)
     real.start()
+    started = time.monotonic()
     real.stop(timeout=5)
-    assert not real._thread.is_alive()
+    # An hour's wait is cut short: stop() returns before its 5 s join would give up.
+    assert time.monotonic() - started < 4
 
 
 CGROUP_SCRIPT = textwrap.dedent(

@@ -32,6 +32,9 @@ class Sampler:
         record: where the values go (the run's buffer).
         interval: seconds between samples (default 1).
         clock: a monotonic clock; injected by tests.
+        wait: waits up to its argument in seconds and says whether to stop; by default the
+            stop event's ``wait``, so :meth:`stop` is instant. Injected by tests, with
+            ``clock``, to run the schedule on fake time.
     """
 
     def __init__(
@@ -40,12 +43,14 @@ class Sampler:
         record: Callable[[Mapping[str, float]], None],
         interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        wait: Callable[[float], bool] | None = None,
     ) -> None:
         self.sources = list(sources)
         self._record = record
         self._interval = interval
         self._clock = clock
         self._stop = threading.Event()
+        self._wait = self._stop.wait if wait is None else wait
         self._thread = threading.Thread(target=self._run, name="trainvitals-sampler", daemon=True)
 
     def start(self) -> None:
@@ -78,5 +83,5 @@ class Sampler:
             now = self._clock()
             if due < now:  # fell behind (suspended, swapping): skip, don't burst
                 due = now + self._interval
-            if self._stop.wait(due - now):
+            if self._wait(due - now):
                 return
