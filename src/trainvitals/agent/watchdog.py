@@ -95,10 +95,13 @@ def _wait_for_ending(pid: int) -> bool:
     """True when the parent said ``done``; False when it vanished without a word."""
     import psutil
 
-    try:
-        parent = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return False
+    def alive() -> bool:
+        try:
+            parent = psutil.Process(pid)
+            return parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
     stdin_open = True
     while True:
         if stdin_open:
@@ -111,10 +114,14 @@ def _wait_for_ending(pid: int) -> bool:
                     stdin_open = False
         else:
             time.sleep(0.25)
-        try:
-            if not parent.is_running() or parent.status() == psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
+        if not alive():
+            # A short run may say "done" and exit before this process even looked: read
+            # what it left in the pipe before calling it killed.
+            while stdin_open and select.select([sys.stdin], [], [], 0)[0]:
+                line = sys.stdin.readline()
+                if line.strip() == "done":
+                    return True
+                stdin_open = line != ""
             return False
 
 
@@ -152,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     oom_before = cgroup_oom_kills() or 0
     if _wait_for_ending(args.pid):
         return 0
-    fault = Path(args.fault_file).read_text() if args.fault_file else ""
-    if args.fault_file:
-        Path(args.fault_file).unlink(missing_ok=True)
+    fault_file = Path(args.fault_file) if args.fault_file else None
+    fault = fault_file.read_text() if fault_file is not None and fault_file.exists() else ""
+    if fault_file is not None:
+        fault_file.unlink(missing_ok=True)
     if (cgroup_oom_kills() or 0) > oom_before:
         reason, text = EndReason.OOM_KILLED.value, None
     elif "Segmentation fault" in fault:

@@ -1,0 +1,84 @@
+"""The sender thread against a scripted server: order, acks, resends, the end frame."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.agent.peer import running_peer
+from tests.helpers import wait_for
+from trainvitals.agent.buffer import PointBuffer
+from trainvitals.agent.transport import Sender
+from trainvitals.protocol import END, HELLO, POINTS, HelloFrame
+
+
+def hello() -> HelloFrame:
+    return {
+        "type": HELLO,
+        "v": 1,
+        "run_id": "r1",
+        "project": "p",
+        "name": "n",
+        "config": {},
+        "host": "h",
+        "pid": 1,
+        "started_at": 0.0,
+        "env": {},
+        "job": None,
+    }
+
+
+def test_frames_go_in_order_after_the_hello_and_the_end_comes_last() -> None:
+    with running_peer() as peer:
+        buffer = PointBuffer()
+        sender = Sender(peer.url, hello(), buffer, flush_interval=0.02, token="s3cret")
+        sender.start()
+        buffer.add(1, 10.0, {"loss": 0.9})
+        wait_for(lambda: peer.numbered() == [1], what="the first points frame")
+        buffer.add(2, 11.0, {"loss": 0.8})
+        assert sender.close("completed", 12.0, None, timeout=10)
+        frames = peer.frames()
+    assert [f["type"] for f in frames] == [HELLO, POINTS, POINTS, END]
+    assert [f.get("seq") for f in frames] == [None, 1, 2, 3]
+    assert frames[2]["series"]["loss"] == {"step": [2], "time": [11.0], "value": [0.8]}
+    assert (frames[3]["reason"], frames[3]["time"], frames[3]["traceback"]) == (
+        "completed",
+        12.0,
+        None,
+    )
+    assert peer.authorizations == ["Bearer s3cret"]
+    assert sender.unacknowledged == 0
+
+
+def test_an_unacknowledged_frame_is_sent_again_after_a_reconnect() -> None:
+    with running_peer() as peer:
+        peer.drop_at = 2  # frame 2 arrives, the connection drops before its ack
+        buffer = PointBuffer()
+        sender = Sender(peer.url, hello(), buffer, flush_interval=0.02)
+        sender.start()
+        for step in (1, 2, 3):
+            buffer.add(step, float(step), {"loss": 1.0 / step})
+            wait_for(lambda s=step: s in peer.numbered(), what=f"frame {step}")
+        assert sender.close("completed", 4.0, None, timeout=10)
+    assert len(peer.connections) == 2
+    stored = sorted({seq for seq in peer.numbered()})
+    assert stored == [1, 2, 3, 4]  # nothing lost
+    second = [f.get("seq") for f in peer.connections[1]]
+    assert second[0] is None and second[1] == 2  # resent from the first unacknowledged one
+
+
+def test_a_server_that_does_not_welcome_is_reported_once_and_never_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with running_peer() as peer:
+        peer.welcome_override = {"type": "nonsense"}
+        buffer = PointBuffer()
+        sender = Sender(peer.url, hello(), buffer, flush_interval=0.02)
+        with caplog.at_level(logging.WARNING, logger="trainvitals"):
+            sender.start()
+            buffer.add(1, 1.0, {"loss": 1.0})
+            wait_for(lambda: len(peer.connections) >= 2, what="a second attempt")
+            assert not sender.close("completed", 2.0, None, timeout=0.2)
+    outages = [r for r in caplog.records if "cannot reach" in r.getMessage()]
+    assert len(outages) == 1 and "welcome" in outages[0].getMessage()
