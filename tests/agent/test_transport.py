@@ -59,7 +59,7 @@ def test_an_unacknowledged_frame_is_sent_again_after_a_reconnect() -> None:
         sender.start()
         for step in (1, 2, 3):
             buffer.add(step, float(step), {"loss": 1.0 / step})
-            wait_for(lambda s=step: s in peer.numbered(), what=f"frame {step}")
+            wait_for(lambda: len(set(peer.numbered())) == step, what=f"frame {step}")
         assert sender.close("completed", 4.0, None, timeout=10)
     assert len(peer.connections) == 2
     stored = sorted({seq for seq in peer.numbered()})
