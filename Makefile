@@ -23,10 +23,10 @@ demo: $(DEPS_STAMP)
 	./scripts/demo.sh $(if $(SCENARIO),--scenario $(SCENARIO))
 
 lint: $(DEPS_STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests harness benchmarks
 
 typecheck: $(DEPS_STAMP)
-	$(PY) -m mypy -p trainvitals -p tests
+	$(PY) -m mypy -p trainvitals -p tests -p harness
 
 test: $(DEPS_STAMP) system lint typecheck
 	$(PY) -m pytest
@@ -41,7 +41,7 @@ bench: $(DEPS_STAMP)
 
 # Regenerates the README's screenshot from the browser test.
 screenshot: $(DEPS_STAMP) system
-	TRAINVITALS_SCREENSHOT=docs/dashboard.png $(PY) -m pytest -q tests/test_dashboard.py -k live_run
+	TRAINVITALS_SCREENSHOT=docs/dashboard.png $(PY) -m pytest -q tests/e2e/test_dashboard.py -k live_run
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info demo-data .pytest_cache .mypy_cache .ruff_cache

@@ -45,7 +45,7 @@ import keras
 import numpy as np
 
 import trainvitals
-from tests.helpers import ServerProcess
+from harness.processes import ServerProcess
 
 BATCH = 32
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.helpers import ServerProcess
+from harness.processes import ServerProcess
 
 BUDGET_POINTS_PER_S = 500_000
 SERIES = ["loss", "accuracy", "grad/global_norm", "step_time", "host/rss"]

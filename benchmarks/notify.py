@@ -22,8 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers import wait_for
-from tests.notify_helpers import (
+from harness.notify import (
     HOOK_PATH,
     SLACK_PATH,
     Receiver,
@@ -32,6 +31,7 @@ from tests.notify_helpers import (
     notifying_server,
     receiving,
 )
+from harness.processes import wait_for
 
 #: The channels' default grouping window (seconds), plus a margin.
 SPACING = 2.2

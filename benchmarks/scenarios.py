@@ -25,8 +25,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests import scenarios as sc
-from tests.helpers import ServerProcess, in_cgroup, memory_cgroup
+from harness import outcomes as sc
+from harness.processes import ServerProcess, in_cgroup, memory_cgroup
 
 #: The scenario, its rule, and the demo's extra arguments.
 FAILURES = [

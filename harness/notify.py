@@ -16,7 +16,7 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
-from tests.helpers import ServerProcess, wait_for
+from harness.processes import ServerProcess, wait_for
 from trainvitals.protocol import PROTOCOL_VERSION
 
 

@@ -1,4 +1,4 @@
-"""The scenario suite's parts, shared by tests/test_scenarios.py (which asserts) and
+"""The scenario suite's parts, shared by tests/e2e/test_scenarios.py (which asserts) and
 benchmarks/scenarios.py (which prints the table for the README).
 
 A failure scenario is ``trainvitals demo --scenario NAME`` in a subprocess at full speed;
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.helpers import ServerProcess, demo_command, run_series, wait_for
+from harness.processes import ServerProcess, demo_command, run_series, wait_for
 
 ALARMS = ("warning", "critical")
 #: Lines for the end of the test session's report (see conftest.py): each scenario's lead.

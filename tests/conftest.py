@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ServerProcess, postgres_database
+from harness.processes import ServerProcess, postgres_database
 from trainvitals.server.storage import Store
 
 # Keep TensorFlow quiet and on the CPU in every test process and its children.
@@ -51,7 +51,7 @@ def store(db_url: str) -> Iterator[Store]:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The scenario suite's detections and lead times, after the results."""
-    from tests.scenarios import REPORT
+    from harness.outcomes import REPORT
 
     if REPORT:
         terminalreporter.section("trainvitals scenarios: detection and lead time")

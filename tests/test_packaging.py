@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, ServerProcess
+from harness.processes import ROOT, ServerProcess
 
 
 def test_wheel_in_a_fresh_virtualenv_serves_the_dashboard(tmp_path: Path) -> None:

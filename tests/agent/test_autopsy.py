@@ -13,7 +13,7 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import trainvitals  # noqa: E402
-from tests.helpers import ServerProcess, wait_for  # noqa: E402
+from harness.processes import ServerProcess, wait_for  # noqa: E402
 from trainvitals.agent import autopsy  # noqa: E402
 from trainvitals.agent.gpu import SimulatedGpu  # noqa: E402
 from trainvitals.detect.settings import OomForecast  # noqa: E402

@@ -16,7 +16,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import trainvitals  # noqa: E402
-from tests.helpers import ServerProcess, run_series, wait_for  # noqa: E402
+from harness.processes import ServerProcess, run_series, wait_for  # noqa: E402
 
 BATCH, SAMPLES = 16, 96  # 6 steps an epoch
 

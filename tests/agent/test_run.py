@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from harness.processes import wait_for
 from tests.agent.peer import running_peer
-from tests.helpers import wait_for
 from trainvitals.agent.config import resolve
 from trainvitals.agent.run import Run
 from trainvitals.protocol import END, HELLO, POINTS, Columns, EndReason

@@ -7,8 +7,8 @@ from functools import partial
 
 import pytest
 
+from harness.processes import wait_for
 from tests.agent.peer import running_peer
-from tests.helpers import wait_for
 from trainvitals.agent.buffer import PointBuffer
 from trainvitals.agent.transport import Sender
 from trainvitals.protocol import END, HELLO, POINTS, HelloFrame
@@ -58,6 +58,7 @@ def test_an_unacknowledged_frame_is_sent_again_after_a_reconnect() -> None:
         buffer = PointBuffer()
         sender = Sender(peer.url, hello(), buffer, flush_interval=0.02)
         sender.start()
+
         def reached(count: int) -> bool:
             return len(set(peer.numbered())) >= count
 

@@ -9,9 +9,9 @@ import textwrap
 
 import psutil
 
+from harness.processes import wait_for
 from tests.agent.peer import running_peer
 from tests.agent.test_transport import hello
-from tests.helpers import wait_for
 from trainvitals.protocol import END, HELLO, EndReason
 
 TRAINING = textwrap.dedent(

@@ -2,7 +2,7 @@
 custom training loop watched by ``trainvitals.Monitor`` (Keras 3's ``fit`` does not run under
 this strategy: keras-team/keras#20585).
 
-Usage: ``python -m tests.multi_worker INDEX PORT0,PORT1 SERVER_URL``.
+Usage: ``python -m tests.e2e.multi_worker INDEX PORT0,PORT1 SERVER_URL``.
 """
 
 from __future__ import annotations

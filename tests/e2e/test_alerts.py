@@ -11,7 +11,7 @@ from typing import Any
 
 from websockets.sync.client import connect
 
-from tests.helpers import ServerProcess, free_port, wait_for
+from harness.processes import ServerProcess, free_port, wait_for
 from trainvitals import Run, resolve
 from trainvitals.protocol import PROTOCOL_VERSION
 

@@ -7,7 +7,7 @@ import urllib.parse
 
 import numpy as np
 
-from tests.helpers import RUN_CONTRACT_FIELDS, ServerProcess, run_series, wait_for
+from harness.processes import RUN_CONTRACT_FIELDS, ServerProcess, run_series, wait_for
 from trainvitals import Run, resolve
 
 

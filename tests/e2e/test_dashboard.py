@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import ServerProcess, demo_training, wait_for
+from harness.processes import ServerProcess, demo_training, wait_for
 from trainvitals import Run, resolve
 
 playwright_api = pytest.importorskip("playwright.sync_api")

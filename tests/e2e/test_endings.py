@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import (
+from harness.processes import (
     ServerProcess,
     demo_training,
     memory_cgroup,

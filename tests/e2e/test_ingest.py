@@ -8,7 +8,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from tests.helpers import ServerProcess
+from harness.processes import ServerProcess
 from trainvitals import Run, resolve
 from trainvitals.protocol import MAX_FRAME_BYTES
 

@@ -8,7 +8,7 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.helpers import ServerProcess, wait_for
+from harness.processes import ServerProcess, wait_for
 from trainvitals import Run, resolve
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.helpers import ROOT, ServerProcess, free_port, run_series
+from harness.processes import ROOT, ServerProcess, free_port, run_series
 
 
 def test_the_workers_of_a_multi_worker_job_are_one_job(server: ServerProcess) -> None:
     ports = f"{free_port()},{free_port()}"
     workers = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.multi_worker", str(index), ports, server.url],
+            [sys.executable, "-m", "tests.e2e.multi_worker", str(index), ports, server.url],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import ClientConnection
 
-from tests.helpers import ServerProcess, free_port, wait_for
-from tests.notify_helpers import (
+from harness.notify import (
     HMAC_KEY,
     HOOK_PATH,
     PUBLIC_URL,
@@ -29,6 +28,7 @@ from tests.notify_helpers import (
     receiving,
     send,
 )
+from harness.processes import ServerProcess, free_port, wait_for
 from trainvitals.server.notify import verify_signature
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.helpers import ServerProcess, free_port, run_series, wait_for
+from harness.processes import ServerProcess, free_port, run_series, wait_for
 from trainvitals import Run, resolve
 
 STEPS = 300

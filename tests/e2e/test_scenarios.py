@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import scenarios as sc
-from tests.helpers import ServerProcess, in_cgroup, memory_cgroup
+from harness import outcomes as sc
+from harness.processes import ServerProcess, in_cgroup, memory_cgroup
 from trainvitals.cli import SCENARIO_NAMES
 from trainvitals.demo.scenarios import HANG_STEP, NAN_STEP, SCENARIOS
 

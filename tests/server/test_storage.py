@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import RUN_CONTRACT_FIELDS
+from harness.processes import RUN_CONTRACT_FIELDS
 from trainvitals.exceptions import StorageError
 from trainvitals.protocol import Columns
 from trainvitals.server.storage import RunEnd, Store, database_url

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, create_engine, text
 
-from tests.helpers import POSTGRES_ADMIN_URL
+from harness.processes import POSTGRES_ADMIN_URL
 from trainvitals.protocol import Columns
 from trainvitals.server.storage import Store
 from trainvitals.server.writer import Writer

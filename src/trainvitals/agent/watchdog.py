@@ -98,7 +98,7 @@ def _wait_for_ending(pid: int) -> bool:
     def alive() -> bool:
         try:
             parent = psutil.Process(pid)
-            return parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE
+            return bool(parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:
             return False
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.notify_helpers import Reply, receiving
+from harness.notify import Reply, receiving
 from trainvitals.cli import main
 from trainvitals.server.notify import Channel
 from trainvitals.server.notify.delivery import TokenBucket, redact, retry_after, send_test

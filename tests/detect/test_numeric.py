@@ -1,0 +1,193 @@
+"""Rules on training's numbers: NaN/Inf, exploding and vanishing gradients, the loss."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import pytest
+
+from tests.detect.streams import FRAMINGS, feed, fired, run_through, stream
+from trainvitals.detect import (
+    Detector,
+)
+
+# -- nonfinite ------------------------------------------------------------------------------
+
+
+@FRAMINGS
+def test_nonfinite_fires_in_the_same_step_and_names_the_input_batch(framing: int | None) -> None:
+    columns = stream(
+        range(1, 301),
+        0.01,
+        loss=lambda s: math.nan if s >= 120 else 1.0 / s,
+        **{
+            "grad/global_norm": lambda s: math.nan if s >= 120 else 1.0,
+            "nonfinite/inputs": lambda s: 3.0 if s == 120 else 0.0,
+            "nonfinite/loss": lambda s: 1.0 if s >= 120 else 0.0,
+            "nonfinite/grads": lambda s: 50.0 if s >= 120 else 0.0,
+        },
+    )
+    book, changes = run_through(Detector(), columns, framing)
+    assert changes == [("fired", "nonfinite", "critical", 120)]
+    alert = book.alerts[("nonfinite", "")]
+    assert alert.step == 120
+    assert alert.evidence["origin"] == "inputs"
+    assert alert.evidence["where"] == ["inputs", "loss", "grads"]
+    assert alert.evidence["counts"]["inputs"] == 3.0
+    assert alert.evidence["last_finite_loss"] == pytest.approx(1 / 119)
+    assert "input batch" in alert.message and "3 values" in alert.message
+    assert "data" in alert.hint
+
+
+@FRAMINGS
+def test_nonfinite_from_the_loss_on_clean_data_resolves_after_clean_steps(
+    framing: int | None,
+) -> None:
+    columns = stream(
+        range(1, 400),
+        0.01,
+        loss=lambda s: math.inf if s == 50 else 1.0,
+        **{"nonfinite/inputs": lambda s: 0.0},
+    )
+    _, changes = run_through(Detector(), columns, framing)
+    assert changes == [
+        ("fired", "nonfinite", "critical", 50),
+        ("resolved", "nonfinite", "critical", 150),
+    ]
+
+
+def test_loss_scaling_skips_under_mixed_precision_are_not_alerts() -> None:
+    detector = Detector(env={"mixed_precision_policy": "mixed_float16"})
+    columns = stream(
+        range(1, 200),
+        0.01,
+        loss=lambda s: 1.0,
+        **{"nonfinite/grads": lambda s: 10.0 if s % 40 == 0 else 0.0},
+    )
+    assert fired(detector.feed(columns), "nonfinite") == []
+    collapse = stream(
+        range(200, 230), 0.01, loss=lambda s: 1.0, **{"nonfinite/grads": lambda s: 9.0}
+    )
+    assert [f.step for f in fired(detector.feed(collapse), "nonfinite")] == [209]
+
+
+# -- gradients -----------------------------------------------------------------------------
+
+
+def healthy_norm(seed: int) -> Callable[[int], float]:
+    """A noisy small-batch gradient norm: log-normal around a slowly falling level, with
+    a large warm-up start."""
+    noise = random.Random(seed)
+    return lambda s: (
+        (5.0 if s < 20 else 1.0) * (1 + 1 / math.sqrt(s)) * math.exp(noise.gauss(0, 0.5))
+    )
+
+
+@FRAMINGS
+def test_exploding_gradients_warn_orders_of_magnitude_before_the_nan(framing: int | None) -> None:
+    def norm(s: int) -> float:
+        return 1.0 if s < 200 else (math.nan if s >= 260 else 1.0 * 1.2 ** (s - 200))
+
+    columns = stream(range(1, 300), 0.01, **{"grad/global_norm": norm, "loss": lambda s: 1.0})
+    columns.update(
+        stream(
+            range(10, 300, 10),
+            0.01,
+            **{
+                "grad/norm/dense/kernel": lambda s: 0.5,
+                "grad/norm/dense_1/kernel": lambda s: 0.5 if s < 200 else 0.5 * 1.3 ** (s - 200),
+            },
+        )
+    )
+    book, changes = run_through(Detector(), columns, framing)
+    explosion = [c for c in changes if c[1] == "grad_explosion"]
+    assert explosion[0][0] == "fired" and explosion[0][3] < 220  # 40 steps before the NaN
+    assert ("updated", "grad_explosion", "critical") == explosion[1][:3]
+    alert = book.alerts[("grad_explosion", "")]
+    assert alert.evidence["layers"][0]["variable"] == "dense_1/kernel"
+
+
+@pytest.mark.parametrize("seed", range(5))
+@FRAMINGS
+def test_noisy_healthy_gradients_raise_nothing(seed: int, framing: int | None) -> None:
+    columns = stream(range(1, 3000), 0.01, **{"grad/global_norm": healthy_norm(seed)})
+    assert fired(feed(Detector(), columns, framing), "grad_explosion") == []
+
+
+def deep_sigmoid_layers() -> dict[str, Callable[[int], float]]:
+    """Per-layer gradient norms ten times smaller at each layer back from the output."""
+
+    def layer(depth: int) -> Callable[[int], float]:
+        return lambda s: 10.0 ** (-8 + depth)
+
+    return {f"grad/norm/dense_{i}/kernel": layer(i) for i in range(6)}
+
+
+@FRAMINGS
+def test_vanishing_gradients_in_early_layers_with_a_flat_loss(framing: int | None) -> None:
+    layers = deep_sigmoid_layers()
+    columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3026 + 0.001 * math.sin(s))
+    columns.update(stream(range(10, 400, 10), 0.01, **layers))
+    book, changes = run_through(Detector(), columns, framing)
+    assert [c[:2] for c in changes] == [("fired", "grad_vanishing")]
+    alert = book.alerts[("grad_vanishing", "")]
+    assert alert.evidence["early_variable"] == "dense_0/kernel"
+    assert alert.evidence["top_variable"] == "dense_5/kernel"
+
+
+@FRAMINGS
+def test_small_early_gradients_while_the_loss_falls_are_not_vanishing(framing: int | None) -> None:
+    layers = deep_sigmoid_layers()
+    columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3 / s**0.5)
+    columns.update(stream(range(10, 400, 10), 0.01, **layers))
+    assert fired(feed(Detector(), columns, framing), "grad_vanishing") == []
+
+
+# -- loss ----------------------------------------------------------------------------------
+
+
+@FRAMINGS
+def test_a_loss_that_climbs_back_warns_then_turns_critical(framing: int | None) -> None:
+    noise = random.Random(3)
+
+    def loss(s: int) -> float:
+        level = 2.0 / (1 + s / 50) if s < 400 else 2.0 / 9 * 1.01 ** (s - 400)
+        return level * math.exp(noise.gauss(0, 0.2))
+
+    book, changes = run_through(Detector(), stream(range(1, 700), 0.01, loss=loss), framing)
+    divergence = [c for c in changes if c[1] == "loss_divergence"]
+    assert divergence[0][:3] == ("fired", "loss_divergence", "warning")
+    assert 400 < divergence[0][3] < 520
+    assert ("updated", "loss_divergence", "critical") == divergence[1][:3]
+    assert book.alerts[("loss_divergence", "")].evidence["start"] == pytest.approx(0.77, rel=0.2)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@FRAMINGS
+def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(
+    seed: int, framing: int | None
+) -> None:
+    noise = random.Random(seed)
+
+    def loss(s: int) -> float:
+        warmup = 3.0 if s < 30 else 1.0  # the learning-rate ramp shakes the start
+        restart = 1.3 if s % 500 < 50 and s > 500 else 1.0  # cosine warm restarts
+        return warmup * restart * 2.0 / (1 + s / 100) * math.exp(noise.gauss(0, 0.4))
+
+    findings = feed(Detector(), stream(range(1, 2000), 0.01, loss=loss), framing)
+    assert [f for f in findings if f.severity != "info"] == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_resumed_run_on_a_noisy_plateau_raises_nothing(seed: int) -> None:
+    """Little left to learn and batches whose loss varies by a factor of two: lucky stretches
+    of easy batches must not set a minimum that the ordinary level then "diverges" from."""
+    noise = random.Random(seed)
+
+    def loss(s: int) -> float:
+        return (0.12 + 0.04 * math.exp(-s / 150)) * math.exp(noise.gauss(0, 0.8))
+
+    findings = feed(Detector(), stream(range(1, 6000), 0.01, loss=loss), 40)
+    assert [f.message for f in findings if f.firing and f.severity != "info"] == []

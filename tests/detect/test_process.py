@@ -1,0 +1,45 @@
+"""Process rules: slowdown, stall and crash."""
+
+from __future__ import annotations
+
+from tests.detect.streams import FRAMINGS, T0, GiB, host, run_through, stream
+from trainvitals.detect import (
+    Detector,
+)
+from trainvitals.detect.process import stall_hint
+
+# -- process and hardware -------------------------------------------------------------------
+
+
+@FRAMINGS
+def test_slowdown_after_a_steady_baseline(framing: int | None) -> None:
+    columns = stream(range(1, 800), 0.01, step_time=lambda s: 0.01 if s < 500 else 0.08)
+    _, changes = run_through(Detector(), columns, framing)
+    assert [(c[0], c[1]) for c in changes] == [("fired", "slowdown")]
+    assert 550 <= changes[0][3] <= 600
+
+
+def test_stall_hint_reads_the_stacks() -> None:
+    assert "input pipeline" in stall_hint(
+        'File "train.py", line 9, in batches\n  for x in generator'
+    )
+    assert "collective" in stall_hint("in _all_reduce\n  nccl")
+    detector = Detector()
+    detector.feed(stream(range(1, 10), 0.1, loss=lambda s: 1.0))
+    (finding,) = detector.stalled(9, T0 + 100, idle=60, threshold=30, stacks="in __next__")
+    assert finding.firing and finding.evidence["stacks"] == "in __next__"
+    step = stream(range(10, 11), 0.1, loss=lambda s: 1.0)
+    resumed = [f for f in detector.feed(step) if f.rule == "stall"]
+    assert [(f.firing, f.step) for f in resumed] == [(False, 10)]  # steps again: resolved
+    later = stream(range(11, 12), 0.1, loss=lambda s: 1.0)
+    assert [f for f in detector.feed(later) if f.rule == "stall"] == []
+
+
+def test_a_crash_carries_the_last_memory_readings() -> None:
+    detector = Detector()
+    detector.feed(host(lambda t: 3.9 * GiB))
+    (finding,) = detector.ended("oom_killed", T0 + 400)
+    assert finding.severity == "critical"
+    assert finding.evidence["last_readings"]["host/rss"] == 3.9 * GiB
+    assert "OOM killer" in finding.message and "OOM killer" in finding.hint
+    assert detector.ended("completed", T0 + 400) == []
