@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-#: The fields every run has, by the contract in shared/DESIGN.md.
+#: The fields every run has, by the contract in docs/contract.md.
 RUN_CONTRACT_FIELDS = frozenset({
     "id", "project", "name", "status", "started_at", "ended_at", "last_step", "last_seen",
     "host", "end_reason",

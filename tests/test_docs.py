@@ -1,13 +1,24 @@
-"""docs/alerts.md against the detection core: a section for every rule, every setting named
-with its true default, and example rules files that the server would accept."""
+"""The docs against the code.
+
+docs/alerts.md: a section for every rule, every setting named with its true default, and
+example rules files that the server would accept. docs/contract.md: every route the app serves
+(and no other), every command and flag, the Python API's parameters, run and alert fields, rule
+ids and series names. docs/settings.md: every ``TRAINVITALS_*`` variable in the source, with the
+true defaults. The README and docs: links that resolve, every doc listed, nothing outside the
+project."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import io
 import re
 import tomllib
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from trainvitals.detect import RULES, RulesConfig, RuleSet
 
@@ -78,3 +89,272 @@ def test_example_rules_files_are_accepted() -> None:
     assert blocks, "docs/alerts.md has no ```toml example"
     for block in blocks:
         RulesConfig.from_mapping(tomllib.loads(block))
+
+
+# -- docs/contract.md and docs/settings.md against the code ------------------------------------
+
+DOCS = ALERTS_DOC.parent
+ROOT = DOCS.parent
+SRC = ROOT / "src" / "trainvitals"
+CONTRACT_DOC = DOCS / "contract.md"
+SETTINGS_DOC = DOCS / "settings.md"
+
+#: A route as the contract writes it: `GET /api/v1/runs`, `WS /api/v1/live` (a query is cut).
+_DOCUMENTED_ROUTE = re.compile(r"`(GET|POST|PUT|PATCH|DELETE|WS) (/[^`?\s]*)")
+#: A row of a settings table: | `TRAINVITALS_NAME` | default | ...
+_VARIABLE_ROW = re.compile(r"^\| `(TRAINVITALS_\w+)` \| ([^|]*) \|", re.MULTILINE)
+_VARIABLE = re.compile(r"\bTRAINVITALS_[A-Z0-9]+(?:_[A-Z0-9]+)*\b")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+_FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def served_routes(app: Any) -> set[str]:
+    """Every route the app serves, as ``"METHOD /path"`` (``WS`` for a websocket; a static
+    mount as ``GET /mount/{path}``)."""
+    from fastapi import routing
+    from starlette.routing import Mount, WebSocketRoute
+
+    # FastAPI 0.12x+ keeps included routers as one entry of app.routes each; flatten them.
+    flatten = getattr(routing, "iter_route_contexts", None)
+    routes = list(flatten(app.routes)) if flatten is not None else list(app.routes)
+    served = set()
+    for route in routes:
+        original = getattr(route, "original_route", route)
+        path = getattr(route, "path", None)
+        assert path, f"a route without a path: {route!r}"
+        if isinstance(original, Mount):
+            served.add(f"GET {path}/{{path}}")
+        elif isinstance(original, WebSocketRoute):
+            served.add(f"WS {path}")
+        else:
+            served.update(f"{method} {path}" for method in original.methods - {"HEAD"})
+    return served
+
+
+def documented_routes(text: str) -> set[str]:
+    return {f"{method} {path}" for method, path in _DOCUMENTED_ROUTE.findall(_FENCE.sub("", text))}
+
+
+def test_every_served_route_is_in_the_contract_and_nothing_else(tmp_path: Path) -> None:
+    from trainvitals.server import Settings, create_app
+
+    served = served_routes(create_app(Settings(db=str(tmp_path / "x.db"))))
+    assert {"GET /healthz", "GET /api/v1/runs", "WS /api/v1/ingest"} <= served  # seen through
+    documented = documented_routes(CONTRACT_DOC.read_text(encoding="utf-8"))
+    assert sorted(served - documented) == [], "served but not in docs/contract.md"
+    assert sorted(documented - served) == [], "in docs/contract.md but not served"
+
+
+def test_route_check_fails_on_a_missing_route(tmp_path: Path) -> None:
+    from trainvitals.server import Settings, create_app
+
+    served = served_routes(create_app(Settings(db=str(tmp_path / "x.db"))))
+    text = CONTRACT_DOC.read_text(encoding="utf-8").replace("`GET /healthz`", "`/healthz`")
+    assert served - documented_routes(text) == {"GET /healthz"}
+
+
+def variables_in_source() -> set[str]:
+    """Every ``TRAINVITALS_*`` name the package's files contain, and the server settings'
+    variables (``env_prefix`` + field name)."""
+    from trainvitals.server import Settings
+
+    found = {
+        name
+        for path in SRC.rglob("*")
+        if path.suffix in (".py", ".js", ".html")
+        for name in _VARIABLE.findall(path.read_text(encoding="utf-8"))
+    }
+    prefix = Settings.model_config.get("env_prefix", "")
+    return found | {f"{prefix}{field}".upper() for field in Settings.model_fields}
+
+
+def variable_rows(text: str) -> dict[str, str]:
+    """``{variable: default cell}`` of every settings table row in ``text``."""
+    return {name: cell.strip() for name, cell in _VARIABLE_ROW.findall(text)}
+
+
+def test_every_variable_in_the_source_is_in_the_settings_tables() -> None:
+    found = variables_in_source()
+    assert {"TRAINVITALS_SERVER", "TRAINVITALS_LOST_AFTER"} <= found
+    documented = set(variable_rows(SETTINGS_DOC.read_text(encoding="utf-8")))
+    assert sorted(found - documented) == [], "read by the code but not in docs/settings.md"
+    assert sorted(documented - found) == [], "in docs/settings.md but not in the code"
+
+
+def default_of(cell: str) -> str | None:
+    """The default a table cell states: its first `literal`, or None for ``unset``."""
+    if cell == "unset":
+        return None
+    literal = re.match(r"`([^`]*)`", cell)
+    assert literal, f"a default cell that is neither `literal` nor unset: {cell!r}"
+    return literal.group(1)
+
+
+def assert_default(variable: str, cell: str, default: Any) -> None:
+    stated = default_of(cell)
+    if default is None or stated is None:
+        assert stated == default, f"{variable}: documented {cell!r}, default {default!r}"
+    else:
+        assert type(default)(stated) == default, (
+            f"{variable}: documented {cell!r}, default {default!r}"
+        )
+
+
+def test_server_settings_table_gives_the_true_defaults() -> None:
+    from trainvitals.server import Settings
+
+    rows = variable_rows(section(SETTINGS_DOC.read_text(encoding="utf-8"), "## Server"))
+    prefix = Settings.model_config.get("env_prefix", "")
+    for field, info in Settings.model_fields.items():
+        variable = f"{prefix}{field}".upper()
+        assert variable in rows, f"{variable} has no row under '## Server'"
+        assert_default(variable, rows[variable], info.default)
+
+
+def test_agent_settings_table_gives_the_true_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from trainvitals import resolve
+
+    for name in [n for n in os.environ if n.startswith("TRAINVITALS_")]:
+        monkeypatch.delenv(name)
+    config = resolve()
+    rows = variable_rows(section(SETTINGS_DOC.read_text(encoding="utf-8"), "## Agent"))
+    checked = 0
+    for variable, cell in rows.items():
+        field = variable.removeprefix("TRAINVITALS_").lower()
+        if not hasattr(config, field) or isinstance(getattr(config, field), Path):
+            continue  # TRAINVITALS_JOB is no setting; the spool directory depends on $HOME
+        assert_default(variable, cell, getattr(config, field))
+        checked += 1
+    assert checked >= 8
+
+
+def headings_of(text: str) -> list[str]:
+    return [
+        line.lstrip("#").strip()
+        for line in _FENCE.sub("", text).splitlines()
+        if re.match(r"#{1,6} ", line)
+    ]
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in headings_of(path.read_text(encoding="utf-8")):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        out.add(slug if count == 0 else f"{slug}-{count}")
+    return out
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def test_links_in_the_readme_and_docs_resolve() -> None:
+    broken = []
+    for page in markdown_files():
+        for target in _LINK.findall(_FENCE.sub("", page.read_text(encoding="utf-8"))):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve() if file else page
+            if not path.exists() or (
+                anchor and path.suffix == ".md" and anchor not in anchors(path)
+            ):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
+def test_the_readme_lists_every_doc_and_nothing_outside_the_project() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    unlinked = [p.name for p in DOCS.glob("*.md") if f"(docs/{p.name})" not in readme]
+    assert unlinked == [], "docs not linked from the README"
+    for page in markdown_files():
+        text = page.read_text(encoding="utf-8")
+        assert "DESIGN.md" not in text and "shared/" not in text, (
+            f"{page.name} points outside the project a user clones"
+        )
+
+
+def command_help(*argv: str) -> str:
+    from trainvitals.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    return out.getvalue()
+
+
+def test_every_command_and_flag_is_in_the_contract() -> None:
+    from trainvitals.cli import SCENARIO_NAMES
+
+    text = CONTRACT_DOC.read_text(encoding="utf-8")
+    listing = command_help().split("positional arguments:")[1].split("options:")[0]
+    commands = re.findall(r"^    (\w[\w-]*)", listing, flags=re.MULTILINE)
+    assert {"serve", "demo", "notify-test"} <= set(commands)
+    for command in commands:
+        body = section(text, f"### `trainvitals {command}`")
+        flags = set(re.findall(r"(--[a-z][a-z-]*)", command_help(command))) - {"--help"}
+        missing = sorted(flag for flag in flags if f"`{flag}" not in body)
+        assert missing == [], f"trainvitals {command}: flags not in its section: {missing}"
+    demo = section(text, "### `trainvitals demo`")
+    assert [s for s in SCENARIO_NAMES if f"`{s}`" not in demo] == []
+
+
+def parameters_of_vitals_callback() -> list[str]:
+    """``VitalsCallback.__init__``'s parameters, read from the source (importing it loads
+    TensorFlow)."""
+    tree = ast.parse((SRC / "agent" / "keras_callback.py").read_text(encoding="utf-8"))
+    (init,) = [
+        node
+        for cls in tree.body
+        if isinstance(cls, ast.ClassDef) and cls.name == "VitalsCallback"
+        for node in cls.body
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+    ]
+    return [a.arg for a in [*init.args.args, *init.args.kwonlyargs] if a.arg != "self"]
+
+
+def test_the_python_api_is_in_the_contract() -> None:
+    import inspect
+
+    import trainvitals
+    from trainvitals.agent.config import AgentConfig
+    from trainvitals.agent.protect import Protection
+
+    text = CONTRACT_DOC.read_text(encoding="utf-8")
+    assert [n for n in trainvitals.__all__ if f"`{n}`" not in text] == []
+    documented = {
+        "VitalsCallback": parameters_of_vitals_callback(),
+        "Monitor": list(inspect.signature(trainvitals.Monitor).parameters),
+        "Run": list(inspect.signature(trainvitals.Run).parameters),
+        "resolve": list(inspect.signature(trainvitals.resolve).parameters),
+        "AgentConfig": [f.name for f in fields(AgentConfig)],
+        "Protection": [f.name for f in fields(Protection)],
+    }
+    for name, parameters in documented.items():
+        body = section(text, f"`{name}`")
+        missing = [p for p in parameters if f"`{p}`" not in body]
+        assert missing == [], f"{name}: parameters not in its section: {missing}"
+
+
+def test_fields_rules_and_series_are_in_the_contract() -> None:
+    from trainvitals import series
+    from trainvitals.agent.gpu import _NVML_READINGS
+    from trainvitals.server.storage import ALERT_FIELDS, RUN_FIELDS
+
+    text = CONTRACT_DOC.read_text(encoding="utf-8")
+    expected = [f"`{f}`" for f in (*RUN_FIELDS, *ALERT_FIELDS, *RULES)]
+    for constant, value in vars(series).items():
+        if not constant.isupper() or not isinstance(value, str) or constant == "GPU_PREFIX":
+            continue
+        if constant.startswith("GPU_"):
+            expected.append(f"`gpu<i>/{value}`")
+        else:
+            expected.append(f"`{value}" if value.endswith("/") else f"`{value}`")
+    expected += [f"`gpu<i>/{key}`" for key in [*_NVML_READINGS, "xid_errors"]]
+    assert [e for e in expected if e not in text] == []
