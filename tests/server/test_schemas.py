@@ -47,8 +47,56 @@ def test_valid_frames_parse_to_their_types() -> None:
             "series.loss.value.0",
         ),
         (json.dumps({**HELLO, "run_id": "../etc"}), "at run_id"),
+        # What reached the database and raised there before (#15): every one a 1007 now.
+        ("[]", "expected a JSON object, got list"),
+        ("null", "expected a JSON object, got NoneType"),
+        ('{"type": "points", "v": 1, "seq": 9223372036854775808, "series": {}}', "at seq"),
+        (
+            '{"type": "points", "v": 1, "seq": 1, "series": {"loss": '
+            '{"step": [9223372036854775808], "time": [1.0], "value": [1.0]}}}',
+            "series.loss.step.0",
+        ),
+        (json.dumps({**HELLO, "pid": 2**64}), "at pid"),
+        (
+            '{"type": "hello", "v": 1, "run_id": "a", "project": "p", "name": "n", '
+            '"started_at": NaN}',
+            "started_at: Input should be a finite number",
+        ),
+        (
+            '{"type": "points", "v": 1, "seq": 1, "series": {"loss": '
+            '{"step": [1], "time": [NaN], "value": [1.0]}}}',
+            "series.loss.time.0",
+        ),
+        ('{"type": "end", "v": 1, "seq": 1, "reason": "x", "time": Infinity}', "at time"),
+        (json.dumps({**HELLO, "name": "a\u0000b"}), "at name"),
+        (
+            json.dumps(
+                {
+                    "type": "end",
+                    "v": 1,
+                    "seq": 1,
+                    "reason": "x",
+                    "time": 1.0,
+                    "traceback": "a\u0000b",
+                }
+            ),
+            "at traceback",
+        ),
+        (json.dumps({**HELLO, "host": "h" * 256}), "at host"),
     ],
 )
 def test_invalid_frames_give_a_short_reason(text: str, reason: str) -> None:
     with pytest.raises(FrameError, match=reason):
         parse_frame(text)
+
+
+def test_a_series_name_cannot_forge_a_log_line() -> None:
+    frame = {
+        "type": "points",
+        "v": 1,
+        "seq": 1,
+        "series": {"loss\nERROR forged": {"step": [1], "time": [1.0], "value": [1.0]}},
+    }
+    with pytest.raises(FrameError) as caught:
+        parse_frame(json.dumps(frame))
+    assert "\n" not in str(caught.value) and "loss\\nERROR" in str(caught.value)

@@ -29,6 +29,7 @@ from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.schemas import (
+    MAX_SEQ_AHEAD,
     Autopsy,
     End,
     Heartbeat,
@@ -86,6 +87,12 @@ class IngestSession:
             return None
         if frame.seq <= self._last_seq:  # a replay of something already stored
             return _ack(frame.seq)
+        if frame.seq > self._last_seq + MAX_SEQ_AHEAD:
+            raise IngestRejected(
+                CLOSE_INVALID_PAYLOAD,
+                f"seq {frame.seq} is more than {MAX_SEQ_AHEAD} ahead of the last stored "
+                f"({self._last_seq})",
+            )
         if isinstance(frame, Points):
             return await self._points(frame)
         if isinstance(frame, Stall):

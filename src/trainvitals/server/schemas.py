@@ -9,7 +9,24 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from trainvitals.exceptions import FrameError
 from trainvitals.protocol import AUTOPSY, END, HEARTBEAT, HELLO, POINTS, PROTOCOL_VERSION, STALL
 
-SeriesName = Annotated[str, Field(min_length=1, max_length=256)]
+#: The largest integer the database columns hold (BIGINT).
+INT64_MAX = 2**63 - 1
+Int64 = Annotated[int, Field(ge=-INT64_MAX - 1, le=INT64_MAX)]
+Seq = Annotated[int, Field(ge=1, le=INT64_MAX)]
+#: How far a frame's ``seq`` may run ahead of the last one stored: gaps are allowed (frames an
+#: agent's full spool gave up), a forged ``seq`` near 2^63 that would swallow the run's later
+#: frames is not.
+MAX_SEQ_AHEAD = 10_000_000
+#: Steps stay exact in a browser's numbers (2^53) and far from the columns' limit.
+STEP_MAX = 2**53 - 1
+Step = Annotated[int, Field(ge=0, le=STEP_MAX)]
+#: Times must be finite: they order and key what is stored.
+Time = Annotated[float, Field(allow_inf_nan=False)]
+#: Printable names: no control characters (a newline in a name would forge log lines).
+SeriesName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+#: Free text (tracebacks, stacks): newlines allowed, NUL never (PostgreSQL refuses it).
+Text = Annotated[str, Field(max_length=1_000_000, pattern=r"^[^\x00]*$")]
 Version = Literal[1]
 
 
@@ -21,12 +38,12 @@ class _Frame(BaseModel):
 class Hello(_Frame):
     type: Literal["hello"]
     run_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-    project: Annotated[str, Field(min_length=1, max_length=200)]
-    name: Annotated[str, Field(min_length=1, max_length=200)]
+    project: Name
+    name: Name
     config: dict[str, Any] = Field(default_factory=dict)
-    host: str = ""
-    pid: int = 0
-    started_at: float
+    host: Annotated[str, Field(max_length=255, pattern=r"^[^\x00-\x1f\x7f]*$")] = ""
+    pid: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    started_at: Time
     env: dict[str, Any] = Field(default_factory=dict)
     job: Job | None = None
 
@@ -35,8 +52,8 @@ class Job(BaseModel):
     """The job of several processes this run is one worker of (``environment.job``)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-    key: Annotated[str, Field(min_length=1, max_length=128)]
-    worker: Annotated[str, Field(min_length=1, max_length=64)]
+    key: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    worker: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")]
     size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
@@ -45,8 +62,8 @@ class WireColumns(BaseModel):
     validated; :meth:`columns` gives them as :class:`~trainvitals.protocol.Columns`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    step: list[int]
-    time: list[float]
+    step: list[Step]
+    time: list[Time]
     value: list[float]  # NaN and ±Infinity are data here, sent as JSON NaN/Infinity tokens
 
     @model_validator(mode="after")
@@ -61,7 +78,7 @@ class WireColumns(BaseModel):
 
 class Points(_Frame):
     type: Literal["points"]
-    seq: Annotated[int, Field(ge=1)]
+    seq: Seq
     series: dict[SeriesName, WireColumns]
 
 
@@ -69,36 +86,36 @@ class Heartbeat(_Frame):
     """The agent is alive; not numbered, not acknowledged."""
 
     type: Literal["heartbeat"]
-    time: float
+    time: Time
 
 
 class Stall(_Frame):
     """No step for far longer than usual; where every thread is."""
 
     type: Literal["stall"]
-    seq: Annotated[int, Field(ge=1)]
-    time: float
-    idle: float
-    threshold: float
-    stacks: Annotated[str, Field(max_length=1_000_000)]
+    seq: Seq
+    time: Time
+    idle: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    threshold: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    stacks: Text
 
 
 class Autopsy(_Frame):
     """Where a run's first NaN/Inf came from, worked out by the agent."""
 
     type: Literal["autopsy"]
-    seq: Annotated[int, Field(ge=1)]
-    time: float
-    step: int
+    seq: Seq
+    time: Time
+    step: Step
     report: dict[str, Any]
 
 
 class End(_Frame):
     type: Literal["end"]
-    seq: Annotated[int, Field(ge=1)]
-    reason: Annotated[str, Field(min_length=1, max_length=200)]
-    time: float
-    traceback: str | None = None
+    seq: Seq
+    reason: Name
+    time: Time
+    traceback: Text | None = None
 
 
 AnyFrame = Hello | Points | Heartbeat | Stall | Autopsy | End
@@ -119,11 +136,16 @@ def parse_frame(text: str | bytes) -> AnyFrame:
             f"unknown frame type; expected one of {HELLO!r}, {POINTS!r}, {HEARTBEAT!r}, "
             f"{STALL!r}, {AUTOPSY!r}, {END!r}"
         )
+    if not error["loc"]:  # a top-level [] or null
+        raise FrameError(f"expected a JSON object, got {type(error.get('input')).__name__}")
     kind, *loc = error["loc"]  # a discriminated union puts the frame type first
     if loc == ["v"]:
         raise FrameError(
             f"unsupported protocol version {error.get('input')!r}; "
             f"this server speaks v{PROTOCOL_VERSION}"
         )
-    where = ".".join(str(part) for part in loc) or "top level"
+    # The location may hold a client's key (a series name): escaped, so no reason or log line
+    # carries its control characters.
+    where = ".".join(str(part) for part in loc).encode("unicode_escape").decode()[:80]
+    where = where or "top level"
     raise FrameError(f"invalid {kind} frame at {where}: {error['msg']}")
