@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -114,12 +115,45 @@ def test_compose_file_runs_the_server_on_postgres() -> None:
         docker
         and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0
     ):
-        subprocess.run([docker, "compose", "-f", str(compose), "config", "-q"], check=True)
+        subprocess.run(
+            [docker, "compose", "-f", str(compose), "config", "-q"],
+            check=True,
+            env={**os.environ, "POSTGRES_PASSWORD": "from-the-environment"},
+        )
     spec = yaml.safe_load(compose.read_text())
     server, postgres = spec["services"]["server"], spec["services"]["postgres"]
     assert server["build"] == "." and (ROOT / "Dockerfile").is_file()
     assert server["environment"]["TRAINVITALS_DB"].startswith("postgresql://")
+    # No credentials in the file (#15), and published on loopback unless told otherwise.
+    assert "${POSTGRES_PASSWORD:?" in server["environment"]["TRAINVITALS_DB"]
+    assert postgres["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    assert server["ports"] == ["${TRAINVITALS_BIND:-127.0.0.1}:8600:8600"]
     assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert postgres["image"].startswith("postgres:")
     volume = postgres["volumes"][0].split(":")[0]
     assert volume in spec["volumes"]
+
+
+def test_serve_prints_the_database_url_without_its_password() -> None:
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainvitals",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            "postgresql://postgres:hunter2@127.0.0.1:5432/postgres",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        first = server.stdout.readline()
+    finally:
+        server.kill()
+        server.wait(30)
+    assert "serving on" in first and "postgres:***@127.0.0.1" in first and "hunter2" not in first

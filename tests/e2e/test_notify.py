@@ -164,7 +164,7 @@ def test_retries_after_a_500_and_waits_out_a_429_retry_after(
             return channels if channels["ops"]["delivered"] == 1 else None
 
         ops = wait_for(settled, what="the delivery to be recorded")["ops"]
-        assert ops["pending"] == 0 and ops["last_error"] == "HTTP 429: ok"
+        assert ops["pending"] == 0 and ops["last_error"] == "HTTP 429 Too Many Requests"
         output = output_of(server)
         assert "notification channel ops: HTTP 500" in output  # the retries are logged...
         assert "SECRET" not in output and HOOK_PATH not in output  # ...without the URLs

@@ -11,7 +11,7 @@ import pytest
 from harness.processes import RUN_CONTRACT_FIELDS
 from trainvitals.exceptions import StorageError
 from trainvitals.protocol import Columns
-from trainvitals.server.storage import RunEnd, Store, database_url
+from trainvitals.server.storage import RunEnd, Store, database_url, shown_database
 
 
 def hello(run_id: str, started_at: float = 1000.0, **extra: Any) -> dict[str, Any]:
@@ -277,3 +277,9 @@ def test_a_stalled_run_is_running_again_only_on_a_new_step(store: Store) -> None
         store.add_points(conn, "r1", 4, {"loss": Columns([3], [42.0], [0.3])}, now=42.0)
     run = store.get_run("r1")
     assert run is not None and (run["status"], run["last_step"]) == ("running", 3)
+
+
+def test_a_database_url_is_shown_without_its_password() -> None:
+    shown = shown_database("postgresql://team:hunter2@db.example:5432/tv")
+    assert "hunter2" not in shown and shown.startswith("postgresql://team:***@db.example")
+    assert shown_database("runs.db") == "runs.db"

@@ -17,7 +17,7 @@ def serve_command(args: argparse.Namespace) -> int:
         import uvicorn
 
         from trainvitals.server import Settings, create_app
-        from trainvitals.server.storage import database_url
+        from trainvitals.server.storage import database_url, shown_database
     except ImportError as exc:
         print(f"trainvitals serve: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
@@ -57,7 +57,8 @@ def serve_command(args: argparse.Namespace) -> int:
         return 1
     port = sock.getsockname()[1]
     print(
-        f"trainvitals {__version__} serving on http://{settings.host}:{port}/ (db: {settings.db})",
+        f"trainvitals {__version__} serving on http://{settings.host}:{port}/ "
+        f"(db: {shown_database(settings.db)})",
         flush=True,
     )
     config = uvicorn.Config(

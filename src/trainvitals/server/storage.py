@@ -208,6 +208,16 @@ def _moved(event: Event, when: ColumnElement[bool] | None = None) -> ColumnEleme
     return case(*whens, else_=runs.c.status) if whens else runs.c.status
 
 
+def shown_database(db: str) -> str:
+    """``db`` as it may be printed or logged: a URL's password masked."""
+    if "://" not in db:
+        return db
+    try:
+        return make_url(db).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy reads: say nothing of it
+        return "<unreadable database URL>"
+
+
 def database_url(db: str) -> str:
     """Accept a plain file path, ``sqlite:///path`` or ``postgresql://...``."""
     if "://" not in db:

@@ -16,11 +16,13 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -59,8 +61,9 @@ async def post(client: httpx.AsyncClient, channel: Channel, message: Message) ->
     status = response.status_code
     if 200 <= status < 300:
         return Outcome(True, False, f"HTTP {status}", status)
-    answer = redact(response.text[:200].strip(), channel)
-    detail = f"HTTP {status}" + (f": {answer}" if answer else "")
+    # The status, never the body: receivers echo the request's path, and a Slack URL's path
+    # is its secret.
+    detail = f"HTTP {status}" + (f" {response.reason_phrase}" if response.reason_phrase else "")
     if status == 429 or status >= 500:
         wait = retry_after(response.headers.get("Retry-After"))
         return Outcome(False, True, detail, status, wait)
@@ -92,15 +95,43 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
 
 
 def redact(text: str, channel: Channel) -> str:
-    """``text`` with the channel's URL and secret taken out (error messages may quote
-    the request URL, and Slack's URL is itself the secret)."""
-    secrets = [channel.url, channel.url.split("?", 1)[0]]
+    """``text`` with the channel's URL and secrets taken out.
+
+    Error messages quote the request URL, and for Slack the URL is the secret, so the match is
+    made on the parsed URL, not its spelling: any URL to the channel's host and port (host
+    case and the default port ignored) becomes ``<name url>``, and so does any mention of the
+    URL's path, query or user info on its own (``Cannot POST /services/T000/B000/XXXX``).
+    """
+    label = f"<{channel.name} url>"
+    host, port = _host_port(channel.url)
+    if host:
+
+        def same_host(match: re.Match[str]) -> str:
+            return label if _host_port(match.group(0)) == (host, port) else match.group(0)
+
+        text = _URL.sub(same_host, text)
+    parts = urlsplit(channel.url)
+    secrets = [parts.query, parts.username or "", parts.password or ""]
+    if len(parts.path.strip("/")) >= 4:  # a path that can carry a secret, not "/" or "/in"
+        secrets.append(parts.path.rstrip("/"))
     if channel.secret:
         secrets.append(channel.secret.decode(errors="replace"))
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, f"<{channel.name} url>")
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = re.sub(re.escape(secret), label, text, flags=re.IGNORECASE)
     return text
+
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _host_port(url: str) -> tuple[str, int | None]:
+    try:
+        parts = urlsplit(url)
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower())
+    except ValueError:
+        return "", None
+    return (parts.hostname or "").lower().rstrip("."), port
 
 
 class RedactSecrets(logging.Filter):
