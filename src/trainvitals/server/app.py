@@ -13,6 +13,7 @@ from trainvitals.detect import RulesConfig, load_rules
 from trainvitals.protocol import EndReason
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.deps import AppState
+from trainvitals.server.guard import RequestGuard, allowed_hosts
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
@@ -79,6 +80,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store.dispose()
 
     app = FastAPI(title="trainvitals", version=__version__, lifespan=lifespan)
+    app.add_middleware(
+        RequestGuard,
+        hosts=allowed_hosts(settings.host, settings.public_url, settings.allowed_hosts.split(",")),
+        public_url=settings.public_url,
+        max_body_bytes=settings.max_body_bytes,
+    )
     app.include_router(api.router)
     app.include_router(notify.router)
     app.include_router(streams.router)

@@ -18,6 +18,13 @@ class Settings(BaseSettings):
     port: int = 8600
     #: Largest agent frame accepted; larger ones close the connection with 1009.
     max_frame_bytes: int = MAX_FRAME_BYTES
+    #: Largest HTTP request body accepted; larger ones get 413 before anything reads them.
+    max_body_bytes: int = 1 << 20
+    #: Extra ``Host`` names the server answers to, comma-separated (``*``: any). By default a
+    #: loopback server answers to loopback names only (no DNS rebinding), a server on one
+    #: address to it and ``public_url``'s host, and one on every interface to any host unless
+    #: ``public_url`` names it.
+    allowed_hosts: str = ""
     #: Seconds between pushes of run-list updates to browsers (run changes are coalesced).
     runs_push_interval: float = 0.5
     #: Messages a browser may fall behind before it is disconnected (1013) to protect ingest.
