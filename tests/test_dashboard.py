@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -343,3 +344,17 @@ def test_the_workers_of_a_job_are_grouped_and_compared_live(
     finally:
         for run in workers:
             run.finish()
+
+
+def test_an_error_from_the_server_is_shown_as_text_not_run_as_html(
+    server: ServerProcess, browser: Any
+) -> None:
+    # The server's 422 repeats the invalid filter; the page must show it, not parse it.
+    payload = '<img src=x onerror="window.__xss=1">'
+    page = browser.new_page()
+    page.goto(f"{server.url}/#/alerts?state={quote(payload)}")
+    error = page.locator("#app .error")
+    expect(error).to_contain_text("422")
+    expect(error).to_contain_text("<img src=x onerror=")
+    assert page.locator("#app img").count() == 0
+    assert page.evaluate("typeof window.__xss") == "undefined"

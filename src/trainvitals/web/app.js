@@ -4,6 +4,7 @@
 import { AlertFeed } from "./alert-feed.js";
 import { renderAlerts } from "./alerts.js";
 import { mountBanner } from "./banner.js";
+import { escapeHTML } from "./format.js";
 import { LiveSocket } from "./live.js";
 import { renderRun } from "./run.js";
 import { renderRuns } from "./runs.js";
@@ -34,7 +35,14 @@ async function route() {
   cleanup = () => {};
   markCurrentNav();
   const [match, render] = VIEWS.map(([pattern, view]) => [location.hash.match(pattern), view]).find(([m]) => m);
-  const done = await render(match);
+  let done;
+  try {
+    done = await render(match);
+  } catch (error) {
+    // The message can repeat what was in the address (a 422 quotes the invalid filter): text.
+    if (current === navigation) root.innerHTML = `<p class="error">${escapeHTML(error.message)}</p>`;
+    return;
+  }
   if (current === navigation) cleanup = done; else done();
 }
 
@@ -48,4 +56,4 @@ mountBanner(document.getElementById("alert-banner"), feed);
 feed.load().catch((error) => console.warn("trainvitals: could not load the firing alerts:", error));
 
 window.addEventListener("hashchange", route);
-route().catch((error) => { root.innerHTML = `<p class="error">${error.message}</p>`; });
+route();

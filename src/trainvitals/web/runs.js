@@ -116,6 +116,12 @@ export async function renderRuns(root, live, feed) {
     }
   }, 5000);
 
-  await load();
-  return () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); };
+  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); };
+  try {
+    await load();
+  } catch (error) {
+    cleanup();
+    throw error;
+  }
+  return cleanup;
 }
