@@ -90,6 +90,16 @@ def test_run_page_draws_the_live_run(
     assert page.locator('[data-chart="accuracy"]').count() == 1
     for section in ("gradient norm", "NaN/Inf count", "host memory", "step_time"):
         page.locator(f'[data-chart="{section}"]').wait_for(timeout=30_000)
+    # Nothing on the charts sends their data to plotly's cloud.
+    toolbar = page.evaluate(
+        """() => [...document.querySelectorAll('[data-chart="loss"] .modebar-btn')]
+                 .map((button) => button.getAttribute('data-title'))"""
+    )
+    assert "Zoom" in toolbar
+    assert not [title for title in toolbar if "Share" in title or "Chart Studio" in title]
+    assert page.evaluate(
+        """() => document.querySelector('[data-chart="loss"] .plot')._context.plotlyServerURL"""
+    ) == ""
     # Per-variable gradient norms that arrive while the page is open are drawn, not hidden.
     wait_for(
         lambda: page.evaluate(

@@ -99,6 +99,12 @@ const LAYOUT = {
   hovermode: "x unified",
 };
 
+// The data of a self-hosted tool never leaves it: no "Share chart" button (recent plotly.js
+// shows one by default) nor "Edit in Chart Studio" (older ones), and no server to send to.
+const CONFIG = {
+  responsive: true, displaylogo: false, showSendToCloud: false, showEditInChartStudio: false, plotlyServerURL: "",
+};
+
 export class Chart {
   constructor(container, key, { onTooLong } = {}) {
     this.key = key;
@@ -117,7 +123,7 @@ export class Chart {
     if (LOG_SCALE.has(key)) Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
     if (BYTES.test(key)) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
     if (key === "gradient norm") layout.height = 320;
-    Plotly.newPlot(this.plot, [], layout, { responsive: true, displaylogo: false });
+    Plotly.newPlot(this.plot, [], layout, CONFIG);
     this.updateCount();
   }
 
