@@ -88,8 +88,15 @@ def test_run_page_draws_the_live_run(
     )
     assert drawn >= grown
     assert page.locator('[data-chart="accuracy"]').count() == 1
-    for section in ("gradient norm", "NaN/Inf count", "host memory", "step_time"):
-        page.locator(f'[data-chart="{section}"]').wait_for(timeout=30_000)
+    # Charts are found by their ids; their titles are for people.
+    titles = {
+        "grad_norm": "gradient norm",
+        "nonfinite": "NaN/Inf count",
+        "host_memory": "host memory",
+        "step_time": "step time (s)",
+    }
+    for chart_id, title in titles.items():
+        expect(page.locator(f'[data-chart="{chart_id}"] h3')).to_have_text(title, timeout=30_000)
     # Nothing on the charts sends their data to plotly's cloud.
     toolbar = page.evaluate(
         """() => [...document.querySelectorAll('[data-chart="loss"] .modebar-btn')]
@@ -97,13 +104,14 @@ def test_run_page_draws_the_live_run(
     )
     assert "Zoom" in toolbar
     assert not [title for title in toolbar if "Share" in title or "Chart Studio" in title]
-    assert page.evaluate(
+    plotly_server = page.evaluate(
         """() => document.querySelector('[data-chart="loss"] .plot')._context.plotlyServerURL"""
-    ) == ""
+    )
+    assert plotly_server == ""
     # Per-variable gradient norms that arrive while the page is open are drawn, not hidden.
     wait_for(
         lambda: page.evaluate(
-            """() => document.querySelector('[data-chart="gradient norm"] .plot').data
+            """() => document.querySelector('[data-chart="grad_norm"] .plot').data
                  .filter((t) => t.name.startsWith('grad/norm/') && t.visible === true).length"""
         ),
         timeout=30,
@@ -112,7 +120,7 @@ def test_run_page_draws_the_live_run(
     # The memory chart draws the effective limit beside the process's RSS.
     wait_for(
         lambda: page.locator(
-            '[data-chart="host memory"] .legendtext', has_text="host/limit"
+            '[data-chart="host_memory"] .legendtext', has_text="host/limit"
         ).count(),
         timeout=30,
         what="the memory limit line",
@@ -157,6 +165,7 @@ def test_a_crashed_run_shows_its_traceback_and_its_last_readings(
     assert "RSS at 88% of the limit" in panel.locator(".last-readings summary").inner_text()
     assert panel.locator('[data-reading="host/rss"]').inner_text() == "3.5 GiB"
     assert panel.locator('[data-reading="gpu0/temp"]').inner_text() == "91 °C"
+    expect(page.locator('[data-chart="gpu0_temp"] h3')).to_have_text("gpu0 temperature (°C)")
 
 
 def live_runs_page(server: ServerProcess, browser: Any) -> tuple[Any, list[str]]:
@@ -221,7 +230,7 @@ def test_an_alert_reaches_the_banner_the_run_page_and_its_charts(
         expect(item.locator(".alert-hint")).to_contain_text(alert["hint"])
         item.get_by_text("Evidence").click()
         expect(item.locator(".alert-evidence tr", has_text="origin")).to_contain_text("inputs")
-        for chart in ("NaN/Inf count", "loss"):
+        for chart in ("nonfinite", "loss"):
             marked = page.locator(f'[data-chart="{chart}"]')
             expect(marked).to_have_attribute("data-alert-markers", "1")
         marker = chart_shapes(page, "loss")[0]
@@ -276,9 +285,9 @@ def test_the_memory_chart_draws_the_oom_forecast_up_to_the_limit(
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(f"{server.url}/#/runs/{run.id}")
-        memory = page.locator('[data-chart="host memory"]')
+        memory = page.locator('[data-chart="host_memory"]')
         expect(memory).to_have_attribute("data-forecasts", "1")
-        (line,) = [s for s in chart_shapes(page, "host memory") if s["line"]["dash"] == "dash"]
+        (line,) = [s for s in chart_shapes(page, "host_memory") if s["line"]["dash"] == "dash"]
         forecast = alert["evidence"]["forecast"]
         assert (line["x0"], line["x1"]) == tuple(forecast["step"])
         assert line["y1"] == limit
@@ -331,18 +340,16 @@ def test_the_workers_of_a_job_are_grouped_and_compared_live(
         panel = page.locator("[data-panel='job']")
         expect(panel.locator("tbody tr")).to_have_count(2)
         expect(panel.locator(f"tr[data-run-id='{second.id}'] a")).to_have_text("sync-1")
-        step_times = panel.locator("[data-chart='step time by worker (s)']")
+        step_times = panel.locator("[data-chart='job_step_time']")
         expect(step_times).to_have_attribute("data-points", "40")
         steps(second, 21, 30, 0.030)
         expect(step_times).to_have_attribute("data-points", "50")
         names = page.evaluate(
-            "() => document.querySelector(\"[data-chart='step time by worker (s)'] .plot\")"
+            "() => document.querySelector(\"[data-chart='job_step_time'] .plot\")"
             ".data.map((trace) => trace.name)"
         )
         assert sorted(names) == ["worker:0", "worker:1"]
-        expect(panel.locator("[data-chart='host RSS by worker']")).to_have_attribute(
-            "data-points", "50"
-        )
+        expect(panel.locator("[data-chart='job_host_rss']")).to_have_attribute("data-points", "50")
 
         # A worker that joins later appears in the panel and on its charts without a reload.
         third = start_worker(2)

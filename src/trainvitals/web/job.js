@@ -5,9 +5,13 @@
 import { getSeries } from "./api.js";
 import { Chart } from "./charts.js";
 import { escapeHTML, formatAgo, statusBadge, workerOrder } from "./format.js";
+import { HOST_RSS, LOSS, STEP_TIME } from "./series.js";
 
+// The series compared, each on its chart (ids apart from the run's own charts on the page).
 const COMPARED = [
-  ["step_time", "step time by worker (s)"], ["loss", "loss by worker"], ["host/rss", "host RSS by worker"],
+  { series: STEP_TIME, id: "job_step_time", title: "step time by worker (s)" },
+  { series: LOSS, id: "job_loss", title: "loss by worker" },
+  { series: HOST_RSS, id: "job_host_rss", title: "host RSS by worker", bytes: true },
 ];
 const MAX_WORKERS_CHARTED = 16; // each charted worker is one more live subscription
 
@@ -32,10 +36,10 @@ export class JobPanel {
   chartFor(series) {
     let chart = this.charts.get(series);
     if (!chart) {
-      const title = COMPARED.find(([name]) => name === series)[1];
-      chart = new Chart(this.chartsRoot, title, { onTooLong: (worker) => this.reloadWorker(worker) });
+      const spec = COMPARED.find((compared) => compared.series === series);
+      chart = new Chart(this.chartsRoot, spec, { onTooLong: (worker) => this.reloadWorker(worker) });
       this.charts.set(series, chart);
-      const rank = (key) => COMPARED.findIndex(([name]) => name === key);
+      const rank = (name) => COMPARED.findIndex((compared) => compared.series === name);
       const ordered = [...this.charts].sort(([a], [b]) => rank(a) - rank(b));
       this.chartsRoot.replaceChildren(...ordered.map(([, c]) => c.card));
     }
@@ -60,7 +64,7 @@ export class JobPanel {
   }
 
   async reload(member) {
-    const { series } = await getSeries(member.id, COMPARED.map(([name]) => name));
+    const { series } = await getSeries(member.id, COMPARED.map((compared) => compared.series));
     for (const [name, data] of Object.entries(series)) {
       if (data.step.length) this.chartFor(name).setSeries(label(member), data);
     }
@@ -89,9 +93,9 @@ export class JobPanel {
     if (message.type === "points") {
       const member = this.members.get(message.run_id);
       if (!member || !this.charted.has(member.id)) return;
-      for (const [name] of COMPARED) {
-        const data = message.series[name];
-        if (data?.step.length) this.chartFor(name).extend(label(member), data);
+      for (const { series } of COMPARED) {
+        const data = message.series[series];
+        if (data?.step.length) this.chartFor(series).extend(label(member), data);
       }
     } else if (message.type === "runs") {
       let changed = false;

@@ -3,9 +3,10 @@
 
 import { AlertList, alertItem } from "./alert-items.js";
 import { getRun, getRunAlerts, getSeries } from "./api.js";
-import { Chart, alertChartKeys, chartKey, chartOrder } from "./charts.js";
+import { Chart, alertChartIds, chartOf, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, statusBadge } from "./format.js";
 import { JobPanel } from "./job.js";
+import { HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
 
 export async function renderRun(root, live, feed, runId) {
   root.innerHTML = `<p class="muted">Loading run…</p>`;
@@ -34,7 +35,7 @@ export async function renderRun(root, live, feed, runId) {
     <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
 
   const job = run.job ? new JobPanel(root.querySelector("#run-job"), live, run) : null;
-  const charts = new Map();
+  const charts = new Map(); // chart id -> its chart, made when its first series arrives
   const chartsRoot = root.querySelector("#charts");
   let buffered = [];   // live messages that arrive while the history loads
   let loaded = false;
@@ -67,10 +68,10 @@ export async function renderRun(root, live, feed, runId) {
   const drawMarkers = () => {
     const byChart = new Map();
     for (const alert of alertList.alerts.values()) {
-      const drawn = alertChartKeys(alert).filter((key) => charts.has(key));
-      for (const key of drawn.length ? drawn : ["loss"]) byChart.set(key, [...(byChart.get(key) ?? []), alert]);
+      const drawn = alertChartIds(alert).filter((id) => charts.has(id));
+      for (const id of drawn.length ? drawn : [LOSS]) byChart.set(id, [...(byChart.get(id) ?? []), alert]);
     }
-    for (const [key, chart] of charts) chart.setAlerts(byChart.get(key) ?? []);
+    for (const [id, chart] of charts) chart.setAlerts(byChart.get(id) ?? []);
   };
   const alertList = new AlertList(root.querySelector("#run-alert-list"), {
     template: (alert) => alertItem(alert, { showRun: false }),
@@ -104,13 +105,13 @@ export async function renderRun(root, live, feed, runId) {
   };
 
   const chartFor = (name) => {
-    const key = chartKey(name);
-    if (key == null) return null;
-    let chart = charts.get(key);
+    const spec = chartOf(name);
+    if (spec == null) return null;
+    let chart = charts.get(spec.id);
     if (!chart) {
-      chart = new Chart(chartsRoot, key, { onTooLong: reloadLater });
-      charts.set(key, chart);
-      const ordered = [...charts.values()].sort((a, b) => chartOrder(a.key, b.key));
+      chart = new Chart(chartsRoot, spec, { onTooLong: reloadLater });
+      charts.set(spec.id, chart);
+      const ordered = [...charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
       chartsRoot.replaceChildren(...ordered.map((c) => c.card));
       drawMarkers();
     }
@@ -147,7 +148,7 @@ export async function renderRun(root, live, feed, runId) {
   root.querySelector("#run-config").innerHTML = kvRows(run.config);
   root.querySelector("#run-env").innerHTML = kvRows(run.env);
   await Promise.all([reload(), loadAlerts(), job?.load()]);
-  charts.get("gradient norm")?.showTopVariables();
+  charts.get("grad_norm")?.showTopVariables();
   loaded = true;
   for (const message of buffered) apply(message);
   buffered = [];
@@ -162,20 +163,17 @@ export async function renderRun(root, live, feed, runId) {
 }
 
 // The memory and GPU readings last stored before the run ended: the evidence of how it died.
-const BYTES = /(rss|available|limit|swap_used|disk_free|mem_used|mem_total|tf_current|tf_peak)$/;
-const UNITS = [[/temp$/, " °C"], [/(util|cpu_percent)$/, " %"], [/power$/, " W"], [/clock_sm$/, " MHz"]];
-
 function reading(name, value) {
-  if (BYTES.test(name)) return formatBytes(value);
-  const unit = UNITS.find(([pattern]) => pattern.test(name));
-  return formatNumber(value) + (unit ? unit[1] : "");
+  if (isBytes(name)) return formatBytes(value);
+  const unit = unitOf(name);
+  return formatNumber(value) + (unit ? ` ${unit}` : "");
 }
 
 function lastReadings(readings) {
   const names = Object.keys(readings ?? {}).sort();
   if (!names.length) return "";
-  const memory = readings["host/rss"] != null && readings["host/limit"] > 0
-    ? ` (RSS at ${Math.round((100 * readings["host/rss"]) / readings["host/limit"])}% of the limit)` : "";
+  const memory = readings[HOST_RSS] != null && readings[HOST_LIMIT] > 0
+    ? ` (RSS at ${Math.round((100 * readings[HOST_RSS]) / readings[HOST_LIMIT])}% of the limit)` : "";
   const rows = names.map((name) => `<tr><th>${escapeHTML(name)}</th>
     <td data-reading="${escapeHTML(name)}">${escapeHTML(reading(name, readings[name]))}</td></tr>`).join("");
   return `<details class="last-readings" open><summary>Last readings before the end${memory}</summary>
