@@ -6,7 +6,7 @@ import { renderAlerts } from "./alerts.js";
 import { mountBanner } from "./banner.js";
 import { escapeHTML } from "./format.js";
 import { LiveSocket } from "./live.js";
-import { renderRun } from "./run.js";
+import { RunPage } from "./run.js";
 import { renderRuns } from "./runs.js";
 
 const root = document.getElementById("app");
@@ -15,8 +15,19 @@ const feed = new AlertFeed(live);
 let cleanup = () => {};
 let navigation = 0;
 
+// A page object drawn by load() and stopped by destroy(); its cleanup once it has loaded.
+async function mount(page) {
+  try {
+    await page.load();
+  } catch (error) {
+    page.destroy();
+    throw error;
+  }
+  return () => page.destroy();
+}
+
 const VIEWS = [
-  [/^#\/runs\/([^/?]+)$/, (match) => renderRun(root, live, feed, decodeURIComponent(match[1]))],
+  [/^#\/runs\/([^/?]+)$/, (match) => mount(new RunPage(root, live, feed, decodeURIComponent(match[1])))],
   [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
   [/^/, () => renderRuns(root, live, feed)],
 ];

@@ -89,7 +89,7 @@ export class JobPanel {
 
   // A live message: a worker's new points, or run summaries (a worker that changed state or
   // just joined the job).
-  apply(message) {
+  onLive(message) {
     if (message.type === "points") {
       const member = this.members.get(message.run_id);
       if (!member || !this.charted.has(member.id)) return;
