@@ -168,6 +168,27 @@ def test_a_crashed_run_shows_its_traceback_and_its_last_readings(
     expect(page.locator('[data-chart="gpu0_temp"] h3')).to_have_text("gpu0 temperature (°C)")
 
 
+def test_names_from_a_run_are_text_on_the_page(server: ServerProcess, browser: Any) -> None:
+    run = Run(
+        resolve(server=server.url, run_name="<i>tilted</i>"), system_metrics=False, watchdog=False
+    )
+    run.start()
+    try:
+        run.log(1, {"loss": 1.0, "<b>bold</b>": 2.0})
+        run.log(2, {"loss": 0.5, "<b>bold</b>": 3.0})
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        expect(page.locator(f"tr.run-row[data-run-id='{run.id}'] a")).to_have_text("<i>tilted</i>")
+        page.goto(f"{server.url}/#/runs/{run.id}")
+        expect(page.locator("#run-name")).to_have_text("<i>tilted</i>")
+        chart = page.locator('[data-chart="<b>bold</b>"]')
+        expect(chart.locator("h3")).to_have_text("<b>bold</b>")
+        expect(chart.locator(".legendtext")).to_have_text("<b>bold</b>")
+        assert page.locator("#app i, #app b").count() == 0
+    finally:
+        run.finish()
+
+
 def live_runs_page(server: ServerProcess, browser: Any) -> tuple[Any, list[str]]:
     """The runs list, open and live, and the page errors it will raise."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})

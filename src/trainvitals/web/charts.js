@@ -163,7 +163,8 @@ export class Chart {
         style.visible = true; // the first ones to arrive; showTopVariables() ranks them later
         this.visibleVariables += 1;
       }
-      Plotly.addTraces(this.plot, { name, x, y, type: "scatter", ...style });
+      // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
+      Plotly.addTraces(this.plot, { name: escapeHTML(name), x, y, type: "scatter", ...style });
       this.traces.set(name, { index, lastStep, length: x.length });
     }
     this.updateCount();

@@ -4,7 +4,7 @@
 
 import { getSeries } from "./api.js";
 import { Chart } from "./charts.js";
-import { escapeHTML, formatAgo, statusBadge, workerOrder } from "./format.js";
+import { escapeHTML, formatAgo, runPath, statusBadge, workerOrder } from "./format.js";
 import { HOST_RSS, LOSS, STEP_TIME } from "./series.js";
 
 // The series compared, each on its chart (ids apart from the run's own charts on the page).
@@ -81,9 +81,9 @@ export class JobPanel {
     this.root.querySelector("tbody").innerHTML = ordered.map((m) => `
       <tr data-run-id="${escapeHTML(m.id)}" class="${m.id === this.runId ? "this-run" : ""}">
         <td><span class="worker-tag">${escapeHTML(m.worker ?? "?")}</span></td>
-        <td>${m.id === this.runId ? escapeHTML(m.name) + ' <span class="muted">(this run)</span>'
-          : `<a href="#/runs/${escapeHTML(m.id)}">${escapeHTML(m.name)}</a>`}</td>
-        <td>${statusBadge(m.status)}</td><td class="num">${m.last_step ?? "—"}</td>
+        <td>${m.id === this.runId ? `${escapeHTML(m.name)} <span class="muted">(this run)</span>`
+          : `<a href="${escapeHTML(runPath(m.id))}">${escapeHTML(m.name)}</a>`}</td>
+        <td>${statusBadge(m.status)}</td><td class="num">${escapeHTML(m.last_step ?? "—")}</td>
         <td>${escapeHTML(formatAgo(m.last_seen))}</td><td>${escapeHTML(m.host ?? "")}</td></tr>`).join("");
   }
 

@@ -130,7 +130,7 @@ export class RunPage {
       ["Duration", formatDuration(elapsed)], ["Last step", run.last_step ?? "—"],
       ["Last seen", formatAgo(run.last_seen)], ["Host", `${run.host} (pid ${run.pid ?? "?"})`],
       ...(run.worker ? [["Worker", `${run.worker} of ${this.job?.members.size ?? "?"} in the job`]] : []),
-    ].map(([k, v]) => `<div><dt>${k}</dt><dd data-fact="${k}">${escapeHTML(v)}</dd></div>`).join("");
+    ].map(([k, v]) => `<div><dt>${escapeHTML(k)}</dt><dd data-fact="${escapeHTML(k)}">${escapeHTML(v)}</dd></div>`).join("");
     const ending = this.root.querySelector("#run-ending");
     if (run.status === "stalled") {
       ending.innerHTML = `<div class="ending stalled" data-panel="stall"><h3>Stalled: where every thread is</h3>
@@ -209,6 +209,6 @@ function lastReadings(readings) {
     ? ` (RSS at ${Math.round((100 * readings[HOST_RSS]) / readings[HOST_LIMIT])}% of the limit)` : "";
   const rows = names.map((name) => `<tr><th>${escapeHTML(name)}</th>
     <td data-reading="${escapeHTML(name)}">${escapeHTML(reading(name, readings[name]))}</td></tr>`).join("");
-  return `<details class="last-readings" open><summary>Last readings before the end${memory}</summary>
+  return `<details class="last-readings" open><summary>Last readings before the end${escapeHTML(memory)}</summary>
     <table class="kv">${rows}</table></details>`;
 }
