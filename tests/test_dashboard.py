@@ -3,6 +3,7 @@ reach the banner, the run page, the charts and the alerts page."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -166,6 +167,41 @@ def test_a_crashed_run_shows_its_traceback_and_its_last_readings(
     assert panel.locator('[data-reading="host/rss"]').inner_text() == "3.5 GiB"
     assert panel.locator('[data-reading="gpu0/temp"]').inner_text() == "91 °C"
     expect(page.locator('[data-chart="gpu0_temp"] h3')).to_have_text("gpu0 temperature (°C)")
+
+
+def test_the_run_page_shows_the_status_the_server_sends(
+    server: ServerProcess, browser: Any
+) -> None:
+    config = resolve(server=server.url, run_name="pauses")
+    config = dataclasses.replace(config, stall_factor=1.0, stall_floor=0.5)
+    run = Run(config, system_metrics=False, watchdog=False)
+    run.start()
+    try:
+        clean_steps(run, range(1, 20))
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{server.url}/#/runs/{run.id}")
+        status = page.locator("#run-status [data-status]")
+        # No step for over half a second: stalled, with every thread's stack.
+        expect(status).to_have_attribute("data-status", "stalled")
+        expect(page.locator("[data-panel='stall']")).to_contain_text("Stalled")
+        # Steps again (one per poll, so that it does not stall anew): running, and the stall
+        # panel goes with the stall.
+        steps = iter(range(20, 10_000))
+
+        def resumed() -> bool:
+            clean_steps(run, range(next(steps), 10_000)[:1])
+            shown = status.get_attribute("data-status")
+            return shown == "running" and not page.locator("#run-ending > *").count()
+
+        wait_for(resumed, what="the run page to show the run running again")
+    finally:
+        run.finish()
+    expect(status).to_have_attribute("data-status", "finished")
+    assert server.get(f"/api/v1/runs/{run.id}")["status"] == "finished"
+    expect(page.locator("#run-ending .ending.finished")).to_contain_text("Finished at")
+    assert not errors, errors
 
 
 def test_names_from_a_run_are_text_on_the_page(server: ServerProcess, browser: Any) -> None:

@@ -5,6 +5,7 @@
 import { getSeries } from "./api.js";
 import { Chart } from "./charts.js";
 import { escapeHTML, formatAgo, runPath, statusBadge, workerOrder } from "./format.js";
+import { withSummary } from "./live.js";
 import { HOST_RSS, LOSS, STEP_TIME } from "./series.js";
 
 // The series compared, each on its chart (ids apart from the run's own charts on the page).
@@ -87,8 +88,19 @@ export class JobPanel {
         <td>${escapeHTML(formatAgo(m.last_seen))}</td><td>${escapeHTML(m.host ?? "")}</td></tr>`).join("");
   }
 
-  // A live message: a worker's new points, or run summaries (a worker that changed state or
-  // just joined the job).
+  // The workers as the server describes them (a worker that changed state or just joined the
+  // job), each taken as sent.
+  update(summaries) {
+    if (!summaries.length) return;
+    for (const summary of summaries) {
+      const known = this.members.get(summary.id);
+      this.members.set(summary.id, withSummary(known, summary));
+      if (!known) this.addToCharts(summary);
+    }
+    this.draw();
+  }
+
+  // A live message: a worker's new points, or run summaries.
   onLive(message) {
     if (message.type === "points") {
       const member = this.members.get(message.run_id);
@@ -98,15 +110,7 @@ export class JobPanel {
         if (data?.step.length) this.chartFor(series).extend(label(member), data);
       }
     } else if (message.type === "runs") {
-      let changed = false;
-      for (const update of message.runs) {
-        if (update.job_id !== this.jobId) continue;
-        const known = this.members.get(update.id);
-        this.members.set(update.id, { ...known, ...update });
-        if (!known) this.addToCharts(update);
-        changed = true;
-      }
-      if (changed) this.draw();
+      this.update(message.runs.filter((summary) => summary.job_id === this.jobId));
     }
   }
 

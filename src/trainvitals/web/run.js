@@ -6,6 +6,7 @@ import { getRun, getRunAlerts, getSeries } from "./api.js";
 import { Chart, alertChartIds, chartOf, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, statusBadge } from "./format.js";
 import { JobPanel } from "./job.js";
+import { withSummary } from "./live.js";
 import { HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
 
 const LAYOUT = `
@@ -23,6 +24,8 @@ const LAYOUT = `
   <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
   <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
 
+const ENDED = new Set(["crashed", "lost"]);
+
 // The run page, live: load() draws it, onLive(message) follows the websocket, destroy() stops.
 export class RunPage {
   constructor(root, live, feed, runId) {
@@ -34,6 +37,7 @@ export class RunPage {
     this.chartsRoot = null;
     this.buffered = []; // live messages that arrive while the history loads
     this.loaded = false;
+    this.refreshes = 0;
     this.reloading = null;
     this.ticker = null;
     this.off = [];
@@ -92,16 +96,25 @@ export class RunPage {
       const summary = message.runs.find((r) => r.id === this.runId);
       if (!summary) return;
       const changed = summary.status !== this.run.status;
-      this.run = { ...this.run, ...summary };
+      this.run = withSummary(this.run, summary);
       this.drawHeader();
       // The live summary has no stacks or traceback: fetch the run when its state changes.
       if (changed) this.refresh();
     }
   }
 
+  // The run fetched anew, with the summaries pushed meanwhile over it, so that the status shown
+  // is the last the server sent; the job's workers with it.
   async refresh() {
-    this.run = await getRun(this.runId);
+    const current = ++this.refreshes;
+    const [run, since] = await this.live.fetchWithRuns(() => getRun(this.runId));
+    if (current !== this.refreshes) return; // a later refresh is on its way
+    this.run = since.filter((summary) => summary.id === this.runId).reduce(withSummary, run);
     this.drawHeader();
+    if (this.job) {
+      this.job.update(run.job?.runs ?? []);
+      this.job.update(since.filter((summary) => summary.job_id === this.job.jobId));
+    }
   }
 
   async onReconnect() {
@@ -135,12 +148,14 @@ export class RunPage {
     if (run.status === "stalled") {
       ending.innerHTML = `<div class="ending stalled" data-panel="stall"><h3>Stalled: where every thread is</h3>
         <pre>${escapeHTML(run.stall_stacks ?? "")}</pre></div>`;
-    } else if (run.end_reason && run.status !== "finished") {
-      ending.innerHTML = `<div class="ending crashed"><h3>Ended: ${escapeHTML(run.end_reason)}</h3>
+    } else if (ENDED.has(run.status)) {
+      ending.innerHTML = `<div class="ending crashed"><h3>Ended: ${escapeHTML(run.end_reason ?? run.status)}</h3>
         ${run.traceback ? `<pre>${escapeHTML(run.traceback)}</pre>` : ""}
         ${lastReadings(run.last_readings)}</div>`;
-    } else if (run.end_reason) {
+    } else if (run.status === "finished") {
       ending.innerHTML = `<div class="ending finished">Finished at ${escapeHTML(formatTime(run.ended_at))}</div>`;
+    } else {
+      ending.replaceChildren(); // running (again, after a stall)
     }
   }
 

@@ -3,6 +3,7 @@
 import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
 import { escapeHTML, formatAgo, formatTime, runPath, statusBadge, workerOrder } from "./format.js";
+import { withSummary } from "./live.js";
 
 // "2 firing" in the colour of the most severe of them.
 function firingBadge(alerts) {
@@ -98,17 +99,17 @@ export async function renderRuns(root, live, feed) {
     root.querySelector("#run-count").textContent = `${ordered.length} run${ordered.length === 1 ? "" : "s"}`;
   };
 
-  const load = async () => {
-    const { runs: list } = await listRuns();
-    for (const run of list) runs.set(run.id, run);
+  // Each run as the server last described it, status included, in the order its words came.
+  const apply = (summaries) => {
+    for (const summary of summaries) runs.set(summary.id, withSummary(runs.get(summary.id), summary));
     redraw();
   };
+  const load = async () => {
+    const [{ runs: list }, since] = await live.fetchWithRuns(listRuns);
+    apply([...list, ...since]);
+  };
 
-  const offMessage = live.on((message) => {
-    if (message.type !== "runs") return;
-    for (const run of message.runs) runs.set(run.id, { ...runs.get(run.id), ...run });
-    redraw();
-  });
+  const offMessage = live.on((message) => { if (message.type === "runs") apply(message.runs); });
   const offReconnect = live.onReconnect(load);
   const offAlerts = feed.on(redraw);
   const ticker = setInterval(() => {
