@@ -3,6 +3,7 @@ reach the banner, the run page, the charts and the alerts page."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -87,12 +89,30 @@ def test_run_page_draws_the_live_run(
     )
     assert drawn >= grown
     assert page.locator('[data-chart="accuracy"]').count() == 1
-    for section in ("gradient norm", "NaN/Inf count", "host memory", "step_time"):
-        page.locator(f'[data-chart="{section}"]').wait_for(timeout=30_000)
+    # Charts are found by their ids; their titles are for people.
+    titles = {
+        "grad_norm": "gradient norm",
+        "nonfinite": "NaN/Inf count",
+        "host_memory": "host memory",
+        "step_time": "step time (s)",
+    }
+    for chart_id, title in titles.items():
+        expect(page.locator(f'[data-chart="{chart_id}"] h3')).to_have_text(title, timeout=30_000)
+    # Nothing on the charts sends their data to plotly's cloud.
+    toolbar = page.evaluate(
+        """() => [...document.querySelectorAll('[data-chart="loss"] .modebar-btn')]
+                 .map((button) => button.getAttribute('data-title'))"""
+    )
+    assert "Zoom" in toolbar
+    assert not [title for title in toolbar if "Share" in title or "Chart Studio" in title]
+    plotly_server = page.evaluate(
+        """() => document.querySelector('[data-chart="loss"] .plot')._context.plotlyServerURL"""
+    )
+    assert plotly_server == ""
     # Per-variable gradient norms that arrive while the page is open are drawn, not hidden.
     wait_for(
         lambda: page.evaluate(
-            """() => document.querySelector('[data-chart="gradient norm"] .plot').data
+            """() => document.querySelector('[data-chart="grad_norm"] .plot').data
                  .filter((t) => t.name.startsWith('grad/norm/') && t.visible === true).length"""
         ),
         timeout=30,
@@ -101,7 +121,7 @@ def test_run_page_draws_the_live_run(
     # The memory chart draws the effective limit beside the process's RSS.
     wait_for(
         lambda: page.locator(
-            '[data-chart="host memory"] .legendtext', has_text="host/limit"
+            '[data-chart="host_memory"] .legendtext', has_text="host/limit"
         ).count(),
         timeout=30,
         what="the memory limit line",
@@ -146,6 +166,63 @@ def test_a_crashed_run_shows_its_traceback_and_its_last_readings(
     assert "RSS at 88% of the limit" in panel.locator(".last-readings summary").inner_text()
     assert panel.locator('[data-reading="host/rss"]').inner_text() == "3.5 GiB"
     assert panel.locator('[data-reading="gpu0/temp"]').inner_text() == "91 °C"
+    expect(page.locator('[data-chart="gpu0_temp"] h3')).to_have_text("gpu0 temperature (°C)")
+
+
+def test_the_run_page_shows_the_status_the_server_sends(
+    server: ServerProcess, browser: Any
+) -> None:
+    config = resolve(server=server.url, run_name="pauses")
+    config = dataclasses.replace(config, stall_factor=1.0, stall_floor=0.5)
+    run = Run(config, system_metrics=False, watchdog=False)
+    run.start()
+    try:
+        clean_steps(run, range(1, 20))
+        page = browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{server.url}/#/runs/{run.id}")
+        status = page.locator("#run-status [data-status]")
+        # No step for over half a second: stalled, with every thread's stack.
+        expect(status).to_have_attribute("data-status", "stalled")
+        expect(page.locator("[data-panel='stall']")).to_contain_text("Stalled")
+        # Steps again (one per poll, so that it does not stall anew): running, and the stall
+        # panel goes with the stall.
+        steps = iter(range(20, 10_000))
+
+        def resumed() -> bool:
+            clean_steps(run, range(next(steps), 10_000)[:1])
+            shown = status.get_attribute("data-status")
+            return shown == "running" and not page.locator("#run-ending > *").count()
+
+        wait_for(resumed, what="the run page to show the run running again")
+    finally:
+        run.finish()
+    expect(status).to_have_attribute("data-status", "finished")
+    assert server.get(f"/api/v1/runs/{run.id}")["status"] == "finished"
+    expect(page.locator("#run-ending .ending.finished")).to_contain_text("Finished at")
+    assert not errors, errors
+
+
+def test_names_from_a_run_are_text_on_the_page(server: ServerProcess, browser: Any) -> None:
+    run = Run(
+        resolve(server=server.url, run_name="<i>tilted</i>"), system_metrics=False, watchdog=False
+    )
+    run.start()
+    try:
+        run.log(1, {"loss": 1.0, "<b>bold</b>": 2.0})
+        run.log(2, {"loss": 0.5, "<b>bold</b>": 3.0})
+        page = browser.new_page()
+        page.goto(server.url + "/")
+        expect(page.locator(f"tr.run-row[data-run-id='{run.id}'] a")).to_have_text("<i>tilted</i>")
+        page.goto(f"{server.url}/#/runs/{run.id}")
+        expect(page.locator("#run-name")).to_have_text("<i>tilted</i>")
+        chart = page.locator('[data-chart="<b>bold</b>"]')
+        expect(chart.locator("h3")).to_have_text("<b>bold</b>")
+        expect(chart.locator(".legendtext")).to_have_text("<b>bold</b>")
+        assert page.locator("#app i, #app b").count() == 0
+    finally:
+        run.finish()
 
 
 def live_runs_page(server: ServerProcess, browser: Any) -> tuple[Any, list[str]]:
@@ -210,7 +287,7 @@ def test_an_alert_reaches_the_banner_the_run_page_and_its_charts(
         expect(item.locator(".alert-hint")).to_contain_text(alert["hint"])
         item.get_by_text("Evidence").click()
         expect(item.locator(".alert-evidence tr", has_text="origin")).to_contain_text("inputs")
-        for chart in ("NaN/Inf count", "loss"):
+        for chart in ("nonfinite", "loss"):
             marked = page.locator(f'[data-chart="{chart}"]')
             expect(marked).to_have_attribute("data-alert-markers", "1")
         marker = chart_shapes(page, "loss")[0]
@@ -265,9 +342,9 @@ def test_the_memory_chart_draws_the_oom_forecast_up_to_the_limit(
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(f"{server.url}/#/runs/{run.id}")
-        memory = page.locator('[data-chart="host memory"]')
+        memory = page.locator('[data-chart="host_memory"]')
         expect(memory).to_have_attribute("data-forecasts", "1")
-        (line,) = [s for s in chart_shapes(page, "host memory") if s["line"]["dash"] == "dash"]
+        (line,) = [s for s in chart_shapes(page, "host_memory") if s["line"]["dash"] == "dash"]
         forecast = alert["evidence"]["forecast"]
         assert (line["x0"], line["x1"]) == tuple(forecast["step"])
         assert line["y1"] == limit
@@ -320,18 +397,16 @@ def test_the_workers_of_a_job_are_grouped_and_compared_live(
         panel = page.locator("[data-panel='job']")
         expect(panel.locator("tbody tr")).to_have_count(2)
         expect(panel.locator(f"tr[data-run-id='{second.id}'] a")).to_have_text("sync-1")
-        step_times = panel.locator("[data-chart='step time by worker (s)']")
+        step_times = panel.locator("[data-chart='job_step_time']")
         expect(step_times).to_have_attribute("data-points", "40")
         steps(second, 21, 30, 0.030)
         expect(step_times).to_have_attribute("data-points", "50")
         names = page.evaluate(
-            "() => document.querySelector(\"[data-chart='step time by worker (s)'] .plot\")"
+            "() => document.querySelector(\"[data-chart='job_step_time'] .plot\")"
             ".data.map((trace) => trace.name)"
         )
         assert sorted(names) == ["worker:0", "worker:1"]
-        expect(panel.locator("[data-chart='host RSS by worker']")).to_have_attribute(
-            "data-points", "50"
-        )
+        expect(panel.locator("[data-chart='job_host_rss']")).to_have_attribute("data-points", "50")
 
         # A worker that joins later appears in the panel and on its charts without a reload.
         third = start_worker(2)
@@ -343,3 +418,17 @@ def test_the_workers_of_a_job_are_grouped_and_compared_live(
     finally:
         for run in workers:
             run.finish()
+
+
+def test_an_error_from_the_server_is_shown_as_text_not_run_as_html(
+    server: ServerProcess, browser: Any
+) -> None:
+    # The server's 422 repeats the invalid filter; the page must show it, not parse it.
+    payload = '<img src=x onerror="window.__xss=1">'
+    page = browser.new_page()
+    page.goto(f"{server.url}/#/alerts?state={quote(payload)}")
+    error = page.locator("#app .error")
+    expect(error).to_contain_text("422")
+    expect(error).to_contain_text("<img src=x onerror=")
+    assert page.locator("#app img").count() == 0
+    assert page.evaluate("typeof window.__xss") == "undefined"

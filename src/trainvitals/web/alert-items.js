@@ -3,7 +3,7 @@
 // list of them current, redrawing only the items that changed.
 
 import { isOlder, isSilenced, newestFirst } from "./alert-feed.js";
-import { escapeHTML, formatBytes, formatDuration, formatNumber, formatTime } from "./format.js";
+import { escapeHTML, formatBytes, formatDuration, formatNumber, formatTime, runPath } from "./format.js";
 
 const MEMORY_RULES = new Set(["oom_forecast", "memory_pressure"]);
 const BYTE_KEYS = new Set(["limit", "current", "used", "swap_used", "growth"]);
@@ -46,7 +46,7 @@ function evidenceDetails(alert) {
 }
 
 function runLink(alert) {
-  return `<a class="alert-run" href="#/runs/${escapeHTML(encodeURIComponent(alert.run_id))}">`
+  return `<a class="alert-run" href="${escapeHTML(runPath(alert.run_id))}">`
     + `${escapeHTML(alert.project)} / ${escapeHTML(alert.run_name)}</a>`;
 }
 

@@ -74,6 +74,12 @@ export async function renderAlerts(root, feed, params) {
     list.upsert(alert);
   });
 
-  await Promise.all([load(), fillProjects()]);
-  return () => { offAlerts(); list.destroy(); };
+  const cleanup = () => { offAlerts(); list.destroy(); };
+  try {
+    await Promise.all([load(), fillProjects()]);
+  } catch (error) {
+    cleanup();
+    throw error;
+  }
+  return cleanup;
 }

@@ -4,8 +4,9 @@
 import { AlertFeed } from "./alert-feed.js";
 import { renderAlerts } from "./alerts.js";
 import { mountBanner } from "./banner.js";
+import { escapeHTML } from "./format.js";
 import { LiveSocket } from "./live.js";
-import { renderRun } from "./run.js";
+import { RunPage } from "./run.js";
 import { renderRuns } from "./runs.js";
 
 const root = document.getElementById("app");
@@ -14,8 +15,19 @@ const feed = new AlertFeed(live);
 let cleanup = () => {};
 let navigation = 0;
 
+// A page object drawn by load() and stopped by destroy(); its cleanup once it has loaded.
+async function mount(page) {
+  try {
+    await page.load();
+  } catch (error) {
+    page.destroy();
+    throw error;
+  }
+  return () => page.destroy();
+}
+
 const VIEWS = [
-  [/^#\/runs\/([^/?]+)$/, (match) => renderRun(root, live, feed, decodeURIComponent(match[1]))],
+  [/^#\/runs\/([^/?]+)$/, (match) => mount(new RunPage(root, live, feed, decodeURIComponent(match[1])))],
   [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
   [/^/, () => renderRuns(root, live, feed)],
 ];
@@ -34,7 +46,14 @@ async function route() {
   cleanup = () => {};
   markCurrentNav();
   const [match, render] = VIEWS.map(([pattern, view]) => [location.hash.match(pattern), view]).find(([m]) => m);
-  const done = await render(match);
+  let done;
+  try {
+    done = await render(match);
+  } catch (error) {
+    // The message can repeat what was in the address (a 422 quotes the invalid filter): text.
+    if (current === navigation) root.innerHTML = `<p class="error">${escapeHTML(error.message)}</p>`;
+    return;
+  }
   if (current === navigation) cleanup = done; else done();
 }
 
@@ -48,4 +67,4 @@ mountBanner(document.getElementById("alert-banner"), feed);
 feed.load().catch((error) => console.warn("trainvitals: could not load the firing alerts:", error));
 
 window.addEventListener("hashchange", route);
-route().catch((error) => { root.innerHTML = `<p class="error">${error.message}</p>`; });
+route();

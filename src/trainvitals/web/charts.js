@@ -5,81 +5,98 @@
 
 import { SEVERITY_COLOURS } from "./alert-feed.js";
 import { escapeHTML, formatDuration } from "./format.js";
+import {
+  EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
+  GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
+  HOST_AVAILABLE, HOST_CPU_PERCENT, HOST_CPU_TEMP, HOST_DISK_FREE, HOST_LIMIT, HOST_RSS, HOST_SWAP_USED, LOSS,
+  NONFINITE_PREFIX, STEP_TIME, VAL_PREFIX, gpuParts, isGpuDevice,
+} from "./series.js";
 
 const REFETCH_AT = 20000; // points in a trace before it is reloaded downsampled from the server
 
-// System and vitals series share charts by what they measure: [pattern, chart title].
+// A chart is found by its id, which never changes: the page's data-chart="<id>", the key that
+// alerts are marked by. Its title is for people only. Charts sort by rank, then by title.
+// System and vitals series share charts by what they measure.
+const RANK = { loss: 0, metric: 1, stepTime: 2, grad: 3, nonfinite: 4, host: 5, gpu: 6 };
+const HOST_MEMORY = new Set([HOST_RSS, HOST_LIMIT, HOST_AVAILABLE, HOST_SWAP_USED]);
 const GROUPS = [
-  [/^grad\//, "gradient norm"],
-  [/^nonfinite\//, "NaN/Inf count"],
-  [/^host\/(rss|limit|available|swap_used)$/, "host memory"],
-  [/^host\/cpu_percent$/, "host CPU %"],
-  [/^host\/cpu_temp$/, "host CPU temperature (°C)"],
-  [/^host\/disk_free$/, "disk free"],
-  [/^(gpu\d+)\/(mem_used|mem_total|tf_current|tf_peak)$/, "$1 memory"],
-  [/^(gpu\d+)\/util$/, "$1 utilisation %"],
-  [/^(gpu\d+)\/temp$/, "$1 temperature (°C)"],
-  [/^(gpu\d+)\/power$/, "$1 power (W)"],
-  [/^(gpu\d+)\/clock_sm$/, "$1 SM clock (MHz)"],
-  [/^(gpu\d+)\/(throttle|ecc_uncorrected|xid_errors)$/, "$1 throttle and errors"],
+  {
+    id: "grad_norm", title: "gradient norm", rank: RANK.grad, log: true, height: 320,
+    holds: (name) => name === GRAD_GLOBAL_NORM || name.startsWith(GRAD_NORM_PREFIX),
+  },
+  { id: "nonfinite", title: "NaN/Inf count", rank: RANK.nonfinite, holds: (name) => name.startsWith(NONFINITE_PREFIX) },
+  { id: "host_memory", title: "host memory", rank: RANK.host, bytes: true, holds: (name) => HOST_MEMORY.has(name) },
+  { id: "host_cpu", title: "host CPU %", rank: RANK.host, holds: (name) => name === HOST_CPU_PERCENT },
+  { id: "host_cpu_temp", title: "host CPU temperature (°C)", rank: RANK.host, holds: (name) => name === HOST_CPU_TEMP },
+  { id: "disk_free", title: "disk free", rank: RANK.host, bytes: true, holds: (name) => name === HOST_DISK_FREE },
 ];
-const LOG_SCALE = new Set(["step_time", "gradient norm"]);
-const BYTES = /memory$|^disk free$|RSS by worker$/;
+// Each GPU's charts: id "<device>_<kind>" ("gpu0_memory"), title "<device> <title>".
+const GPU_GROUPS = [
+  { kind: "memory", title: "memory", bytes: true, fields: [GPU_MEM_USED, GPU_MEM_TOTAL, GPU_TF_CURRENT, GPU_TF_PEAK] },
+  { kind: "util", title: "utilisation %", fields: [GPU_UTIL] },
+  { kind: "temp", title: "temperature (°C)", fields: [GPU_TEMP] },
+  { kind: "power", title: "power (W)", fields: [GPU_POWER] },
+  { kind: "clock", title: "SM clock (MHz)", fields: [GPU_CLOCK_SM] },
+  { kind: "errors", title: "throttle and errors", fields: [GPU_THROTTLE, GPU_ECC_UNCORRECTED, GPU_XID_ERRORS] },
+];
 const TOP_VARIABLES = 5; // per-variable gradient norms shown at first; the rest in the legend
 
-// The chart a series is drawn on; null for series not charted.
-export function chartKey(name) {
-  if (name === "epoch") return null;
-  for (const [pattern, title] of GROUPS) {
-    const match = name.match(pattern);
-    if (match) return title.replace(/\$(\d)/g, (_, i) => match[Number(i)]);
-  }
-  let base = name;
-  if (base.startsWith("val_")) base = base.slice(4);
-  else if (base.startsWith("epoch/")) base = base.slice(6);
-  return base;
+function gpuChart(device, kind) {
+  const group = GPU_GROUPS.find((g) => g.kind === kind);
+  return { id: `${device}_${kind}`, title: `${device} ${group.title}`, rank: RANK.gpu, bytes: Boolean(group.bytes) };
 }
 
-// The charts an alert is marked on: the series it is about. The run page puts an alert whose
-// charts are not drawn on the loss chart.
-export function alertChartKeys(alert) {
-  const device = /^gpu\d+$/.test(alert.subject ?? "") ? alert.subject : "host";
+// The chart a series is drawn on, as { id, title, rank, log, bytes, height }; null for series
+// not charted. A metric's chart holds its per-step, epoch-mean and validation series.
+export function chartOf(name) {
+  if (name === EPOCH) return null;
+  const group = GROUPS.find((g) => g.holds(name));
+  if (group) return group;
+  const gpu = gpuParts(name);
+  const gpuGroup = gpu && GPU_GROUPS.find((g) => g.fields.includes(gpu.field));
+  if (gpuGroup) return gpuChart(gpu.device, gpuGroup.kind);
+  let base = name;
+  if (base.startsWith(VAL_PREFIX)) base = base.slice(VAL_PREFIX.length);
+  else if (base.startsWith(EPOCH_PREFIX)) base = base.slice(EPOCH_PREFIX.length);
+  if (base === STEP_TIME) return { id: STEP_TIME, title: "step time (s)", rank: RANK.stepTime, log: true };
+  return { id: base, title: base, rank: base === LOSS ? RANK.loss : RANK.metric };
+}
+
+// The ids of the charts an alert is marked on: the series it is about. The run page puts an
+// alert whose charts are not drawn on the loss chart.
+export function alertChartIds(alert) {
+  const device = isGpuDevice(alert.subject) ? alert.subject : null;
   switch (alert.rule) {
-    case "nonfinite": return ["NaN/Inf count", "loss"];
-    case "grad_explosion": case "grad_vanishing": return ["gradient norm"];
-    case "loss_divergence": return ["loss"];
+    case "nonfinite": return ["nonfinite", LOSS];
+    case "grad_explosion": case "grad_vanishing": return ["grad_norm"];
+    case "loss_divergence": return [LOSS];
     case "oom_forecast": case "memory_pressure": {
       const series = alert.evidence?.forecast?.series;
-      return [series ? chartKey(series) : `${device} memory`];
+      if (series) return [chartOf(series)?.id ?? LOSS];
+      return [device ? gpuChart(device, "memory").id : "host_memory"];
     }
-    case "slowdown": return ["step_time"];
-    case "thermal": return [device === "host" ? "host CPU temperature (°C)" : `${device} temperature (°C)`];
-    case "hardware": return device === "host" ? [] : [`${device} throttle and errors`];
-    default: return ["loss"];
+    case "slowdown": return [STEP_TIME];
+    case "thermal": return [device ? gpuChart(device, "temp").id : "host_cpu_temp"];
+    case "hardware": return device ? [gpuChart(device, "errors").id] : [];
+    default: return [LOSS];
   }
 }
 
-// Loss first, then metrics, step time, gradients, NaN/Inf, host, then GPUs.
+// Of two charts' specs, the one shown first: loss, then metrics, step time, gradients,
+// NaN/Inf, host, then GPUs.
 export function chartOrder(a, b) {
-  const rank = (key) => {
-    if (key === "loss") return 0;
-    if (key === "step_time") return 2;
-    if (key === "gradient norm") return 3;
-    if (key === "NaN/Inf count") return 4;
-    if (key.startsWith("host") || key === "disk free") return 5;
-    if (/^gpu\d+ /.test(key)) return 6;
-    return 1;
-  };
-  return rank(a) - rank(b) || a.localeCompare(b);
+  return a.rank - b.rank || a.title.localeCompare(b.title);
 }
 
 function traceStyle(name, index) {
-  if (name.startsWith("val_")) return { mode: "lines+markers", line: { width: 2, color: "#ea580c" }, marker: { size: 6 } };
-  if (name.startsWith("epoch/")) return { mode: "lines+markers", line: { width: 2, dash: "dot", color: "#6b7280" }, marker: { size: 5 } };
-  if (/\/(limit|mem_total)$/.test(name)) return { mode: "lines", line: { width: 2, dash: "dash", color: "#d64545" } };
-  if (name.startsWith("grad/norm/")) return { mode: "lines", line: { width: 1 }, visible: "legendonly" };
-  if (name === "host/available") return { mode: "lines", line: { width: 1.2 }, visible: "legendonly" };
-  if (name === "grad/global_norm") return { mode: "lines", line: { width: 2, color: "#111827" } };
+  if (name.startsWith(VAL_PREFIX)) return { mode: "lines+markers", line: { width: 2, color: "#ea580c" }, marker: { size: 6 } };
+  if (name.startsWith(EPOCH_PREFIX)) return { mode: "lines+markers", line: { width: 2, dash: "dot", color: "#6b7280" }, marker: { size: 5 } };
+  if (name === HOST_LIMIT || gpuParts(name)?.field === GPU_MEM_TOTAL) {
+    return { mode: "lines", line: { width: 2, dash: "dash", color: "#d64545" } };
+  }
+  if (name.startsWith(GRAD_NORM_PREFIX)) return { mode: "lines", line: { width: 1 }, visible: "legendonly" };
+  if (name === HOST_AVAILABLE) return { mode: "lines", line: { width: 1.2 }, visible: "legendonly" };
+  if (name === GRAD_GLOBAL_NORM) return { mode: "lines", line: { width: 2, color: "#111827" } };
   return { mode: "lines", line: { width: 1.2, color: PALETTE[index % PALETTE.length] } };
 }
 
@@ -99,25 +116,33 @@ const LAYOUT = {
   hovermode: "x unified",
 };
 
+// The data of a self-hosted tool never leaves it: no "Share chart" button (recent plotly.js
+// shows one by default) nor "Edit in Chart Studio" (older ones), and no server to send to.
+const CONFIG = {
+  responsive: true, displaylogo: false, showSendToCloud: false, showEditInChartStudio: false, plotlyServerURL: "",
+};
+
+// One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it.
 export class Chart {
-  constructor(container, key, { onTooLong } = {}) {
-    this.key = key;
+  constructor(container, spec, { onTooLong } = {}) {
+    const { id, title, log = false, bytes = false, height = LAYOUT.height } = spec;
+    this.spec = spec;
+    this.id = id;
     this.onTooLong = onTooLong;
     this.card = document.createElement("section");
     this.card.className = "chart-card";
-    this.card.dataset.chart = key;
+    this.card.dataset.chart = id;
     this.card.innerHTML = `<h3></h3><div class="plot"></div>`;
-    this.card.querySelector("h3").textContent = key === "step_time" ? "step time (s)" : key;
+    this.card.querySelector("h3").textContent = title;
     container.appendChild(this.card);
     this.plot = this.card.querySelector(".plot");
     this.traces = new Map(); // series name -> { index, lastStep, length }
     this.drawnAlerts = JSON.stringify([[], []]);
     this.visibleVariables = 0;
-    const layout = structuredClone(LAYOUT);
-    if (LOG_SCALE.has(key)) Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
-    if (BYTES.test(key)) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
-    if (key === "gradient norm") layout.height = 320;
-    Plotly.newPlot(this.plot, [], layout, { responsive: true, displaylogo: false });
+    const layout = { ...structuredClone(LAYOUT), height };
+    if (log) Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
+    if (bytes) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
+    Plotly.newPlot(this.plot, [], layout, CONFIG);
     this.updateCount();
   }
 
@@ -134,11 +159,12 @@ export class Chart {
     } else {
       const index = this.traces.size;
       const style = traceStyle(name, index);
-      if (name.startsWith("grad/norm/") && this.visibleVariables < TOP_VARIABLES) {
+      if (name.startsWith(GRAD_NORM_PREFIX) && this.visibleVariables < TOP_VARIABLES) {
         style.visible = true; // the first ones to arrive; showTopVariables() ranks them later
         this.visibleVariables += 1;
       }
-      Plotly.addTraces(this.plot, { name, x, y, type: "scatter", ...style });
+      // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
+      Plotly.addTraces(this.plot, { name: escapeHTML(name), x, y, type: "scatter", ...style });
       this.traces.set(name, { index, lastStep, length: x.length });
     }
     this.updateCount();
@@ -171,7 +197,7 @@ export class Chart {
   showTopVariables() {
     const peaks = [];
     for (const [name, trace] of this.traces) {
-      if (!name.startsWith("grad/norm/")) continue;
+      if (!name.startsWith(GRAD_NORM_PREFIX)) continue;
       const ys = this.plot.data[trace.index].y.filter((v) => v != null && isFinite(v));
       peaks.push([ys.length ? Math.max(...ys) : -Infinity, trace.index]);
     }
@@ -202,7 +228,7 @@ export class Chart {
         text: escapeHTML(alert.rule), hovertext: escapeHTML(alert.message), font: { size: 10, color: colour },
       });
       const forecast = alert.evidence?.forecast;
-      if (!firing || alert.rule !== "oom_forecast" || !forecast || chartKey(forecast.series) !== this.key) continue;
+      if (!firing || alert.rule !== "oom_forecast" || !forecast || chartOf(forecast.series)?.id !== this.id) continue;
       const [s0, s1] = forecast.step, [v0, v1] = forecast.value;
       shapes.push({
         type: "line", xref: "x", yref: "y", x0: s0, x1: s1, y0: v0, y1: v1,

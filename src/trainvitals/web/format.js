@@ -6,6 +6,11 @@ export function escapeHTML(value) {
   })[c]);
 }
 
+// The address of a run's page.
+export function runPath(runId) {
+  return `#/runs/${encodeURIComponent(runId)}`;
+}
+
 export function formatTime(seconds) {
   if (seconds == null) return "—";
   return new Date(seconds * 1000).toLocaleString();

@@ -4,10 +4,15 @@
 
 import { getSeries } from "./api.js";
 import { Chart } from "./charts.js";
-import { escapeHTML, formatAgo, statusBadge, workerOrder } from "./format.js";
+import { escapeHTML, formatAgo, runPath, statusBadge, workerOrder } from "./format.js";
+import { withSummary } from "./live.js";
+import { HOST_RSS, LOSS, STEP_TIME } from "./series.js";
 
+// The series compared, each on its chart (ids apart from the run's own charts on the page).
 const COMPARED = [
-  ["step_time", "step time by worker (s)"], ["loss", "loss by worker"], ["host/rss", "host RSS by worker"],
+  { series: STEP_TIME, id: "job_step_time", title: "step time by worker (s)" },
+  { series: LOSS, id: "job_loss", title: "loss by worker" },
+  { series: HOST_RSS, id: "job_host_rss", title: "host RSS by worker", bytes: true },
 ];
 const MAX_WORKERS_CHARTED = 16; // each charted worker is one more live subscription
 
@@ -32,10 +37,10 @@ export class JobPanel {
   chartFor(series) {
     let chart = this.charts.get(series);
     if (!chart) {
-      const title = COMPARED.find(([name]) => name === series)[1];
-      chart = new Chart(this.chartsRoot, title, { onTooLong: (worker) => this.reloadWorker(worker) });
+      const spec = COMPARED.find((compared) => compared.series === series);
+      chart = new Chart(this.chartsRoot, spec, { onTooLong: (worker) => this.reloadWorker(worker) });
       this.charts.set(series, chart);
-      const rank = (key) => COMPARED.findIndex(([name]) => name === key);
+      const rank = (name) => COMPARED.findIndex((compared) => compared.series === name);
       const ordered = [...this.charts].sort(([a], [b]) => rank(a) - rank(b));
       this.chartsRoot.replaceChildren(...ordered.map(([, c]) => c.card));
     }
@@ -60,7 +65,7 @@ export class JobPanel {
   }
 
   async reload(member) {
-    const { series } = await getSeries(member.id, COMPARED.map(([name]) => name));
+    const { series } = await getSeries(member.id, COMPARED.map((compared) => compared.series));
     for (const [name, data] of Object.entries(series)) {
       if (data.step.length) this.chartFor(name).setSeries(label(member), data);
     }
@@ -77,32 +82,35 @@ export class JobPanel {
     this.root.querySelector("tbody").innerHTML = ordered.map((m) => `
       <tr data-run-id="${escapeHTML(m.id)}" class="${m.id === this.runId ? "this-run" : ""}">
         <td><span class="worker-tag">${escapeHTML(m.worker ?? "?")}</span></td>
-        <td>${m.id === this.runId ? escapeHTML(m.name) + ' <span class="muted">(this run)</span>'
-          : `<a href="#/runs/${escapeHTML(m.id)}">${escapeHTML(m.name)}</a>`}</td>
-        <td>${statusBadge(m.status)}</td><td class="num">${m.last_step ?? "—"}</td>
+        <td>${m.id === this.runId ? `${escapeHTML(m.name)} <span class="muted">(this run)</span>`
+          : `<a href="${escapeHTML(runPath(m.id))}">${escapeHTML(m.name)}</a>`}</td>
+        <td>${statusBadge(m.status)}</td><td class="num">${escapeHTML(m.last_step ?? "—")}</td>
         <td>${escapeHTML(formatAgo(m.last_seen))}</td><td>${escapeHTML(m.host ?? "")}</td></tr>`).join("");
   }
 
-  // A live message: a worker's new points, or run summaries (a worker that changed state or
-  // just joined the job).
-  apply(message) {
+  // The workers as the server describes them (a worker that changed state or just joined the
+  // job), each taken as sent.
+  update(summaries) {
+    if (!summaries.length) return;
+    for (const summary of summaries) {
+      const known = this.members.get(summary.id);
+      this.members.set(summary.id, withSummary(known, summary));
+      if (!known) this.addToCharts(summary);
+    }
+    this.draw();
+  }
+
+  // A live message: a worker's new points, or run summaries.
+  onLive(message) {
     if (message.type === "points") {
       const member = this.members.get(message.run_id);
       if (!member || !this.charted.has(member.id)) return;
-      for (const [name] of COMPARED) {
-        const data = message.series[name];
-        if (data?.step.length) this.chartFor(name).extend(label(member), data);
+      for (const { series } of COMPARED) {
+        const data = message.series[series];
+        if (data?.step.length) this.chartFor(series).extend(label(member), data);
       }
     } else if (message.type === "runs") {
-      let changed = false;
-      for (const update of message.runs) {
-        if (update.job_id !== this.jobId) continue;
-        const known = this.members.get(update.id);
-        this.members.set(update.id, { ...known, ...update });
-        if (!known) this.addToCharts(update);
-        changed = true;
-      }
-      if (changed) this.draw();
+      this.update(message.runs.filter((summary) => summary.job_id === this.jobId));
     }
   }
 

@@ -1,5 +1,13 @@
 // The browser end of WS /api/v1/live: reconnects with backoff and re-subscribes.
 
+// A run as the server last described it. A "runs" message carries the whole summary of each
+// run that changed: every field in it, the status above all, is taken exactly as sent (the page
+// shows the server's status and derives none); the fields only a fetched run has (config,
+// environment, stacks, traceback, job) are kept.
+export function withSummary(run, summary) {
+  return { ...run, ...summary };
+}
+
 export class LiveSocket {
   constructor(indicator) {
     this.indicator = indicator;
@@ -47,6 +55,18 @@ export class LiveSocket {
 
   subscribe(runId) { this.runs.add(runId); this.send({ type: "subscribe", run_id: runId }); }
   unsubscribe(runId) { this.runs.delete(runId); this.send({ type: "unsubscribe", run_id: runId }); }
+
+  // [fetch()'s result, the run summaries pushed while it was on its way]. A fetched snapshot
+  // can be older than a summary that arrived before it: apply those summaries over it.
+  async fetchWithRuns(fetch) {
+    const since = [];
+    const off = this.on((message) => { if (message.type === "runs") since.push(...message.runs); });
+    try {
+      return [await fetch(), since];
+    } finally {
+      off();
+    }
+  }
 
   // Returns a function that removes the handler.
   on(handler) { this.handlers.add(handler); return () => this.handlers.delete(handler); }

@@ -3,181 +3,227 @@
 
 import { AlertList, alertItem } from "./alert-items.js";
 import { getRun, getRunAlerts, getSeries } from "./api.js";
-import { Chart, alertChartKeys, chartKey, chartOrder } from "./charts.js";
+import { Chart, alertChartIds, chartOf, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, statusBadge } from "./format.js";
 import { JobPanel } from "./job.js";
+import { withSummary } from "./live.js";
+import { HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
 
-export async function renderRun(root, live, feed, runId) {
-  root.innerHTML = `<p class="muted">Loading run…</p>`;
-  let run;
-  try {
-    run = await getRun(runId);
-  } catch (error) {
-    root.innerHTML = `<div class="page-head"><h1>Run not found</h1></div>
-      <p class="error">${escapeHTML(error.message)}</p><p><a href="#/">Back to runs</a></p>`;
-    return () => {};
+const LAYOUT = `
+  <div class="page-head">
+    <h1 id="run-name"></h1><span id="run-status"></span>
+  </div>
+  <dl class="facts" id="run-facts"></dl>
+  <section id="run-ending"></section>
+  <section class="run-alerts" aria-labelledby="run-alerts-title">
+    <h2 id="run-alerts-title">Alerts <span class="muted" id="run-alert-count"></span></h2>
+    <div class="alert-list" id="run-alert-list"><p class="muted">Loading alerts…</p></div>
+  </section>
+  <div class="charts" id="charts"></div>
+  <div id="run-job"></div>
+  <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
+  <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
+
+const ENDED = new Set(["crashed", "lost"]);
+
+// The run page, live: load() draws it, onLive(message) follows the websocket, destroy() stops.
+export class RunPage {
+  constructor(root, live, feed, runId) {
+    Object.assign(this, { root, live, feed, runId });
+    this.run = null;
+    this.job = null;
+    this.alertList = null;
+    this.charts = new Map(); // chart id -> its chart, made when its first series arrives
+    this.chartsRoot = null;
+    this.buffered = []; // live messages that arrive while the history loads
+    this.loaded = false;
+    this.refreshes = 0;
+    this.reloading = null;
+    this.ticker = null;
+    this.off = [];
   }
 
-  root.innerHTML = `
-    <div class="page-head">
-      <h1 id="run-name"></h1><span id="run-status"></span>
-    </div>
-    <dl class="facts" id="run-facts"></dl>
-    <section id="run-ending"></section>
-    <section class="run-alerts" aria-labelledby="run-alerts-title">
-      <h2 id="run-alerts-title">Alerts <span class="muted" id="run-alert-count"></span></h2>
-      <div class="alert-list" id="run-alert-list"><p class="muted">Loading alerts…</p></div>
-    </section>
-    <div class="charts" id="charts"></div>
-    <div id="run-job"></div>
-    <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
-    <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
+  async load() {
+    this.root.innerHTML = `<p class="muted">Loading run…</p>`;
+    try {
+      this.run = await getRun(this.runId);
+    } catch (error) {
+      this.root.innerHTML = `<div class="page-head"><h1>Run not found</h1></div>
+        <p class="error">${escapeHTML(error.message)}</p><p><a href="#/">Back to runs</a></p>`;
+      return;
+    }
+    this.root.innerHTML = LAYOUT;
+    this.chartsRoot = this.root.querySelector("#charts");
+    this.job = this.run.job ? new JobPanel(this.root.querySelector("#run-job"), this.live, this.run) : null;
+    this.alertList = new AlertList(this.root.querySelector("#run-alert-list"), {
+      template: (alert) => alertItem(alert, { showRun: false }),
+      empty: "No alerts.",
+      onRender: (shown) => {
+        const firing = shown.filter((alert) => alert.state === "firing").length;
+        this.root.querySelector("#run-alert-count").textContent = shown.length ? `${firing} firing, ${shown.length} in all` : "";
+        this.drawMarkers();
+      },
+    });
 
-  const job = run.job ? new JobPanel(root.querySelector("#run-job"), live, run) : null;
-  const charts = new Map();
-  const chartsRoot = root.querySelector("#charts");
-  let buffered = [];   // live messages that arrive while the history loads
-  let loaded = false;
+    // Subscribe before fetching history, so nothing falls between the two.
+    this.off.push(this.live.on((message) => (this.loaded ? this.onLive(message) : this.buffered.push(message))));
+    this.live.subscribe(this.runId);
+    this.off.push(this.live.onReconnect(() => this.onReconnect()));
+    // A null update: the feed reloaded after a reconnect, so this run's alerts may have changed too.
+    this.off.push(this.feed.on((alert) => {
+      if (!alert) this.loadAlerts();
+      else if (alert.run_id === this.runId) this.alertList.upsert(alert);
+    }));
 
-  const drawHeader = () => {
-    root.querySelector("#run-name").textContent = run.name;
-    root.querySelector("#run-status").innerHTML = statusBadge(run.status);
+    this.drawHeader();
+    this.root.querySelector("#run-config").innerHTML = kvRows(this.run.config);
+    this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
+    await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
+    this.charts.get("grad_norm")?.showTopVariables();
+    this.loaded = true;
+    for (const message of this.buffered) this.onLive(message);
+    this.buffered = [];
+    if (!this.charts.size) this.chartsRoot.innerHTML = `<p class="muted" id="no-data">No points yet.</p>`;
+    // Redrawn now and then: "last seen" ages, and a forecast's time left shrinks.
+    this.ticker = setInterval(() => { this.drawHeader(); this.drawMarkers(); }, 5000);
+  }
+
+  onLive(message) {
+    this.job?.onLive(message);
+    if (message.type === "points" && message.run_id === this.runId) {
+      for (const [name, data] of Object.entries(message.series)) this.chartFor(name)?.extend(name, data);
+    } else if (message.type === "runs") {
+      const summary = message.runs.find((r) => r.id === this.runId);
+      if (!summary) return;
+      const changed = summary.status !== this.run.status;
+      this.run = withSummary(this.run, summary);
+      this.drawHeader();
+      // The live summary has no stacks or traceback: fetch the run when its state changes.
+      if (changed) this.refresh();
+    }
+  }
+
+  // The run fetched anew, with the summaries pushed meanwhile over it, so that the status shown
+  // is the last the server sent; the job's workers with it.
+  async refresh() {
+    const current = ++this.refreshes;
+    const [run, since] = await this.live.fetchWithRuns(() => getRun(this.runId));
+    if (current !== this.refreshes) return; // a later refresh is on its way
+    this.run = since.filter((summary) => summary.id === this.runId).reduce(withSummary, run);
+    this.drawHeader();
+    if (this.job) {
+      this.job.update(run.job?.runs ?? []);
+      this.job.update(since.filter((summary) => summary.job_id === this.job.jobId));
+    }
+  }
+
+  async onReconnect() {
+    await this.refresh();
+    this.reload();
+    this.job?.load();
+  }
+
+  destroy() {
+    for (const off of this.off) off();
+    clearInterval(this.ticker);
+    clearTimeout(this.reloading);
+    this.alertList?.destroy();
+    this.job?.destroy();
+    if (this.run) this.live.unsubscribe(this.runId);
+    for (const chart of this.charts.values()) chart.destroy();
+  }
+
+  drawHeader() {
+    const run = this.run;
+    this.root.querySelector("#run-name").textContent = run.name;
+    this.root.querySelector("#run-status").innerHTML = statusBadge(run.status);
     const elapsed = (run.ended_at ?? run.last_seen) - run.started_at;
-    root.querySelector("#run-facts").innerHTML = [
+    this.root.querySelector("#run-facts").innerHTML = [
       ["Project", run.project], ["Started", formatTime(run.started_at)],
       ["Duration", formatDuration(elapsed)], ["Last step", run.last_step ?? "—"],
       ["Last seen", formatAgo(run.last_seen)], ["Host", `${run.host} (pid ${run.pid ?? "?"})`],
-      ...(run.worker ? [["Worker", `${run.worker} of ${job?.members.size ?? "?"} in the job`]] : []),
-    ].map(([k, v]) => `<div><dt>${k}</dt><dd data-fact="${k}">${escapeHTML(v)}</dd></div>`).join("");
-    const ending = root.querySelector("#run-ending");
+      ...(run.worker ? [["Worker", `${run.worker} of ${this.job?.members.size ?? "?"} in the job`]] : []),
+    ].map(([k, v]) => `<div><dt>${escapeHTML(k)}</dt><dd data-fact="${escapeHTML(k)}">${escapeHTML(v)}</dd></div>`).join("");
+    const ending = this.root.querySelector("#run-ending");
     if (run.status === "stalled") {
       ending.innerHTML = `<div class="ending stalled" data-panel="stall"><h3>Stalled: where every thread is</h3>
         <pre>${escapeHTML(run.stall_stacks ?? "")}</pre></div>`;
-    } else if (run.end_reason && run.status !== "finished") {
-      ending.innerHTML = `<div class="ending crashed"><h3>Ended: ${escapeHTML(run.end_reason)}</h3>
+    } else if (ENDED.has(run.status)) {
+      ending.innerHTML = `<div class="ending crashed"><h3>Ended: ${escapeHTML(run.end_reason ?? run.status)}</h3>
         ${run.traceback ? `<pre>${escapeHTML(run.traceback)}</pre>` : ""}
         ${lastReadings(run.last_readings)}</div>`;
-    } else if (run.end_reason) {
+    } else if (run.status === "finished") {
       ending.innerHTML = `<div class="ending finished">Finished at ${escapeHTML(formatTime(run.ended_at))}</div>`;
+    } else {
+      ending.replaceChildren(); // running (again, after a stall)
     }
-  };
+  }
 
   // Each alert on the charts of the series it is about, or on the loss chart when those are
   // not drawn; resolved ones stay, dotted.
-  const drawMarkers = () => {
+  drawMarkers() {
+    if (!this.alertList) return;
     const byChart = new Map();
-    for (const alert of alertList.alerts.values()) {
-      const drawn = alertChartKeys(alert).filter((key) => charts.has(key));
-      for (const key of drawn.length ? drawn : ["loss"]) byChart.set(key, [...(byChart.get(key) ?? []), alert]);
+    for (const alert of this.alertList.alerts.values()) {
+      const drawn = alertChartIds(alert).filter((id) => this.charts.has(id));
+      for (const id of drawn.length ? drawn : [LOSS]) byChart.set(id, [...(byChart.get(id) ?? []), alert]);
     }
-    for (const [key, chart] of charts) chart.setAlerts(byChart.get(key) ?? []);
-  };
-  const alertList = new AlertList(root.querySelector("#run-alert-list"), {
-    template: (alert) => alertItem(alert, { showRun: false }),
-    empty: "No alerts.",
-    onRender: (shown) => {
-      const firing = shown.filter((alert) => alert.state === "firing").length;
-      root.querySelector("#run-alert-count").textContent = shown.length ? `${firing} firing, ${shown.length} in all` : "";
-      drawMarkers();
-    },
-  });
-  // Alerts merge by version, so live updates and fetched lists can arrive in any order.
-  const loadAlerts = async () => {
-    const { alerts } = await getRunAlerts(runId);
-    for (const alert of alerts) alertList.merge(alert);
-    alertList.render();
-  };
+    for (const [id, chart] of this.charts) chart.setAlerts(byChart.get(id) ?? []);
+  }
 
-  const kvRows = (object) => Object.entries(object ?? {}).map(([k, v]) =>
-    `<tr><th>${escapeHTML(k)}</th><td>${escapeHTML(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
-    || `<tr><td class="muted">none</td></tr>`;
+  // Alerts merge by version, so live updates and fetched lists can arrive in any order.
+  async loadAlerts() {
+    const { alerts } = await getRunAlerts(this.runId);
+    for (const alert of alerts) this.alertList.merge(alert);
+    this.alertList.render();
+  }
 
   // names: the series to (re)load; none means every series of the run.
-  const reload = async (names = []) => {
-    const { series } = await getSeries(runId, names);
-    for (const [name, data] of Object.entries(series)) chartFor(name)?.setSeries(name, data);
-  };
-  let reloading = null;
-  const reloadLater = (name) => {   // a trace grew long: swap it for a downsampled copy
-    if (reloading) return;
-    reloading = setTimeout(() => { reloading = null; reload([name]); }, 1000);
-  };
+  async reload(names = []) {
+    const { series } = await getSeries(this.runId, names);
+    for (const [name, data] of Object.entries(series)) this.chartFor(name)?.setSeries(name, data);
+  }
 
-  const chartFor = (name) => {
-    const key = chartKey(name);
-    if (key == null) return null;
-    let chart = charts.get(key);
+  reloadLater(name) { // a trace grew long: swap it for a downsampled copy
+    if (this.reloading) return;
+    this.reloading = setTimeout(() => { this.reloading = null; this.reload([name]); }, 1000);
+  }
+
+  chartFor(name) {
+    const spec = chartOf(name);
+    if (spec == null) return null;
+    let chart = this.charts.get(spec.id);
     if (!chart) {
-      chart = new Chart(chartsRoot, key, { onTooLong: reloadLater });
-      charts.set(key, chart);
-      const ordered = [...charts.values()].sort((a, b) => chartOrder(a.key, b.key));
-      chartsRoot.replaceChildren(...ordered.map((c) => c.card));
-      drawMarkers();
+      chart = new Chart(this.chartsRoot, spec, { onTooLong: (trace) => this.reloadLater(trace) });
+      this.charts.set(spec.id, chart);
+      const ordered = [...this.charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
+      this.chartsRoot.replaceChildren(...ordered.map((c) => c.card));
+      this.drawMarkers();
     }
     return chart;
-  };
+  }
+}
 
-  const apply = (message) => {
-    job?.apply(message);
-    if (message.type === "points" && message.run_id === runId) {
-      for (const [name, data] of Object.entries(message.series)) chartFor(name)?.extend(name, data);
-    } else if (message.type === "runs") {
-      const update = message.runs.find((r) => r.id === runId);
-      if (update) {
-        const changed = update.status !== run.status;
-        run = { ...run, ...update };
-        drawHeader();
-        // The live summary has no stacks or traceback: fetch the run when its state changes.
-        if (changed) getRun(runId).then((full) => { run = full; drawHeader(); });
-      }
-    }
-  };
-
-  // Subscribe before fetching history, so nothing falls between the two.
-  const offMessage = live.on((message) => (loaded ? apply(message) : buffered.push(message)));
-  live.subscribe(runId);
-  const offReconnect = live.onReconnect(async () => { run = await getRun(runId); drawHeader(); reload(); job?.load(); });
-  // A null update: the feed reloaded after a reconnect, so this run's alerts may have changed too.
-  const offAlerts = feed.on((alert) => {
-    if (!alert) loadAlerts();
-    else if (alert.run_id === runId) alertList.upsert(alert);
-  });
-
-  drawHeader();
-  root.querySelector("#run-config").innerHTML = kvRows(run.config);
-  root.querySelector("#run-env").innerHTML = kvRows(run.env);
-  await Promise.all([reload(), loadAlerts(), job?.load()]);
-  charts.get("gradient norm")?.showTopVariables();
-  loaded = true;
-  for (const message of buffered) apply(message);
-  buffered = [];
-  if (!charts.size) chartsRoot.innerHTML = `<p class="muted" id="no-data">No points yet.</p>`;
-
-  const ticker = setInterval(() => { drawHeader(); drawMarkers(); }, 5000); // markers: a forecast's time left
-  return () => {
-    offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); alertList.destroy(); job?.destroy();
-    live.unsubscribe(runId);
-    for (const chart of charts.values()) chart.destroy();
-  };
+function kvRows(object) {
+  return Object.entries(object ?? {}).map(([k, v]) =>
+    `<tr><th>${escapeHTML(k)}</th><td>${escapeHTML(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
+    || `<tr><td class="muted">none</td></tr>`;
 }
 
 // The memory and GPU readings last stored before the run ended: the evidence of how it died.
-const BYTES = /(rss|available|limit|swap_used|disk_free|mem_used|mem_total|tf_current|tf_peak)$/;
-const UNITS = [[/temp$/, " °C"], [/(util|cpu_percent)$/, " %"], [/power$/, " W"], [/clock_sm$/, " MHz"]];
-
 function reading(name, value) {
-  if (BYTES.test(name)) return formatBytes(value);
-  const unit = UNITS.find(([pattern]) => pattern.test(name));
-  return formatNumber(value) + (unit ? unit[1] : "");
+  if (isBytes(name)) return formatBytes(value);
+  const unit = unitOf(name);
+  return formatNumber(value) + (unit ? ` ${unit}` : "");
 }
 
 function lastReadings(readings) {
   const names = Object.keys(readings ?? {}).sort();
   if (!names.length) return "";
-  const memory = readings["host/rss"] != null && readings["host/limit"] > 0
-    ? ` (RSS at ${Math.round((100 * readings["host/rss"]) / readings["host/limit"])}% of the limit)` : "";
+  const memory = readings[HOST_RSS] != null && readings[HOST_LIMIT] > 0
+    ? ` (RSS at ${Math.round((100 * readings[HOST_RSS]) / readings[HOST_LIMIT])}% of the limit)` : "";
   const rows = names.map((name) => `<tr><th>${escapeHTML(name)}</th>
     <td data-reading="${escapeHTML(name)}">${escapeHTML(reading(name, readings[name]))}</td></tr>`).join("");
-  return `<details class="last-readings" open><summary>Last readings before the end${memory}</summary>
+  return `<details class="last-readings" open><summary>Last readings before the end${escapeHTML(memory)}</summary>
     <table class="kv">${rows}</table></details>`;
 }

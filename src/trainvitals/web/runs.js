@@ -2,15 +2,16 @@
 
 import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
-import { escapeHTML, formatAgo, formatTime, statusBadge, workerOrder } from "./format.js";
+import { escapeHTML, formatAgo, formatTime, runPath, statusBadge, workerOrder } from "./format.js";
+import { withSummary } from "./live.js";
 
 // "2 firing" in the colour of the most severe of them.
 function firingBadge(alerts) {
   if (!alerts?.length) return "";
   const worst = [...alerts].sort(mostUrgentFirst)[0].severity;
   const n = alerts.length;
-  return ` <span class="badge alert-count sev-${escapeHTML(worst)}" data-firing-alerts="${n}"
-    title="${n} firing alert${n === 1 ? "" : "s"}">${n} firing</span>`;
+  return ` <span class="badge alert-count sev-${escapeHTML(worst)}" data-firing-alerts="${escapeHTML(n)}"
+    title="${escapeHTML(`${n} firing alert${n === 1 ? "" : "s"}`)}">${escapeHTML(`${n} firing`)}</span>`;
 }
 
 // Runs newest first, the workers of one job together (in worker order) where its newest
@@ -38,10 +39,11 @@ function jobRow(job, members) {
   row.dataset.jobId = job;
   const states = new Map();
   for (const run of members) states.set(run.status, (states.get(run.status) ?? 0) + 1);
-  const summary = [...states].map(([status, n]) => `${n} ${escapeHTML(status)}`).join(", ");
+  const summary = [...states].map(([status, n]) => `${n} ${status}`).join(", ");
+  const workers = `${members.length} worker${members.length === 1 ? "" : "s"}`;
   row.innerHTML = `<td colspan="7">Job <code>${escapeHTML(job)}</code> ·
-    <span data-job-workers="${members.length}">${members.length} worker${members.length === 1 ? "" : "s"}</span>
-    <span class="muted">(${summary})</span></td>`;
+    <span data-job-workers="${escapeHTML(members.length)}">${escapeHTML(workers)}</span>
+    <span class="muted">(${escapeHTML(summary)})</span></td>`;
   return row;
 }
 
@@ -65,19 +67,19 @@ export async function renderRuns(root, live, feed) {
       row.className = "run-row";
       row.dataset.runId = run.id;
       row.tabIndex = 0;
-      row.addEventListener("click", () => { location.hash = `#/runs/${run.id}`; });
-      row.addEventListener("keydown", (e) => { if (e.key === "Enter") location.hash = `#/runs/${run.id}`; });
+      row.addEventListener("click", () => { location.hash = runPath(run.id); });
+      row.addEventListener("keydown", (e) => { if (e.key === "Enter") location.hash = runPath(run.id); });
       rows.set(run.id, row);
     }
     row.classList.toggle("job-member", Boolean(run.job_id));
     const worker = run.worker ? ` <span class="worker-tag" data-worker="${escapeHTML(run.worker)}">${escapeHTML(run.worker)}</span>` : "";
     row.innerHTML = `
-      <td><a href="#/runs/${escapeHTML(run.id)}">${escapeHTML(run.name)}</a>${worker}</td>
+      <td><a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>${worker}</td>
       <td>${escapeHTML(run.project)}</td>
       <td>${statusBadge(run.status)}${firingBadge(firing.get(run.id))}</td>
       <td>${escapeHTML(formatTime(run.started_at))}</td>
-      <td class="num last-step">${run.last_step ?? "—"}</td>
-      <td class="ago" data-time="${run.last_seen ?? ""}">${escapeHTML(formatAgo(run.last_seen))}</td>
+      <td class="num last-step">${escapeHTML(run.last_step ?? "—")}</td>
+      <td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>
       <td>${escapeHTML(run.host)}</td>`;
     return row;
   };
@@ -97,17 +99,17 @@ export async function renderRuns(root, live, feed) {
     root.querySelector("#run-count").textContent = `${ordered.length} run${ordered.length === 1 ? "" : "s"}`;
   };
 
-  const load = async () => {
-    const { runs: list } = await listRuns();
-    for (const run of list) runs.set(run.id, run);
+  // Each run as the server last described it, status included, in the order its words came.
+  const apply = (summaries) => {
+    for (const summary of summaries) runs.set(summary.id, withSummary(runs.get(summary.id), summary));
     redraw();
   };
+  const load = async () => {
+    const [{ runs: list }, since] = await live.fetchWithRuns(listRuns);
+    apply([...list, ...since]);
+  };
 
-  const offMessage = live.on((message) => {
-    if (message.type !== "runs") return;
-    for (const run of message.runs) runs.set(run.id, { ...runs.get(run.id), ...run });
-    redraw();
-  });
+  const offMessage = live.on((message) => { if (message.type === "runs") apply(message.runs); });
   const offReconnect = live.onReconnect(load);
   const offAlerts = feed.on(redraw);
   const ticker = setInterval(() => {
@@ -116,6 +118,12 @@ export async function renderRuns(root, live, feed) {
     }
   }, 5000);
 
-  await load();
-  return () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); };
+  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); };
+  try {
+    await load();
+  } catch (error) {
+    cleanup();
+    throw error;
+  }
+  return cleanup;
 }
