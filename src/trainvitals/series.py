@@ -16,6 +16,11 @@ LOSS: Final = "loss"
 STEP_TIME: Final = "step_time"
 #: The optimizer's learning rate, when it exposes one.
 LR: Final = "lr"
+#: The epoch (1-based), recorded at each epoch's last step, beside ``epoch/<key>`` (Keras's
+#: epoch means) and the validation metrics Keras names ``val_<key>``.
+EPOCH: Final = "epoch"
+EPOCH_PREFIX: Final = "epoch/"
+VAL_PREFIX: Final = "val_"
 
 GRAD_GLOBAL_NORM: Final = "grad/global_norm"
 #: ``grad/norm/<variable path>``: one variable's gradient norm.
@@ -49,6 +54,8 @@ GPU_TEMP: Final = "temp"
 GPU_POWER: Final = "power"
 GPU_CLOCK_SM: Final = "clock_sm"
 GPU_THROTTLE: Final = "throttle"
+GPU_ECC_UNCORRECTED: Final = "ecc_uncorrected"
+GPU_XID_ERRORS: Final = "xid_errors"
 
 
 def gpu(index: int, field: str) -> str:

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from trainvitals.series import GPU_ECC_UNCORRECTED, GPU_XID_ERRORS, gpu
+
 log = logging.getLogger("trainvitals")
 
 # NVML clock-event (throttle) reason bits, as nvml.h defines them.
@@ -98,7 +100,7 @@ class NvmlSource:
                     self._unsupported.add((i, key))
         self._count_xids()
         for i, count in enumerate(self._xids):
-            values[f"gpu{i}/xid_errors"] = float(count)
+            values[gpu(i, GPU_XID_ERRORS)] = float(count)
         return values
 
     def _count_xids(self) -> None:
@@ -130,7 +132,7 @@ _NVML_READINGS: dict[str, Callable[[Any, Any], float]] = {
     "power": lambda nvml, h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,  # mW -> W
     "clock_sm": lambda nvml, h: nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
     "throttle": _throttle_reasons,
-    "ecc_uncorrected": lambda nvml, h: nvml.nvmlDeviceGetTotalEccErrors(
+    GPU_ECC_UNCORRECTED: lambda nvml, h: nvml.nvmlDeviceGetTotalEccErrors(
         h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
     ),
 }

@@ -9,6 +9,7 @@ from typing import Any
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite
 from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.series import GPU_ECC_UNCORRECTED, GPU_XID_ERRORS
 
 # NVML clock-event (throttle) reasons: bits as nvml.h defines them.
 THROTTLE_REASONS = {
@@ -103,7 +104,7 @@ class HardwareRule(Rule):
         out = []
         for name, value in record.values.items():
             match = _GPU.match(name)
-            if match is None or match.group(2) not in ("ecc_uncorrected", "xid_errors"):
+            if match is None or match.group(2) not in (GPU_ECC_UNCORRECTED, GPU_XID_ERRORS):
                 continue
             if not finite(value):
                 continue
