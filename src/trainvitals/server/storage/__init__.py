@@ -1,9 +1,5 @@
-"""Storage of runs and their series, on SQLite or PostgreSQL through SQLAlchemy Core.
-
-Points are stored for volume: each agent frame becomes one row per series holding that
-frame's points as packed arrays (int64 steps, float64 times and values). Reading a
-million-point series is then a few thousand rows and one ``numpy.concatenate``, and the
-primary key ``(run_id, series, seq)`` makes replayed frames harmless (insert-or-ignore).
+"""Storage of runs and their series, on SQLite or PostgreSQL through SQLAlchemy Core
+(the tables: :mod:`~trainvitals.server.storage.schema`).
 
 All methods are synchronous. Writes run on the :class:`~trainvitals.server.writer.Writer`
 thread, reads in FastAPI's thread pool.
@@ -12,170 +8,35 @@ thread, reads in FastAPI's thread pool.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Connection,
-    Engine,
-    Float,
-    Index,
-    Integer,
-    LargeBinary,
-    MetaData,
-    String,
-    Table,
-    Text,
-    and_,
-    case,
-    create_engine,
-    event,
-    func,
-    inspect,
-    select,
-    text,
-    update,
-)
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, Table, and_, case, func, select, update
 from sqlalchemy.sql.dml import Insert
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainvitals.exceptions import StorageError
 from trainvitals.lifecycle import ALIVE, End, Event, Hello, Progress, Silent, Stall, moves
 from trainvitals.protocol import AnyColumns, ArrayColumns, Columns, EndReason, RunStatus
-
-metadata = MetaData()
-
-runs = Table(
-    "runs",
-    metadata,
-    Column("id", String(64), primary_key=True),
-    Column("project", String(200), nullable=False),
-    Column("name", String(200), nullable=False),
-    Column("status", String(16), nullable=False),
-    Column("started_at", Float, nullable=False),
-    Column("ended_at", Float),
-    Column("last_step", BigInteger),
-    Column("last_seen", Float, nullable=False),
-    Column("last_seq", BigInteger, nullable=False, default=0),
-    Column("host", String(255), nullable=False, default=""),
-    Column("pid", Integer, nullable=False, default=0),
-    Column("end_reason", String(200)),
-    Column("traceback", Text),
-    Column("stalled_at", Float),
-    Column("stall_stacks", Text),
-    Column("config", Text, nullable=False, default="{}"),
-    Column("env", Text, nullable=False, default="{}"),
-    # The job of several processes the run is one worker of (see ``open_run``).
-    Column("job_id", String(64)),
-    Column("job_key", String(128)),
-    Column("worker", String(64)),
-    Index("ix_runs_started_at", "started_at"),
-    Index("ix_runs_job_key", "project", "job_key"),
-    Index("ix_runs_job_id", "job_id"),
+from trainvitals.server.storage.schema import (
+    alerts,
+    chunks,
+    connect,
+    create_schema,
+    database_url,
+    dialect_insert,
+    events,
+    outbox,
+    runs,
+    series,
+    silences,
 )
 
 #: A new run joins the newest job of its project and key while one of that job's runs is
 #: running or stalled, or when the job's newest run started at most this long before it.
 JOB_WINDOW = 600.0
-
-series = Table(
-    "series",
-    metadata,
-    Column("run_id", String(64), primary_key=True),
-    Column("name", String(256), primary_key=True),
-)
-
-chunks = Table(
-    "chunks",
-    metadata,
-    Column("run_id", String(64), primary_key=True),
-    Column("series", String(256), primary_key=True),
-    Column("seq", BigInteger, primary_key=True),
-    Column("n", Integer, nullable=False),
-    Column("steps", LargeBinary, nullable=False),
-    Column("times", LargeBinary, nullable=False),
-    Column("vals", LargeBinary, nullable=False),
-)
-
-alerts = Table(
-    "alerts",
-    metadata,
-    Column("id", String(64), primary_key=True),
-    Column("run_id", String(64), nullable=False),
-    Column("project", String(200), nullable=False),
-    Column("run_name", String(200), nullable=False),
-    Column("rule", String(64), nullable=False),
-    Column("subject", String(128), nullable=False),
-    Column("severity", String(16), nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("message", Text, nullable=False),
-    Column("hint", Text, nullable=False),
-    Column("evidence", Text, nullable=False),
-    Column("step", BigInteger, nullable=False),
-    Column("time", Float, nullable=False),
-    Column("updated_time", Float, nullable=False),
-    Column("resolved_time", Float),
-    Column("count", Integer, nullable=False),
-    Column("acknowledged_at", Float),
-    Column("acknowledged_by", String(200)),
-    Column("silenced_until", Float),
-    Index("ix_alerts_run", "run_id"),
-    Index("ix_alerts_state_time", "state", "time"),
-)
-
-silences = Table(
-    "silences",
-    metadata,
-    Column("id", String(64), primary_key=True),
-    Column("run_id", String(64), nullable=False),
-    Column("rule", String(64), nullable=False),
-    Column("subject", String(128), nullable=False),
-    Column("until", Float, nullable=False),
-    Column("created_at", Float, nullable=False),
-    Column("created_by", String(200)),
-)
-
-#: Numbered agent frames other than points that are kept as they came (an autopsy).
-events = Table(
-    "events",
-    metadata,
-    Column("run_id", String(64), primary_key=True),
-    Column("seq", BigInteger, primary_key=True),
-    Column("kind", String(32), nullable=False),
-    Column("step", BigInteger, nullable=False),
-    Column("time", Float, nullable=False),
-    Column("data", Text, nullable=False),
-)
-
-#: Alert changes waiting for, or done with, a notification channel (the notify outbox).
-#: Rows are written in the alert's own transaction; ``owner`` is the server process that
-#: delivers a pending row, for as long as its ``lease_until`` is renewed.
-outbox = Table(
-    "outbox",
-    metadata,
-    Column("id", String(64), primary_key=True),
-    Column("channel", String(100), nullable=False),
-    Column("alert_id", String(64), nullable=False),
-    Column("change", String(16), nullable=False),
-    Column("alert", Text, nullable=False),
-    Column("created_at", Float, nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("attempts", Integer, nullable=False, default=0),
-    Column("last_error", Text),
-    Column("done_at", Float),
-    Column("owner", String(64), nullable=False),
-    Column("lease_until", Float, nullable=False),
-    Index("ix_outbox_state_lease", "state", "lease_until"),
-    Index("ix_outbox_alert_channel", "alert_id", "channel"),
-)
 
 ALERT_FIELDS = tuple(c.name for c in alerts.columns)
 
@@ -185,8 +46,6 @@ RUN_FIELDS = (
     "id", "project", "name", "status", "started_at", "ended_at", "last_step", "last_seen",
     "host", "pid", "end_reason", "job_id", "worker",
 )  # fmt: skip
-
-#: Column arrays of one series: (steps, times, values).
 
 
 def _values(statuses: Iterable[RunStatus]) -> list[str]:
@@ -208,18 +67,6 @@ def _moved(event: Event, when: ColumnElement[bool] | None = None) -> ColumnEleme
     return case(*whens, else_=runs.c.status) if whens else runs.c.status
 
 
-def database_url(db: str) -> str:
-    """Accept a plain file path, ``sqlite:///path`` or ``postgresql://...``."""
-    if "://" not in db:
-        return "sqlite:///" + os.path.abspath(db)
-    url = make_url(db)
-    if url.drivername in ("postgresql", "postgres"):
-        return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-    if url.get_backend_name() not in ("sqlite", "postgresql"):
-        raise StorageError(f"Expected a SQLite path or a postgresql:// URL, but got {db!r}")
-    return db
-
-
 @dataclass(frozen=True)
 class RunEnd:
     """How a run ended; its status follows from the reason (:mod:`trainvitals.lifecycle`)."""
@@ -234,10 +81,8 @@ class Store:
 
     def __init__(self, db: str) -> None:
         self.url = database_url(db)
-        self.engine: Engine = create_engine(self.url, pool_pre_ping=True)
+        self.engine = connect(self.url)
         self.dialect = self.engine.dialect.name
-        if self.dialect == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
         self._insert_chunks = self._insert_ignore(chunks)
         self._insert_series = self._insert_ignore(series)
         # Run id -> the series names this process has committed for it: a frame's known
@@ -246,16 +91,13 @@ class Store:
         self._known_series: dict[str, set[str]] = {}
 
     def create_schema(self) -> None:
-        metadata.create_all(self.engine)
-        with self.engine.begin() as conn:
-            _add_missing_columns(conn)
+        create_schema(self.engine)
 
     def dispose(self) -> None:
         self.engine.dispose()
 
     def _insert_ignore(self, table: Table) -> Insert:
-        dialect_insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
-        return dialect_insert(table).on_conflict_do_nothing()
+        return dialect_insert(self.engine, table).on_conflict_do_nothing()
 
     # -- writes (writer thread) --------------------------------------------------------------
 
@@ -464,8 +306,7 @@ class Store:
         """Insert or update an alert (the whole row: the alert book holds the truth)."""
         row = {f: alert[f] for f in ALERT_FIELDS}
         row["evidence"] = json.dumps(alert["evidence"], allow_nan=False)
-        dialect_insert = postgresql.insert if self.dialect == "postgresql" else sqlite.insert
-        statement = dialect_insert(alerts).values(**row)
+        statement = dialect_insert(self.engine, alerts).values(**row)
         changed = {f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"}
         conn.execute(statement.on_conflict_do_update(index_elements=["id"], set_=changed))
 
@@ -753,33 +594,6 @@ def worker_order(worker: str | None) -> tuple[int, str, int, str]:
     return (0 if kind in ("chief", "master") else 1, kind, number, worker or "")
 
 
-def _add_missing_columns(conn: Connection) -> None:
-    """Add the nullable columns a database made by an older version lacks (``create_all``
-    makes missing tables, never missing columns)."""
-    inspector = inspect(conn)
-    preparer = conn.dialect.identifier_preparer
-    for table in metadata.sorted_tables:
-        have = {column["name"] for column in inspector.get_columns(table.name)}
-        for column in table.columns:
-            if column.name in have:
-                continue
-            if not column.nullable:
-                raise StorageError(
-                    f"the database's table {table.name!r} lacks the column {column.name!r}, "
-                    "which cannot be added to existing rows: use a new database"
-                )
-            kind = column.type.compile(dialect=conn.dialect)
-            conn.execute(
-                text(
-                    f"ALTER TABLE {preparer.format_table(table)} "
-                    f"ADD COLUMN {preparer.format_column(column)} {kind}"
-                )
-            )
-        for index in table.indexes:
-            if index.name not in {i["name"] for i in inspector.get_indexes(table.name)}:
-                index.create(conn)
-
-
 def _alert(row: Any) -> dict[str, Any]:
     alert = dict(row)
     alert["evidence"] = json.loads(alert["evidence"])
@@ -789,13 +603,3 @@ def _alert(row: Any) -> dict[str, Any]:
 def _alert_row(conn: Connection, alert_id: str) -> dict[str, Any] | None:
     row = conn.execute(select(alerts).where(alerts.c.id == alert_id)).mappings().first()
     return None if row is None else _alert(row)
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    # WAL lets the API read while the writer thread commits; NORMAL is durable across a
-    # process crash (only an OS crash can lose the last commits).
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.close()
