@@ -18,7 +18,7 @@ from trainvitals.server.liveness import Liveness
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
 from trainvitals.server.routes import api, notify, streams, web
 from trainvitals.server.settings import Settings
-from trainvitals.server.storage import Store
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 
@@ -47,12 +47,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub.start()
         notifier = None
         if channels.channels:
-            notifier = Notifier(channels, store, writer, settings.public_url, settings.notify_lease)
+            notifier = Notifier(
+                channels, store.outbox, writer, settings.public_url, settings.notify_lease
+            )
             await notifier.start()
         alerts = AlertEngine(store, writer, hub, rules, notifier)
         await alerts.start()
         liveness = Liveness(
-            store,
+            store.runs,
             writer,
             hub,
             settings.lost_after,

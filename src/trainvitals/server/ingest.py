@@ -37,7 +37,8 @@ from trainvitals.server.schemas import (
     Stall,
     parse_frame,
 )
-from trainvitals.server.storage import RUN_FIELDS, RunEnd, Store
+from trainvitals.server.storage import RUN_FIELDS, RunEnd
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 
@@ -98,7 +99,7 @@ class IngestSession:
         if self.run is not None:
             raise IngestRejected(CLOSE_POLICY_VIOLATION, "a connection speaks for one run only")
         row = await self._writer.submit(
-            partial(self._store.open_run, hello=hello.model_dump(), now=time.time())
+            partial(self._store.runs.open_run, hello=hello.model_dump(), now=time.time())
         )
         self._last_seq = int(row["last_seq"])
         self.run = {field: row[field] for field in RUN_FIELDS}
@@ -124,7 +125,9 @@ class IngestSession:
         columns = {name: Columns(c.step, c.time, c.value) for name, c in frame.series.items()}
         now = time.time()
         last_step = await self._writer.submit(
-            partial(self._store.add_points, run_id=run_id, seq=frame.seq, points=columns, now=now)
+            partial(
+                self._store.series.add_points, run_id=run_id, seq=frame.seq, points=columns, now=now
+            )
         )
         self._last_seq = frame.seq
         self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
@@ -145,7 +148,7 @@ class IngestSession:
         )
         await self._writer.submit(
             partial(
-                self._store.mark_stalled,
+                self._store.runs.mark_stalled,
                 run_id=self.run["id"],
                 seq=frame.seq,
                 when=frame.time,
@@ -169,7 +172,7 @@ class IngestSession:
         assert self.run is not None
         await self._writer.submit(
             partial(
-                self._store.add_event,
+                self._store.runs.add_event,
                 run_id=self.run["id"],
                 seq=frame.seq,
                 kind=frame.type,
@@ -187,7 +190,7 @@ class IngestSession:
         now = time.time()
         if self._state.status in ALIVE:
             self._liveness.seen(self.run["id"], now)
-        await self._writer.submit(partial(self._store.touch, run_id=self.run["id"], now=now))
+        await self._writer.submit(partial(self._store.runs.touch, run_id=self.run["id"], now=now))
         self.run["last_seen"] = now
         self._hub.run_changed(dict(self.run))
 
@@ -195,7 +198,7 @@ class IngestSession:
         assert self.run is not None
         end = RunEnd(reason=frame.reason, ended_at=frame.time, traceback=frame.traceback)
         await self._writer.submit(
-            partial(self._store.end_run, run_id=self.run["id"], seq=frame.seq, end=end)
+            partial(self._store.runs.end_run, run_id=self.run["id"], seq=frame.seq, end=end)
         )
         self._last_seq = frame.seq
         effects = self._advance(lifecycle.End(frame.reason), end.ended_at)

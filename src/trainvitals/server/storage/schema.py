@@ -136,28 +136,6 @@ events = Table(
     Column("data", Text, nullable=False),
 )
 
-#: Alert changes waiting for, or done with, a notification channel (the notify outbox).
-#: Rows are written in the alert's own transaction; ``owner`` is the server process that
-#: delivers a pending row, for as long as its ``lease_until`` is renewed.
-outbox = Table(
-    "outbox",
-    metadata,
-    Column("id", String(64), primary_key=True),
-    Column("channel", String(100), nullable=False),
-    Column("alert_id", String(64), nullable=False),
-    Column("change", String(16), nullable=False),
-    Column("alert", Text, nullable=False),
-    Column("created_at", Float, nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("attempts", Integer, nullable=False, default=0),
-    Column("last_error", Text),
-    Column("done_at", Float),
-    Column("owner", String(64), nullable=False),
-    Column("lease_until", Float, nullable=False),
-    Index("ix_outbox_state_lease", "state", "lease_until"),
-    Index("ix_outbox_alert_channel", "alert_id", "channel"),
-)
-
 
 def database_url(db: str) -> str:
     """Accept a plain file path, ``sqlite:///path`` or ``postgresql://...``."""
