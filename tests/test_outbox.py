@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from trainvitals.server.notify import Channel, Notifier, NotifyConfig
+from trainvitals.server.notify.messages import Notice
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
@@ -68,14 +69,14 @@ def test_changes_are_routed_by_project_severity_and_silence(
 
 
 def test_a_dead_servers_notices_are_taken_over_once_its_lease_runs_out(store: Store) -> None:
-    notice = {"channel": "team", "alert_id": "a1", "change": "fired", "alert": alert()}
+    def notice(id: str, created_at: float, channel: str = "team") -> Notice:
+        return Notice(id, channel, "fired", alert(), created_at)
+
     with store.engine.begin() as conn:
-        store.outbox.add_notices(conn, [{**notice, "id": "n1", "created_at": 1.0}], "dead", 100.0)
-        store.outbox.add_notices(conn, [{**notice, "id": "n2", "created_at": 2.0}], "alive", 100.0)
-        store.outbox.add_notices(conn, [{**notice, "id": "n3", "created_at": 3.0}], "dead", 100.0)
-        store.outbox.add_notices(
-            conn, [{**notice, "id": "n4", "created_at": 4.0, "channel": "gone"}], "dead", 100.0
-        )
+        store.outbox.add_notices(conn, [notice("n1", 1.0)], "dead", 100.0)
+        store.outbox.add_notices(conn, [notice("n2", 2.0)], "alive", 100.0)
+        store.outbox.add_notices(conn, [notice("n3", 3.0)], "dead", 100.0)
+        store.outbox.add_notices(conn, [notice("n4", 4.0, channel="gone")], "dead", 100.0)
     with store.engine.begin() as conn:
         assert (
             store.outbox.claim_notices(conn, "alive", ["team"], now=99.0, lease_until=200.0) == []

@@ -27,6 +27,7 @@ from trainvitals.protocol import Columns, SeqColumns
 from trainvitals.server.live import Hub
 from trainvitals.server.notify import Notifier
 from trainvitals.server.notify.messages import Notice
+from trainvitals.server.storage.alerts import AlertRow, Silence
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
@@ -64,7 +65,7 @@ class AlertEngine:
         self.rules = rules
         self._runs: dict[str, _RunAlerts] = {}
         self._loading: dict[str, asyncio.Task[_RunAlerts | None]] = {}
-        self._silences: list[dict[str, Any]] = []
+        self._silences: list[Silence] = []
         self.listeners: list[Listener] = []
 
     async def start(self) -> None:
@@ -126,7 +127,7 @@ class AlertEngine:
 
     # -- people ------------------------------------------------------------------------------
 
-    async def acknowledge(self, alert_id: str, by: str | None) -> dict[str, Any] | None:
+    async def acknowledge(self, alert_id: str, by: str | None) -> AlertRow | None:
         now = time.time()
         stored = await self._writer.submit(
             partial(self._store.alerts.acknowledge, alert_id=alert_id, when=now, by=by)
@@ -141,21 +142,21 @@ class AlertEngine:
 
     async def silence(
         self, alert_id: str, duration: float, by: str | None
-    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    ) -> tuple[AlertRow, Silence] | None:
         """Silence the alert's rule and subject on its run for ``duration`` seconds."""
         stored = await asyncio.to_thread(self._store.alerts.get_alert, alert_id)
         if stored is None:
             return None
         now = time.time()
-        silence = {
-            "id": uuid.uuid4().hex,
-            "run_id": stored["run_id"],
-            "rule": stored["rule"],
-            "subject": stored["subject"],
-            "until": now + duration,
-            "created_at": now,
-            "created_by": by,
-        }
+        silence = Silence(
+            id=uuid.uuid4().hex,
+            run_id=stored["run_id"],
+            rule=stored["rule"],
+            subject=stored["subject"],
+            until=now + duration,
+            created_at=now,
+            created_by=by,
+        )
         await self._writer.submit(partial(self._store.alerts.add_silence, silence=silence))
         self._silences.append(silence)
         stored["silenced_until"] = silence["until"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from functools import partial
-from typing import Any
 
 from trainvitals import lifecycle
 from trainvitals.exceptions import FrameError, IngestRejected
@@ -37,7 +36,7 @@ from trainvitals.server.schemas import (
     Stall,
     parse_frame,
 )
-from trainvitals.server.storage import RUN_FIELDS, RunEnd
+from trainvitals.server.storage import RunEnd, RunSummary, run_summary
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
@@ -60,7 +59,7 @@ class IngestSession:
         self._hub = hub
         self._liveness = liveness
         self._max_frame_bytes = max_frame_bytes
-        self.run: dict[str, Any] | None = None  # the run's summary as browsers see it
+        self.run: RunSummary | None = None  # the run as browsers see it
         self._state = RunState(RunStatus.RUNNING)
         self._last_seq = 0
 
@@ -102,12 +101,12 @@ class IngestSession:
             partial(self._store.runs.open_run, hello=hello.model_dump(), now=time.time())
         )
         self._last_seq = int(row["last_seq"])
-        self.run = {field: row[field] for field in RUN_FIELDS}
+        self.run = run_summary(row)
         # Storage applied the hello (a lost run is running again); what follows from it:
         stored = RunState(RunStatus(row["status"]), row["last_step"], row["end_reason"])
         self._state, effects = transition(stored, lifecycle.Hello())
         self._apply(effects, time.time())
-        self._hub.run_changed(dict(self.run))
+        self._hub.run_changed(self.run.copy())
         if self._state.status in ALIVE:
             await self._alerts.opened(self.run, hello.env, time.time(), new=row["created"])
         return json.dumps(
@@ -136,7 +135,7 @@ class IngestSession:
         self.run["last_seen"] = now
         if self._state.status in ALIVE:
             self._liveness.seen(run_id, now)
-        self._hub.run_changed(dict(self.run))
+        self._hub.run_changed(self.run.copy())
         await self._alerts.points(run_id, columns)
         return _ack(frame.seq)
 
@@ -157,7 +156,7 @@ class IngestSession:
         )
         self._last_seq = frame.seq
         self._advance(lifecycle.Stall(), frame.time)
-        self._hub.run_changed(dict(self.run))
+        self._hub.run_changed(self.run.copy())
         await self._alerts.stalled(
             self.run["id"],
             int(self.run["last_step"] or 0),
@@ -192,7 +191,7 @@ class IngestSession:
             self._liveness.seen(self.run["id"], now)
         await self._writer.submit(partial(self._store.runs.touch, run_id=self.run["id"], now=now))
         self.run["last_seen"] = now
-        self._hub.run_changed(dict(self.run))
+        self._hub.run_changed(self.run.copy())
 
     async def _end(self, frame: End) -> str:
         assert self.run is not None
@@ -203,8 +202,8 @@ class IngestSession:
         self._last_seq = frame.seq
         effects = self._advance(lifecycle.End(frame.reason), end.ended_at)
         if Effect.ENDED in effects:
-            self.run.update(end_reason=end.reason, ended_at=end.ended_at)
-        self._hub.run_changed(dict(self.run))
+            self.run["end_reason"], self.run["ended_at"] = end.reason, end.ended_at
+        self._hub.run_changed(self.run.copy())
         if Effect.ENDED in effects:
             await self._alerts.ended(self.run["id"], end.reason, end.ended_at, end.traceback)
         return _ack(frame.seq)

@@ -99,22 +99,7 @@ class Notifier:
                 if wanted:
                     told[key] = sent
                     notices.append(Notice(uuid.uuid4().hex, channel.name, sent, alert, now))
-        self._outbox.add_notices(
-            conn,
-            [
-                {
-                    "id": n.id,
-                    "channel": n.channel,
-                    "alert_id": n.alert["id"],
-                    "change": n.change,
-                    "alert": n.alert,
-                    "created_at": n.created_at,
-                }
-                for n in notices
-            ],
-            self.owner,
-            now + self._lease,
-        )
+        self._outbox.add_notices(conn, notices, self.owner, now + self._lease)
         return notices
 
     # -- on the event loop ---------------------------------------------------------------------

@@ -8,7 +8,8 @@ the others.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import (
     Column,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     update,
 )
 
+from trainvitals.server.notify.messages import Notice, NoticeChange
 from trainvitals.server.storage.schema import metadata
 
 #: Alert changes waiting for, or done with, a notification channel (the notify outbox).
@@ -50,6 +52,43 @@ outbox = Table(
 )
 
 
+class NoticeRow(TypedDict):
+    """A notice as stored, but for its alert: where it goes and how its delivery went."""
+
+    id: str
+    channel: str
+    alert_id: str
+    change: NoticeChange
+    created_at: float
+    state: str  # pending, delivered or failed (given up)
+    attempts: int
+    last_error: str | None
+    done_at: float | None
+    owner: str  # the server that delivers it while pending
+    lease_until: float
+
+
+class ClaimedNotice(NoticeRow):
+    """A pending notice taken over for delivery, with its alert."""
+
+    alert: dict[str, Any]
+
+
+class ChannelSummary(TypedDict):
+    """How a channel's deliveries go."""
+
+    pending: int
+    delivered: int
+    failed: int
+    last_delivered_at: float | None
+    last_error: str | None
+
+
+def no_notices() -> ChannelSummary:
+    """The summary of a channel that has had no notices."""
+    return ChannelSummary(pending=0, delivered=0, failed=0, last_delivered_at=None, last_error=None)
+
+
 class OutboxStore:
     """The ``outbox`` table: notices queued, leased, delivered or given up."""
 
@@ -59,15 +98,18 @@ class OutboxStore:
     # -- writes (writer thread) --------------------------------------------------------------
 
     def add_notices(
-        self, conn: Connection, notices: list[dict[str, Any]], owner: str, lease_until: float
+        self, conn: Connection, notices: Sequence[Notice], owner: str, lease_until: float
     ) -> None:
-        """Queue notices (``id``, ``channel``, ``alert_id``, ``change``, ``alert``,
-        ``created_at``) for delivery by ``owner``."""
+        """Queue notices for delivery by ``owner``."""
         if notices:
             rows = [
                 {
-                    **n,
-                    "alert": json.dumps(n["alert"], allow_nan=False),
+                    "id": n.id,
+                    "channel": n.channel,
+                    "alert_id": n.alert["id"],
+                    "change": n.change,
+                    "alert": json.dumps(n.alert, allow_nan=False),
+                    "created_at": n.created_at,
                     "state": "pending",
                     "attempts": 0,
                     "owner": owner,
@@ -89,7 +131,7 @@ class OutboxStore:
 
     def claim_notices(
         self, conn: Connection, owner: str, channels: list[str], now: float, lease_until: float
-    ) -> list[dict[str, Any]]:
+    ) -> list[ClaimedNotice]:
         """Renew ``owner``'s leases, then take over the pending notices of ``channels`` whose
         lease ran out (their server died); returns those taken, oldest first. One
         ``UPDATE ... RETURNING``, so two servers never take the same notice."""
@@ -103,7 +145,7 @@ class OutboxStore:
             .values(owner=owner, lease_until=lease_until)
             .returning(*outbox.c)
         ).mappings()
-        rows = [{**row, "alert": json.loads(row["alert"])} for row in taken]
+        rows = [cast(ClaimedNotice, {**row, "alert": json.loads(row["alert"])}) for row in taken]
         return sorted(rows, key=lambda row: (row["created_at"], row["id"]))
 
     def release_notices(self, conn: Connection, owner: str) -> None:
@@ -136,10 +178,10 @@ class OutboxStore:
 
     # -- reads (thread pool) -----------------------------------------------------------------
 
-    def notice_summary(self) -> dict[str, dict[str, Any]]:
-        """Per channel: how many notices are pending, delivered and failed, when the last
-        one was delivered, and the last error."""
-        out: dict[str, dict[str, Any]] = {}
+    def notice_summary(self) -> dict[str, ChannelSummary]:
+        """Per channel that has had notices: how many are pending, delivered and failed,
+        when the last one was delivered, and the last error."""
+        out: dict[str, ChannelSummary] = {}
         with self._engine.connect() as conn:
             counts = conn.execute(
                 select(
@@ -147,13 +189,13 @@ class OutboxStore:
                 ).group_by(outbox.c.channel, outbox.c.state)
             )
             for channel, state, count, done in counts:
-                summary = out.setdefault(
-                    channel,
-                    {"pending": 0, "delivered": 0, "failed": 0, "last_delivered_at": None},
-                )
-                summary[state] = count
+                summary = out.setdefault(channel, no_notices())
                 if state == "delivered":
-                    summary["last_delivered_at"] = done
+                    summary["delivered"], summary["last_delivered_at"] = count, done
+                elif state == "failed":
+                    summary["failed"] = count
+                else:
+                    summary["pending"] = count
             for channel, summary in out.items():
                 summary["last_error"] = conn.execute(
                     select(outbox.c.last_error)
@@ -163,7 +205,7 @@ class OutboxStore:
                 ).scalar()
         return out
 
-    def list_notices(self, alert_id: str) -> list[dict[str, Any]]:
+    def list_notices(self, alert_id: str) -> list[NoticeRow]:
         """The notices of one alert, oldest first (what was sent where, and how it went)."""
         query = (
             select(outbox)
@@ -174,4 +216,4 @@ class OutboxStore:
             rows = [dict(r) for r in conn.execute(query).mappings()]
         for row in rows:
             row.pop("alert")
-        return rows
+        return cast(list[NoticeRow], rows)

@@ -35,10 +35,10 @@ def get_run(run_id: str, store: StoreDep) -> dict[str, Any]:
     run = store.runs.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
-    run["events"] = store.runs.run_events(run_id)
+    out: dict[str, Any] = {**run, "events": store.runs.run_events(run_id)}
     if run["status"] not in ALIVE:  # evidence for the ending panel
-        run["last_readings"] = store.series.last_values(run_id, (HOST_PREFIX, "gpu"))
-    return run
+        out["last_readings"] = store.series.last_values(run_id, (HOST_PREFIX, "gpu"))
+    return out
 
 
 @router.get("/runs/{run_id}/series")
@@ -112,7 +112,7 @@ async def acknowledge_alert(
     alert = await engine.acknowledge(alert_id, body.by if body else None)
     if alert is None:
         raise alert_not_found(alert_id)
-    return alert
+    return dict(alert)
 
 
 @router.post("/alerts/{alert_id}/silence")

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from trainvitals.server.deps import StateDep, StoreDep, alert_not_found
+from trainvitals.server.notify.store import no_notices
 
 router = APIRouter(prefix="/api/v1")
 
@@ -17,11 +18,9 @@ def list_channels(state: StateDep) -> dict[str, Any]:
     ``delivered``, ``failed``, ``last_delivered_at``, ``last_error``. URLs and secrets are
     never shown, only the target's scheme and host."""
     summary = state.store.outbox.notice_summary()
-    empty = {"pending": 0, "delivered": 0, "failed": 0, "last_delivered_at": None}
     return {
         "channels": [
-            {**c.describe(), **summary.get(c.name, {**empty, "last_error": None})}
-            for c in state.notify.channels
+            {**c.describe(), **summary.get(c.name, no_notices())} for c in state.notify.channels
         ]
     }
 

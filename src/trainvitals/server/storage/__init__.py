@@ -11,9 +11,36 @@
 
 from __future__ import annotations
 
-from trainvitals.server.storage.alerts import AlertStore
-from trainvitals.server.storage.runs import RUN_FIELDS, RunEnd, RunStore
+from trainvitals.server.storage.alerts import AlertRow, AlertStore, Silence
+from trainvitals.server.storage.runs import (
+    Job,
+    JobMember,
+    OpenedRun,
+    RunDetail,
+    RunEnd,
+    RunEvent,
+    RunRow,
+    RunStore,
+    RunSummary,
+    run_summary,
+)
 from trainvitals.server.storage.schema import database_url
 from trainvitals.server.storage.series import SeriesStore
 
-__all__ = ["RUN_FIELDS", "AlertStore", "RunEnd", "RunStore", "SeriesStore", "database_url"]
+__all__ = [
+    "AlertRow",
+    "AlertStore",
+    "Job",
+    "JobMember",
+    "OpenedRun",
+    "RunDetail",
+    "RunEnd",
+    "RunEvent",
+    "RunRow",
+    "RunStore",
+    "RunSummary",
+    "SeriesStore",
+    "Silence",
+    "database_url",
+    "run_summary",
+]

@@ -4,13 +4,49 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, cast
 
-from sqlalchemy import Connection, Engine, select, update
+from sqlalchemy import Connection, Engine, RowMapping, select, update
 
 from trainvitals.server.storage.schema import alerts, dialect_insert, silences
 
 ALERT_FIELDS = tuple(c.name for c in alerts.columns)
+
+
+class AlertRow(TypedDict):
+    """One stored alert (:class:`trainvitals.detect.Alert` as a dict)."""
+
+    id: str
+    run_id: str
+    project: str
+    run_name: str
+    rule: str
+    subject: str
+    severity: str
+    state: str  # firing or resolved
+    message: str
+    hint: str
+    evidence: dict[str, Any]
+    step: int
+    time: float
+    updated_time: float
+    resolved_time: float | None
+    count: int
+    acknowledged_at: float | None
+    acknowledged_by: str | None
+    silenced_until: float | None
+
+
+class Silence(TypedDict):
+    """A rule and subject silenced on one run until ``until``."""
+
+    id: str
+    run_id: str
+    rule: str
+    subject: str
+    until: float
+    created_at: float
+    created_by: str | None
 
 
 class AlertStore:
@@ -31,7 +67,8 @@ class AlertStore:
 
     def acknowledge(
         self, conn: Connection, alert_id: str, when: float, by: str | None
-    ) -> dict[str, Any] | None:
+    ) -> AlertRow | None:
+        """Someone is on the alert; returns it, or None when there is no such alert."""
         conn.execute(
             update(alerts)
             .where(alerts.c.id == alert_id)
@@ -39,7 +76,8 @@ class AlertStore:
         )
         return _alert_row(conn, alert_id)
 
-    def add_silence(self, conn: Connection, silence: Mapping[str, Any]) -> None:
+    def add_silence(self, conn: Connection, silence: Silence) -> None:
+        """Store the silence, and mark the alerts it silences."""
         conn.execute(silences.insert().values(**silence))
         conn.execute(
             update(alerts)
@@ -60,7 +98,7 @@ class AlertStore:
         project: str | None = None,
         severity: str | None = None,
         limit: int = 500,
-    ) -> list[dict[str, Any]]:
+    ) -> list[AlertRow]:
         """Alerts, newest first."""
         query = select(alerts).order_by(alerts.c.time.desc(), alerts.c.id).limit(limit)
         for column, value in (
@@ -74,22 +112,23 @@ class AlertStore:
         with self._engine.connect() as conn:
             return [_alert(row) for row in conn.execute(query).mappings()]
 
-    def get_alert(self, alert_id: str) -> dict[str, Any] | None:
+    def get_alert(self, alert_id: str) -> AlertRow | None:
         with self._engine.connect() as conn:
             return _alert_row(conn, alert_id)
 
-    def active_silences(self, now: float) -> list[dict[str, Any]]:
+    def active_silences(self, now: float) -> list[Silence]:
+        """The silences that have not run out by ``now``."""
         with self._engine.connect() as conn:
             rows = conn.execute(select(silences).where(silences.c.until > now)).mappings()
-            return [dict(r) for r in rows]
+            return [cast(Silence, dict(r)) for r in rows]
 
 
-def _alert(row: Any) -> dict[str, Any]:
+def _alert(row: RowMapping) -> AlertRow:
     alert = dict(row)
     alert["evidence"] = json.loads(alert["evidence"])
-    return alert
+    return cast(AlertRow, alert)
 
 
-def _alert_row(conn: Connection, alert_id: str) -> dict[str, Any] | None:
+def _alert_row(conn: Connection, alert_id: str) -> AlertRow | None:
     row = conn.execute(select(alerts).where(alerts.c.id == alert_id)).mappings().first()
     return None if row is None else _alert(row)

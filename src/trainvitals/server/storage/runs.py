@@ -1,8 +1,7 @@
 """Runs, the jobs they belong to, and their kept events.
 
-Every status change here is the lifecycle's (:func:`trainvitals.lifecycle.moves`), applied
-by a guarded ``UPDATE`` so that a concurrent writer can't slip between reading and writing
-a run's status.
+Every status change is one of the lifecycle's moves (:func:`trainvitals.lifecycle.moves`),
+made in the database by :func:`_moved`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 from sqlalchemy import Connection, Engine, and_, case, func, select, update
 from sqlalchemy.sql.elements import ColumnElement
@@ -24,10 +23,88 @@ from trainvitals.server.storage.schema import dialect_insert, events, runs, seri
 #: running or stalled, or when the job's newest run started at most this long before it.
 JOB_WINDOW = 600.0
 
-RUN_FIELDS = (
-    "id", "project", "name", "status", "started_at", "ended_at", "last_step", "last_seen",
-    "host", "pid", "end_reason", "job_id", "worker",
-)  # fmt: skip
+
+class RunSummary(TypedDict):
+    """A run as the run list and browsers see it."""
+
+    id: str
+    project: str
+    name: str
+    status: str  # a RunStatus value
+    started_at: float
+    ended_at: float | None
+    last_step: int | None
+    last_seen: float
+    host: str
+    pid: int
+    end_reason: str | None
+    job_id: str | None
+    worker: str | None
+
+
+_SUMMARY = [runs.c[field] for field in RunSummary.__annotations__]
+
+
+class _RunEnding(RunSummary):
+    """How the run ended or stalled, and the key of its job."""
+
+    traceback: str | None
+    stalled_at: float | None
+    stall_stacks: str | None
+    job_key: str | None
+
+
+class RunRow(_RunEnding):
+    """One row of the ``runs`` table."""
+
+    last_seq: int  # the last agent frame stored
+    config: str  # JSON
+    env: str  # JSON
+
+
+class OpenedRun(RunRow):
+    """The row of a run that said hello."""
+
+    created: bool  # a new run (else one reconnecting)
+
+
+class JobMember(TypedDict):
+    """One run of a job."""
+
+    id: str
+    name: str
+    worker: str | None
+    status: str
+    started_at: float
+    last_step: int | None
+    last_seen: float
+    host: str
+
+
+class Job(TypedDict):
+    """A job of several processes: its runs, in worker order (chief first)."""
+
+    id: str
+    runs: list[JobMember]
+
+
+class RunDetail(_RunEnding):
+    """One run with everything the API tells of it."""
+
+    config: dict[str, Any]
+    env: dict[str, Any]
+    series: list[str]  # the names of its series
+    job: NotRequired[Job]
+
+
+class RunEvent(TypedDict):
+    """A kept agent frame (an autopsy)."""
+
+    seq: int
+    kind: str
+    step: int
+    time: float
+    data: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -55,7 +132,7 @@ class RunStore:
 
     # -- writes (writer thread) --------------------------------------------------------------
 
-    def open_run(self, conn: Connection, hello: Mapping[str, Any], now: float) -> dict[str, Any]:
+    def open_run(self, conn: Connection, hello: Mapping[str, Any], now: float) -> OpenedRun:
         """Create the run if new; a reconnecting run keeps its state. Returns the run row,
         with ``created`` telling which of the two it was."""
         created = conn.execute(
@@ -82,13 +159,13 @@ class RunStore:
         if created and hello.get("job"):
             _join_job(conn, hello)
         row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
-        return {**row, "created": bool(created)}
+        return cast(OpenedRun, {**row, "created": bool(created)})
 
     def touch(self, conn: Connection, run_id: str, now: float) -> None:
         """The run is alive (a heartbeat)."""
         conn.execute(update(runs).where(runs.c.id == run_id).values(last_seen=now))
 
-    def mark_lost(self, conn: Connection, run_id: str, now: float) -> dict[str, Any] | None:
+    def mark_lost(self, conn: Connection, run_id: str, now: float) -> RunSummary | None:
         """Give up on a running run that went silent; returns its summary, or None when it
         is not running any more."""
         self._forget_series(run_id)
@@ -103,8 +180,8 @@ class RunStore:
         ).rowcount
         if not changed:
             return None
-        row = conn.execute(select(*(runs.c[f] for f in RUN_FIELDS)).where(runs.c.id == run_id))
-        return dict(row.mappings().one())
+        row = conn.execute(select(*_SUMMARY).where(runs.c.id == run_id))
+        return cast(RunSummary, dict(row.mappings().one()))
 
     def mark_stalled(
         self, conn: Connection, run_id: str, seq: int, when: float, report: str
@@ -165,16 +242,17 @@ class RunStore:
 
     def list_runs(
         self, limit: int = 500, project: str | None = None, job: str | None = None
-    ) -> list[dict[str, Any]]:
-        query = select(*(runs.c[f] for f in RUN_FIELDS)).order_by(runs.c.started_at.desc())
+    ) -> list[RunSummary]:
+        """Runs, newest first; ``job``: only the runs of that job."""
+        query = select(*_SUMMARY).order_by(runs.c.started_at.desc())
         if project is not None:
             query = query.where(runs.c.project == project)
         if job is not None:
             query = query.where(runs.c.job_id == job)
         with self._engine.connect() as conn:
-            return [dict(r) for r in conn.execute(query.limit(limit)).mappings()]
+            return [cast(RunSummary, dict(r)) for r in conn.execute(query.limit(limit)).mappings()]
 
-    def get_run(self, run_id: str, job: bool = True) -> dict[str, Any] | None:
+    def get_run(self, run_id: str, job: bool = True) -> RunDetail | None:
         """One run with its series names and (``job``) its job's runs."""
         with self._engine.connect() as conn:
             row = conn.execute(select(runs).where(runs.c.id == run_id)).mappings().first()
@@ -190,21 +268,26 @@ class RunStore:
         run["config"] = json.loads(run["config"])
         run["env"] = json.loads(run["env"])
         run.pop("last_seq")
-        return run
+        return cast(RunDetail, run)
 
-    def run_events(self, run_id: str) -> list[dict[str, Any]]:
+    def run_events(self, run_id: str) -> list[RunEvent]:
+        """The run's kept events, in the order they came."""
         query = select(events).where(events.c.run_id == run_id).order_by(events.c.seq)
         with self._engine.connect() as conn:
             rows = [dict(r) for r in conn.execute(query).mappings()]
         for row in rows:
             row["data"] = json.loads(row["data"])
             row.pop("run_id")
-        return rows
+        return cast(list[RunEvent], rows)
 
 
-def advance(conn: Connection, run_id: str, seq: int, now: float, last_step: int | None) -> None:
-    """The run's row after its frame ``seq`` of points reaching ``last_step`` (None: no
-    points): last seen and sequence number, and its step if that is progress."""
+def record_progress(
+    conn: Connection, run_id: str, seq: int, now: float, last_step: int | None
+) -> None:
+    """The run's row after its frame ``seq`` of points, whose highest step is ``last_step``
+    (None: no points): last seen, last frame, and its step when that is progress. Called by
+    :meth:`SeriesStore.add_points <trainvitals.server.storage.series.SeriesStore.add_points>`,
+    in the frame's transaction."""
     changes: dict[str, Any] = {"last_seq": seq, "last_seen": now}
     if last_step is not None:
         # Only a step beyond the stored last one is progress (see trainvitals.lifecycle):
@@ -224,6 +307,11 @@ def worker_order(worker: str | None) -> tuple[int, str, int, str]:
         kind, index = index, ""
     number = int(index) if index.isdigit() else -1
     return (0 if kind in ("chief", "master") else 1, kind, number, worker or "")
+
+
+def run_summary(run: Mapping[str, Any]) -> RunSummary:
+    """The summary of a run row."""
+    return cast(RunSummary, {field: run[field] for field in RunSummary.__annotations__})
 
 
 def _join_job(conn: Connection, hello: Mapping[str, Any]) -> None:
@@ -259,17 +347,16 @@ def _join_job(conn: Connection, hello: Mapping[str, Any]) -> None:
     )
 
 
-def _job(conn: Connection, job_id: str) -> dict[str, Any]:
+def _job(conn: Connection, job_id: str) -> Job:
     """A job and its runs, in worker order (chief first, then by type and index)."""
-    fields = ("id", "name", "worker", "status", "started_at", "last_step", "last_seen", "host")
     members = [
-        dict(r)
+        cast(JobMember, dict(r))
         for r in conn.execute(
-            select(*(runs.c[f] for f in fields)).where(runs.c.job_id == job_id)
+            select(*(runs.c[f] for f in JobMember.__annotations__)).where(runs.c.job_id == job_id)
         ).mappings()
     ]
     members.sort(key=lambda m: worker_order(m["worker"]))
-    return {"id": job_id, "runs": members}
+    return Job(id=job_id, runs=members)
 
 
 def _values(statuses: Iterable[RunStatus]) -> list[str]:

@@ -9,7 +9,7 @@ import numpy as np
 from sqlalchemy import Connection, Engine, select
 
 from trainvitals.protocol import AnyColumns, ArrayColumns, Columns
-from trainvitals.server.storage.runs import advance
+from trainvitals.server.storage.runs import record_progress
 from trainvitals.server.storage.schema import chunks, dialect_insert, runs, series
 
 _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
@@ -62,7 +62,7 @@ class SeriesStore:
                 # Remembered once committed (see ``committed``): a rolled-back insert must be
                 # made again when the frame is replayed.
                 conn.info.setdefault(_PENDING_SERIES, []).append((run_id, new))
-        advance(conn, run_id, seq, now, last_step)
+        record_progress(conn, run_id, seq, now, last_step)
         return last_step
 
     def committed(self, conn: Connection) -> None:
