@@ -27,7 +27,7 @@ from trainvitals.protocol import Columns, SeqColumns
 from trainvitals.server.live import Hub
 from trainvitals.server.notify import Notifier
 from trainvitals.server.notify.messages import Notice
-from trainvitals.server.storage.alerts import AlertRow, Silence
+from trainvitals.server.storage import AlertRow, Silence
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
