@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainvitals.server.storage import Store
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer, _Item, _settle
 
 PER_STEP = ["loss", "accuracy", "step_time", "grad/global_norm"]
@@ -41,7 +41,7 @@ class PooledWriter(Writer):
     a run already has."""
 
     def _apply(self, batch: list[_Item], retry: bool = True) -> None:
-        self._store._known_series.clear()
+        self._store.series._known.clear()
         with self._store.engine.begin() as conn:
             results = [operation(conn) for operation, _, _ in batch]
         for (_, future, loop), result in zip(batch, results, strict=True):
@@ -64,12 +64,14 @@ async def cpu_per_frame(
     hello = {"run_id": run_id, "project": "bench", "name": run_id, "config": {}, "host": "h",
              "pid": 1, "started_at": time.time(), "env": {}, "job": None}  # fmt: skip
     try:
-        await writer.submit(partial(store.open_run, hello=hello, now=time.time()))
+        await writer.submit(partial(store.runs.open_run, hello=hello, now=time.time()))
         start = time.process_time()
         for seq in range(1, frames + 1):
             points = frame(1 + 40 * (seq - 1))
             await writer.submit(
-                partial(store.add_points, run_id=run_id, seq=seq, points=points, now=time.time())
+                partial(
+                    store.series.add_points, run_id=run_id, seq=seq, points=points, now=time.time()
+                )
             )
         return (time.process_time() - start) / frames
     finally:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.processes import ServerProcess, postgres_database
-from trainvitals.server.storage import Store
+from trainvitals.server.store import Store
 
 # Keep TensorFlow quiet and on the CPU in every test process and its children.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -345,16 +345,17 @@ def test_the_python_api_is_in_the_contract() -> None:
 def test_fields_rules_and_series_are_in_the_contract() -> None:
     from trainvitals import series
     from trainvitals.agent.gpu import _NVML_READINGS
-    from trainvitals.server.storage import ALERT_FIELDS, RUN_FIELDS
+    from trainvitals.server.storage import RunSummary
+    from trainvitals.server.storage.alerts import ALERT_FIELDS
 
     text = CONTRACT_DOC.read_text(encoding="utf-8")
-    expected = [f"`{f}`" for f in (*RUN_FIELDS, *ALERT_FIELDS, *RULES)]
+    expected = [f"`{f}`" for f in (*RunSummary.__annotations__, *ALERT_FIELDS, *RULES)]
     for constant, value in vars(series).items():
         if not constant.isupper() or not isinstance(value, str) or constant == "GPU_PREFIX":
             continue
         if constant.startswith("GPU_"):
             expected.append(f"`gpu<i>/{value}`")
         else:
-            expected.append(f"`{value}" if value.endswith("/") else f"`{value}`")
+            expected.append(f"`{value}" if value.endswith(("/", "_")) else f"`{value}`")
     expected += [f"`gpu<i>/{key}`" for key in [*_NVML_READINGS, "xid_errors"]]
     assert [e for e in expected if e not in text] == []

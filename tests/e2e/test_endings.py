@@ -25,7 +25,7 @@ from harness.processes import (
 )
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
-from trainvitals.server.storage import Store
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 LOST_AFTER = 1.5
@@ -215,8 +215,8 @@ def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
     async def scenario() -> tuple[list[str], list[str]]:
         writer = Writer(store)
         try:
-            await writer.submit(lambda conn: store.open_run(conn, hello, now=100.0))
-            liveness = Liveness(store, writer, Hub(), lost_after=30.0)
+            await writer.submit(lambda conn: store.runs.open_run(conn, hello, now=100.0))
+            liveness = Liveness(store.runs, writer, Hub(), lost_after=30.0)
             await liveness.start()
             await liveness.stop()
             early = await liveness.check(now=120.0)
@@ -227,15 +227,15 @@ def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
 
     early, late = asyncio.run(scenario())
     assert (early, late) == ([], ["r1"])
-    run = store.get_run("r1")
+    run = store.runs.get_run("r1")
     assert run is not None and (run["status"], run["end_reason"], run["ended_at"]) == (
         "lost",
         "heartbeat_lost",
         100.0,
     )
     with store.engine.begin() as conn:  # the agent reconnects: alive after all
-        assert store.open_run(conn, hello, now=140.0)["status"] == "running"
-    assert store.get_run("r1")["end_reason"] is None  # type: ignore[index]
+        assert store.runs.open_run(conn, hello, now=140.0)["status"] == "running"
+    assert store.runs.get_run("r1")["end_reason"] is None  # type: ignore[index]
     store.dispose()
 
 

@@ -11,7 +11,8 @@ import pytest
 from harness.processes import RUN_CONTRACT_FIELDS
 from trainvitals.exceptions import StorageError
 from trainvitals.protocol import Columns
-from trainvitals.server.storage import RunEnd, Store, database_url, shown_database
+from trainvitals.server.storage import RunEnd, database_url, shown_database
+from trainvitals.server.store import Store
 
 
 def hello(run_id: str, started_at: float = 1000.0, **extra: Any) -> dict[str, Any]:
@@ -30,13 +31,13 @@ def hello(run_id: str, started_at: float = 1000.0, **extra: Any) -> dict[str, An
 
 def test_run_lifecycle(store: Store) -> None:
     with store.engine.begin() as conn:
-        row = store.open_run(conn, hello("r1"), now=1001.0)
+        row = store.runs.open_run(conn, hello("r1"), now=1001.0)
         assert (row["status"], row["last_seq"]) == ("running", 0)
-        store.add_points(
+        store.series.add_points(
             conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.5, 0.4])}, now=1002.0
         )
-        store.end_run(conn, "r1", 2, RunEnd("exception", 1003.0, "Traceback ..."))
-    run = store.get_run("r1")
+        store.runs.end_run(conn, "r1", 2, RunEnd("exception", 1003.0, "Traceback ..."))
+    run = store.runs.get_run("r1")
     assert run is not None
     assert run["status"] == "crashed" and run["end_reason"] == "exception"
     assert run["traceback"] == "Traceback ..." and run["ended_at"] == 1003.0
@@ -46,56 +47,58 @@ def test_run_lifecycle(store: Store) -> None:
 
 def test_reconnecting_run_keeps_its_progress(store: Store) -> None:
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("r1"), now=1.0)
-        store.add_points(conn, "r1", 5, {"loss": Columns([9], [9.0], [0.1])}, now=2.0)
-        again = store.open_run(conn, hello("r1"), now=3.0)
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(conn, "r1", 5, {"loss": Columns([9], [9.0], [0.1])}, now=2.0)
+        again = store.runs.open_run(conn, hello("r1"), now=3.0)
     assert again["last_seq"] == 5 and again["last_step"] == 9
 
 
 def test_replayed_frames_are_stored_once(store: Store) -> None:
     points = {"loss": Columns([1, 2, 3], [1.0, 2.0, 3.0], [3.0, 2.0, 1.0])}
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("r1"), now=1.0)
-        store.add_points(conn, "r1", 1, points, now=2.0)
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(conn, "r1", 1, points, now=2.0)
     with store.engine.begin() as conn:
-        store.add_points(conn, "r1", 1, points, now=3.0)  # the same frame, replayed
-    steps, _, values = store.read_series("r1", "loss")
+        store.series.add_points(conn, "r1", 1, points, now=3.0)  # the same frame, replayed
+    steps, _, values = store.series.read_series("r1", "loss")
     assert steps.tolist() == [1, 2, 3] and values.tolist() == [3.0, 2.0, 1.0]
 
 
 def test_series_reads_in_step_order_and_keeps_nan(store: Store) -> None:
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("r1"), now=1.0)
-        store.add_points(
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(
             conn, "r1", 2, {"loss": Columns([3, 4], [3.0, 4.0], [math.nan, math.inf])}, 2.0
         )
-        store.add_points(conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [1.0, 2.0])}, 2.0)
-    steps, times, values = store.read_series("r1", "loss")
+        store.series.add_points(
+            conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [1.0, 2.0])}, 2.0
+        )
+    steps, times, values = store.series.read_series("r1", "loss")
     assert steps.tolist() == [1, 2, 3, 4]
     assert times.tolist() == [1.0, 2.0, 3.0, 4.0]
     assert values[:2].tolist() == [1.0, 2.0] and math.isnan(values[2]) and values[3] == math.inf
-    assert store.read_series("r1", "missing")[0].size == 0
+    assert store.series.read_series("r1", "missing")[0].size == 0
 
 
 def test_runs_are_listed_newest_first_and_by_project(store: Store) -> None:
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("old", started_at=1.0), now=1.0)
-        store.open_run(conn, hello("new", started_at=2.0, project="other"), now=2.0)
-    assert [r["id"] for r in store.list_runs()] == ["new", "old"]
-    assert [r["id"] for r in store.list_runs(project="other")] == ["new"]
-    assert set(store.list_runs()[0]) >= RUN_CONTRACT_FIELDS
+        store.runs.open_run(conn, hello("old", started_at=1.0), now=1.0)
+        store.runs.open_run(conn, hello("new", started_at=2.0, project="other"), now=2.0)
+    assert [r["id"] for r in store.runs.list_runs()] == ["new", "old"]
+    assert [r["id"] for r in store.runs.list_runs(project="other")] == ["new"]
+    assert set(store.runs.list_runs()[0]) >= RUN_CONTRACT_FIELDS
 
 
 def test_a_million_points_read_back(store: Store) -> None:
     n, per_frame = 1_000_000, 20_000
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("big"), now=1.0)
+        store.runs.open_run(conn, hello("big"), now=1.0)
         for seq, start in enumerate(range(0, n, per_frame), start=1):
             steps = np.arange(start, start + per_frame)
-            store.add_points(
+            store.series.add_points(
                 conn, "big", seq, {"loss": Columns(steps, steps * 0.5, np.sqrt(steps))}, 1.0
             )
-    steps, times, values = store.read_series("big", "loss")
+    steps, times, values = store.series.read_series("big", "loss")
     assert steps.size == n and steps[-1] == n - 1 and times[10] == 5.0 and values[16] == 4.0
 
 
@@ -108,15 +111,15 @@ def test_database_urls() -> None:
 
 def test_a_stalled_run_runs_again_when_steps_resume(store: Store) -> None:
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("r1"), now=1.0)
-        store.add_points(conn, "r1", 1, {"loss": Columns([1], [1.0], [0.5])}, now=2.0)
-        store.mark_stalled(conn, "r1", 2, when=40.0, report="No training step for 38 s")
-    stalled = store.get_run("r1")
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(conn, "r1", 1, {"loss": Columns([1], [1.0], [0.5])}, now=2.0)
+        store.runs.mark_stalled(conn, "r1", 2, when=40.0, report="No training step for 38 s")
+    stalled = store.runs.get_run("r1")
     assert stalled is not None and stalled["status"] == "stalled"
     assert stalled["stall_stacks"] == "No training step for 38 s"
     with store.engine.begin() as conn:
-        store.add_points(conn, "r1", 3, {"loss": Columns([2], [41.0], [0.4])}, now=41.0)
-    resumed = store.get_run("r1")
+        store.series.add_points(conn, "r1", 3, {"loss": Columns([2], [41.0], [0.4])}, now=41.0)
+    resumed = store.runs.get_run("r1")
     assert resumed is not None and resumed["status"] == "running"
 
 
@@ -131,24 +134,27 @@ def test_alerts_are_upserted_filtered_acknowledged_and_silenced(store: Store) ->
     alert = fired[1]
     alert.run_id, alert.project, alert.run_name = "r1", "proj", "name-r1"
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("r1"), now=1001.0)
-        store.save_alert(conn, {**alert.as_dict(), "evidence": {"loss": "NaN"}})
+        store.runs.open_run(conn, hello("r1"), now=1001.0)
+        store.alerts.save_alert(conn, {**alert.as_dict(), "evidence": {"loss": "NaN"}})
     resolved = book.apply(Finding("nonfinite", "", False, 9, 1020.0))
     assert resolved is not None
     with store.engine.begin() as conn:
-        store.save_alert(conn, {**resolved[1].as_dict(), "evidence": {"loss": "NaN"}})
-    (row,) = store.list_alerts(run_id="r1")
+        store.alerts.save_alert(conn, {**resolved[1].as_dict(), "evidence": {"loss": "NaN"}})
+    (row,) = store.alerts.list_alerts(run_id="r1")
     assert (row["state"], row["resolved_time"], row["evidence"]) == (
         "resolved",
         1020.0,
         {"loss": "NaN"},
     )
-    assert store.list_alerts(state="firing") == [] and store.list_alerts(project="other") == []
-    assert store.list_alerts(severity="critical")[0]["id"] == alert.id
+    assert (
+        store.alerts.list_alerts(state="firing") == []
+        and store.alerts.list_alerts(project="other") == []
+    )
+    assert store.alerts.list_alerts(severity="critical")[0]["id"] == alert.id
     with store.engine.begin() as conn:
-        acked = store.acknowledge(conn, alert.id, when=1030.0, by="ana")
+        acked = store.alerts.acknowledge(conn, alert.id, when=1030.0, by="ana")
         assert acked is not None and acked["acknowledged_by"] == "ana"
-        store.add_silence(
+        store.alerts.add_silence(
             conn,
             {
                 "id": "s1",
@@ -160,16 +166,16 @@ def test_alerts_are_upserted_filtered_acknowledged_and_silenced(store: Store) ->
                 "created_by": None,
             },
         )
-    assert store.get_alert(alert.id)["silenced_until"] == 2000.0  # type: ignore[index]
-    assert [s["id"] for s in store.active_silences(now=1500.0)] == ["s1"]
-    assert store.active_silences(now=2500.0) == []
+    assert store.alerts.get_alert(alert.id)["silenced_until"] == 2000.0  # type: ignore[index]
+    assert [s["id"] for s in store.alerts.active_silences(now=1500.0)] == ["s1"]
+    assert store.alerts.active_silences(now=2500.0) == []
 
 
 def test_recent_points_and_last_readings(store: Store) -> None:
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("r1"), now=1001.0)
+        store.runs.open_run(conn, hello("r1"), now=1001.0)
         for seq in range(1, 6):
-            store.add_points(
+            store.series.add_points(
                 conn,
                 "r1",
                 seq,
@@ -179,13 +185,13 @@ def test_recent_points_and_last_readings(store: Store) -> None:
                 },
                 now=1000.0 + seq,
             )
-    recent = store.recent_points("r1", frames=2)
+    recent = store.series.recent_points("r1", frames=2)
     assert list(recent["loss"][0]) == [4, 5]
-    assert store.last_values("r1", ("host/",)) == {"host/rss": 50.0}
+    assert store.series.last_values("r1", ("host/",)) == {"host/rss": 50.0}
 
 
 def _job_of(store: Store, run_id: str) -> str:
-    run = store.get_run(run_id)
+    run = store.runs.get_run(run_id)
     assert run is not None and run["job_id"]
     return str(run["job_id"])
 
@@ -194,7 +200,7 @@ def test_workers_of_one_job_are_linked_and_a_later_launch_starts_a_new_job(store
     def worker(run_id: str, name: str, at: float, key: str = "k1", project: str = "proj") -> None:
         job = {"key": key, "worker": name, "size": 3}
         with store.engine.begin() as conn:
-            store.open_run(conn, {**hello(run_id, at), "project": project, "job": job}, now=at)
+            store.runs.open_run(conn, {**hello(run_id, at), "project": project, "job": job}, now=at)
 
     worker("w1", "worker:1", 1000.0)
     worker("w10", "worker:10", 1005.0)
@@ -205,11 +211,11 @@ def test_workers_of_one_job_are_linked_and_a_later_launch_starts_a_new_job(store
     assert _job_of(store, "w1") == _job_of(store, "w10") == job
     assert len({job, _job_of(store, "other"), _job_of(store, "w2")}) == 3
 
-    run = store.get_run("w1")
+    run = store.runs.get_run("w1")
     assert run is not None and run["worker"] == "worker:1"
     assert [m["id"] for m in run["job"]["runs"]] == ["c0", "w1", "w10"]  # chief, then by index
-    assert {r["id"] for r in store.list_runs(job=job)} == {"c0", "w1", "w10"}
-    assert {"job_id", "worker"} <= set(store.list_runs()[0])
+    assert {r["id"] for r in store.runs.list_runs(job=job)} == {"c0", "w1", "w10"}
+    assert {"job_id", "worker"} <= set(store.runs.list_runs()[0])
 
     # A worker restarted hours later while the job still runs rejoins it.
     worker("w1-again", "worker:1", 9000.0)
@@ -217,18 +223,18 @@ def test_workers_of_one_job_are_linked_and_a_later_launch_starts_a_new_job(store
     # Once every run of the job has ended, a launch with the same key long after is new.
     with store.engine.begin() as conn:
         for run_id in ("c0", "w1", "w10", "w1-again"):
-            store.end_run(conn, run_id, 1, RunEnd("completed", 9100.0, None))
+            store.runs.end_run(conn, run_id, 1, RunEnd("completed", 9100.0, None))
     worker("next", "chief:0", 9000.0 + 601)
     assert _job_of(store, "next") != job
     # ... while a run that starts with it joins it, even after it ended.
     with store.engine.begin() as conn:
-        store.end_run(conn, "next", 1, RunEnd("completed", 9610.0, None))
+        store.runs.end_run(conn, "next", 1, RunEnd("completed", 9610.0, None))
     worker("late", "worker:0", 9601.0 + 599)
     assert _job_of(store, "late") == _job_of(store, "next")
     # A run on its own has no job.
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("alone"), now=1.0)
-    alone = store.get_run("alone")
+        store.runs.open_run(conn, hello("alone"), now=1.0)
+    alone = store.runs.get_run("alone")
     assert alone is not None and alone["job_id"] is None and "job" not in alone
 
 
@@ -254,11 +260,13 @@ def test_a_database_from_before_jobs_gains_their_columns(db_url: str) -> None:
     try:
         store.create_schema()
         store.create_schema()  # and again: nothing left to add
-        run = store.get_run("old")
+        run = store.runs.get_run("old")
         assert run is not None and run["last_step"] == 7 and run["job_id"] is None
         with store.engine.begin() as conn:
-            store.open_run(conn, {**hello("new"), "job": {"key": "k", "worker": "worker:0"}}, 3.0)
-        assert store.list_runs(job=_job_of(store, "new"))[0]["worker"] == "worker:0"
+            store.runs.open_run(
+                conn, {**hello("new"), "job": {"key": "k", "worker": "worker:0"}}, 3.0
+            )
+        assert store.runs.list_runs(job=_job_of(store, "new"))[0]["worker"] == "worker:0"
     finally:
         store.dispose()
 
@@ -267,15 +275,17 @@ def test_a_stalled_run_is_running_again_only_on_a_new_step(store: Store) -> None
     """The per-second samples carry the latest step: they must not end a stall."""
     sample = {"host/rss": Columns([2], [5.0], [1e9])}
     with store.engine.begin() as conn:
-        store.open_run(conn, hello("r1"), now=1.0)
-        store.add_points(conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.5, 0.4])}, 2.0)
-        store.mark_stalled(conn, "r1", 2, when=40.0, report="no step for 30 s")
-        store.add_points(conn, "r1", 3, sample, now=41.0)
-    run = store.get_run("r1")
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(
+            conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.5, 0.4])}, 2.0
+        )
+        store.runs.mark_stalled(conn, "r1", 2, when=40.0, report="no step for 30 s")
+        store.series.add_points(conn, "r1", 3, sample, now=41.0)
+    run = store.runs.get_run("r1")
     assert run is not None and (run["status"], run["last_step"]) == ("stalled", 2)
     with store.engine.begin() as conn:
-        store.add_points(conn, "r1", 4, {"loss": Columns([3], [42.0], [0.3])}, now=42.0)
-    run = store.get_run("r1")
+        store.series.add_points(conn, "r1", 4, {"loss": Columns([3], [42.0], [0.3])}, now=42.0)
+    run = store.runs.get_run("r1")
     assert run is not None and (run["status"], run["last_step"]) == ("running", 3)
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, create_engine, text
 
 from harness.processes import POSTGRES_ADMIN_URL
 from trainvitals.protocol import Columns
-from trainvitals.server.storage import Store
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 HELLO = {
@@ -40,7 +40,7 @@ def test_writes_share_one_connection_and_survive_its_loss(postgres_url: str) -> 
     try:
 
         async def scenario() -> None:
-            await writer.submit(partial(store.open_run, hello=HELLO, now=1.0))
+            await writer.submit(partial(store.runs.open_run, hello=HELLO, now=1.0))
             first, second = [await writer.submit(backend_pid) for _ in range(2)]
             assert first == second  # no checkout (a ping and a rollback) per transaction
             with admin.connect() as conn:  # the database drops it (a restart, a proxy timeout)
@@ -48,14 +48,14 @@ def test_writes_share_one_connection_and_survive_its_loss(postgres_url: str) -> 
             points = {"loss": Columns([1], [1.0], [0.5])}
             assert (
                 await writer.submit(
-                    partial(store.add_points, run_id="r1", seq=1, points=points, now=2.0)
+                    partial(store.series.add_points, run_id="r1", seq=1, points=points, now=2.0)
                 )
                 == 1
             )
             assert await writer.submit(backend_pid) != first
 
         asyncio.run(scenario())
-        run = store.get_run("r1")
+        run = store.runs.get_run("r1")
         assert run is not None and run["series"] == ["loss"] and run["last_step"] == 1
     finally:
         writer.close()
@@ -72,17 +72,19 @@ def test_a_rolled_back_frame_stores_its_series_when_it_is_replayed(
     }
 
     def fails_after_storing(conn: Connection) -> Any:
-        store.add_points(conn, "r1", 1, points, now=2.0)
+        store.series.add_points(conn, "r1", 1, points, now=2.0)
         raise RuntimeError("the disk is full")
 
     async def scenario() -> None:
-        await writer.submit(partial(store.open_run, hello=HELLO, now=1.0))
+        await writer.submit(partial(store.runs.open_run, hello=HELLO, now=1.0))
         with pytest.raises(RuntimeError, match="disk is full"):
             await writer.submit(fails_after_storing)
         # The agent was not acknowledged, so it sends the frame again.
-        await writer.submit(partial(store.add_points, run_id="r1", seq=1, points=points, now=3.0))
+        await writer.submit(
+            partial(store.series.add_points, run_id="r1", seq=1, points=points, now=3.0)
+        )
 
     asyncio.run(scenario())
-    run = store.get_run("r1")
+    run = store.runs.get_run("r1")
     assert run is not None and run["series"] == ["grad/global_norm", "loss"]
-    assert store.read_series("r1", "loss")[0].tolist() == [1, 2]
+    assert store.series.read_series("r1", "loss")[0].tolist() == [1, 2]

@@ -10,7 +10,7 @@ resolving reopens the same alert (its ``count`` goes up) instead of raising a ne
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -49,7 +49,7 @@ class Alert:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Alert:
+    def from_dict(cls, data: Mapping[str, Any]) -> Alert:
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
 

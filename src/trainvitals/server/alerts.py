@@ -27,7 +27,8 @@ from trainvitals.protocol import Columns, SeqColumns
 from trainvitals.server.live import Hub
 from trainvitals.server.notify import Notifier
 from trainvitals.server.notify.messages import Notice
-from trainvitals.server.storage import Store
+from trainvitals.server.storage import AlertRow, Silence
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 log = logging.getLogger("trainvitals.server")
@@ -62,10 +63,10 @@ class AlertEngine:
         self.rules = rules
         self._runs: dict[str, _RunAlerts] = {}
         self._loading: dict[str, asyncio.Task[_RunAlerts | None]] = {}
-        self._silences: list[dict[str, Any]] = []
+        self._silences: list[Silence] = []
 
     async def start(self) -> None:
-        self._silences = await asyncio.to_thread(self._store.active_silences, time.time())
+        self._silences = await asyncio.to_thread(self._store.alerts.active_silences, time.time())
 
     # -- events from ingest and liveness ----------------------------------------------------
 
@@ -123,10 +124,10 @@ class AlertEngine:
 
     # -- people ------------------------------------------------------------------------------
 
-    async def acknowledge(self, alert_id: str, by: str | None) -> dict[str, Any] | None:
+    async def acknowledge(self, alert_id: str, by: str | None) -> AlertRow | None:
         now = time.time()
         stored = await self._writer.submit(
-            partial(self._store.acknowledge, alert_id=alert_id, when=now, by=by)
+            partial(self._store.alerts.acknowledge, alert_id=alert_id, when=now, by=by)
         )
         if stored is None:
             return None
@@ -138,22 +139,22 @@ class AlertEngine:
 
     async def silence(
         self, alert_id: str, duration: float, by: str | None
-    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    ) -> tuple[AlertRow, Silence] | None:
         """Silence the alert's rule and subject on its run for ``duration`` seconds."""
-        stored = await asyncio.to_thread(self._store.get_alert, alert_id)
+        stored = await asyncio.to_thread(self._store.alerts.get_alert, alert_id)
         if stored is None:
             return None
         now = time.time()
-        silence = {
-            "id": uuid.uuid4().hex,
-            "run_id": stored["run_id"],
-            "rule": stored["rule"],
-            "subject": stored["subject"],
-            "until": now + duration,
-            "created_at": now,
-            "created_by": by,
-        }
-        await self._writer.submit(partial(self._store.add_silence, silence=silence))
+        silence = Silence(
+            id=uuid.uuid4().hex,
+            run_id=stored["run_id"],
+            rule=stored["rule"],
+            subject=stored["subject"],
+            until=now + duration,
+            created_at=now,
+            created_by=by,
+        )
+        await self._writer.submit(partial(self._store.alerts.add_silence, silence=silence))
         self._silences.append(silence)
         stored["silenced_until"] = silence["until"]
         alert = self._held(stored)
@@ -186,17 +187,19 @@ class AlertEngine:
         return _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
 
     async def _rebuild(self, run_id: str) -> _RunAlerts | None:
-        run = await asyncio.to_thread(self._store.get_run, run_id)
+        run = await asyncio.to_thread(self._store.runs.get_run, run_id)
         if run is None:
             return None
         state = self._fresh(run_id, run["project"], run["name"], run["env"])
-        history = await asyncio.to_thread(self._store.recent_points, run_id, REPLAY_FRAMES)
+        history = await asyncio.to_thread(self._store.series.recent_points, run_id, REPLAY_FRAMES)
         if history:
             columns = {
                 n: Columns(s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()
             }
             state.detector.feed(columns)  # warms the baselines; what it finds is already known
-        stored = await asyncio.to_thread(self._store.list_alerts, run_id=run_id, limit=10_000)
+        stored = await asyncio.to_thread(
+            self._store.alerts.list_alerts, run_id=run_id, limit=10_000
+        )
         state.book.load(Alert.from_dict(a) for a in stored)
         self._runs[run_id] = state
         return state
@@ -249,5 +252,5 @@ def _save_all(
 ) -> list[Notice]:
     """Store alert changes, and their notifications in the same transaction (the outbox)."""
     for _, row in changes:
-        store.save_alert(conn, row)
+        store.alerts.save_alert(conn, row)
     return notifier.enqueue(conn, changes) if notifier is not None else []

@@ -19,7 +19,7 @@ from trainvitals.server.liveness import Liveness
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
 from trainvitals.server.routes import api, notify, streams, web
 from trainvitals.server.settings import Settings
-from trainvitals.server.storage import Store
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 
@@ -48,12 +48,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub.start()
         notifier = None
         if channels.channels:
-            notifier = Notifier(channels, store, writer, settings.public_url, settings.notify_lease)
+            notifier = Notifier(
+                channels, store.outbox, writer, settings.public_url, settings.notify_lease
+            )
             await notifier.start()
         alerts = AlertEngine(store, writer, hub, rules, notifier)
         await alerts.start()
         liveness = Liveness(
-            store,
+            store.runs,
             writer,
             hub,
             settings.lost_after,
@@ -82,7 +84,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="trainvitals", version=__version__, lifespan=lifespan)
     app.add_middleware(
         RequestGuard,
-        hosts=allowed_hosts(settings.host, settings.public_url, settings.allowed_hosts.split(",")),
+        hosts=allowed_hosts(
+            settings.host, settings.public_url, (settings.allowed_hosts or "").split(",")
+        ),
         public_url=settings.public_url,
         max_body_bytes=settings.max_body_bytes,
     )

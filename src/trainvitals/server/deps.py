@@ -13,7 +13,7 @@ from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.notify import NotifyConfig
 from trainvitals.server.settings import Settings
-from trainvitals.server.storage import Store
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 

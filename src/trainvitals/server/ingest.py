@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from functools import partial
-from typing import Any
 
 from trainvitals import lifecycle
 from trainvitals.exceptions import FrameError, IngestRejected
@@ -38,7 +37,8 @@ from trainvitals.server.schemas import (
     Stall,
     parse_frame,
 )
-from trainvitals.server.storage import RUN_FIELDS, RunEnd, Store
+from trainvitals.server.storage import RunEnd, RunSummary, run_summary
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 
@@ -60,7 +60,7 @@ class IngestSession:
         self._hub = hub
         self._liveness = liveness
         self._max_frame_bytes = max_frame_bytes
-        self.run: dict[str, Any] | None = None  # the run's summary as browsers see it
+        self.run: RunSummary | None = None  # the run as browsers see it
         self._state = RunState(RunStatus.RUNNING)
         self._last_seq = 0
 
@@ -105,15 +105,15 @@ class IngestSession:
         if self.run is not None:
             raise IngestRejected(CLOSE_POLICY_VIOLATION, "a connection speaks for one run only")
         row = await self._writer.submit(
-            partial(self._store.open_run, hello=hello.model_dump(), now=time.time())
+            partial(self._store.runs.open_run, hello=hello.model_dump(), now=time.time())
         )
         self._last_seq = int(row["last_seq"])
-        self.run = {field: row[field] for field in RUN_FIELDS}
+        self.run = run_summary(row)
         # Storage applied the hello (a lost run is running again); what follows from it:
         stored = RunState(RunStatus(row["status"]), row["last_step"], row["end_reason"])
         self._state, effects = transition(stored, lifecycle.Hello())
         self._apply(effects, time.time())
-        self._hub.run_changed(dict(self.run))
+        self._hub.run_changed(self.run.copy())
         if self._state.status in ALIVE:
             await self._alerts.opened(self.run, hello.env, time.time(), new=row["created"])
         return json.dumps(
@@ -131,7 +131,9 @@ class IngestSession:
         columns = {name: Columns(c.step, c.time, c.value) for name, c in frame.series.items()}
         now = time.time()
         last_step = await self._writer.submit(
-            partial(self._store.add_points, run_id=run_id, seq=frame.seq, points=columns, now=now)
+            partial(
+                self._store.series.add_points, run_id=run_id, seq=frame.seq, points=columns, now=now
+            )
         )
         self._last_seq = frame.seq
         self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
@@ -140,7 +142,7 @@ class IngestSession:
         self.run["last_seen"] = now
         if self._state.status in ALIVE:
             self._liveness.seen(run_id, now)
-        self._hub.run_changed(dict(self.run))
+        self._hub.run_changed(self.run.copy())
         await self._alerts.points(run_id, columns)
         return _ack(frame.seq)
 
@@ -152,7 +154,7 @@ class IngestSession:
         )
         await self._writer.submit(
             partial(
-                self._store.mark_stalled,
+                self._store.runs.mark_stalled,
                 run_id=self.run["id"],
                 seq=frame.seq,
                 when=frame.time,
@@ -161,7 +163,7 @@ class IngestSession:
         )
         self._last_seq = frame.seq
         self._advance(lifecycle.Stall(), frame.time)
-        self._hub.run_changed(dict(self.run))
+        self._hub.run_changed(self.run.copy())
         await self._alerts.stalled(
             self.run["id"],
             int(self.run["last_step"] or 0),
@@ -176,7 +178,7 @@ class IngestSession:
         assert self.run is not None
         await self._writer.submit(
             partial(
-                self._store.add_event,
+                self._store.runs.add_event,
                 run_id=self.run["id"],
                 seq=frame.seq,
                 kind=frame.type,
@@ -194,21 +196,21 @@ class IngestSession:
         now = time.time()
         if self._state.status in ALIVE:
             self._liveness.seen(self.run["id"], now)
-        await self._writer.submit(partial(self._store.touch, run_id=self.run["id"], now=now))
+        await self._writer.submit(partial(self._store.runs.touch, run_id=self.run["id"], now=now))
         self.run["last_seen"] = now
-        self._hub.run_changed(dict(self.run))
+        self._hub.run_changed(self.run.copy())
 
     async def _end(self, frame: End) -> str:
         assert self.run is not None
         end = RunEnd(reason=frame.reason, ended_at=frame.time, traceback=frame.traceback)
         await self._writer.submit(
-            partial(self._store.end_run, run_id=self.run["id"], seq=frame.seq, end=end)
+            partial(self._store.runs.end_run, run_id=self.run["id"], seq=frame.seq, end=end)
         )
         self._last_seq = frame.seq
         effects = self._advance(lifecycle.End(frame.reason), end.ended_at)
         if Effect.ENDED in effects:
-            self.run.update(end_reason=end.reason, ended_at=end.ended_at)
-        self._hub.run_changed(dict(self.run))
+            self.run["end_reason"], self.run["ended_at"] = end.reason, end.ended_at
+        self._hub.run_changed(self.run.copy())
         if Effect.ENDED in effects:
             await self._alerts.ended(self.run["id"], end.reason, end.ended_at, end.traceback)
         return _ack(frame.seq)

@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from trainvitals.server.storage import RunSummary
 
 
 class Subscriber:
@@ -38,7 +40,7 @@ class Hub:
         self._subscribers: set[Subscriber] = set()
         self._queue_size = queue_size
         self._interval = runs_push_interval
-        self._dirty_runs: dict[str, dict[str, Any]] = {}
+        self._dirty_runs: dict[str, RunSummary] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -58,11 +60,11 @@ class Hub:
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.discard(subscriber)
 
-    def run_changed(self, run: dict[str, Any]) -> None:
+    def run_changed(self, run: RunSummary) -> None:
         """Queue a run summary for the next coalesced push to every browser."""
         self._dirty_runs[run["id"]] = run
 
-    def alert(self, alert: dict[str, Any]) -> None:
+    def alert(self, alert: Mapping[str, Any]) -> None:
         """Push an alert change to every browser (alerts are few; every page shows them)."""
         message = json.dumps({"type": "alert", "alert": alert})
         for subscriber in self._subscribers:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from trainvitals.server.live import Hub
-from trainvitals.server.storage import Store
+from trainvitals.server.storage import RunStore
 from trainvitals.server.writer import Writer
 
 log = logging.getLogger("trainvitals.server")
@@ -27,13 +27,13 @@ class Liveness:
 
     def __init__(
         self,
-        store: Store,
+        runs: RunStore,
         writer: Writer,
         hub: Hub,
         lost_after: float,
         on_lost: Callable[[str, float], Awaitable[None]] | None = None,
     ) -> None:
-        self._store, self._writer, self._hub = store, writer, hub
+        self._runs, self._writer, self._hub = runs, writer, hub
         self._on_lost = on_lost
         self.lost_after = lost_after
         self._seen: dict[str, float] = {}
@@ -46,7 +46,7 @@ class Liveness:
         self._seen.pop(run_id, None)
 
     async def start(self) -> None:
-        stored = await asyncio.to_thread(self._store.running_runs)
+        stored = await asyncio.to_thread(self._runs.running_runs)
         for run_id, last_seen in stored.items():
             self._seen.setdefault(run_id, last_seen)
         self._task = asyncio.create_task(self._watch(), name="trainvitals-liveness")
@@ -62,7 +62,7 @@ class Liveness:
         silent = [run_id for run_id, seen in self._seen.items() if now - seen > self.lost_after]
         for run_id in silent:
             self._seen.pop(run_id, None)
-            run = await self._writer.submit(partial(self._store.mark_lost, run_id=run_id, now=now))
+            run = await self._writer.submit(partial(self._runs.mark_lost, run_id=run_id, now=now))
             if run is not None:
                 log.warning(
                     "run %s (%s) lost: nothing heard for %.0f s",

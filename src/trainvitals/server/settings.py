@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     #: loopback server answers to loopback names only (no DNS rebinding), a server on one
     #: address to it and ``public_url``'s host, and one on every interface to any host unless
     #: ``public_url`` names it.
-    allowed_hosts: str = ""
+    allowed_hosts: str | None = None
     #: Seconds between pushes of run-list updates to browsers (run changes are coalesced).
     runs_push_interval: float = 0.5
     #: Messages a browser may fall behind before it is disconnected (1013) to protect ingest.

@@ -13,13 +13,15 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from trainvitals.exceptions import WriterClosed
-from trainvitals.server.storage import Store
+
+if TYPE_CHECKING:  # only a type here; imported, it closes a cycle (store, notify, writer)
+    from trainvitals.server.store import Store
 
 log = logging.getLogger("trainvitals.server")
 

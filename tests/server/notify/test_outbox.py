@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from trainvitals.server.notify import Channel, Notifier, NotifyConfig
-from trainvitals.server.storage import Store
+from trainvitals.server.notify.messages import Notice
+from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
 TEAM = Channel("team", "slack", "https://hooks.slack.com/x", projects=frozenset({"mnist"}))
@@ -20,7 +21,7 @@ PAGER = Channel("pager", "webhook", "https://ops.example.org/h", min_severity="c
 @pytest.fixture
 def notifier(store: Store) -> Iterator[Notifier]:
     writer = Writer(store)
-    yield Notifier(NotifyConfig((TEAM, PAGER)), store, writer, lease=10.0)
+    yield Notifier(NotifyConfig((TEAM, PAGER)), store.outbox, writer, lease=10.0)
     writer.close()
 
 
@@ -68,37 +69,41 @@ def test_changes_are_routed_by_project_severity_and_silence(
 
 
 def test_a_dead_servers_notices_are_taken_over_once_its_lease_runs_out(store: Store) -> None:
-    notice = {"channel": "team", "alert_id": "a1", "change": "fired", "alert": alert()}
+    def notice(id: str, created_at: float, channel: str = "team") -> Notice:
+        return Notice(id, channel, "fired", alert(), created_at)
+
     with store.engine.begin() as conn:
-        store.add_notices(conn, [{**notice, "id": "n1", "created_at": 1.0}], "dead", 100.0)
-        store.add_notices(conn, [{**notice, "id": "n2", "created_at": 2.0}], "alive", 100.0)
-        store.add_notices(conn, [{**notice, "id": "n3", "created_at": 3.0}], "dead", 100.0)
-        store.add_notices(
-            conn, [{**notice, "id": "n4", "created_at": 4.0, "channel": "gone"}], "dead", 100.0
+        store.outbox.add_notices(conn, [notice("n1", 1.0)], "dead", 100.0)
+        store.outbox.add_notices(conn, [notice("n2", 2.0)], "alive", 100.0)
+        store.outbox.add_notices(conn, [notice("n3", 3.0)], "dead", 100.0)
+        store.outbox.add_notices(conn, [notice("n4", 4.0, channel="gone")], "dead", 100.0)
+    with store.engine.begin() as conn:
+        assert (
+            store.outbox.claim_notices(conn, "alive", ["team"], now=99.0, lease_until=200.0) == []
         )
-    with store.engine.begin() as conn:
-        assert store.claim_notices(conn, "alive", ["team"], now=99.0, lease_until=200.0) == []
     with store.engine.begin() as conn:  # "alive" renewed its own; "dead" did not
-        taken = store.claim_notices(conn, "new", ["team"], now=150.0, lease_until=300.0)
+        taken = store.outbox.claim_notices(conn, "new", ["team"], now=150.0, lease_until=300.0)
     assert [t["id"] for t in taken] == ["n1", "n3"]  # oldest first; no channel "gone" here
     assert taken[0]["alert"]["rule"] == "nonfinite" and taken[0]["owner"] == "new"
     with store.engine.begin() as conn:  # nobody takes them twice
-        assert store.claim_notices(conn, "other", ["team"], now=150.0, lease_until=300.0) == []
-        store.notices_done(conn, ["n1"], "delivered", 151.0)
-        store.notice_attempted(conn, ["n3"], "HTTP 500")
-        store.notices_done(conn, ["n3"], "failed", 152.0, "HTTP 404: no_service")
-        store.release_notices(conn, "alive")  # a clean stop
+        assert (
+            store.outbox.claim_notices(conn, "other", ["team"], now=150.0, lease_until=300.0) == []
+        )
+        store.outbox.notices_done(conn, ["n1"], "delivered", 151.0)
+        store.outbox.notice_attempted(conn, ["n3"], "HTTP 500")
+        store.outbox.notices_done(conn, ["n3"], "failed", 152.0, "HTTP 404: no_service")
+        store.outbox.release_notices(conn, "alive")  # a clean stop
     with store.engine.begin() as conn:
-        again = store.claim_notices(conn, "next", ["team"], now=160.0, lease_until=400.0)
+        again = store.outbox.claim_notices(conn, "next", ["team"], now=160.0, lease_until=400.0)
     assert [t["id"] for t in again] == ["n2"]
-    assert store.notice_summary()["team"] == {
+    assert store.outbox.notice_summary()["team"] == {
         "pending": 1, "delivered": 1, "failed": 1, "last_delivered_at": 151.0,
         "last_error": "HTTP 404: no_service",
     }  # fmt: skip
-    history = store.list_notices("a1")
+    history = store.outbox.list_notices("a1")
     assert [(n["id"], n["state"], n["attempts"]) for n in history][:3] == [
         ("n1", "delivered", 1), ("n2", "pending", 0), ("n3", "failed", 2),
     ]  # fmt: skip
     with store.engine.begin() as conn:
-        assert store.last_notice_change(conn, "a1", "team") == "fired"
-        assert store.last_notice_change(conn, "a9", "team") is None
+        assert store.outbox.last_notice_change(conn, "a1", "team") == "fired"
+        assert store.outbox.last_notice_change(conn, "a9", "team") is None

@@ -3,7 +3,8 @@
 - :mod:`~trainvitals.server.notify.config`: the channels file (routing, pace, secrets);
 - :mod:`~trainvitals.server.notify.messages`: what is sent (pure: Block Kit, JSON, HMAC);
 - :mod:`~trainvitals.server.notify.delivery`: how it is sent (retries, rate, grouping);
-- :mod:`~trainvitals.server.notify.outbox`: the notifier that ties them to stored alerts.
+- :mod:`~trainvitals.server.notify.outbox`: the notifier that ties them to stored alerts;
+- :mod:`~trainvitals.server.notify.store`: the outbox's table and queries.
 
 See ``docs/notifications.md``.
 """

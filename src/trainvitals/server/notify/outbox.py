@@ -33,7 +33,7 @@ from trainvitals.exceptions import WriterClosed
 from trainvitals.server.notify.config import NotifyConfig
 from trainvitals.server.notify.delivery import ChannelSender, RedactSecrets
 from trainvitals.server.notify.messages import Notice, NoticeChange
-from trainvitals.server.storage import Store
+from trainvitals.server.notify.store import OutboxStore
 from trainvitals.server.writer import Writer
 
 log = logging.getLogger("trainvitals.server")
@@ -49,13 +49,13 @@ class Notifier:
     def __init__(
         self,
         config: NotifyConfig,
-        store: Store,
+        outbox: OutboxStore,
         writer: Writer,
         public_url: str | None = None,
         lease: float = DEFAULT_LEASE,
     ) -> None:
         self.config = config
-        self._store, self._writer = store, writer
+        self._outbox, self._writer = outbox, writer
         self._public_url, self._lease = public_url, lease
         self.owner = uuid.uuid4().hex
         self._client: httpx.AsyncClient | None = None
@@ -81,7 +81,7 @@ class Notifier:
 
         def last_told(key: tuple[str, str]) -> str | None:
             if key not in told:
-                told[key] = self._store.last_notice_change(conn, *key)
+                told[key] = self._outbox.last_notice_change(conn, *key)
             return told[key]
 
         for change, alert in changes:
@@ -99,22 +99,7 @@ class Notifier:
                 if wanted:
                     told[key] = sent
                     notices.append(Notice(uuid.uuid4().hex, channel.name, sent, alert, now))
-        self._store.add_notices(
-            conn,
-            [
-                {
-                    "id": n.id,
-                    "channel": n.channel,
-                    "alert_id": n.alert["id"],
-                    "change": n.change,
-                    "alert": n.alert,
-                    "created_at": n.created_at,
-                }
-                for n in notices
-            ],
-            self.owner,
-            now + self._lease,
-        )
+        self._outbox.add_notices(conn, notices, self.owner, now + self._lease)
         return notices
 
     # -- on the event loop ---------------------------------------------------------------------
@@ -141,7 +126,7 @@ class Notifier:
                 await self._sweeper
         await asyncio.gather(*(s.stop(timeout) for s in self._senders.values()))
         with contextlib.suppress(WriterClosed):
-            await self._writer.submit(partial(self._store.release_notices, owner=self.owner))
+            await self._writer.submit(partial(self._outbox.release_notices, owner=self.owner))
         if self._client is not None:
             await self._client.aclose()
         self._redact.__exit__()
@@ -149,11 +134,11 @@ class Notifier:
     # -- the senders' journal ------------------------------------------------------------------
 
     async def attempted(self, ids: list[str], error: str) -> None:
-        await self._writer.submit(partial(self._store.notice_attempted, ids=ids, error=error))
+        await self._writer.submit(partial(self._outbox.notice_attempted, ids=ids, error=error))
 
     async def done(self, ids: list[str], state: str, when: float, error: str | None = None) -> None:
         await self._writer.submit(
-            partial(self._store.notices_done, ids=ids, state=state, when=when, error=error)
+            partial(self._outbox.notices_done, ids=ids, state=state, when=when, error=error)
         )
 
     # -- internals -----------------------------------------------------------------------------
@@ -162,7 +147,7 @@ class Notifier:
         now = time.time()
         rows = await self._writer.submit(
             partial(
-                self._store.claim_notices,
+                self._outbox.claim_notices,
                 owner=self.owner,
                 channels=list(self._senders),
                 now=now,

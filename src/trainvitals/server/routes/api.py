@@ -26,19 +26,19 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
 ) -> dict[str, Any]:
     """Runs, newest first; ``job``: only the runs (workers) of that job."""
-    return {"runs": store.list_runs(limit=limit, project=project, job=job)}
+    return {"runs": store.runs.list_runs(limit=limit, project=project, job=job)}
 
 
 @router.get("/runs/{run_id}")
 def get_run(run_id: str, store: StoreDep) -> dict[str, Any]:
     """One run with its config, environment, series names and how it ended."""
-    run = store.get_run(run_id)
+    run = store.runs.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
-    run["events"] = store.run_events(run_id)
+    out: dict[str, Any] = {**run, "events": store.runs.run_events(run_id)}
     if run["status"] not in ALIVE:  # evidence for the ending panel
-        run["last_readings"] = store.last_values(run_id, (HOST_PREFIX, "gpu"))
-    return run
+        out["last_readings"] = store.series.last_values(run_id, (HOST_PREFIX, "gpu"))
+    return out
 
 
 @router.get("/runs/{run_id}/series")
@@ -50,13 +50,13 @@ def get_series(
 ) -> dict[str, Any]:
     """Series of a run (all of them when no ``name`` is given), each downsampled to at most
     ``max_points`` with every bucket's min and max kept. NaN/Inf values come back as null."""
-    run = store.get_run(run_id, job=False)
+    run = store.runs.get_run(run_id, job=False)
     if run is None:
         raise run_not_found(run_id)
     names = name if name else run["series"]
     out: dict[str, Any] = {}
     for series_name in names:
-        steps, times, values = store.read_series(run_id, series_name)
+        steps, times, values = store.series.read_series(run_id, series_name)
         keep = downsample_indices(values, max_points)
         out[series_name] = {
             "step": steps[keep].tolist(),
@@ -77,9 +77,9 @@ def run_alerts(
     run_id: str, store: StoreDep, state: State | None = None, limit: Limit = 1000
 ) -> dict[str, Any]:
     """Alerts of one run, newest first."""
-    if store.get_run(run_id) is None:
+    if store.runs.get_run(run_id) is None:
         raise run_not_found(run_id)
-    return {"alerts": store.list_alerts(run_id=run_id, state=state, limit=limit)}
+    return {"alerts": store.alerts.list_alerts(run_id=run_id, state=state, limit=limit)}
 
 
 @router.get("/alerts")
@@ -91,7 +91,7 @@ def list_alerts(
     limit: Limit = 500,
 ) -> dict[str, Any]:
     """Alerts across runs, newest first, optionally only ``firing`` or ``resolved`` ones."""
-    alerts = store.list_alerts(state=state, project=project, severity=severity, limit=limit)
+    alerts = store.alerts.list_alerts(state=state, project=project, severity=severity, limit=limit)
     return {"alerts": alerts}
 
 
@@ -112,7 +112,7 @@ async def acknowledge_alert(
     alert = await engine.acknowledge(alert_id, body.by if body else None)
     if alert is None:
         raise alert_not_found(alert_id)
-    return alert
+    return dict(alert)
 
 
 @router.post("/alerts/{alert_id}/silence")

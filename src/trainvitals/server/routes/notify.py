@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from trainvitals.server.deps import StateDep, StoreDep, alert_not_found
+from trainvitals.server.notify.store import no_notices
 
 router = APIRouter(prefix="/api/v1")
 
@@ -16,12 +17,10 @@ def list_channels(state: StateDep) -> dict[str, Any]:
     """Every channel with its routing and pace, and its deliveries so far: ``pending``,
     ``delivered``, ``failed``, ``last_delivered_at``, ``last_error``. URLs and secrets are
     never shown, only the target's scheme and host."""
-    summary = state.store.notice_summary()
-    empty = {"pending": 0, "delivered": 0, "failed": 0, "last_delivered_at": None}
+    summary = state.store.outbox.notice_summary()
     return {
         "channels": [
-            {**c.describe(), **summary.get(c.name, {**empty, "last_error": None})}
-            for c in state.notify.channels
+            {**c.describe(), **summary.get(c.name, no_notices())} for c in state.notify.channels
         ]
     }
 
@@ -29,6 +28,6 @@ def list_channels(state: StateDep) -> dict[str, Any]:
 @router.get("/alerts/{alert_id}/notifications")
 def alert_notifications(alert_id: str, store: StoreDep) -> dict[str, Any]:
     """What was sent about one alert, where, and how it went, oldest first."""
-    if store.get_alert(alert_id) is None:
+    if store.alerts.get_alert(alert_id) is None:
         raise alert_not_found(alert_id)
-    return {"notifications": store.list_notices(alert_id)}
+    return {"notifications": store.outbox.list_notices(alert_id)}

@@ -1,0 +1,219 @@
+"""The notify outbox's table and queries, used by :mod:`~trainvitals.server.notify.outbox`.
+
+The table is one of the database's (:data:`trainvitals.server.storage.schema.metadata`), so
+:meth:`Store.create_schema <trainvitals.server.store.Store.create_schema>` makes it with
+the others.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, TypedDict, cast
+
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    func,
+    select,
+    update,
+)
+
+from trainvitals.server.notify.messages import Notice, NoticeChange
+from trainvitals.server.storage.schema import metadata
+
+#: Alert changes waiting for, or done with, a notification channel (the notify outbox).
+#: Rows are written in the alert's own transaction; ``owner`` is the server process that
+#: delivers a pending row, for as long as its ``lease_until`` is renewed.
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("channel", String(100), nullable=False),
+    Column("alert_id", String(64), nullable=False),
+    Column("change", String(16), nullable=False),
+    Column("alert", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("last_error", Text),
+    Column("done_at", Float),
+    Column("owner", String(64), nullable=False),
+    Column("lease_until", Float, nullable=False),
+    Index("ix_outbox_state_lease", "state", "lease_until"),
+    Index("ix_outbox_alert_channel", "alert_id", "channel"),
+)
+
+
+class NoticeRow(TypedDict):
+    """A notice as stored, but for its alert: where it goes and how its delivery went."""
+
+    id: str
+    channel: str
+    alert_id: str
+    change: NoticeChange
+    created_at: float
+    state: str  # pending, delivered or failed (given up)
+    attempts: int
+    last_error: str | None
+    done_at: float | None
+    owner: str  # the server that delivers it while pending
+    lease_until: float
+
+
+class ClaimedNotice(NoticeRow):
+    """A pending notice taken over for delivery, with its alert."""
+
+    alert: dict[str, Any]
+
+
+class ChannelSummary(TypedDict):
+    """How a channel's deliveries go."""
+
+    pending: int
+    delivered: int
+    failed: int
+    last_delivered_at: float | None
+    last_error: str | None
+
+
+def no_notices() -> ChannelSummary:
+    """The summary of a channel that has had no notices."""
+    return ChannelSummary(pending=0, delivered=0, failed=0, last_delivered_at=None, last_error=None)
+
+
+class OutboxStore:
+    """The ``outbox`` table: notices queued, leased, delivered or given up."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # -- writes (writer thread) --------------------------------------------------------------
+
+    def add_notices(
+        self, conn: Connection, notices: Sequence[Notice], owner: str, lease_until: float
+    ) -> None:
+        """Queue notices for delivery by ``owner``."""
+        if notices:
+            rows = [
+                {
+                    "id": n.id,
+                    "channel": n.channel,
+                    "alert_id": n.alert["id"],
+                    "change": n.change,
+                    "alert": json.dumps(n.alert, allow_nan=False),
+                    "created_at": n.created_at,
+                    "state": "pending",
+                    "attempts": 0,
+                    "owner": owner,
+                    "lease_until": lease_until,
+                }
+                for n in notices
+            ]
+            conn.execute(outbox.insert(), rows)
+
+    def last_notice_change(self, conn: Connection, alert_id: str, channel: str) -> str | None:
+        """The change (``fired``, ``resolved``) of the alert last queued for ``channel``."""
+        query = (
+            select(outbox.c.change)
+            .where(outbox.c.alert_id == alert_id, outbox.c.channel == channel)
+            .order_by(outbox.c.created_at.desc())
+            .limit(1)
+        )
+        return conn.execute(query).scalar()
+
+    def claim_notices(
+        self, conn: Connection, owner: str, channels: list[str], now: float, lease_until: float
+    ) -> list[ClaimedNotice]:
+        """Renew ``owner``'s leases, then take over the pending notices of ``channels`` whose
+        lease ran out (their server died); returns those taken, oldest first. One
+        ``UPDATE ... RETURNING``, so two servers never take the same notice."""
+        pending = outbox.c.state == "pending"
+        conn.execute(
+            update(outbox).where(pending, outbox.c.owner == owner).values(lease_until=lease_until)
+        )
+        taken = conn.execute(
+            update(outbox)
+            .where(pending, outbox.c.lease_until < now, outbox.c.channel.in_(channels))
+            .values(owner=owner, lease_until=lease_until)
+            .returning(*outbox.c)
+        ).mappings()
+        rows = [cast(ClaimedNotice, {**row, "alert": json.loads(row["alert"])}) for row in taken]
+        return sorted(rows, key=lambda row: (row["created_at"], row["id"]))
+
+    def release_notices(self, conn: Connection, owner: str) -> None:
+        """``owner`` stops: whoever starts next takes its pending notices at once."""
+        conn.execute(
+            update(outbox)
+            .where(outbox.c.state == "pending", outbox.c.owner == owner)
+            .values(lease_until=0.0)
+        )
+
+    def notice_attempted(self, conn: Connection, ids: list[str], error: str) -> None:
+        conn.execute(
+            update(outbox)
+            .where(outbox.c.id.in_(ids))
+            .values(attempts=outbox.c.attempts + 1, last_error=error)
+        )
+
+    def notices_done(
+        self, conn: Connection, ids: list[str], state: str, when: float, error: str | None = None
+    ) -> None:
+        """Mark notices ``delivered`` or ``failed`` (given up)."""
+        values: dict[str, Any] = {
+            "state": state,
+            "done_at": when,
+            "attempts": outbox.c.attempts + 1,
+        }
+        if error is not None:
+            values["last_error"] = error
+        conn.execute(update(outbox).where(outbox.c.id.in_(ids)).values(**values))
+
+    # -- reads (thread pool) -----------------------------------------------------------------
+
+    def notice_summary(self) -> dict[str, ChannelSummary]:
+        """Per channel that has had notices: how many are pending, delivered and failed,
+        when the last one was delivered, and the last error."""
+        out: dict[str, ChannelSummary] = {}
+        with self._engine.connect() as conn:
+            counts = conn.execute(
+                select(
+                    outbox.c.channel, outbox.c.state, func.count(), func.max(outbox.c.done_at)
+                ).group_by(outbox.c.channel, outbox.c.state)
+            )
+            for channel, state, count, done in counts:
+                summary = out.setdefault(channel, no_notices())
+                if state == "delivered":
+                    summary["delivered"], summary["last_delivered_at"] = count, done
+                elif state == "failed":
+                    summary["failed"] = count
+                else:
+                    summary["pending"] = count
+            for channel, summary in out.items():
+                summary["last_error"] = conn.execute(
+                    select(outbox.c.last_error)
+                    .where(outbox.c.channel == channel, outbox.c.last_error.is_not(None))
+                    .order_by(outbox.c.created_at.desc())
+                    .limit(1)
+                ).scalar()
+        return out
+
+    def list_notices(self, alert_id: str) -> list[NoticeRow]:
+        """The notices of one alert, oldest first (what was sent where, and how it went)."""
+        query = (
+            select(outbox)
+            .where(outbox.c.alert_id == alert_id)
+            .order_by(outbox.c.created_at, outbox.c.id)
+        )
+        with self._engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(query).mappings()]
+        for row in rows:
+            row.pop("alert")
+        return cast(list[NoticeRow], rows)

@@ -1,0 +1,47 @@
+"""Storage of runs, their series and alerts, on SQLite or PostgreSQL through SQLAlchemy Core.
+
+- :mod:`~trainvitals.server.storage.schema`: the tables, the database URL and engine, and
+  the upgrade of older databases;
+- :mod:`~trainvitals.server.storage.runs`: runs, their jobs and events;
+- :mod:`~trainvitals.server.storage.series`: the points of their series;
+- :mod:`~trainvitals.server.storage.alerts`: alerts and silences.
+
+:class:`~trainvitals.server.store.Store` holds them together, with the notify outbox.
+"""
+
+from __future__ import annotations
+
+from trainvitals.server.storage.alerts import AlertRow, AlertStore, Silence
+from trainvitals.server.storage.runs import (
+    Job,
+    JobMember,
+    OpenedRun,
+    RunDetail,
+    RunEnd,
+    RunEvent,
+    RunRow,
+    RunStore,
+    RunSummary,
+    run_summary,
+)
+from trainvitals.server.storage.schema import database_url, shown_database
+from trainvitals.server.storage.series import SeriesStore
+
+__all__ = [
+    "AlertRow",
+    "AlertStore",
+    "Job",
+    "JobMember",
+    "OpenedRun",
+    "RunDetail",
+    "RunEnd",
+    "RunEvent",
+    "RunRow",
+    "RunStore",
+    "RunSummary",
+    "SeriesStore",
+    "Silence",
+    "database_url",
+    "run_summary",
+    "shown_database",
+]

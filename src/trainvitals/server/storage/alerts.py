@@ -1,0 +1,134 @@
+"""Alerts as the alert engine last saw them, and the silences people set on them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, TypedDict, cast
+
+from sqlalchemy import Connection, Engine, RowMapping, select, update
+
+from trainvitals.server.storage.schema import alerts, dialect_insert, silences
+
+ALERT_FIELDS = tuple(c.name for c in alerts.columns)
+
+
+class AlertRow(TypedDict):
+    """One stored alert (:class:`trainvitals.detect.Alert` as a dict)."""
+
+    id: str
+    run_id: str
+    project: str
+    run_name: str
+    rule: str
+    subject: str
+    severity: str
+    state: str  # firing or resolved
+    message: str
+    hint: str
+    evidence: dict[str, Any]
+    step: int
+    time: float
+    updated_time: float
+    resolved_time: float | None
+    count: int
+    acknowledged_at: float | None
+    acknowledged_by: str | None
+    silenced_until: float | None
+
+
+class Silence(TypedDict):
+    """A rule and subject silenced on one run until ``until``."""
+
+    id: str
+    run_id: str
+    rule: str
+    subject: str
+    until: float
+    created_at: float
+    created_by: str | None
+
+
+class AlertStore:
+    """The ``alerts`` and ``silences`` tables."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # -- writes (writer thread) --------------------------------------------------------------
+
+    def save_alert(self, conn: Connection, alert: Mapping[str, Any]) -> None:
+        """Insert or update an alert (the whole row: the alert book holds the truth)."""
+        row = {f: alert[f] for f in ALERT_FIELDS}
+        row["evidence"] = json.dumps(alert["evidence"], allow_nan=False)
+        statement = dialect_insert(self._engine, alerts).values(**row)
+        changed = {f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"}
+        conn.execute(statement.on_conflict_do_update(index_elements=["id"], set_=changed))
+
+    def acknowledge(
+        self, conn: Connection, alert_id: str, when: float, by: str | None
+    ) -> AlertRow | None:
+        """Someone is on the alert; returns it, or None when there is no such alert."""
+        conn.execute(
+            update(alerts)
+            .where(alerts.c.id == alert_id)
+            .values(acknowledged_at=when, acknowledged_by=by)
+        )
+        return _alert_row(conn, alert_id)
+
+    def add_silence(self, conn: Connection, silence: Silence) -> None:
+        """Store the silence, and mark the alerts it silences."""
+        conn.execute(silences.insert().values(**silence))
+        conn.execute(
+            update(alerts)
+            .where(
+                alerts.c.run_id == silence["run_id"],
+                alerts.c.rule == silence["rule"],
+                alerts.c.subject == silence["subject"],
+            )
+            .values(silenced_until=silence["until"])
+        )
+
+    # -- reads (thread pool) -----------------------------------------------------------------
+
+    def list_alerts(
+        self,
+        run_id: str | None = None,
+        state: str | None = None,
+        project: str | None = None,
+        severity: str | None = None,
+        limit: int = 500,
+    ) -> list[AlertRow]:
+        """Alerts, newest first."""
+        query = select(alerts).order_by(alerts.c.time.desc(), alerts.c.id).limit(limit)
+        for column, value in (
+            (alerts.c.run_id, run_id),
+            (alerts.c.state, state),
+            (alerts.c.project, project),
+            (alerts.c.severity, severity),
+        ):
+            if value is not None:
+                query = query.where(column == value)
+        with self._engine.connect() as conn:
+            return [_alert(row) for row in conn.execute(query).mappings()]
+
+    def get_alert(self, alert_id: str) -> AlertRow | None:
+        with self._engine.connect() as conn:
+            return _alert_row(conn, alert_id)
+
+    def active_silences(self, now: float) -> list[Silence]:
+        """The silences that have not run out by ``now``."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(select(silences).where(silences.c.until > now)).mappings()
+            return [cast(Silence, dict(r)) for r in rows]
+
+
+def _alert(row: RowMapping) -> AlertRow:
+    alert = dict(row)
+    alert["evidence"] = json.loads(alert["evidence"])
+    return cast(AlertRow, alert)
+
+
+def _alert_row(conn: Connection, alert_id: str) -> AlertRow | None:
+    row = conn.execute(select(alerts).where(alerts.c.id == alert_id)).mappings().first()
+    return None if row is None else _alert(row)

@@ -1,0 +1,378 @@
+"""Runs, the jobs they belong to, and their kept events.
+
+Every status change is one of the lifecycle's moves (:func:`trainvitals.lifecycle.moves`),
+made in the database by :func:`_moved`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NotRequired, TypedDict, cast
+
+from sqlalchemy import Connection, Engine, and_, case, func, select, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from trainvitals.lifecycle import ALIVE, End, Event, Hello, Progress, Silent, Stall, moves
+from trainvitals.protocol import EndReason, RunStatus
+from trainvitals.server.storage.schema import dialect_insert, events, runs, series
+
+#: A new run joins the newest job of its project and key while one of that job's runs is
+#: running or stalled, or when the job's newest run started at most this long before it.
+JOB_WINDOW = 600.0
+
+
+class RunSummary(TypedDict):
+    """A run as the run list and browsers see it."""
+
+    id: str
+    project: str
+    name: str
+    status: str  # a RunStatus value
+    started_at: float
+    ended_at: float | None
+    last_step: int | None
+    last_seen: float
+    host: str
+    pid: int
+    end_reason: str | None
+    job_id: str | None
+    worker: str | None
+
+
+_SUMMARY = [runs.c[field] for field in RunSummary.__annotations__]
+
+
+class _RunEnding(RunSummary):
+    """How the run ended or stalled, and the key of its job."""
+
+    traceback: str | None
+    stalled_at: float | None
+    stall_stacks: str | None
+    job_key: str | None
+
+
+class RunRow(_RunEnding):
+    """One row of the ``runs`` table."""
+
+    last_seq: int  # the last agent frame stored
+    config: str  # JSON
+    env: str  # JSON
+
+
+class OpenedRun(RunRow):
+    """The row of a run that said hello."""
+
+    created: bool  # a new run (else one reconnecting)
+
+
+class JobMember(TypedDict):
+    """One run of a job."""
+
+    id: str
+    name: str
+    worker: str | None
+    status: str
+    started_at: float
+    last_step: int | None
+    last_seen: float
+    host: str
+
+
+class Job(TypedDict):
+    """A job of several processes: its runs, in worker order (chief first)."""
+
+    id: str
+    runs: list[JobMember]
+
+
+class RunDetail(_RunEnding):
+    """One run with everything the API tells of it."""
+
+    config: dict[str, Any]
+    env: dict[str, Any]
+    series: list[str]  # the names of its series
+    job: NotRequired[Job]
+
+
+class RunEvent(TypedDict):
+    """A kept agent frame (an autopsy)."""
+
+    seq: int
+    kind: str
+    step: int
+    time: float
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """How a run ended; its status follows from the reason (:mod:`trainvitals.lifecycle`)."""
+
+    reason: str
+    ended_at: float
+    traceback: str | None
+
+
+class RunStore:
+    """The ``runs`` and ``events`` tables.
+
+    Args:
+        engine: the database.
+        forget_series: called with the id of a run that ended (its series are forgotten).
+    """
+
+    def __init__(self, engine: Engine, forget_series: Callable[[str], None]) -> None:
+        self._engine = engine
+        self._forget_series = forget_series
+        self._insert_run = dialect_insert(engine, runs).on_conflict_do_nothing()
+        self._insert_event = dialect_insert(engine, events).on_conflict_do_nothing()
+
+    # -- writes (writer thread) --------------------------------------------------------------
+
+    def open_run(self, conn: Connection, hello: Mapping[str, Any], now: float) -> OpenedRun:
+        """Create the run if new; a reconnecting run keeps its state. Returns the run row,
+        with ``created`` telling which of the two it was."""
+        created = conn.execute(
+            self._insert_run.values(
+                id=hello["run_id"],
+                project=hello["project"],
+                name=hello["name"],
+                status=RunStatus.RUNNING.value,
+                started_at=hello["started_at"],
+                last_seen=now,
+                last_seq=0,
+                host=hello["host"],
+                pid=hello["pid"],
+                config=json.dumps(hello["config"]),
+                env=json.dumps(hello["env"]),
+            )
+        ).rowcount
+        # A run given up as lost that speaks again is alive after all.
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == hello["run_id"], runs.c.status.in_(_values(moves(Hello()))))
+            .values(status=_moved(Hello()), end_reason=None, ended_at=None, last_seen=now)
+        )
+        if created and hello.get("job"):
+            _join_job(conn, hello)
+        row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
+        return cast(OpenedRun, {**row, "created": bool(created)})
+
+    def touch(self, conn: Connection, run_id: str, now: float) -> None:
+        """The run is alive (a heartbeat)."""
+        conn.execute(update(runs).where(runs.c.id == run_id).values(last_seen=now))
+
+    def mark_lost(self, conn: Connection, run_id: str, now: float) -> RunSummary | None:
+        """Give up on a running run that went silent; returns its summary, or None when it
+        is not running any more."""
+        self._forget_series(run_id)
+        changed = conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.status.in_(_values(moves(Silent()))))
+            .values(
+                status=_moved(Silent()),
+                end_reason=EndReason.HEARTBEAT_LOST.value,
+                ended_at=runs.c.last_seen,
+            )
+        ).rowcount
+        if not changed:
+            return None
+        row = conn.execute(select(*_SUMMARY).where(runs.c.id == run_id))
+        return cast(RunSummary, dict(row.mappings().one()))
+
+    def mark_stalled(
+        self, conn: Connection, run_id: str, seq: int, when: float, report: str
+    ) -> None:
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.last_seq < seq)
+            .values(
+                last_seq=seq,
+                last_seen=when,
+                stalled_at=when,
+                stall_stacks=report,
+                status=_moved(Stall()),
+            )
+        )
+
+    def end_run(self, conn: Connection, run_id: str, seq: int, end: RunEnd) -> None:
+        self._forget_series(run_id)
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.last_seq < seq)
+            .values(
+                last_seq=seq,
+                last_seen=end.ended_at,
+                status=_moved(End(end.reason)),
+                end_reason=end.reason,
+                ended_at=end.ended_at,
+                traceback=end.traceback,
+            )
+        )
+
+    def add_event(
+        self,
+        conn: Connection,
+        run_id: str,
+        seq: int,
+        kind: str,
+        step: int,
+        when: float,
+        data: Mapping[str, Any],
+    ) -> None:
+        conn.execute(
+            self._insert_event.values(
+                run_id=run_id, seq=seq, kind=kind, step=step, time=when, data=json.dumps(data)
+            )
+        )
+        conn.execute(
+            update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(last_seq=seq)
+        )
+
+    # -- reads (thread pool) -----------------------------------------------------------------
+
+    def running_runs(self) -> dict[str, float]:
+        """``{run id: last seen}`` of every run still marked running or stalled."""
+        query = select(runs.c.id, runs.c.last_seen).where(runs.c.status.in_(_values(ALIVE)))
+        with self._engine.connect() as conn:
+            return {run_id: last_seen for run_id, last_seen in conn.execute(query)}
+
+    def list_runs(
+        self, limit: int = 500, project: str | None = None, job: str | None = None
+    ) -> list[RunSummary]:
+        """Runs, newest first; ``job``: only the runs of that job."""
+        query = select(*_SUMMARY).order_by(runs.c.started_at.desc())
+        if project is not None:
+            query = query.where(runs.c.project == project)
+        if job is not None:
+            query = query.where(runs.c.job_id == job)
+        with self._engine.connect() as conn:
+            return [cast(RunSummary, dict(r)) for r in conn.execute(query.limit(limit)).mappings()]
+
+    def get_run(self, run_id: str, job: bool = True) -> RunDetail | None:
+        """One run with its series names and (``job``) its job's runs."""
+        with self._engine.connect() as conn:
+            row = conn.execute(select(runs).where(runs.c.id == run_id)).mappings().first()
+            if row is None:
+                return None
+            names = conn.execute(
+                select(series.c.name).where(series.c.run_id == run_id).order_by(series.c.name)
+            ).scalars()
+            run = dict(row)
+            run["series"] = list(names)
+            if job and run["job_id"]:
+                run["job"] = _job(conn, run["job_id"])
+        run["config"] = json.loads(run["config"])
+        run["env"] = json.loads(run["env"])
+        run.pop("last_seq")
+        return cast(RunDetail, run)
+
+    def run_events(self, run_id: str) -> list[RunEvent]:
+        """The run's kept events, in the order they came."""
+        query = select(events).where(events.c.run_id == run_id).order_by(events.c.seq)
+        with self._engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(query).mappings()]
+        for row in rows:
+            row["data"] = json.loads(row["data"])
+            row.pop("run_id")
+        return cast(list[RunEvent], rows)
+
+
+def record_progress(
+    conn: Connection, run_id: str, seq: int, now: float, last_step: int | None
+) -> None:
+    """The run's row after its frame ``seq`` of points, whose highest step is ``last_step``
+    (None: no points): last seen, last frame, and its step when that is progress. Called by
+    :meth:`SeriesStore.add_points <trainvitals.server.storage.series.SeriesStore.add_points>`,
+    in the frame's transaction."""
+    changes: dict[str, Any] = {"last_seq": seq, "last_seen": now}
+    if last_step is not None:
+        # Only a step beyond the stored last one is progress (see trainvitals.lifecycle):
+        # the per-second samples filed under the latest step do not end a stall.
+        advanced = func.coalesce(runs.c.last_step, -1) < last_step
+        changes["status"] = _moved(Progress(last_step), advanced)
+        larger = func.greatest if conn.dialect.name == "postgresql" else func.max
+        changes["last_step"] = larger(func.coalesce(runs.c.last_step, last_step), last_step)
+    conn.execute(update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(**changes))
+
+
+def worker_order(worker: str | None) -> tuple[int, str, int, str]:
+    """Sort key of worker names: ``chief`` and ``master`` first, then by type, then by
+    index (``worker:2`` before ``worker:10``)."""
+    kind, _, index = (worker or "").rpartition(":")
+    if not kind:
+        kind, index = index, ""
+    number = int(index) if index.isdigit() else -1
+    return (0 if kind in ("chief", "master") else 1, kind, number, worker or "")
+
+
+def run_summary(run: Mapping[str, Any]) -> RunSummary:
+    """The summary of a run row."""
+    return cast(RunSummary, {field: run[field] for field in RunSummary.__annotations__})
+
+
+def _join_job(conn: Connection, hello: Mapping[str, Any]) -> None:
+    """Link a new run to its job: the newest one of the same project and key while it
+    still runs or started together with this run, else a new job."""
+    job = hello["job"]
+    newest = conn.execute(
+        select(runs.c.job_id)
+        .where(
+            runs.c.project == hello["project"],
+            runs.c.job_key == job["key"],
+            runs.c.id != hello["run_id"],
+            runs.c.job_id.is_not(None),
+        )
+        .order_by(runs.c.started_at.desc())
+        .limit(1)
+    ).scalar()
+    job_id = None
+    if newest is not None:
+        alive = case((runs.c.status.in_(_values(ALIVE)), 1), else_=0)
+        running, latest = conn.execute(
+            select(func.sum(alive), func.max(runs.c.started_at)).where(
+                runs.c.job_id == newest, runs.c.id != hello["run_id"]
+            )
+        ).one()
+        if running or hello["started_at"] - latest <= JOB_WINDOW:
+            job_id = newest
+    job_id = job_id or uuid.uuid4().hex[:16]
+    conn.execute(
+        update(runs)
+        .where(runs.c.id == hello["run_id"])
+        .values(job_id=job_id, job_key=job["key"], worker=job["worker"])
+    )
+
+
+def _job(conn: Connection, job_id: str) -> Job:
+    """A job and its runs, in worker order (chief first, then by type and index)."""
+    members = [
+        cast(JobMember, dict(r))
+        for r in conn.execute(
+            select(*(runs.c[f] for f in JobMember.__annotations__)).where(runs.c.job_id == job_id)
+        ).mappings()
+    ]
+    members.sort(key=lambda m: worker_order(m["worker"]))
+    return Job(id=job_id, runs=members)
+
+
+def _values(statuses: Iterable[RunStatus]) -> list[str]:
+    return [status.value for status in statuses]
+
+
+def _moved(event: Event, when: ColumnElement[bool] | None = None) -> ColumnElement[Any]:
+    """The run's status after ``event``, as SQL: the lifecycle's moves, applied in the
+    database so a concurrent writer can't slip between reading and writing the status."""
+    whens = [
+        (
+            runs.c.status == before.value
+            if when is None
+            else and_(runs.c.status == before.value, when),
+            after.value,
+        )
+        for before, after in moves(event).items()
+    ]
+    return case(*whens, else_=runs.c.status) if whens else runs.c.status

@@ -1,0 +1,217 @@
+"""The database's tables, its URL and engine, and the upgrade of older databases.
+
+Points are stored for volume: each agent frame becomes one row of ``chunks`` per series,
+holding that frame's points as packed arrays (int64 steps, float64 times and values).
+Reading a million-point series is then a few thousand rows and one ``numpy.concatenate``,
+and the primary key ``(run_id, series, seq)`` makes replayed frames harmless
+(insert-or-ignore).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    inspect,
+    text,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+
+from trainvitals.exceptions import StorageError
+
+metadata = MetaData()
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("project", String(200), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float),
+    Column("last_step", BigInteger),
+    Column("last_seen", Float, nullable=False),
+    Column("last_seq", BigInteger, nullable=False, default=0),
+    Column("host", String(255), nullable=False, default=""),
+    Column("pid", Integer, nullable=False, default=0),
+    Column("end_reason", String(200)),
+    Column("traceback", Text),
+    Column("stalled_at", Float),
+    Column("stall_stacks", Text),
+    Column("config", Text, nullable=False, default="{}"),
+    Column("env", Text, nullable=False, default="{}"),
+    # The job of several processes the run is one worker of (see ``RunStore.open_run``).
+    Column("job_id", String(64)),
+    Column("job_key", String(128)),
+    Column("worker", String(64)),
+    Index("ix_runs_started_at", "started_at"),
+    Index("ix_runs_job_key", "project", "job_key"),
+    Index("ix_runs_job_id", "job_id"),
+)
+
+#: The names of each run's series (an index: the points are in ``chunks``).
+series = Table(
+    "series",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("name", String(256), primary_key=True),
+)
+
+chunks = Table(
+    "chunks",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("series", String(256), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("n", Integer, nullable=False),
+    Column("steps", LargeBinary, nullable=False),
+    Column("times", LargeBinary, nullable=False),
+    Column("vals", LargeBinary, nullable=False),
+)
+
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("run_id", String(64), nullable=False),
+    Column("project", String(200), nullable=False),
+    Column("run_name", String(200), nullable=False),
+    Column("rule", String(64), nullable=False),
+    Column("subject", String(128), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("hint", Text, nullable=False),
+    Column("evidence", Text, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("time", Float, nullable=False),
+    Column("updated_time", Float, nullable=False),
+    Column("resolved_time", Float),
+    Column("count", Integer, nullable=False),
+    Column("acknowledged_at", Float),
+    Column("acknowledged_by", String(200)),
+    Column("silenced_until", Float),
+    Index("ix_alerts_run", "run_id"),
+    Index("ix_alerts_state_time", "state", "time"),
+)
+
+silences = Table(
+    "silences",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("run_id", String(64), nullable=False),
+    Column("rule", String(64), nullable=False),
+    Column("subject", String(128), nullable=False),
+    Column("until", Float, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("created_by", String(200)),
+)
+
+#: Numbered agent frames other than points that are kept as they came (an autopsy).
+events = Table(
+    "events",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("time", Float, nullable=False),
+    Column("data", Text, nullable=False),
+)
+
+
+def shown_database(db: str) -> str:
+    """``db`` as it may be printed or logged: a URL's password masked."""
+    if "://" not in db:
+        return db
+    try:
+        return make_url(db).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy reads: say nothing of it
+        return "<unreadable database URL>"
+
+
+def database_url(db: str) -> str:
+    """Accept a plain file path, ``sqlite:///path`` or ``postgresql://...``."""
+    if "://" not in db:
+        return "sqlite:///" + os.path.abspath(db)
+    url = make_url(db)
+    if url.drivername in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    if url.get_backend_name() not in ("sqlite", "postgresql"):
+        raise StorageError(f"Expected a SQLite path or a postgresql:// URL, but got {db!r}")
+    return db
+
+
+def connect(url: str) -> Engine:
+    """The engine of a URL from :func:`database_url`."""
+    engine = create_engine(url, pool_pre_ping=True)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def create_schema(engine: Engine) -> None:
+    """Make the tables that are missing, and the columns an older database lacks."""
+    metadata.create_all(engine)
+    with engine.begin() as conn:
+        _add_missing_columns(conn)
+
+
+def dialect_insert(engine: Engine, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """An ``INSERT`` with the dialect's ``ON CONFLICT`` clauses (both dialects have them)."""
+    insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+    return insert(table)
+
+
+def _add_missing_columns(conn: Connection) -> None:
+    """Add the nullable columns a database made by an older version lacks (``create_all``
+    makes missing tables, never missing columns)."""
+    inspector = inspect(conn)
+    preparer = conn.dialect.identifier_preparer
+    for table in metadata.sorted_tables:
+        have = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in have:
+                continue
+            if not column.nullable:
+                raise StorageError(
+                    f"the database's table {table.name!r} lacks the column {column.name!r}, "
+                    "which cannot be added to existing rows: use a new database"
+                )
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.execute(
+                text(
+                    f"ALTER TABLE {preparer.format_table(table)} "
+                    f"ADD COLUMN {preparer.format_column(column)} {kind}"
+                )
+            )
+        for index in table.indexes:
+            if index.name not in {i["name"] for i in inspector.get_indexes(table.name)}:
+                index.create(conn)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL lets the API read while the writer thread commits; NORMAL is durable across a
+    # process crash (only an OS crash can lose the last commits).
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()

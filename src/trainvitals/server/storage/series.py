@@ -1,0 +1,140 @@
+"""The points of runs' series: one ``chunks`` row per series and frame, and the ``series``
+index of each run's names (see :mod:`~trainvitals.server.storage.schema`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from sqlalchemy import Connection, Engine, select
+
+from trainvitals.protocol import AnyColumns, ArrayColumns, Columns
+from trainvitals.server.storage.runs import record_progress
+from trainvitals.server.storage.schema import chunks, dialect_insert, runs, series
+
+_PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
+
+
+class SeriesStore:
+    """The ``chunks`` and ``series`` tables."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._insert_chunks = dialect_insert(engine, chunks).on_conflict_do_nothing()
+        self._insert_series = dialect_insert(engine, series).on_conflict_do_nothing()
+        # Run id -> the series names this process has committed for it: a frame's known
+        # series need no insert. Forgotten when the run ends (a run that speaks again only
+        # costs inserts that are ignored).
+        self._known: dict[str, set[str]] = {}
+
+    # -- writes (writer thread) --------------------------------------------------------------
+
+    def add_points(
+        self, conn: Connection, run_id: str, seq: int, points: Mapping[str, AnyColumns], now: float
+    ) -> int | None:
+        """Store one frame's points, and the run's progress; returns the highest step in
+        it (None when empty)."""
+        rows = []
+        last_step: int | None = None
+        for name, (steps, times, values) in points.items():
+            step_array = np.asarray(steps, dtype=np.int64)
+            if step_array.size == 0:
+                continue
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "series": name,
+                    "seq": seq,
+                    "n": int(step_array.size),
+                    "steps": step_array.tobytes(),
+                    "times": np.asarray(times, dtype=np.float64).tobytes(),
+                    "vals": np.asarray(values, dtype=np.float64).tobytes(),
+                }
+            )
+            top = int(step_array.max())
+            last_step = top if last_step is None else max(last_step, top)
+        if rows:
+            conn.execute(self._insert_chunks, rows)
+            known = self._known.get(run_id, ())
+            new = [r["series"] for r in rows if r["series"] not in known]
+            if new:
+                conn.execute(self._insert_series, [{"run_id": run_id, "name": n} for n in new])
+                # Remembered once committed (see ``committed``): a rolled-back insert must be
+                # made again when the frame is replayed.
+                conn.info.setdefault(_PENDING_SERIES, []).append((run_id, new))
+        record_progress(conn, run_id, seq, now, last_step)
+        return last_step
+
+    def committed(self, conn: Connection) -> None:
+        """The transaction on ``conn`` was committed: remember the series it stored."""
+        for run_id, names in conn.info.pop(_PENDING_SERIES, ()):
+            self._known.setdefault(run_id, set()).update(names)
+
+    def rolled_back(self, conn: Connection) -> None:
+        """The transaction on ``conn`` failed: what it stored is not there."""
+        conn.info.pop(_PENDING_SERIES, None)
+
+    def forget(self, run_id: str) -> None:
+        """The run ended: stop remembering its series."""
+        self._known.pop(run_id, None)
+
+    # -- reads (thread pool) -----------------------------------------------------------------
+
+    def read_series(self, run_id: str, name: str) -> ArrayColumns:
+        """Every point of one series, ordered by step."""
+        query = (
+            select(chunks.c.steps, chunks.c.times, chunks.c.vals)
+            .where(chunks.c.run_id == run_id, chunks.c.series == name)
+            .order_by(chunks.c.seq)
+        )
+        with self._engine.connect() as conn:
+            steps, times, values = _unpack(conn.execute(query).all())
+        if steps.size > 1 and np.any(steps[1:] < steps[:-1]):
+            order = np.argsort(steps, kind="stable")
+            steps, times, values = steps[order], times[order], values[order]
+        return Columns(steps, times, values)
+
+    def recent_points(self, run_id: str, frames: int) -> dict[str, ArrayColumns]:
+        """The points of the run's last ``frames`` frames, per series, in frame order: the
+        history the alert engine replays to rebuild its state after a restart."""
+        with self._engine.connect() as conn:
+            last = conn.execute(select(runs.c.last_seq).where(runs.c.id == run_id)).scalar()
+            if last is None:
+                return {}
+            rows = conn.execute(
+                select(chunks.c.series, chunks.c.steps, chunks.c.times, chunks.c.vals)
+                .where(chunks.c.run_id == run_id, chunks.c.seq > last - frames)
+                .order_by(chunks.c.seq)
+            ).all()
+        parts: dict[str, list[tuple[bytes, bytes, bytes]]] = {}
+        for name, steps, times, values in rows:
+            parts.setdefault(name, []).append((steps, times, values))
+        return {name: _unpack(chunk) for name, chunk in parts.items()}
+
+    def last_values(self, run_id: str, prefixes: tuple[str, ...]) -> dict[str, float]:
+        """The last stored value of each of the run's series whose name starts with one of
+        ``prefixes`` (the readings just before a run ended)."""
+        out: dict[str, float] = {}
+        with self._engine.connect() as conn:
+            names = conn.execute(select(series.c.name).where(series.c.run_id == run_id))
+            for name in names.scalars():
+                if not name.startswith(prefixes):
+                    continue
+                row = conn.execute(
+                    select(chunks.c.vals)
+                    .where(chunks.c.run_id == run_id, chunks.c.series == name)
+                    .order_by(chunks.c.seq.desc())
+                    .limit(1)
+                ).first()
+                if row is not None:
+                    out[name] = float(np.frombuffer(row[0], dtype=np.float64)[-1])
+        return out
+
+
+def _unpack(rows: Sequence[Sequence[bytes]]) -> ArrayColumns:
+    """The points of consecutive chunks (rows of ``steps``, ``times``, ``vals``)."""
+    return Columns(
+        np.frombuffer(b"".join(c[0] for c in rows), dtype=np.int64),
+        np.frombuffer(b"".join(c[1] for c in rows), dtype=np.float64),
+        np.frombuffer(b"".join(c[2] for c in rows), dtype=np.float64),
+    )

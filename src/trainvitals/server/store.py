@@ -1,0 +1,57 @@
+"""The server's database: one engine, and a part of it for each concern.
+
+- ``store.runs``: runs, their jobs and events (:mod:`~trainvitals.server.storage.runs`);
+- ``store.series``: the points of their series (:mod:`~trainvitals.server.storage.series`);
+- ``store.alerts``: alerts and silences (:mod:`~trainvitals.server.storage.alerts`);
+- ``store.outbox``: the notifications queued for delivery (:mod:`~trainvitals.server.notify.store`).
+
+Every method is synchronous. Those that take a ``conn`` write, in the transaction the
+:class:`~trainvitals.server.writer.Writer` thread gives them; the others read, on a
+connection of their own (in FastAPI's thread pool).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection
+
+from trainvitals.server.notify.store import OutboxStore
+from trainvitals.server.storage.alerts import AlertStore
+from trainvitals.server.storage.runs import RunStore
+from trainvitals.server.storage.schema import connect, create_schema, database_url
+from trainvitals.server.storage.series import SeriesStore
+
+
+class Store:
+    """Runs, series, alerts and notifications in one database, on SQLite or PostgreSQL.
+
+    Example:
+        ```python
+        store = Store("runs.db")  # or Store("postgresql://user@host/db")
+        store.create_schema()
+        store.runs.list_runs(project="mnist")
+        ```
+    """
+
+    def __init__(self, db: str) -> None:
+        self.url = database_url(db)
+        self.engine = connect(self.url)
+        self.dialect = self.engine.dialect.name
+        self.series = SeriesStore(self.engine)
+        self.runs = RunStore(self.engine, forget_series=self.series.forget)
+        self.alerts = AlertStore(self.engine)
+        self.outbox = OutboxStore(self.engine)
+
+    def create_schema(self) -> None:
+        """Make the tables, or bring those of an older database up to date."""
+        create_schema(self.engine)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    def committed(self, conn: Connection) -> None:
+        """The writer's transaction on ``conn`` was committed."""
+        self.series.committed(conn)
+
+    def rolled_back(self, conn: Connection) -> None:
+        """The writer's transaction on ``conn`` failed: what it stored is not there."""
+        self.series.rolled_back(conn)
