@@ -11,24 +11,16 @@ import functools
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from trainvitals.agent import environment
-from trainvitals.series import (
-    GRAD_GLOBAL_NORM,
-    LOSS,
-    NONFINITE_GRADS,
-    NONFINITE_INPUTS,
-    NONFINITE_LOSS,
-)
+from trainvitals.agent import environment, packing
+from trainvitals.series import NONFINITE_GRADS, NONFINITE_INPUTS, NONFINITE_LOSS
 
-#: Order of the scalars at the head of the packed vitals vector; per-variable norms follow.
-PACKED = (LOSS, NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS, GRAD_GLOBAL_NORM)
+PACKED = packing.HEAD  # the callback's until it decodes with packing too
 
 
 def _dense(tensor: Any) -> Any:
@@ -115,7 +107,8 @@ def step_vitals(
     loss: Any, inputs: Any, grads: Sequence[Any] | None, loss_scale: Any = None
 ) -> tf.Tensor:
     """Everything a step reports, packed into one float32 vector so that fetching it costs one
-    transfer: the scalars named in :data:`PACKED`, then the per-variable gradient norms.
+    transfer: the scalars named in :data:`packing.HEAD <trainvitals.agent.packing.HEAD>`, then
+    the per-variable gradient norms (:mod:`~trainvitals.agent.packing` decodes it).
 
     Counting NaN/Inf element by element costs more than the norms themselves, and NaN/Inf
     always make a sum of squares non-finite. So the sums of squares (which the norms need
@@ -138,23 +131,23 @@ def step_vitals(
     if loss is not None:
         parts.append(loss32)
     checksum = tf.add_n(parts) if parts else zero
+    # The exact counts, by name: stacked in the order of packing.COUNTS.
+    exact: dict[str, Callable[[], tf.Tensor]] = {
+        NONFINITE_LOSS: lambda: nonfinite_count(loss) if loss is not None else zero,
+        NONFINITE_INPUTS: lambda: nonfinite_count(input_tensors),
+        NONFINITE_GRADS: lambda: nonfinite_count(present),
+    }
     counts = _conditional(
         tf.cond(
             tf.math.is_finite(checksum),
-            lambda: tf.zeros([3], tf.float32),
-            lambda: tf.stack(
-                [
-                    nonfinite_count(loss) if loss is not None else zero,
-                    nonfinite_count(input_tensors),
-                    nonfinite_count(present),
-                ]
-            ),
+            lambda: tf.zeros([len(packing.COUNTS)], tf.float32),
+            lambda: tf.stack([exact[name]() for name in packing.COUNTS]),
         )
     )
     if loss_scale is not None:
         squares = squares / tf.square(tf.cast(loss_scale, tf.float32))
     norm = tf.sqrt(tf.reduce_sum(squares)) if grads is not None else tf.constant(float("nan"))
-    one = [1]
+    one = [1]  # the layout of packing.HEAD: the loss, the counts, the global norm; the norms
     return tf.concat([tf.reshape(loss32, one), counts, tf.reshape(norm, one), tf.sqrt(squares)], 0)
 
 
@@ -208,14 +201,6 @@ def step_vitals_now(loss: Any, inputs: Any, grads: Sequence[Any] | None) -> tf.T
         tf.nest.map_structure(tensor, inputs),
         None if grads is None else [tensor(g) for g in grads],
     )
-
-
-def unpack(packed: Any) -> tuple[dict[str, float], Any]:
-    """A fetched :func:`step_vitals` vector as ``({name in PACKED: value}, per-variable norms)``
-    (the norms stay a numpy array: they are only turned into points when they are due)."""
-    vector = np.asarray(packed)
-    head = dict(zip(PACKED, vector[: len(PACKED)].tolist(), strict=True))
-    return head, vector[len(PACKED) :]
 
 
 def loss_scale_of(optimizer: Any) -> Any:
