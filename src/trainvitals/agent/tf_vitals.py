@@ -20,8 +20,6 @@ from tensorflow.core.framework import attr_value_pb2
 from trainvitals.agent import environment, packing
 from trainvitals.series import NONFINITE_GRADS, NONFINITE_INPUTS, NONFINITE_LOSS
 
-PACKED = packing.HEAD  # the callback's until it decodes with packing too
-
 
 def _dense(tensor: Any) -> Any:
     if isinstance(tensor, tf.IndexedSlices):  # embedding gradients
