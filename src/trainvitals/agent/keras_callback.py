@@ -212,19 +212,19 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             taken = step_times[: len(step_times)]
             del step_times[: len(taken)]
         to_unix = time.time() - time.monotonic()
-        steps = packing.pivot(rows, taken, tap.measured, self._vitals, to_unix)
-        if steps.healthy_norms is not None:
-            self._healthy_norms = steps.healthy_norms
-        run.add_columns(steps.columns, steps.clock)
+        batch = packing.pivot(rows, taken, tap.measured, self._vitals, to_unix)
+        if batch.healthy_norms is not None:
+            self._healthy_norms = batch.healthy_norms
+        run.add_columns(batch.columns, batch.clock)
         if self._weights_check is not None:
-            checks = [s for s in steps.steps if s % self._weights_every == 0]
+            checks = [s for s in batch.steps if s % self._weights_every == 0]
             if checks and self._weights_check.due():
                 run.log(checks[-1], {NONFINITE_WEIGHTS: self._weights_check()})
         if self.guard is not None:
-            for step in steps.healthy:
+            for step in batch.healthy:
                 self.guard.healthy_step(step)
-        for step in steps.sick:
-            self._after_step(step, packing.values_at(steps.columns, step))
+        for step in batch.sick:
+            self._after_step(step, packing.values_at(batch.columns, step))
 
     def _after_step(self, step: int, values: dict[str, float]) -> None:
         """The autopsy of the first NaN/Inf step, and the protective actions."""
@@ -281,7 +281,7 @@ def _weights_check(model: Any) -> tf_vitals.WeightsCheck | None:
         return None
 
 
-def _tensorflow_env(model: Any) -> dict[str, Any]:
+def _tensorflow_env(model: Any) -> tf_vitals.TensorflowEnv:
     try:
         return tf_vitals.describe(model)
     except Exception as exc:  # facts for the dashboard, never a reason to fail

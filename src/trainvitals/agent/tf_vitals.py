@@ -12,7 +12,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -211,9 +211,34 @@ def variable_name(variable: Any, index: int) -> str:
     return str(getattr(variable, "path", None) or getattr(variable, "name", None) or index)
 
 
-def describe(model: Any = None) -> dict[str, Any]:
+class Worker(TypedDict):
+    """This process's task in ``TF_CONFIG``: ``{"type": "worker", "index": 1}``."""
+
+    type: str
+    index: int
+
+
+class TensorflowEnv(TypedDict, total=False):
+    """What :func:`describe` tells the run's ``hello``; a key it cannot learn is left out."""
+
+    tensorflow: str
+    #: ``cuda_version``, ``cudnn_version``, ``is_cuda_build``, as the build reports them.
+    tf_build: dict[str, str | bool]
+    tf_gpus: list[str]
+    #: Each GPU's memory-growth setting (None where TensorFlow would not say).
+    memory_growth: dict[str, bool | None]
+    mixed_precision_policy: str
+    worker: Worker
+    distribution_strategy: str
+    replicas: int
+    jit_compile: bool
+    #: Why :func:`describe` itself failed (the callback's fallback), instead of the rest.
+    tensorflow_describe_error: str
+
+
+def describe(model: Any = None) -> TensorflowEnv:
     """What TensorFlow says about the build and the devices, for the run's ``hello``."""
-    env: dict[str, Any] = {"tensorflow": tf.__version__}
+    env: TensorflowEnv = {"tensorflow": tf.__version__}
     try:
         build = tf.sysconfig.get_build_info()
         env["tf_build"] = {
