@@ -1,9 +1,8 @@
 """``VitalsCallback``: stream a ``model.fit`` run to a trainvitals server.
 
-The callback holds the Keras hooks; they record and hand over. The train step is tapped in
-:mod:`~trainvitals.agent.tap`, collected steps become columns in :mod:`~trainvitals.agent.
-packing`, a NaN/Inf step's autopsy and the protective actions are :mod:`~trainvitals.agent.
-autopsy`'s and :mod:`~trainvitals.agent.protect`'s.
+The callback holds the Keras hooks, which record and hand over: the train step is tapped by
+``tap.py``, collected steps become columns in ``packing.py``, and a NaN/Inf step's autopsy and
+the protective actions are ``autopsy.py``'s and ``protect.py``'s.
 
 This module imports Keras; ``trainvitals/__init__.py`` loads it only when
 ``trainvitals.VitalsCallback`` is first used, so ``import trainvitals`` stays light.
@@ -141,7 +140,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             replace(self._settings, config={**params, **self._settings.config}),
             system_metrics=self._system_metrics,
             gpu=self._gpu,
-            env=_tensorflow_env(self.model),
+            env=tf_vitals.describe(self.model),
             watchdog=self._watchdog,
             on_system=self.guard.on_system if self.guard is not None else None,
         )
@@ -149,7 +148,9 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._pending, self._step_times = [], []
         self.run.start()
         self.run.on_tick(self._flush_pending)  # steps of a run that hangs still arrive
-        self._weights_check = _weights_check(self.model) if self._weights_every else None
+        self._weights_check = (
+            tf_vitals.WeightsCheck.create(self.model) if self._weights_every else None
+        )
         self._tap = TrainStepTap(self.model)
         self._tap.install()
 
@@ -269,20 +270,3 @@ def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
         except (TypeError, ValueError):
             continue  # strings or arrays some callbacks put in logs
     return out
-
-
-def _weights_check(model: Any) -> tf_vitals.WeightsCheck | None:
-    try:
-        return tf_vitals.WeightsCheck(model)
-    except Exception as exc:  # an unusual model must still train
-        log.warning(
-            "trainvitals: no NaN/Inf check of the weights (%s: %s)", type(exc).__name__, exc
-        )
-        return None
-
-
-def _tensorflow_env(model: Any) -> tf_vitals.TensorflowEnv:
-    try:
-        return tf_vitals.describe(model)
-    except Exception as exc:  # facts for the dashboard, never a reason to fail
-        return {"tensorflow_describe_error": f"{type(exc).__name__}: {exc}"}

@@ -8,6 +8,7 @@ reach the host with the logs Keras fetches anyway) and eagerly by
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import time
@@ -19,6 +20,8 @@ from tensorflow.core.framework import attr_value_pb2
 
 from trainvitals.agent import environment, packing
 from trainvitals.series import NONFINITE_GRADS, NONFINITE_INPUTS, NONFINITE_LOSS
+
+log = logging.getLogger("trainvitals")
 
 
 def _dense(tensor: Any) -> Any:
@@ -61,6 +64,17 @@ class WeightsCheck:
         self._count = tf.function(functools.partial(WeightsCheck._nonfinite, self), autograph=False)
         self._last = -math.inf
         self.clock = time.monotonic
+
+    @classmethod
+    def create(cls, model: Any) -> WeightsCheck | None:
+        """A check of ``model``'s weights, or None after one warning if it cannot have one."""
+        try:
+            return cls(model)
+        except Exception as exc:  # an unusual model must still train
+            log.warning(
+                "trainvitals: no NaN/Inf check of the weights (%s: %s)", type(exc).__name__, exc
+            )
+            return None
 
     def due(self) -> bool:
         """Whether a check now keeps to :attr:`min_interval` (and counts it as done)."""
@@ -232,12 +246,20 @@ class TensorflowEnv(TypedDict, total=False):
     distribution_strategy: str
     replicas: int
     jit_compile: bool
-    #: Why :func:`describe` itself failed (the callback's fallback), instead of the rest.
+    #: Why :func:`describe` itself failed, instead of the rest.
     tensorflow_describe_error: str
 
 
 def describe(model: Any = None) -> TensorflowEnv:
-    """What TensorFlow says about the build and the devices, for the run's ``hello``."""
+    """What TensorFlow says about the build and the devices, for the run's ``hello``; never
+    raises (what failed is said under ``tensorflow_describe_error``)."""
+    try:
+        return _describe(model)
+    except Exception as exc:  # facts for the dashboard, never a reason to fail
+        return {"tensorflow_describe_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _describe(model: Any) -> TensorflowEnv:
     env: TensorflowEnv = {"tensorflow": tf.__version__}
     try:
         build = tf.sysconfig.get_build_info()
