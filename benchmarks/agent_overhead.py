@@ -255,7 +255,8 @@ def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     import tensorflow as tf
     from keras.src.utils.python_utils import pythonify_logs
 
-    from trainvitals.agent import tf_vitals
+    from trainvitals.agent import packing
+    from trainvitals.agent.tap import VITALS_KEY
 
     model, _, _ = mlp()
     model.compile(optimizer="adam", loss="mse")
@@ -263,7 +264,7 @@ def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     callback.set_model(model)
     callback.set_params({"epochs": 1, "steps": 5 * steps})
     callback.on_train_begin()
-    width = len(tf_vitals.PACKED) + len(model.trainable_variables)
+    width = len(packing.HEAD) + len(model.trainable_variables)
     vector = np.full(width, 0.5, np.float32)
     vector[1:4] = 0.0  # no NaN/Inf: the healthy path
     step = 0
@@ -280,9 +281,7 @@ def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     def hooks(_: int) -> None:
         nonlocal step
         callback.on_train_batch_begin(step)
-        callback.on_train_batch_end(
-            step, {"accuracy": 0.5, "loss": 0.7, "trainvitals/vitals": vector}
-        )
+        callback.on_train_batch_end(step, {"accuracy": 0.5, "loss": 0.7, VITALS_KEY: vector})
         step += 1
 
     try:
@@ -290,7 +289,7 @@ def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     finally:
         callback.on_train_end()
     logs = {"accuracy": tf.constant(0.5), "loss": tf.constant(0.7)}
-    with_vector = {**logs, "trainvitals/vitals": tf.constant(vector)}
+    with_vector = {**logs, VITALS_KEY: tf.constant(vector)}
     keras_part = block(lambda _: pythonify_logs(with_vector)) - block(
         lambda _: pythonify_logs(logs)
     )

@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from trainvitals.agent.packing import Measured, decode_one
 from trainvitals.agent.vitals import StepVitals
 
-NAMES = ["dense/kernel", "dense/bias"]
+NAMES = ("dense/kernel", "dense/bias")
 
 
-def head(norm: float, nonfinite_grads: float = 0.0) -> dict[str, float]:
-    return {
-        "loss": 0.5,
-        "nonfinite/loss": 0.0,
-        "nonfinite/inputs": 0.0,
-        "nonfinite/grads": nonfinite_grads,
-        "grad/global_norm": norm,
-    }
+def vector(norm: float, nonfinite_grads: float = 0.0) -> np.ndarray:
+    """A packed vector: loss, NaN/Inf in the loss, the inputs, the grads, global norm; norms."""
+    return np.array([0.5, 0.0, 0.0, nonfinite_grads, norm, norm, 0.1], np.float32)
 
 
 def recorded(vitals: StepVitals, step: int, norm: float, nonfinite: float = 0.0) -> bool:
-    values = vitals.values(
-        step, head(norm, nonfinite), [norm, 0.1], NAMES, loss=True, inputs=True, grads=True
-    )
+    measured = Measured(loss=True, inputs=True, grads=True, names=NAMES)
+    values, _ = decode_one(vector(norm, nonfinite), step, measured, vitals)
     return "grad/norm/dense/kernel" in values
 
 
@@ -36,7 +33,6 @@ def test_per_variable_norms_every_n_steps_and_when_something_happens() -> None:
 
 
 def test_only_what_the_step_measured() -> None:
-    values = StepVitals().values(
-        1, head(1.0), [1.0, 0.1], NAMES, loss=False, inputs=True, grads=False
-    )
-    assert values == {"nonfinite/inputs": 0.0}
+    measured = Measured(loss=False, inputs=True, grads=False, names=NAMES)
+    values, norms = decode_one(vector(1.0), 1, measured, StepVitals())
+    assert (values, norms) == ({"nonfinite/inputs": 0.0}, None)

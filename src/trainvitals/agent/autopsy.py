@@ -11,14 +11,15 @@ Two ways to answer, depending on what is at hand when the step is seen:
   weights are poisoned. ``fit`` consumes its batches inside the compiled function, so the
   batch itself is gone by the time the host sees the step.
 
-Both return a JSON-ready dict with a one-line ``verdict``. Imports TensorFlow: load lazily.
+Both return a JSON-ready :class:`Report` with a one-line ``verdict``; :func:`of_step` picks
+one and never raises (what the callback and ``Monitor`` call). Imports TensorFlow: load lazily.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import tensorflow as tf
@@ -27,6 +28,41 @@ from trainvitals.series import GRAD_NORM_PREFIX
 
 #: Layers listed in a replay report, at most (the first bad one is always among them).
 MAX_LAYERS = 40
+
+#: One layer's output in a replay: its name and class, NaN/Inf elements, largest finite |x|.
+LayerRow = TypedDict("LayerRow", {"layer": str, "class": str, "nonfinite": int, "max_abs": float})
+
+
+class Rise(TypedDict):
+    """A variable whose gradient norm rose ``ratio`` times since the last healthy sample."""
+
+    variable: str
+    ratio: float
+
+
+class Report(TypedDict, total=False):
+    """An autopsy, as sent in the ``autopsy`` frame. ``method`` says which keys it has:
+    ``"replay"`` (:func:`replay`) or ``"vitals"`` (:func:`from_vitals`); ``error`` alone when
+    the autopsy itself failed; ``action`` when a :class:`~trainvitals.Protection` acted."""
+
+    method: Literal["replay", "vitals"]
+    #: Where the NaN/Inf came from: inputs, weights, layer, loss, backward, gradients.
+    origin: str
+    verdict: str
+    # replay
+    inputs_nonfinite: int
+    targets_nonfinite: int
+    layer_by_layer: bool
+    layers: list[LayerRow]
+    layer: str
+    # both: {layer name: NaN/Inf elements in its weights}
+    weights_nonfinite: dict[str, int]
+    # vitals
+    counts: dict[str, float]
+    gradients_nonfinite: list[str]
+    largest_rises: list[Rise]
+    action: str
+    error: str
 
 
 def _count(structure: Any) -> int:
@@ -61,7 +97,24 @@ def poisoned_weights(model: Any) -> dict[str, int]:
     return out
 
 
-def replay(model: Any, inputs: Any, targets: Any = None) -> dict[str, Any]:
+def of_step(
+    model: Any,
+    values: Mapping[str, float],
+    previous_norms: Mapping[str, float],
+    inputs: Any = None,
+    targets: Any = None,
+) -> Report:
+    """The autopsy of a step with a NaN/Inf, never raising: a :func:`replay` of its batch when
+    the model and the batch are at hand, else :func:`from_vitals`."""
+    try:
+        if model is not None and inputs is not None:
+            return replay(model, inputs, targets)
+        return from_vitals(model, values, previous_norms)
+    except Exception as exc:  # an autopsy must never break training
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def replay(model: Any, inputs: Any, targets: Any = None) -> Report:
     """Re-run one batch through ``model`` layer by layer (inference mode, no side effects).
 
     Example:
@@ -70,7 +123,7 @@ def replay(model: Any, inputs: Any, targets: Any = None) -> dict[str, Any]:
         print(report["verdict"])   # "Layer 'exp' turned finite inputs (max |x| 812) into NaN/Inf"
         ```
     """
-    report: dict[str, Any] = {
+    report: Report = {
         "method": "replay",
         "inputs_nonfinite": _count(inputs),
         "targets_nonfinite": _count(targets),
@@ -88,11 +141,11 @@ def replay(model: Any, inputs: Any, targets: Any = None) -> dict[str, Any]:
         outputs = model(inputs, training=False)
         layers = [(model.name, type(model).__name__, outputs)]
         report["layer_by_layer"] = False
-    rows = []
-    first: dict[str, Any] | None = None
-    previous_max = _max_abs(inputs)
+    rows: list[LayerRow] = []
+    first: LayerRow | None = None
+    first_input_max = previous_max = _max_abs(inputs)
     for name, kind, output in layers:
-        row: dict[str, Any] = {
+        row: LayerRow = {
             "layer": name,
             "class": kind,
             "nonfinite": _count(output),
@@ -100,7 +153,7 @@ def replay(model: Any, inputs: Any, targets: Any = None) -> dict[str, Any]:
         }
         rows.append(row)
         if first is None and row["nonfinite"]:
-            first = {**row, "input_max_abs": previous_max}
+            first, first_input_max = row, previous_max
         previous_max = row["max_abs"]
     report["layers"] = rows[:MAX_LAYERS]
     if first is not None:
@@ -116,7 +169,7 @@ def replay(model: Any, inputs: Any, targets: Any = None) -> dict[str, Any]:
             report["origin"] = "layer"
             report["verdict"] = (
                 f"Layer {first['layer']!r} ({first['class']}) turned finite inputs (max |x| "
-                f"{first['input_max_abs']:.3g}) into {first['nonfinite']} NaN/Inf values"
+                f"{first_input_max:.3g}) into {first['nonfinite']} NaN/Inf values"
             )
         return report
     loss = _loss(model, targets, layers[-1][2])
@@ -139,7 +192,7 @@ def from_vitals(
     model: Any,
     values: Mapping[str, float],
     previous_norms: Mapping[str, float],
-) -> dict[str, Any]:
+) -> Report:
     """An autopsy from one compiled step's vitals: ``values`` are the step's series (with its
     per-variable norms), ``previous_norms`` the per-variable norms last seen healthy."""
     counts = {
@@ -147,7 +200,7 @@ def from_vitals(
         for origin in ("inputs", "loss", "grads")
         if values.get(f"nonfinite/{origin}")
     }
-    report: dict[str, Any] = {
+    report: Report = {
         "method": "vitals",
         "counts": counts,
         "weights_nonfinite": poisoned_weights(model),

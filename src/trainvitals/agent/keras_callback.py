@@ -1,46 +1,36 @@
 """``VitalsCallback``: stream a ``model.fit`` run to a trainvitals server.
 
+The callback holds the Keras hooks, which record and hand over: the train step is tapped by
+``tap.py``, collected steps become columns in ``packing.py``, and a NaN/Inf step's autopsy and
+the protective actions are ``autopsy.py``'s and ``protect.py``'s.
+
 This module imports Keras; ``trainvitals/__init__.py`` loads it only when
 ``trainvitals.VitalsCallback`` is first used, so ``import trainvitals`` stays light.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import keras
 import numpy as np
 
-from trainvitals.agent import tf_vitals
+from trainvitals.agent import autopsy, packing, tf_vitals
 from trainvitals.agent.config import resolve
+from trainvitals.agent.packing import Row, StepTime
 from trainvitals.agent.protect import Guard, Protection
 from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
+from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import END_COMPLETED, Columns, ListColumns
-from trainvitals.series import (
-    GRAD_GLOBAL_NORM,
-    GRAD_NORM_PREFIX,
-    LOSS,
-    NONFINITE_GRADS,
-    NONFINITE_INPUTS,
-    NONFINITE_LOSS,
-    NONFINITE_WEIGHTS,
-    STEP_TIME,
-)
+from trainvitals.protocol import END_COMPLETED
+from trainvitals.series import LOSS, NONFINITE_WEIGHTS
 
 log = logging.getLogger("trainvitals")
-
-# Vitals computed in the train step ride along with the logs Keras already fetches from the
-# device, under these keys; the callback takes them out before Progbar or History see them.
-_VITALS = "trainvitals/vitals"  # one float32 vector: see tf_vitals.step_vitals
 
 #: Steps collected before they become points all at once: per step, the callback only keeps
 #: what Keras hands it; numpy turns a few dozen steps into columns in one go. A step with a
@@ -125,27 +115,22 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._gpu = gpu
         self._watchdog = watchdog
         self.run: Run | None = None
+        self._tap: TrainStepTap | None = None
         self._epoch_first_step = 0
         self._batch_began: tuple[int, float] | None = None
-        self._grad_names: list[str] = []
-        self._has_loss = self._has_grads = False  # what the traced step could measure
-        self._undo: list[Callable[[], None]] = []
         self._weights_check: tf_vitals.WeightsCheck | None = None
-        # (step, time.monotonic(), packed vitals or None, Keras's numbers): waiting to become
-        # points (one clock read per step; unix times are worked out per batch of steps)
-        self._pending: list[tuple[int, float, Any, dict[str, float]]] = []
+        # Steps waiting to become points (one clock read per step; unix times are worked out
+        # per batch of steps), and the step times, appended by the training thread.
+        self._pending: list[Row] = []
         self._pending_since = 0.0
         self._pending_lock = threading.Lock()
-        # (step, seconds, unix time), appended by the training thread
-        self._step_times: list[tuple[int, float, float]] = []
+        self._step_times: list[StepTime] = []
         self._last_step = 0
 
     # Keras may call on_train_batch_end from a thread pool, several at once and out of order
     # (with the TensorFlow backend it calls it on the training thread): that hook only reads
     # the logs it is given and appends to a locked list; _record sorts what it takes.
     async_safe = True
-
-    # -- Keras hooks --------------------------------------------------------------------------
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         params = {k: v for k, v in (self.params or {}).items() if k in ("epochs", "steps")}
@@ -155,7 +140,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             replace(self._settings, config={**params, **self._settings.config}),
             system_metrics=self._system_metrics,
             gpu=self._gpu,
-            env=_tensorflow_env(self.model),
+            env=tf_vitals.describe(self.model),
             watchdog=self._watchdog,
             on_system=self.guard.on_system if self.guard is not None else None,
         )
@@ -163,8 +148,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._pending, self._step_times = [], []
         self.run.start()
         self.run.on_tick(self._flush_pending)  # steps of a run that hangs still arrive
-        self._weights_check = _weights_check(self.model) if self._weights_every else None
-        self._instrument()
+        self._weights_check = (
+            tf_vitals.WeightsCheck.create(self.model) if self._weights_every else None
+        )
+        self._tap = TrainStepTap(self.model)
+        self._tap.install()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch_first_step = self._last_step
@@ -184,8 +172,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self._step_times.append((step, (now - began[1]) / (batch - began[0]), time.time()))
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        packed = _take_vitals(logs)
-        if self.run is None:
+        packed = TrainStepTap.take(logs)
+        if self.run is None or self._tap is None:
             return
         if packed is not None:
             packed = np.asarray(packed)
@@ -203,28 +191,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
                 len(pending) < BATCH_STEPS
                 and now - self._pending_since < self._settings.flush_interval / 2
                 and self.guard is None
-                and (packed is None or not self._sick(*packed[:5].tolist()))
+                and (packed is None or not packing.sick(packed, self._tap.measured))
             ):
                 return
             self._pending = []
         self._record(pending)
-
-    def _sick(
-        self,
-        loss: float,
-        nonfinite_loss: float,
-        nonfinite_inputs: float,
-        nonfinite_grads: float,
-        norm: float,
-    ) -> bool:
-        """Whether a step's packed head (``tf_vitals.PACKED``) shows a NaN/Inf anywhere."""
-        return bool(
-            nonfinite_loss
-            or nonfinite_inputs
-            or nonfinite_grads
-            or (self._has_loss and not math.isfinite(loss))
-            or (self._has_grads and not math.isfinite(norm))
-        )
 
     def _flush_pending(self) -> None:
         with self._pending_lock:
@@ -232,96 +203,29 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if pending:
             self._record(pending)
 
-    def _record(self, rows: list[tuple[int, float, Any, dict[str, float]]]) -> None:
+    def _record(self, rows: list[Row]) -> None:
         """Turn collected steps into points, series by series, and act on any NaN/Inf step."""
-        run = self.run
-        if run is None:
+        run, tap = self.run, self._tap
+        if run is None or tap is None:
             return
-        rows.sort(key=lambda row: row[0])  # Keras's worker threads may deliver out of order
-        steps = [row[0] for row in rows]
-        to_unix = time.time() - time.monotonic()
-        times = [row[1] + to_unix for row in rows]
-        columns: dict[str, ListColumns] = {}
         with self._pending_lock:  # the training thread appends without it; takers hold it
             step_times = self._step_times
             taken = step_times[: len(step_times)]
             del step_times[: len(taken)]
-        if taken:
-            columns[STEP_TIME] = Columns(
-                [t[0] for t in taken],
-                [t[2] for t in taken],
-                [t[1] for t in taken],
-            )
-        keys = rows[0][3].keys()
-        if all(row[3].keys() == keys for row in rows):
-            for key in keys:
-                columns[key] = Columns(steps, times, [row[3][key] for row in rows])
-        else:  # a metric that comes and goes: one step at a time
-            for row, unix in zip(rows, times, strict=True):
-                for key, value in row[3].items():
-                    column = columns.setdefault(key, Columns([], [], []))
-                    column[0].append(row[0])
-                    column[1].append(unix)
-                    column[2].append(value)
-        measured = [i for i, row in enumerate(rows) if row[2] is not None]
-        unhealthy: list[int] = []
-        if measured:
-            unhealthy = self._vitals_columns(rows, times, measured, columns)
-        run.add_columns(columns, [(row[0], row[1]) for row in rows])
+        to_unix = time.time() - time.monotonic()
+        batch = packing.pivot(rows, taken, tap.measured, self._vitals, to_unix)
+        if batch.healthy_norms is not None:
+            self._healthy_norms = batch.healthy_norms
+        run.add_columns(batch.columns, batch.clock)
         if self._weights_check is not None:
-            checks = [s for s in steps if s % self._weights_every == 0]
+            checks = [s for s in batch.steps if s % self._weights_every == 0]
             if checks and self._weights_check.due():
                 run.log(checks[-1], {NONFINITE_WEIGHTS: self._weights_check()})
         if self.guard is not None:
-            for i in measured:
-                if i not in unhealthy:
-                    self.guard.healthy_step(rows[i][0])
-        for i in unhealthy:
-            self._after_step(rows[i][0], _row_values(columns, rows[i][0]))
-
-    def _vitals_columns(
-        self,
-        rows: list[tuple[int, float, Any, dict[str, float]]],
-        all_times: list[float],
-        measured: list[int],
-        columns: dict[str, ListColumns],
-    ) -> list[int]:
-        """Add the packed vitals of ``rows[i]`` for i in ``measured`` to ``columns``; return
-        the indexes of the steps with a NaN/Inf."""
-        block = np.stack([rows[i][2] for i in measured]).astype(np.float64)
-        steps = [rows[i][0] for i in measured]
-        times = [all_times[i] for i in measured]
-        head = block[:, : len(tf_vitals.PACKED)].T.tolist()
-        loss, nonfinite_loss, nonfinite_inputs, nonfinite_grads, norm = head
-        if self._has_loss:
-            columns[LOSS] = Columns(steps, times, loss)
-            columns[NONFINITE_LOSS] = Columns(steps, times, nonfinite_loss)
-        columns[NONFINITE_INPUTS] = Columns(steps, times, nonfinite_inputs)
-        unhealthy = [
-            measured[j] for j, row in enumerate(zip(*head, strict=True)) if self._sick(*row)
-        ]
-        if not self._has_grads:
-            return unhealthy
-        columns[GRAD_GLOBAL_NORM] = Columns(steps, times, norm)
-        columns[NONFINITE_GRADS] = Columns(steps, times, nonfinite_grads)
-        names = self._grad_names
-        norms = block[:, len(tf_vitals.PACKED) :]
-        if norms.shape[1] != len(names):
-            return unhealthy
-        due = [
-            j for j in range(len(steps)) if self._vitals.due(steps[j], norm[j], nonfinite_grads[j])
-        ]
-        if due:
-            due_steps = [steps[j] for j in due]
-            due_times = [times[j] for j in due]
-            for name, values in zip(names, norms[due].T.tolist(), strict=True):
-                columns[GRAD_NORM_PREFIX + name] = Columns(due_steps, due_times, values)
-            first_bad = unhealthy[0] if unhealthy else len(rows)
-            healthy_due = [j for j in due if measured[j] < first_bad]
-            if healthy_due:
-                last = healthy_due[-1]
-                self._healthy_norms = dict(zip(names, norms[last].tolist(), strict=True))
-        return unhealthy
+            for step in batch.healthy:
+                self.guard.healthy_step(step)
+        for step in batch.sick:
+            self._after_step(step, packing.values_at(batch.columns, step))
 
     def _after_step(self, step: int, values: dict[str, float]) -> None:
         """The autopsy of the first NaN/Inf step, and the protective actions."""
@@ -329,12 +233,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             if self._autopsied:
                 return
             self._autopsied = True
-        try:
-            from trainvitals.agent import autopsy
-
-            report = autopsy.from_vitals(self.model, values, self._healthy_norms)
-        except Exception as exc:  # an autopsy must never break training
-            report = {"error": f"{type(exc).__name__}: {exc}"}
+        report = autopsy.of_step(self.model, values, self._healthy_norms)
         if self.guard is not None:
             action = self.guard.nonfinite_step(step)
             if action is not None:
@@ -344,7 +243,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.run.report_autopsy(step, report)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        _take_vitals(logs)
+        TrainStepTap.take(logs)
         self._flush_pending()  # Keras has delivered every batch end of the epoch by now
         values = _numbers(logs)
         epoch_values = {k if k.startswith("val_") else f"epoch/{k}": v for k, v in values.items()}
@@ -353,109 +252,14 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.run.log(self.run.last_step, epoch_values)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        _take_vitals(logs)
+        TrainStepTap.take(logs)
         self._flush_pending()
-        self._uninstrument()
+        if self._tap is not None:
+            self._tap.remove()
         if self.guard is not None:
             self.guard.at_end()
         if self.run is not None:
             self.run.finish(END_COMPLETED)
-
-    # -- per-step vitals ----------------------------------------------------------------------
-
-    # -- the hook inside the train step ------------------------------------------------------
-
-    def _instrument(self) -> None:
-        """Make the compiled train step also return the vitals.
-
-        ``compute_loss``, ``train_step`` and the optimizer's ``apply`` are wrapped on the
-        instances before the train function is traced, so the values come back with the logs
-        Keras fetches anyway: no extra device-to-host transfer per step.
-        """
-        model = self.model
-        optimizer = getattr(model, "optimizer", None)
-        try:
-            captured: dict[str, Any] = {}
-            compute_loss, train_step = model.compute_loss, model.train_step
-
-            @functools.wraps(compute_loss)
-            def capturing_compute_loss(*args: Any, **kwargs: Any) -> Any:
-                captured["loss"] = loss = compute_loss(*args, **kwargs)
-                return loss
-
-            @functools.wraps(train_step)
-            def reporting_train_step(data: Any, *args: Any, **kwargs: Any) -> Any:
-                captured.clear()
-                logs = train_step(data, *args, **kwargs)
-                # Python runs here once, while the step is traced: these say what it measures.
-                self._has_loss, self._has_grads = "loss" in captured, "grads" in captured
-                if isinstance(logs, dict):
-                    vitals = tf_vitals.step_vitals(
-                        captured.get("loss"),
-                        data,
-                        captured.get("grads"),
-                        captured.get("scale"),
-                    )
-                    logs = {**logs, _VITALS: vitals}
-                return logs
-
-            undo = [
-                self._wrap(model, "compute_loss", capturing_compute_loss),
-                self._wrap(model, "train_step", reporting_train_step),
-            ]
-            if optimizer is not None:
-                apply = optimizer.apply
-
-                @functools.wraps(apply)
-                def measuring_apply(grads: Any, trainable_variables: Any = None) -> Any:
-                    grads = list(grads)
-                    variables = (
-                        list(trainable_variables)
-                        if trainable_variables is not None
-                        else list(optimizer._trainable_variables)
-                    )
-                    self._grad_names = [
-                        tf_vitals.variable_name(v, i) for i, v in enumerate(variables)
-                    ]
-                    captured["grads"] = grads
-                    captured["scale"] = tf_vitals.loss_scale_of(optimizer)
-                    return apply(grads, trainable_variables)
-
-                undo.append(self._wrap(optimizer, "apply", measuring_apply))
-            self._undo = undo
-            model.make_train_function(force=True)
-        except Exception as exc:  # an unusual model must still train
-            log.warning(
-                "trainvitals: in-step vitals unavailable for this model (%s: %s)",
-                type(exc).__name__,
-                exc,
-            )
-            self._uninstrument()
-
-    @staticmethod
-    def _wrap(obj: object, name: str, function: Callable[..., Any]) -> Callable[[], None]:
-        # Bypass Keras's attribute tracking: these are plain functions, not layers or variables.
-        object.__setattr__(obj, name, function)
-        return lambda: vars(obj).pop(name, None)
-
-    def _uninstrument(self) -> None:
-        undo, self._undo = self._undo, []
-        for step in undo:
-            step()
-        if undo:
-            # A later fit without this callback must not run the instrumented step.
-            self.model.train_function = None
-
-
-def _row_values(columns: dict[str, ListColumns], step: int) -> dict[str, float]:
-    """One step's values out of columns (for the rare step with a NaN/Inf)."""
-    values = {}
-    for name, (steps, _, column) in columns.items():
-        for s, value in zip(reversed(steps), reversed(column), strict=True):
-            if s == step:
-                values[name] = value
-                break
-    return values
 
 
 def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
@@ -466,25 +270,3 @@ def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
         except (TypeError, ValueError):
             continue  # strings or arrays some callbacks put in logs
     return out
-
-
-def _take_vitals(logs: dict[str, Any] | None) -> Any:
-    """Remove the step's packed vitals from Keras's logs (before Progbar or History see them)."""
-    return None if logs is None else logs.pop(_VITALS, None)
-
-
-def _weights_check(model: Any) -> tf_vitals.WeightsCheck | None:
-    try:
-        return tf_vitals.WeightsCheck(model)
-    except Exception as exc:  # an unusual model must still train
-        log.warning(
-            "trainvitals: no NaN/Inf check of the weights (%s: %s)", type(exc).__name__, exc
-        )
-        return None
-
-
-def _tensorflow_env(model: Any) -> dict[str, Any]:
-    try:
-        return tf_vitals.describe(model)
-    except Exception as exc:  # facts for the dashboard, never a reason to fail
-        return {"tensorflow_describe_error": f"{type(exc).__name__}: {exc}"}

@@ -6,14 +6,17 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainvitals.agent.config import resolve
 from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
-from trainvitals.agent.vitals import StepVitals, healthy, variable_norms
+from trainvitals.agent.vitals import StepVitals, healthy
 from trainvitals.protocol import END_COMPLETED, END_EXCEPTION
 from trainvitals.series import NONFINITE_WEIGHTS, STEP_TIME
+
+if TYPE_CHECKING:
+    from trainvitals.agent.tf_vitals import WeightsCheck
 
 
 class Monitor:
@@ -68,14 +71,14 @@ class Monitor:
         settings = resolve(server, project, run_name, token, config, flush_interval)
         self._model = model
         self._vitals = StepVitals(grad_norms_every)
-        self._names: list[str] = []
+        self._names: tuple[str, ...] = ()
         self._weights_every = int(weights_every)
         self.run = Run(settings, system_metrics=system_metrics, gpu=gpu, watchdog=watchdog)
         self._last_log: float | None = None
         self._started = False
         self._autopsied = False
         self._healthy_norms: dict[str, float] = {}
-        self._weights_check: Any = None
+        self._weights_check: WeightsCheck | None = None
 
     def start(self) -> Monitor:
         if not self._started:
@@ -115,22 +118,20 @@ class Monitor:
         if self._last_log is not None:
             values[STEP_TIME] = now - self._last_log
         self._last_log = now
+        norms: dict[str, float] | None = None
         if loss is not None or grads is not None or inputs is not None:
-            from trainvitals.agent import tf_vitals
+            from trainvitals.agent import packing, tf_vitals
 
             grad_list = None if grads is None else list(grads)
-            head, norms = tf_vitals.unpack(tf_vitals.step_vitals_now(loss, inputs, grad_list))
-            values.update(
-                self._vitals.values(
-                    step,
-                    head,
-                    norms,
-                    self._variable_names(len(norms)),
-                    loss=loss is not None,
-                    inputs=inputs is not None,
-                    grads=grad_list is not None,
-                )
+            vector = tf_vitals.step_vitals_now(loss, inputs, grad_list).numpy()
+            measured = packing.Measured(
+                loss=loss is not None,
+                inputs=inputs is not None,
+                grads=grad_list is not None,
+                names=self._variable_names(len(vector) - len(packing.HEAD)),
             )
+            step_values, norms = packing.decode_one(vector, step, measured, self._vitals)
+            values.update(step_values)
             if self._model is not None and self._weights_every and step % self._weights_every == 0:
                 if self._weights_check is None:
                     self._weights_check = tf_vitals.WeightsCheck(self._model)
@@ -140,32 +141,23 @@ class Monitor:
             values[name] = float(_to_python(value))
         self.run.log(step, values)
         if healthy(values):
-            self._healthy_norms = variable_norms(values) or self._healthy_norms
+            self._healthy_norms = norms or self._healthy_norms
         elif not self._autopsied:
             self._autopsied = True
-            self._autopsy(step, values, inputs, targets)
-
-    def _autopsy(self, step: int, values: dict[str, float], inputs: Any, targets: Any) -> None:
-        try:
             from trainvitals.agent import autopsy
 
-            if self._model is not None and inputs is not None:
-                report = autopsy.replay(self._model, inputs, targets)
-            else:
-                report = autopsy.from_vitals(self._model, values, self._healthy_norms)
-        except Exception as exc:  # an autopsy must never break training
-            report = {"error": f"{type(exc).__name__}: {exc}"}
-        self.run.report_autopsy(step, report)
+            report = autopsy.of_step(self._model, values, self._healthy_norms, inputs, targets)
+            self.run.report_autopsy(step, report)
 
-    def _variable_names(self, count: int) -> list[str]:
+    def _variable_names(self, count: int) -> tuple[str, ...]:
         if len(self._names) != count:
             from trainvitals.agent import tf_vitals
 
             variables = list(getattr(self._model, "trainable_variables", None) or [])
             self._names = (
-                [tf_vitals.variable_name(v, i) for i, v in enumerate(variables)]
+                tuple(tf_vitals.variable_name(v, i) for i, v in enumerate(variables))
                 if len(variables) == count
-                else [str(i) for i in range(count)]
+                else tuple(str(i) for i in range(count))
             )
         return self._names
 

@@ -81,7 +81,7 @@ class Run:
         *,
         system_metrics: float | bool = 1.0,
         gpu: Source | None = None,
-        env: dict[str, Any] | None = None,
+        env: Mapping[str, Any] | None = None,
         watchdog: bool = True,
         on_system: Callable[[int, float, Mapping[str, float]], None] | None = None,
     ) -> None:

@@ -8,27 +8,20 @@ reach the host with the logs Keras fetches anyway) and eagerly by
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from trainvitals.agent import environment
-from trainvitals.series import (
-    GRAD_GLOBAL_NORM,
-    LOSS,
-    NONFINITE_GRADS,
-    NONFINITE_INPUTS,
-    NONFINITE_LOSS,
-)
+from trainvitals.agent import environment, packing
+from trainvitals.series import NONFINITE_GRADS, NONFINITE_INPUTS, NONFINITE_LOSS
 
-#: Order of the scalars at the head of the packed vitals vector; per-variable norms follow.
-PACKED = (LOSS, NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS, GRAD_GLOBAL_NORM)
+log = logging.getLogger("trainvitals")
 
 
 def _dense(tensor: Any) -> Any:
@@ -71,6 +64,17 @@ class WeightsCheck:
         self._count = tf.function(functools.partial(WeightsCheck._nonfinite, self), autograph=False)
         self._last = -math.inf
         self.clock = time.monotonic
+
+    @classmethod
+    def create(cls, model: Any) -> WeightsCheck | None:
+        """A check of ``model``'s weights, or None after one warning if it cannot have one."""
+        try:
+            return cls(model)
+        except Exception as exc:  # an unusual model must still train
+            log.warning(
+                "trainvitals: no NaN/Inf check of the weights (%s: %s)", type(exc).__name__, exc
+            )
+            return None
 
     def due(self) -> bool:
         """Whether a check now keeps to :attr:`min_interval` (and counts it as done)."""
@@ -115,7 +119,8 @@ def step_vitals(
     loss: Any, inputs: Any, grads: Sequence[Any] | None, loss_scale: Any = None
 ) -> tf.Tensor:
     """Everything a step reports, packed into one float32 vector so that fetching it costs one
-    transfer: the scalars named in :data:`PACKED`, then the per-variable gradient norms.
+    transfer: the scalars named in :data:`packing.HEAD <trainvitals.agent.packing.HEAD>`, then
+    the per-variable gradient norms (:mod:`~trainvitals.agent.packing` decodes it).
 
     Counting NaN/Inf element by element costs more than the norms themselves, and NaN/Inf
     always make a sum of squares non-finite. So the sums of squares (which the norms need
@@ -138,23 +143,23 @@ def step_vitals(
     if loss is not None:
         parts.append(loss32)
     checksum = tf.add_n(parts) if parts else zero
+    # The exact counts, by name: stacked in the order of packing.COUNTS.
+    exact: dict[str, Callable[[], tf.Tensor]] = {
+        NONFINITE_LOSS: lambda: nonfinite_count(loss) if loss is not None else zero,
+        NONFINITE_INPUTS: lambda: nonfinite_count(input_tensors),
+        NONFINITE_GRADS: lambda: nonfinite_count(present),
+    }
     counts = _conditional(
         tf.cond(
             tf.math.is_finite(checksum),
-            lambda: tf.zeros([3], tf.float32),
-            lambda: tf.stack(
-                [
-                    nonfinite_count(loss) if loss is not None else zero,
-                    nonfinite_count(input_tensors),
-                    nonfinite_count(present),
-                ]
-            ),
+            lambda: tf.zeros([len(packing.COUNTS)], tf.float32),
+            lambda: tf.stack([exact[name]() for name in packing.COUNTS]),
         )
     )
     if loss_scale is not None:
         squares = squares / tf.square(tf.cast(loss_scale, tf.float32))
     norm = tf.sqrt(tf.reduce_sum(squares)) if grads is not None else tf.constant(float("nan"))
-    one = [1]
+    one = [1]  # the layout of packing.HEAD: the loss, the counts, the global norm; the norms
     return tf.concat([tf.reshape(loss32, one), counts, tf.reshape(norm, one), tf.sqrt(squares)], 0)
 
 
@@ -210,14 +215,6 @@ def step_vitals_now(loss: Any, inputs: Any, grads: Sequence[Any] | None) -> tf.T
     )
 
 
-def unpack(packed: Any) -> tuple[dict[str, float], Any]:
-    """A fetched :func:`step_vitals` vector as ``({name in PACKED: value}, per-variable norms)``
-    (the norms stay a numpy array: they are only turned into points when they are due)."""
-    vector = np.asarray(packed)
-    head = dict(zip(PACKED, vector[: len(PACKED)].tolist(), strict=True))
-    return head, vector[len(PACKED) :]
-
-
 def loss_scale_of(optimizer: Any) -> Any:
     """The dynamic loss scale of a Keras ``LossScaleOptimizer``, else None."""
     scale = getattr(optimizer, "dynamic_scale", None)
@@ -228,9 +225,42 @@ def variable_name(variable: Any, index: int) -> str:
     return str(getattr(variable, "path", None) or getattr(variable, "name", None) or index)
 
 
-def describe(model: Any = None) -> dict[str, Any]:
-    """What TensorFlow says about the build and the devices, for the run's ``hello``."""
-    env: dict[str, Any] = {"tensorflow": tf.__version__}
+class Worker(TypedDict):
+    """This process's task in ``TF_CONFIG``: ``{"type": "worker", "index": 1}``."""
+
+    type: str
+    index: int
+
+
+class TensorflowEnv(TypedDict, total=False):
+    """What :func:`describe` tells the run's ``hello``; a key it cannot learn is left out."""
+
+    tensorflow: str
+    #: ``cuda_version``, ``cudnn_version``, ``is_cuda_build``, as the build reports them.
+    tf_build: dict[str, str | bool]
+    tf_gpus: list[str]
+    #: Each GPU's memory-growth setting (None where TensorFlow would not say).
+    memory_growth: dict[str, bool | None]
+    mixed_precision_policy: str
+    worker: Worker
+    distribution_strategy: str
+    replicas: int
+    jit_compile: bool
+    #: Why :func:`describe` itself failed, instead of the rest.
+    tensorflow_describe_error: str
+
+
+def describe(model: Any = None) -> TensorflowEnv:
+    """What TensorFlow says about the build and the devices, for the run's ``hello``; never
+    raises (what failed is said under ``tensorflow_describe_error``)."""
+    try:
+        return _describe(model)
+    except Exception as exc:  # facts for the dashboard, never a reason to fail
+        return {"tensorflow_describe_error": f"{type(exc).__name__}: {exc}"}
+
+
+def _describe(model: Any) -> TensorflowEnv:
+    env: TensorflowEnv = {"tensorflow": tf.__version__}
     try:
         build = tf.sysconfig.get_build_info()
         env["tf_build"] = {

@@ -1,23 +1,21 @@
-"""A step's vitals as series values: what the callback and ``Monitor`` both record.
+"""When a step's vitals are healthy, and when its per-variable gradient norms are recorded.
 
 No TensorFlow here: the tensors are computed by ``tf_vitals.step_vitals`` and fetched as one
-vector; this decides which series that vector becomes, and when the per-variable gradient norms
-are worth recording (every N steps, and at once when the gradients turn non-finite or jump).
+vector, which :mod:`trainvitals.agent.packing` decodes; this says when the per-variable
+gradient norms are worth recording (every N steps, and at once when the gradients turn
+non-finite or jump), and whether a step's series values are all finite.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
     LOSS,
-    NONFINITE_GRADS,
-    NONFINITE_INPUTS,
-    NONFINITE_LOSS,
     NONFINITE_PREFIX,
 )
 
@@ -37,15 +35,9 @@ def healthy(values: Mapping[str, float]) -> bool:
     return True
 
 
-def variable_norms(values: Mapping[str, float]) -> dict[str, float]:
-    """The per-variable gradient norms among a step's values, by variable path."""
-    prefix = GRAD_NORM_PREFIX
-    return {k[len(prefix) :]: v for k, v in values.items() if k.startswith(prefix)}
-
-
 class StepVitals:
-    """Series values of one step's packed vitals. Thread-safe: Keras may deliver steps from
-    several threads at once.
+    """When a step records its per-variable gradient norms. Thread-safe: Keras may deliver
+    steps from several threads at once.
 
     Args:
         grad_norms_every: steps between per-variable gradient norms.
@@ -55,33 +47,6 @@ class StepVitals:
         self._every = max(int(grad_norms_every), 1)
         self._last_norm = math.nan
         self._lock = threading.Lock()
-
-    def values(
-        self,
-        step: int,
-        head: Mapping[str, float],
-        norms: Sequence[float],
-        names: Sequence[str],
-        *,
-        loss: bool,
-        inputs: bool,
-        grads: bool,
-    ) -> dict[str, float]:
-        """``head`` and ``norms`` as ``tf_vitals.unpack`` gives them; ``loss``, ``inputs`` and
-        ``grads`` say which of them the step measured."""
-        values: dict[str, float] = {}
-        if loss:
-            values[LOSS] = head[LOSS]
-            values[NONFINITE_LOSS] = head[NONFINITE_LOSS]
-        if inputs:
-            values[NONFINITE_INPUTS] = head[NONFINITE_INPUTS]
-        if not grads:
-            return values
-        norm = values[GRAD_GLOBAL_NORM] = head[GRAD_GLOBAL_NORM]
-        nonfinite = values[NONFINITE_GRADS] = head[NONFINITE_GRADS]
-        if self.due(step, norm, nonfinite) and len(norms) == len(names):
-            values.update({f"grad/norm/{n}": float(v) for n, v in zip(names, norms, strict=True)})
-        return values
 
     def due(self, step: int, norm: float, nonfinite: float) -> bool:
         """Whether step ``step`` records the per-variable norms: every N steps, and on a step

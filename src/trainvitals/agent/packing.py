@@ -1,0 +1,222 @@
+"""The packed vitals vector: its layout, and how fetched vectors become series.
+
+Everything a step measures inside the compiled train step travels to the host as one float32
+vector (``tf_vitals.step_vitals`` builds it), so that fetching it costs one transfer. This
+module says, once, what sits where in that vector (:data:`HEAD`, then one norm per trainable
+variable) and decodes it, once, for both recorders: ``VitalsCallback`` hands it a few dozen
+steps at a time (:func:`pivot`, steps collected by the hooks become columns in the wire's
+layout), ``Monitor`` one step (:func:`decode_one`). No TensorFlow here: numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from trainvitals.agent.vitals import StepVitals
+from trainvitals.protocol import Columns, ListColumns
+from trainvitals.series import (
+    GRAD_GLOBAL_NORM,
+    GRAD_NORM_PREFIX,
+    LOSS,
+    NONFINITE_GRADS,
+    NONFINITE_INPUTS,
+    NONFINITE_LOSS,
+    STEP_TIME,
+)
+
+#: The NaN/Inf counts, in the order the step stacks them (one ``tf.cond`` computes all three).
+COUNTS = (NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS)
+#: The scalars at the head of the packed vector; one gradient norm per variable follows.
+HEAD = (LOSS, *COUNTS, GRAD_GLOBAL_NORM)
+
+# Positions in the head, by name: the only place the layout is read by position.
+_LOSS, _NONFINITE_LOSS, _NONFINITE_INPUTS, _NONFINITE_GRADS, _NORM = (
+    HEAD.index(name)
+    for name in (LOSS, NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS, GRAD_GLOBAL_NORM)
+)
+
+#: One fetched vector (float32 as fetched, float64 once stacked).
+Vector: TypeAlias = npt.NDArray[np.floating[Any]]
+#: One step as the callback's hook keeps it: (step, ``time.monotonic()`` at its end, the
+#: packed vector or None, Keras's numbers). A plain tuple: the hook builds one per step.
+Row: TypeAlias = tuple[int, float, Vector | None, dict[str, float]]
+#: ``(step, seconds, unix time)`` of the step time measured between two executions' starts.
+StepTime: TypeAlias = tuple[int, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a step's vector holds, as known once the step is traced.
+
+    Args:
+        loss: the step had a loss (else the head's loss is NaN, and not recorded).
+        inputs: the step saw its batch.
+        grads: the step saw the gradients (else the norms are NaN, and not recorded).
+        names: the variables' paths, in the order of the per-variable norms.
+    """
+
+    loss: bool = False
+    inputs: bool = True
+    grads: bool = False
+    names: tuple[str, ...] = ()
+
+
+class Decoded(NamedTuple):
+    """A block of vectors as series: their columns, which rows have a NaN/Inf, and the
+    per-variable norms of the last row recorded with them before the first such row."""
+
+    columns: dict[str, ListColumns]
+    sick: list[int]
+    healthy_norms: dict[str, float] | None
+
+
+class Pivot(NamedTuple):
+    """Collected steps as columns (see :func:`pivot`)."""
+
+    columns: dict[str, ListColumns]
+    #: ``(step, time.monotonic())`` of each step's end, in step order, for the hang detector.
+    clock: list[tuple[int, float]]
+    #: Every step; the steps whose vector was all finite; the steps with a NaN/Inf.
+    steps: list[int]
+    healthy: list[int]
+    sick: list[int]
+    healthy_norms: dict[str, float] | None
+
+
+def sick(vector: Vector, measured: Measured) -> bool:
+    """Whether one fetched vector shows a NaN/Inf anywhere (cheap: the hook asks each step)."""
+    return _sick(vector[: len(HEAD)].tolist(), measured)
+
+
+def _sick(head: list[float], measured: Measured) -> bool:
+    return bool(
+        head[_NONFINITE_LOSS]
+        or head[_NONFINITE_INPUTS]
+        or head[_NONFINITE_GRADS]
+        or (measured.loss and not math.isfinite(head[_LOSS]))
+        or (measured.grads and not math.isfinite(head[_NORM]))
+    )
+
+
+def decode(
+    block: npt.NDArray[np.float64],
+    steps: list[int],
+    times: list[float],
+    measured: Measured,
+    vitals: StepVitals,
+) -> Decoded:
+    """The series of ``block``'s rows (one vector a row, at ``steps`` and unix ``times``):
+    what ``measured`` says the step measured, and the per-variable norms of the rows that
+    ``vitals`` says are due."""
+    head = block[:, : len(HEAD)]
+    by_row = head.tolist()
+    sick_rows = [j for j, row in enumerate(by_row) if _sick(row, measured)]
+    columns: dict[str, ListColumns] = {}
+    by_series = head.T.tolist()
+    if measured.loss:
+        columns[LOSS] = Columns(steps, times, by_series[_LOSS])
+        columns[NONFINITE_LOSS] = Columns(steps, times, by_series[_NONFINITE_LOSS])
+    if measured.inputs:
+        columns[NONFINITE_INPUTS] = Columns(steps, times, by_series[_NONFINITE_INPUTS])
+    if not measured.grads:
+        return Decoded(columns, sick_rows, None)
+    norm, nonfinite = by_series[_NORM], by_series[_NONFINITE_GRADS]
+    columns[GRAD_GLOBAL_NORM] = Columns(steps, times, norm)
+    columns[NONFINITE_GRADS] = Columns(steps, times, nonfinite)
+    names = measured.names
+    norms = block[:, len(HEAD) :]
+    if norms.shape[1] != len(names):
+        return Decoded(columns, sick_rows, None)
+    due = [j for j in range(len(steps)) if vitals.due(steps[j], norm[j], nonfinite[j])]
+    if not due:
+        return Decoded(columns, sick_rows, None)
+    due_steps = [steps[j] for j in due]
+    due_times = [times[j] for j in due]
+    for name, values in zip(names, norms[due].T.tolist(), strict=True):
+        columns[GRAD_NORM_PREFIX + name] = Columns(due_steps, due_times, values)
+    first_sick = sick_rows[0] if sick_rows else len(steps)
+    healthy_due = [j for j in due if j < first_sick]
+    healthy_norms = None
+    if healthy_due:
+        healthy_norms = dict(zip(names, norms[healthy_due[-1]].tolist(), strict=True))
+    return Decoded(columns, sick_rows, healthy_norms)
+
+
+def decode_one(
+    vector: Vector, step: int, measured: Measured, vitals: StepVitals
+) -> tuple[dict[str, float], dict[str, float] | None]:
+    """One step's vector as ``({series: value}, its per-variable norms if due and healthy)``."""
+    block = np.asarray(vector, np.float64).reshape(1, -1)
+    decoded = decode(block, [step], [0.0], measured, vitals)
+    values = {name: column.values[0] for name, column in decoded.columns.items()}
+    return values, decoded.healthy_norms
+
+
+def pivot(
+    rows: list[Row],
+    step_times: Sequence[StepTime],
+    measured: Measured,
+    vitals: StepVitals,
+    to_unix: float,
+) -> Pivot:
+    """Steps collected by the callback's hooks as columns, series by series, in one go.
+
+    ``rows`` may come out of order (Keras's worker threads); they are sorted here.
+    ``to_unix`` turns their ``time.monotonic()`` into unix times.
+    """
+    rows.sort(key=lambda row: row[0])
+    steps = [row[0] for row in rows]
+    times = [row[1] + to_unix for row in rows]
+    columns: dict[str, ListColumns] = {}
+    if step_times:
+        columns[STEP_TIME] = Columns(
+            [t[0] for t in step_times], [t[2] for t in step_times], [t[1] for t in step_times]
+        )
+    keys = rows[0][3].keys()
+    if all(row[3].keys() == keys for row in rows):
+        for key in keys:
+            columns[key] = Columns(steps, times, [row[3][key] for row in rows])
+    else:  # a metric that comes and goes: one step at a time
+        for row, unix in zip(rows, times, strict=True):
+            for key, value in row[3].items():
+                column = columns.setdefault(key, Columns([], [], []))
+                column[0].append(row[0])
+                column[1].append(unix)
+                column[2].append(value)
+    measured_rows = [i for i, row in enumerate(rows) if row[2] is not None]
+    healthy: list[int] = []
+    sick_steps: list[int] = []
+    healthy_norms = None
+    if measured_rows:
+        vectors = [row[2] for row in rows if row[2] is not None]
+        decoded = decode(
+            np.stack(vectors).astype(np.float64),
+            [steps[i] for i in measured_rows],
+            [times[i] for i in measured_rows],
+            measured,
+            vitals,
+        )
+        columns.update(decoded.columns)
+        sick_rows = set(decoded.sick)
+        for j, i in enumerate(measured_rows):
+            (sick_steps if j in sick_rows else healthy).append(steps[i])
+        healthy_norms = decoded.healthy_norms
+    clock = [(row[0], row[1]) for row in rows]
+    return Pivot(columns, clock, steps, healthy, sick_steps, healthy_norms)
+
+
+def values_at(columns: dict[str, ListColumns], step: int) -> dict[str, float]:
+    """One step's values out of columns (for the rare step with a NaN/Inf)."""
+    values = {}
+    for name, (steps, _, column) in columns.items():
+        for s, value in zip(reversed(steps), reversed(column), strict=True):
+            if s == step:
+                values[name] = value
+                break
+    return values

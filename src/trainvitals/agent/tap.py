@@ -1,0 +1,145 @@
+"""The train-step tap: make a Keras model's compiled train step also return the vitals.
+
+``model.fit`` runs its steps inside a compiled function the callback cannot enter. So, before
+that function is traced, the tap wraps three methods on the instances: ``compute_loss`` (to
+capture the loss tensor), the optimizer's ``apply`` (to see the gradients and the loss scale)
+and ``train_step`` (to add one more output, the packed vector of ``tf_vitals.step_vitals``).
+The vector then comes back with the logs Keras fetches from the device anyway: no extra
+transfer per step. :meth:`TrainStepTap.remove` puts the model back as it was.
+
+Imports TensorFlow (through ``tf_vitals``): load it lazily.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainvitals.agent import tf_vitals
+from trainvitals.agent.packing import Measured
+
+log = logging.getLogger("trainvitals")
+
+#: The key the packed vector rides under in Keras's logs; :meth:`TrainStepTap.take` removes
+#: it before Progbar or History see it.
+VITALS_KEY = "trainvitals/vitals"
+
+
+@dataclass
+class _Captured:
+    """What one trace of the train step handed the wrappers (tensors of that trace)."""
+
+    loss: Any = None
+    grads: list[Any] | None = None
+    scale: Any = None
+    names: tuple[str, ...] = field(default=())
+
+
+class TrainStepTap:
+    """Wraps ``model``'s train step so that it also returns the step's packed vitals.
+
+    :attr:`measured` says what the traced step could measure (set while it is traced).
+
+    Example:
+        ```python
+        tap = TrainStepTap(model)
+        tap.install()                      # before fit traces its train function
+        ...                                # each step's logs carry the vector
+        packed = TrainStepTap.take(logs)   # in on_train_batch_end
+        tap.remove()                       # at the end of fit
+        ```
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.measured = Measured()
+        self._undo: list[Callable[[], None]] = []
+
+    def install(self) -> None:
+        """Wrap the methods and rebuild the train function. A model the tap cannot wrap
+        still trains, without the in-step vitals, after one warning."""
+        model = self.model
+        optimizer = getattr(model, "optimizer", None)
+        captured = _Captured()
+        try:
+            compute_loss, train_step = model.compute_loss, model.train_step
+
+            @functools.wraps(compute_loss)
+            def capturing_compute_loss(*args: Any, **kwargs: Any) -> Any:
+                captured.loss = loss = compute_loss(*args, **kwargs)
+                return loss
+
+            @functools.wraps(train_step)
+            def reporting_train_step(data: Any, *args: Any, **kwargs: Any) -> Any:
+                nonlocal captured
+                captured = _Captured()
+                logs = train_step(data, *args, **kwargs)
+                # Python runs here once, while the step is traced: this says what it measures.
+                has_grads = captured.grads is not None
+                self.measured = Measured(
+                    loss=captured.loss is not None,
+                    grads=has_grads,
+                    names=captured.names if has_grads else (),
+                )
+                if isinstance(logs, dict):
+                    vitals = tf_vitals.step_vitals(
+                        captured.loss, data, captured.grads, captured.scale
+                    )
+                    logs = {**logs, VITALS_KEY: vitals}
+                return logs
+
+            undo = [
+                _wrap(model, "compute_loss", capturing_compute_loss),
+                _wrap(model, "train_step", reporting_train_step),
+            ]
+            if optimizer is not None:
+                apply = optimizer.apply
+
+                @functools.wraps(apply)
+                def measuring_apply(grads: Any, trainable_variables: Any = None) -> Any:
+                    grads = list(grads)
+                    variables = (
+                        list(trainable_variables)
+                        if trainable_variables is not None
+                        else list(optimizer._trainable_variables)
+                    )
+                    captured.names = tuple(
+                        tf_vitals.variable_name(v, i) for i, v in enumerate(variables)
+                    )
+                    captured.grads = grads
+                    captured.scale = tf_vitals.loss_scale_of(optimizer)
+                    return apply(grads, trainable_variables)
+
+                undo.append(_wrap(optimizer, "apply", measuring_apply))
+            self._undo = undo
+            model.make_train_function(force=True)
+        except Exception as exc:  # an unusual model must still train
+            log.warning(
+                "trainvitals: in-step vitals unavailable for this model (%s: %s)",
+                type(exc).__name__,
+                exc,
+            )
+            self.remove()
+
+    def remove(self) -> None:
+        """Put the model's own methods back (harmless when nothing is wrapped)."""
+        undo, self._undo = self._undo, []
+        for step in undo:
+            step()
+        if undo:
+            # A later fit without the tap must not run the instrumented step.
+            self.model.train_function = None
+
+    @staticmethod
+    def take(logs: MutableMapping[str, Any] | None) -> Any:
+        """Remove the step's packed vector from Keras's logs and return it (None if absent)."""
+        return None if logs is None else logs.pop(VITALS_KEY, None)
+
+
+def _wrap(obj: object, name: str, function: Callable[..., Any]) -> Callable[[], None]:
+    # Bypass Keras's attribute tracking: these are plain functions, not layers or variables.
+    object.__setattr__(obj, name, function)
+    return lambda: vars(obj).pop(name, None)

@@ -1,0 +1,112 @@
+"""The packed vitals vector: what ``tf_vitals.step_vitals`` packs, ``packing`` decodes, in
+bulk for the callback (``pivot``) and one step at a time for ``Monitor`` (``decode_one``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trainvitals.agent import packing
+from trainvitals.agent.packing import Measured, Row
+from trainvitals.agent.vitals import StepVitals
+from trainvitals.protocol import Columns
+
+NAMES = ("dense/kernel", "dense/bias")
+ALL = Measured(loss=True, inputs=True, grads=True, names=NAMES)
+
+
+def vector(
+    loss: float = 0.5, norms: tuple[float, float] = (3.0, 4.0), **counts: float
+) -> np.ndarray:
+    """A packed vector built by name, in :data:`packing.HEAD`'s order."""
+    head = {
+        "loss": loss,
+        "nonfinite/loss": counts.get("loss", 0.0),
+        "nonfinite/inputs": counts.get("inputs", 0.0),
+        "nonfinite/grads": counts.get("grads", 0.0),
+        "grad/global_norm": math.hypot(*norms),
+    }
+    return np.array([head[name] for name in packing.HEAD] + list(norms), np.float32)
+
+
+def test_step_vitals_packs_what_packing_decodes() -> None:
+    tf = pytest.importorskip("tensorflow")
+    kernel = tf.Variable(np.ones((3, 2), np.float32), name="kernel")
+    bias = tf.Variable(np.zeros(2, np.float32), name="bias")
+    x = np.ones((4, 3), np.float32)
+    x[1, 2] = np.nan
+
+    from trainvitals.agent.tf_vitals import step_vitals
+
+    @tf.function  # type: ignore[untyped-decorator]
+    def step(x: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.matmul(x, kernel) + bias))
+        grads = tape.gradient(loss, [kernel, bias])
+        return loss, grads, step_vitals(loss, x, grads)
+
+    loss, grads, packed = step(tf.ones((4, 3)))
+    values, norms = packing.decode_one(packed.numpy(), 10, ALL, StepVitals(10))
+    assert math.isclose(values["loss"], float(loss), rel_tol=1e-6)
+    assert [values[f"nonfinite/{n}"] for n in ("loss", "inputs", "grads")] == [0, 0, 0]
+    expected = [float(tf.norm(g)) for g in grads]
+    assert [values[f"grad/norm/{n}"] for n in NAMES] == pytest.approx(expected, rel=1e-6)
+    assert values["grad/global_norm"] == pytest.approx(math.hypot(*expected), rel=1e-6)
+    assert norms == pytest.approx(dict(zip(NAMES, expected, strict=True)), rel=1e-6)
+
+    _, _, sick = step(tf.constant(x))
+    values, norms = packing.decode_one(sick.numpy(), 11, ALL, StepVitals(10))
+    assert (values["nonfinite/loss"], values["nonfinite/inputs"]) == (1, 1)
+    assert values["nonfinite/grads"] == 8  # every gradient element
+    assert packing.sick(sick.numpy(), ALL) and norms is None
+
+
+def test_bulk_and_one_step_decode_alike() -> None:
+    vectors = {step: vector(loss=step / 10, norms=(step, 1.0)) for step in range(1, 9)}
+    vectors[7] = vector(loss=math.inf, norms=(math.inf, 1.0), grads=2.0)  # NaN != NaN
+    rows: list[Row] = [(s, 100.0 + s, v, {"mae": s / 100}) for s, v in vectors.items()]
+    bulk = packing.pivot(rows[::-1], [], ALL, StepVitals(3), to_unix=1e9)
+    one = StepVitals(3)
+    for step, v in vectors.items():
+        values, _ = packing.decode_one(v, step, ALL, one)
+        assert packing.values_at(bulk.columns, step) == {**values, "mae": step / 100}, step
+
+
+def test_pivot_sorts_steps_and_names_the_sick_ones() -> None:
+    rows: list[Row] = [
+        (3, 3.0, vector(loss=math.inf), {"mae": 0.3}),
+        (1, 1.0, vector(), {"mae": 0.1, "lr": 0.01}),
+        (2, 2.0, vector(norms=(30.0, 40.0)), {"mae": 0.2}),
+        (4, 4.0, None, {"mae": 0.4}),  # a step Keras logged without the vector
+    ]
+    pivot = packing.pivot(rows, [(2, 0.25, 1e9 + 2)], ALL, StepVitals(2), to_unix=1e9)
+    assert (pivot.steps, pivot.healthy, pivot.sick) == ([1, 2, 3, 4], [1, 2], [3])
+    assert pivot.clock == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)]
+    columns = pivot.columns
+    assert columns["step_time"] == Columns([2], [1e9 + 2], [0.25])
+    assert columns["mae"] == Columns(
+        [1, 2, 3, 4], [1e9 + 1, 1e9 + 2, 1e9 + 3, 1e9 + 4], [0.1, 0.2, 0.3, 0.4]
+    )
+    assert columns["lr"] == Columns([1], [1e9 + 1], [0.01])
+    assert columns["loss"].steps == [1, 2, 3] and columns["loss"].values[2] == math.inf
+    # Due: step 2 (every 2nd); the healthy norms are those of the last due step before step 3.
+    assert columns["grad/norm/dense/kernel"] == Columns([2], [1e9 + 2], [30.0])
+    assert pivot.healthy_norms == {"dense/kernel": 30.0, "dense/bias": 40.0}
+
+
+def test_only_what_the_step_measured_is_decoded_and_judged() -> None:
+    nan_loss = vector(loss=math.nan)
+    without_loss = Measured(loss=False, inputs=True, grads=True, names=NAMES)
+    assert packing.sick(nan_loss, ALL) and not packing.sick(nan_loss, without_loss)
+    values, _ = packing.decode_one(nan_loss, 1, without_loss, StepVitals(1))
+    assert "loss" not in values and "nonfinite/loss" not in values
+    values, _ = packing.decode_one(vector(), 1, Measured(names=("one",)), StepVitals(1))
+    assert values == {"nonfinite/inputs": 0.0}
+    # Norms that do not match the names (an untraced model) are left out, not misnamed.
+    values, norms = packing.decode_one(
+        vector(), 1, Measured(grads=True, names=("one",)), StepVitals(1)
+    )
+    assert not any(name.startswith("grad/norm/") for name in values) and norms is None
