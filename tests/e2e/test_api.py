@@ -94,3 +94,17 @@ def test_runs_filter_by_project(server: ServerProcess) -> None:
     other = server.get("/api/v1/runs?" + urllib.parse.urlencode({"project": "other"}))["runs"]
     assert [r["name"] for r in other] == ["b"]
     wait_for(lambda: len(server.get("/api/v1/runs")["runs"]) == 2)
+
+
+def test_openapi_describes_every_answer(server: ServerProcess) -> None:
+    spec = server.get("/openapi.json")
+    schemas = spec["components"]["schemas"]
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            if not path.startswith("/api/v1"):
+                continue
+            content = operation["responses"]["200"]["content"]["application/json"]
+            name = content["schema"]["$ref"].rsplit("/", 1)[-1]
+            assert schemas[name]["type"] == "object", f"{method.upper()} {path}"
+    run = schemas["RunSummary"]["properties"]
+    assert {"id", "project", "name", "status", "started_at", "end_reason"} <= set(run)

@@ -28,7 +28,7 @@ from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
 from trainvitals.protocol import END_COMPLETED
-from trainvitals.series import LOSS, NONFINITE_WEIGHTS
+from trainvitals.series import EPOCH, EPOCH_PREFIX, LOSS, NONFINITE_WEIGHTS, VAL_PREFIX
 
 log = logging.getLogger("trainvitals")
 
@@ -246,8 +246,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         TrainStepTap.take(logs)
         self._flush_pending()  # Keras has delivered every batch end of the epoch by now
         values = _numbers(logs)
-        epoch_values = {k if k.startswith("val_") else f"epoch/{k}": v for k, v in values.items()}
-        epoch_values["epoch"] = epoch + 1
+        epoch_values = {
+            k if k.startswith(VAL_PREFIX) else EPOCH_PREFIX + k: v for k, v in values.items()
+        }
+        epoch_values[EPOCH] = epoch + 1
         if self.run is not None:
             self.run.log(self.run.last_step, epoch_values)
 

@@ -37,6 +37,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.detect.settings import read_toml
 from trainvitals.detect.types import SEVERITIES, Severity
@@ -87,6 +88,21 @@ class _ChannelTable(_Pace):
         return self
 
 
+class ChannelDescription(TypedDict):
+    """A channel as the API and logs show it: no URL path, no secret."""
+
+    name: str
+    kind: str
+    target: str
+    signed: bool
+    projects: list[str] | None
+    min_severity: str
+    group_window: float
+    group_max: int
+    rate: float
+    burst: int
+
+
 @dataclass(frozen=True)
 class Channel:
     """One destination with its routing and pace; ``url`` and ``secret`` never show."""
@@ -117,7 +133,7 @@ class Channel:
         parts = urlsplit(self.url)
         return f"{parts.scheme}://{parts.hostname}"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ChannelDescription:
         """The channel as the API and logs show it: no URL path, no secret."""
         return {
             "name": self.name,

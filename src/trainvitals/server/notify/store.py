@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 from sqlalchemy import (
     Column,
@@ -25,6 +25,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.server.notify.messages import Notice, NoticeChange
 from trainvitals.server.storage.schema import metadata

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal, cast
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from trainvitals.lifecycle import ALIVE
 from trainvitals.series import HOST_PREFIX
+from trainvitals.server.answers import (
+    AlertsAnswer,
+    RulesAnswer,
+    RunAnswer,
+    RunsAnswer,
+    SeriesAnswer,
+    SeriesPoints,
+    SilenceAnswer,
+)
 from trainvitals.server.deps import AlertsDep, StoreDep, alert_not_found, run_not_found
 from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.live import finite_or_none
+from trainvitals.server.storage import AlertRow
 
 router = APIRouter(prefix="/api/v1")
 
@@ -24,18 +34,20 @@ def list_runs(
     project: str | None = None,
     job: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
-) -> dict[str, Any]:
+) -> RunsAnswer:
     """Runs, newest first; ``job``: only the runs (workers) of that job."""
     return {"runs": store.runs.list_runs(limit=limit, project=project, job=job)}
 
 
 @router.get("/runs/{run_id}")
-def get_run(run_id: str, store: StoreDep) -> dict[str, Any]:
+def get_run(run_id: str, store: StoreDep) -> RunAnswer:
     """One run with its config, environment, series names and how it ended."""
     run = store.runs.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
-    out: dict[str, Any] = {**run, "events": store.runs.run_events(run_id)}
+    # The detail row plus what this route adds (mypy can't follow ** into a TypedDict with
+    # a key that is not required).
+    out = cast(RunAnswer, {**run, "events": store.runs.run_events(run_id)})
     if run["status"] not in ALIVE:  # evidence for the ending panel
         out["last_readings"] = store.series.last_values(run_id, (HOST_PREFIX, "gpu"))
     return out
@@ -47,14 +59,14 @@ def get_series(
     store: StoreDep,
     name: Annotated[list[str] | None, Query()] = None,
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT)] = 2000,
-) -> dict[str, Any]:
+) -> SeriesAnswer:
     """Series of a run (all of them when no ``name`` is given), each downsampled to at most
     ``max_points`` with every bucket's min and max kept. NaN/Inf values come back as null."""
     run = store.runs.get_run(run_id, job=False)
     if run is None:
         raise run_not_found(run_id)
     names = name if name else run["series"]
-    out: dict[str, Any] = {}
+    out: dict[str, SeriesPoints] = {}
     for series_name in names:
         steps, times, values = store.series.read_series(run_id, series_name)
         keep = downsample_indices(values, max_points)
@@ -75,7 +87,7 @@ Limit = Annotated[int, Query(ge=1, le=10_000)]
 @router.get("/runs/{run_id}/alerts")
 def run_alerts(
     run_id: str, store: StoreDep, state: State | None = None, limit: Limit = 1000
-) -> dict[str, Any]:
+) -> AlertsAnswer:
     """Alerts of one run, newest first."""
     if store.runs.get_run(run_id) is None:
         raise run_not_found(run_id)
@@ -89,7 +101,7 @@ def list_alerts(
     project: str | None = None,
     severity: SeverityParam | None = None,
     limit: Limit = 500,
-) -> dict[str, Any]:
+) -> AlertsAnswer:
     """Alerts across runs, newest first, optionally only ``firing`` or ``resolved`` ones."""
     alerts = store.alerts.list_alerts(state=state, project=project, severity=severity, limit=limit)
     return {"alerts": alerts}
@@ -107,18 +119,18 @@ class SilenceRequest(BaseModel):
 @router.post("/alerts/{alert_id}/ack")
 async def acknowledge_alert(
     alert_id: str, engine: AlertsDep, body: AckRequest | None = None
-) -> dict[str, Any]:
+) -> AlertRow:
     """Acknowledge an alert: someone is on it (it leaves the banner; it still resolves)."""
     alert = await engine.acknowledge(alert_id, body.by if body else None)
     if alert is None:
         raise alert_not_found(alert_id)
-    return dict(alert)
+    return alert
 
 
 @router.post("/alerts/{alert_id}/silence")
 async def silence_alert(
     alert_id: str, engine: AlertsDep, body: SilenceRequest | None = None
-) -> dict[str, Any]:
+) -> SilenceAnswer:
     """Silence the alert's rule and subject on its run for ``duration_s`` seconds: alerts
     are still recorded, but neither bannered nor notified."""
     body = body or SilenceRequest()
@@ -130,7 +142,7 @@ async def silence_alert(
 
 
 @router.get("/rules")
-def effective_rules(engine: AlertsDep, project: str | None = None) -> dict[str, Any]:
+def effective_rules(engine: AlertsDep, project: str | None = None) -> RulesAnswer:
     """The thresholds in force (defaults, the rules file, and ``project``'s overrides)."""
     rules = engine.rules.for_project(project) if project else engine.rules.defaults
     return {"project": project, "rules": rules.as_dict()}

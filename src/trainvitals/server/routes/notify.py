@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 
+from trainvitals.server.answers import ChannelsAnswer, NotificationsAnswer
 from trainvitals.server.deps import StateDep, StoreDep, alert_not_found
 from trainvitals.server.notify.store import no_notices
 
@@ -13,7 +12,7 @@ router = APIRouter(prefix="/api/v1")
 
 
 @router.get("/notify/channels")
-def list_channels(state: StateDep) -> dict[str, Any]:
+def list_channels(state: StateDep) -> ChannelsAnswer:
     """Every channel with its routing and pace, and its deliveries so far: ``pending``,
     ``delivered``, ``failed``, ``last_delivered_at``, ``last_error``. URLs and secrets are
     never shown, only the target's scheme and host."""
@@ -26,7 +25,7 @@ def list_channels(state: StateDep) -> dict[str, Any]:
 
 
 @router.get("/alerts/{alert_id}/notifications")
-def alert_notifications(alert_id: str, store: StoreDep) -> dict[str, Any]:
+def alert_notifications(alert_id: str, store: StoreDep) -> NotificationsAnswer:
     """What was sent about one alert, where, and how it went, oldest first."""
     if store.alerts.get_alert(alert_id) is None:
         raise alert_not_found(alert_id)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, RowMapping, select, update
+from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.server.storage.schema import alerts, dialect_insert, silences
 

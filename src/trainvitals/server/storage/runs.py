@@ -10,10 +10,15 @@ import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict, cast
+from typing import (
+    Any,
+    NotRequired,  # pydantic reads these on 3.11
+    cast,
+)
 
 from sqlalchemy import Connection, Engine, and_, case, func, select, update
 from sqlalchemy.sql.elements import ColumnElement
+from typing_extensions import TypedDict
 
 from trainvitals.lifecycle import ALIVE, End, Event, Hello, Progress, Silent, Stall, moves
 from trainvitals.protocol import EndReason, RunStatus
