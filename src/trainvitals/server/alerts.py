@@ -216,22 +216,24 @@ class AlertEngine:
     async def _publish(self, state: _RunAlerts, changes: list[tuple[Change, Alert]]) -> None:
         if not changes:
             return
-        rows = []
+        published: list[tuple[Change, Alert]] = []
         for kind, alert in changes:
             alert.run_id, alert.project, alert.run_name = state.run_id, state.project, state.name
             if alert.rule == "nonfinite" and state.autopsy is not None:
                 alert.evidence["autopsy"] = jsonable(state.autopsy)
             if kind == "fired":
                 alert.silenced_until = self._silenced_until(alert)
-            rows.append(alert.as_dict())
-        stored = [(kind, row) for (kind, _), row in zip(changes, rows, strict=True)]
-        notices = await self._writer.submit(partial(_save_all, self._store, stored, self._notifier))
+            # A snapshot: the book goes on changing its alerts while these are written and sent.
+            published.append((kind, Alert.from_dict(alert.as_dict())))
+        notices = await self._writer.submit(
+            partial(_save_all, self._store, published, self._notifier)
+        )
         if self._notifier is not None:
             self._notifier.deliver(notices)
-        for kind, row in stored:
+        for kind, alert in published:
             if kind == "fired":
-                log.warning("alert %s on run %s: %s", row["rule"], row["run_name"], row["message"])
-            self._hub.alert(row)
+                log.warning("alert %s on run %s: %s", alert.rule, alert.run_name, alert.message)
+            self._hub.alert(alert.as_dict())
 
     def _silenced_until(self, alert: Alert) -> float | None:
         now = time.time()
@@ -246,11 +248,11 @@ class AlertEngine:
 
 def _save_all(
     store: Store,
-    changes: list[tuple[Change, dict[str, Any]]],
+    changes: list[tuple[Change, Alert]],
     notifier: Notifier | None,
     conn: Connection,
 ) -> list[Notice]:
     """Store alert changes, and their notifications in the same transaction (the outbox)."""
-    for _, row in changes:
-        store.alerts.save_alert(conn, row)
+    for _, alert in changes:
+        store.alerts.save_alert(conn, alert.as_dict())
     return notifier.enqueue(conn, changes) if notifier is not None else []

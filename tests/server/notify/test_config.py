@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainvitals.cli import main
+from trainvitals.detect import Alert, Severity
 from trainvitals.exceptions import NotifyError
 from trainvitals.server.notify import Channel, NotifyConfig, load_notify
 
@@ -47,15 +48,15 @@ def test_channels_take_defaults_routing_and_secrets_from_the_environment(tmp_pat
     assert team.url == ENV["SLACK_URL"] and team.secret is None
     assert (team.group_window, team.rate, team.burst, team.min_severity) == (5.0, 0.5, 3, "warning")
     assert pager.secret == b"keySECRET" and pager.rate == 2.0 and pager.group_window == 5.0
-    warning = {"project": "mnist", "severity": "warning"}
-    critical = {"project": "gan", "severity": "critical"}
 
-    def routes(alert: dict[str, str]) -> list[Channel]:
+    def routes(project: str, severity: Severity) -> list[Channel]:
+        alert = Alert("a", "nonfinite", "", severity, "firing", "m", "h", 1, 1.0, 1.0)
+        alert.project = project
         return [c for c in notify.channels if c.wants(alert)]
 
-    assert routes(warning) == [team]
-    assert routes(critical) == [pager]
-    assert routes({"project": "mnist", "severity": "info"}) == []
+    assert routes("mnist", "warning") == [team]
+    assert routes("gan", "critical") == [pager]
+    assert routes("mnist", "info") == []
     assert notify.get("pager") is pager
     # What the API and the logs show: no URL path, no secret.
     shown = repr(notify) + repr([c.describe() for c in notify.channels])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trainvitals.detect import Alert
 from trainvitals.server.notify import Channel, sign, verify_signature
 from trainvitals.server.notify.messages import Notice, headers, probe_message, render, run_url
 
@@ -13,13 +14,13 @@ SLACK = Channel("team", "slack", "https://hooks.slack.com/services/T/B/x")
 HOOK = Channel("ops", "webhook", "https://ops.example.org/h", secret=b"key")
 
 
-def alert(**changes: Any) -> dict[str, Any]:
-    return {
+def alert(**changes: Any) -> Alert:
+    return Alert.from_dict({
         "id": "a1", "run_id": "run/1", "project": "mnist", "run_name": "lr <3>", "rule": "stall",
         "subject": "", "severity": "warning", "state": "firing", "message": "No step for 95 s",
         "hint": "Look at the stacks", "step": 1200, "time": 1.0, "evidence": {"idle": 95.1},
-        **changes,
-    }  # fmt: skip
+        "updated_time": 1.0, **changes,
+    })  # fmt: skip
 
 
 def notice(change: str = "fired", id: str = "n1", **changes: Any) -> Notice:

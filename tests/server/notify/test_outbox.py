@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from trainvitals.detect import Alert, Change
 from trainvitals.server.notify import Channel, Notifier, NotifyConfig
 from trainvitals.server.notify.messages import Notice
 from trainvitals.server.store import Store
@@ -25,16 +26,16 @@ def notifier(store: Store) -> Iterator[Notifier]:
     writer.close()
 
 
-def alert(id: str = "a1", **changes: Any) -> dict[str, Any]:
-    return {
+def alert(id: str = "a1", **changes: Any) -> Alert:
+    return Alert.from_dict({
         "id": id, "run_id": "r1", "project": "mnist", "run_name": "n", "rule": "nonfinite",
         "subject": "", "severity": "warning", "state": "firing", "message": "NaN",
         "hint": "clip", "step": 1, "time": 1.0, "evidence": {}, "silenced_until": None,
-        **changes,
-    }  # fmt: skip
+        "updated_time": 1.0, **changes,
+    })  # fmt: skip
 
 
-def enqueue(store: Store, notifier: Notifier, *changes: tuple[Any, dict[str, Any]]) -> list[str]:
+def enqueue(store: Store, notifier: Notifier, *changes: tuple[Change, Alert]) -> list[str]:
     with store.engine.begin() as conn:
         return [f"{n.channel}:{n.change}" for n in notifier.enqueue(conn, changes)]
 

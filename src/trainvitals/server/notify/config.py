@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
+from trainvitals.detect.lifecycle import Alert
 from trainvitals.detect.settings import read_toml
 from trainvitals.detect.types import SEVERITIES, Severity
 from trainvitals.exceptions import NotifyError
@@ -121,11 +122,11 @@ class Channel:
     timeout: float = 5.0
     give_up_after: float = 86_400.0
 
-    def wants(self, alert: Mapping[str, Any]) -> bool:
-        """Whether ``alert`` (a stored alert's dict) is routed to this channel."""
-        if self.projects is not None and alert["project"] not in self.projects:
+    def wants(self, alert: Alert) -> bool:
+        """Whether ``alert`` is routed to this channel."""
+        if self.projects is not None and alert.project not in self.projects:
             return False
-        return SEVERITIES.index(alert["severity"]) >= SEVERITIES.index(self.min_severity)
+        return SEVERITIES.index(alert.severity) >= SEVERITIES.index(self.min_severity)
 
     @property
     def target(self) -> str:

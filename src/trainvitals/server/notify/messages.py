@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
+from trainvitals.detect import Alert
+from trainvitals.detect.types import jsonable
 from trainvitals.exceptions import ConfigurationError
 from trainvitals.server.notify.config import Channel
 
@@ -50,7 +52,7 @@ class Notice:
     id: str
     channel: str
     change: NoticeChange
-    alert: Mapping[str, Any]
+    alert: Alert
     created_at: float
 
 
@@ -78,8 +80,8 @@ def render(channel: Channel, notices: Sequence[Notice], public_url: str | None) 
                 {
                     "delivery": n.id,
                     "change": n.change,
-                    "alert": dict(n.alert),
-                    "run_url": run_url(public_url, n.alert["run_id"]),
+                    "alert": jsonable(n.alert.as_dict()),
+                    "run_url": run_url(public_url, n.alert.run_id),
                 }
                 for n in notices
             ],
@@ -177,33 +179,33 @@ def _slack(notices: Sequence[Notice], public_url: str | None) -> dict[str, Any]:
 
 def _slack_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
     alert = notice.alert
-    url = run_url(public_url, alert["run_id"])
-    run = _escape(alert["run_name"])
+    url = run_url(public_url, alert.run_id)
+    run = _escape(alert.run_name)
     fields = [
-        ("Severity", alert["severity"].upper()),
-        ("Project", _escape(alert["project"])),
+        ("Severity", alert.severity.upper()),
+        ("Project", _escape(alert.project)),
         ("Run", f"<{url}|{run}>" if url else run),
         (
             "Rule",
-            f"`{alert['rule']}`" + (f" ({_escape(alert['subject'])})" if alert["subject"] else ""),
+            f"`{alert.rule}`" + (f" ({_escape(alert.subject)})" if alert.subject else ""),
         ),
-        ("Step", str(alert["step"])),
+        ("Step", str(alert.step)),
     ]
-    emoji = _EMOJI.get(alert["severity"], "")
-    title = f"{emoji} {alert['severity'].upper()}: {alert['rule']} on {alert['run_name']}"
+    emoji = _EMOJI.get(alert.severity, "")
+    title = f"{emoji} {alert.severity.upper()}: {alert.rule} on {alert.run_name}"
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": _cut(title, _HEADER_CHARS)}},
-        _section(f"*{_escape(alert['message'])}*"),
+        _section(f"*{_escape(alert.message)}*"),
         {
             "type": "section",
             "fields": [{"type": "mrkdwn", "text": f"*{name}*\n{value}"} for name, value in fields],
         },
     ]
-    evidence = _evidence(alert.get("evidence") or {})
+    evidence = _evidence(alert.evidence)
     if evidence:
         blocks.append(_section(f"*Evidence*\n```{evidence}```"))
-    if alert.get("hint"):
-        blocks.append(_section(f"*What to do*\n{_escape(alert['hint'])}"))
+    if alert.hint:
+        blocks.append(_section(f"*What to do*\n{_escape(alert.hint)}"))
     if url:
         blocks.append(
             {
@@ -234,26 +236,26 @@ def _slack_group(notices: Sequence[Notice], public_url: str | None) -> dict[str,
 
 def _one_line(notice: Notice, public_url: str | None) -> str:
     alert = notice.alert
-    url = run_url(public_url, alert["run_id"])
-    run = _escape(f"{alert['project']}/{alert['run_name']}")
+    url = run_url(public_url, alert.run_id)
+    run = _escape(f"{alert.project}/{alert.run_name}")
     where = f"<{url}|{run}>" if url else run
-    message = _cut(_escape(alert["message"]), _GROUP_LINE_CHARS)
+    message = _cut(_escape(alert.message), _GROUP_LINE_CHARS)
     if notice.change == "resolved":
-        return f":white_check_mark: *Resolved:* `{alert['rule']}` on {where}: {message}"
-    emoji = _EMOJI.get(alert["severity"], "")
-    severity = alert["severity"].upper()
-    return f"{emoji} *{severity}* `{alert['rule']}` on {where} at step {alert['step']}: {message}"
+        return f":white_check_mark: *Resolved:* `{alert.rule}` on {where}: {message}"
+    emoji = _EMOJI.get(alert.severity, "")
+    severity = alert.severity.upper()
+    return f"{emoji} *{severity}* `{alert.rule}` on {where} at step {alert.step}: {message}"
 
 
 def _plain_summary(notice: Notice) -> str:
     """The notification text (phones, screen readers): the blocks are not shown there."""
     alert = notice.alert
-    where = f"{alert['project']}/{alert['run_name']}"
+    where = f"{alert.project}/{alert.run_name}"
     where = _escape(where)
     if notice.change == "resolved":
-        return _cut(f"Resolved: {alert['rule']} on {where}", _SECTION_CHARS)
+        return _cut(f"Resolved: {alert.rule} on {where}", _SECTION_CHARS)
     return _cut(
-        f"[{alert['severity'].upper()}] {alert['rule']} on {where}: {_escape(alert['message'])}",
+        f"[{alert.severity.upper()}] {alert.rule} on {where}: {_escape(alert.message)}",
         _SECTION_CHARS,
     )
 

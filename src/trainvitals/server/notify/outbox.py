@@ -21,14 +21,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 import httpx
 from sqlalchemy import Connection
 
-from trainvitals.detect import Change
+from trainvitals.detect import Alert, Change
 from trainvitals.exceptions import WriterClosed
 from trainvitals.server.notify.config import NotifyConfig
 from trainvitals.server.notify.delivery import ChannelSender, RedactSecrets
@@ -65,9 +64,7 @@ class Notifier:
 
     # -- in the alert's transaction (writer thread) --------------------------------------------
 
-    def enqueue(
-        self, conn: Connection, changes: Sequence[tuple[Change, Mapping[str, Any]]]
-    ) -> list[Notice]:
+    def enqueue(self, conn: Connection, changes: Sequence[tuple[Change, Alert]]) -> list[Notice]:
         """Store a notice for each channel that wants each change; returns them.
 
         A firing alert goes to the channels routed for its project and severity unless it
@@ -85,10 +82,10 @@ class Notifier:
             return told[key]
 
         for change, alert in changes:
-            if (alert.get("silenced_until") or 0) > now:
+            if (alert.silenced_until or 0) > now:
                 continue
             for channel in self.config.channels:
-                key = (alert["id"], channel.name)
+                key = (alert.id, channel.name)
                 sent: NoticeChange
                 if change == "resolved":
                     wanted, sent = last_told(key) == "fired", "resolved"
@@ -157,9 +154,8 @@ class Notifier:
         if rows:
             log.warning("taking up %d undelivered notification(s)", len(rows))
         for row in rows:
-            notice = Notice(
-                row["id"], row["channel"], row["change"], row["alert"], row["created_at"]
-            )
+            alert = Alert.from_dict(row["alert"])
+            notice = Notice(row["id"], row["channel"], row["change"], alert, row["created_at"])
             self._senders[row["channel"]].add([notice])
 
     async def _sweep_forever(self) -> None:

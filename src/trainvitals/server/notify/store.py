@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
+from trainvitals.detect.types import jsonable
 from trainvitals.server.notify.messages import Notice, NoticeChange
 from trainvitals.server.storage.schema import metadata
 
@@ -107,9 +108,9 @@ class OutboxStore:
                 {
                     "id": n.id,
                     "channel": n.channel,
-                    "alert_id": n.alert["id"],
+                    "alert_id": n.alert.id,
                     "change": n.change,
-                    "alert": json.dumps(n.alert, allow_nan=False),
+                    "alert": json.dumps(jsonable(n.alert.as_dict()), allow_nan=False),
                     "created_at": n.created_at,
                     "state": "pending",
                     "attempts": 0,
