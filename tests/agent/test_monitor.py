@@ -1,0 +1,75 @@
+"""``Monitor`` for custom training loops: the same series as the callback from a real
+TensorFlow loop, and how a loop that raises ends its run."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.processes import ServerProcess
+from tests.agent.peer import running_peer
+from trainvitals.protocol import END, POINTS
+
+keras = pytest.importorskip("keras")
+tf = pytest.importorskip("tensorflow")
+
+import numpy as np  # noqa: E402
+
+import trainvitals  # noqa: E402
+from tests.agent.test_vitals import (  # noqa: E402
+    BATCH,
+    all_series,
+    data,
+    mlp,
+)
+
+
+def test_a_loop_that_raises_ends_its_run_with_the_traceback() -> None:
+    with running_peer() as peer:
+        server = peer.url.removesuffix("/api/v1/ingest").replace("ws://", "http://")
+        with pytest.raises(ZeroDivisionError):
+            with trainvitals.Monitor(server=server, run_name="boom", system_metrics=False) as mon:
+                mon.log(1, metrics={"loss": 0.5})
+                mon.log(2, metrics={"loss": 1 / 0})
+        frames = peer.frames()
+    points = [f for f in frames if f["type"] == POINTS]
+    assert [v for f in points for v in f["series"]["loss"]["value"]] == [0.5]
+    end = frames[-1]
+    assert (end["type"], end["reason"]) == (END, "exception")
+    assert "ZeroDivisionError" in end["traceback"]
+
+
+@pytest.mark.usefixtures("weights_checked_every_time")
+def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> None:
+    x, y = data()
+    x[BATCH * 2 + 3, 1] = np.nan  # step 2 carries one NaN
+    model = mlp()
+    optimizer = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.MeanSquaredError()
+    with trainvitals.Monitor(
+        server=server.url,
+        run_name="custom",
+        model=model,
+        grad_norms_every=2,
+        weights_every=3,
+        system_metrics=0.1,
+    ) as mon:
+        for step in range(6):
+            xb, yb = x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            if step < 2:
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            mon.log(step, loss=loss, grads=grads, inputs=xb, metrics={"acc": 0.5 + step / 100})
+    series = all_series(server, mon.run.id)
+    assert series["loss"]["step"] == list(range(6))
+    assert series["nonfinite/inputs"]["value"] == [0, 0, 1, 0, 0, 0]
+    assert series["nonfinite/loss"]["value"][2] == 1
+    assert series["nonfinite/weights"]["step"] == [0, 3]
+    assert all(v > 0 for v in series["grad/global_norm"]["value"][:2])
+    assert series["step_time"]["step"] == list(range(1, 6))
+    assert series["acc"]["value"][0] == 0.5
+    per_variable = {name for name in series if name.startswith("grad/norm/")}
+    assert per_variable == {f"grad/norm/{v.path}" for v in model.trainable_variables}
+    assert {"host/rss", "host/limit"} <= set(series)
+    assert server.get(f"/api/v1/runs/{mon.run.id}")["status"] == "finished"
