@@ -1,0 +1,116 @@
+"""Runs in storage: their lifecycle, progress, listing and the workers of a job."""
+
+from __future__ import annotations
+
+from harness.processes import RUN_CONTRACT_FIELDS
+from tests.server.storage.rows import hello, job_of
+from trainvitals.protocol import Columns
+from trainvitals.server.storage import RunEnd
+from trainvitals.server.store import Store
+
+
+def test_run_lifecycle(store: Store) -> None:
+    with store.engine.begin() as conn:
+        row = store.runs.open_run(conn, hello("r1"), now=1001.0)
+        assert (row["status"], row["last_seq"]) == ("running", 0)
+        store.series.add_points(
+            conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.5, 0.4])}, now=1002.0
+        )
+        store.runs.end_run(conn, "r1", 2, RunEnd("exception", 1003.0, "Traceback ..."))
+    run = store.runs.get_run("r1")
+    assert run is not None
+    assert run["status"] == "crashed" and run["end_reason"] == "exception"
+    assert run["traceback"] == "Traceback ..." and run["ended_at"] == 1003.0
+    assert run["last_step"] == 2 and run["series"] == ["loss"]
+    assert run["config"] == {"lr": 0.1} and run["env"] == {"python": "3.11"}
+
+
+def test_reconnecting_run_keeps_its_progress(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(conn, "r1", 5, {"loss": Columns([9], [9.0], [0.1])}, now=2.0)
+        again = store.runs.open_run(conn, hello("r1"), now=3.0)
+    assert again["last_seq"] == 5 and again["last_step"] == 9
+
+
+def test_runs_are_listed_newest_first_and_by_project(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("old", started_at=1.0), now=1.0)
+        store.runs.open_run(conn, hello("new", started_at=2.0, project="other"), now=2.0)
+    assert [r["id"] for r in store.runs.list_runs()] == ["new", "old"]
+    assert [r["id"] for r in store.runs.list_runs(project="other")] == ["new"]
+    assert set(store.runs.list_runs()[0]) >= RUN_CONTRACT_FIELDS
+
+
+def test_a_stalled_run_runs_again_when_steps_resume(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(conn, "r1", 1, {"loss": Columns([1], [1.0], [0.5])}, now=2.0)
+        store.runs.mark_stalled(conn, "r1", 2, when=40.0, report="No training step for 38 s")
+    stalled = store.runs.get_run("r1")
+    assert stalled is not None and stalled["status"] == "stalled"
+    assert stalled["stall_stacks"] == "No training step for 38 s"
+    with store.engine.begin() as conn:
+        store.series.add_points(conn, "r1", 3, {"loss": Columns([2], [41.0], [0.4])}, now=41.0)
+    resumed = store.runs.get_run("r1")
+    assert resumed is not None and resumed["status"] == "running"
+
+
+def test_workers_of_one_job_are_linked_and_a_later_launch_starts_a_new_job(store: Store) -> None:
+    def worker(run_id: str, name: str, at: float, key: str = "k1", project: str = "proj") -> None:
+        job = {"key": key, "worker": name, "size": 3}
+        with store.engine.begin() as conn:
+            store.runs.open_run(conn, {**hello(run_id, at), "project": project, "job": job}, now=at)
+
+    worker("w1", "worker:1", 1000.0)
+    worker("w10", "worker:10", 1005.0)
+    worker("c0", "chief:0", 1030.0)
+    worker("other", "worker:0", 1031.0, project="elsewhere")  # same key, another project
+    worker("w2", "worker:2", 1040.0, key="k2")  # another job
+    job = job_of(store, "c0")
+    assert job_of(store, "w1") == job_of(store, "w10") == job
+    assert len({job, job_of(store, "other"), job_of(store, "w2")}) == 3
+
+    run = store.runs.get_run("w1")
+    assert run is not None and run["worker"] == "worker:1"
+    assert [m["id"] for m in run["job"]["runs"]] == ["c0", "w1", "w10"]  # chief, then by index
+    assert {r["id"] for r in store.runs.list_runs(job=job)} == {"c0", "w1", "w10"}
+    assert {"job_id", "worker"} <= set(store.runs.list_runs()[0])
+
+    # A worker restarted hours later while the job still runs rejoins it.
+    worker("w1-again", "worker:1", 9000.0)
+    assert job_of(store, "w1-again") == job
+    # Once every run of the job has ended, a launch with the same key long after is new.
+    with store.engine.begin() as conn:
+        for run_id in ("c0", "w1", "w10", "w1-again"):
+            store.runs.end_run(conn, run_id, 1, RunEnd("completed", 9100.0, None))
+    worker("next", "chief:0", 9000.0 + 601)
+    assert job_of(store, "next") != job
+    # ... while a run that starts with it joins it, even after it ended.
+    with store.engine.begin() as conn:
+        store.runs.end_run(conn, "next", 1, RunEnd("completed", 9610.0, None))
+    worker("late", "worker:0", 9601.0 + 599)
+    assert job_of(store, "late") == job_of(store, "next")
+    # A run on its own has no job.
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("alone"), now=1.0)
+    alone = store.runs.get_run("alone")
+    assert alone is not None and alone["job_id"] is None and "job" not in alone
+
+
+def test_a_stalled_run_is_running_again_only_on_a_new_step(store: Store) -> None:
+    """The per-second samples carry the latest step: they must not end a stall."""
+    sample = {"host/rss": Columns([2], [5.0], [1e9])}
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(
+            conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.5, 0.4])}, 2.0
+        )
+        store.runs.mark_stalled(conn, "r1", 2, when=40.0, report="no step for 30 s")
+        store.series.add_points(conn, "r1", 3, sample, now=41.0)
+    run = store.runs.get_run("r1")
+    assert run is not None and (run["status"], run["last_step"]) == ("stalled", 2)
+    with store.engine.begin() as conn:
+        store.series.add_points(conn, "r1", 4, {"loss": Columns([3], [42.0], [0.3])}, now=42.0)
+    run = store.runs.get_run("r1")
+    assert run is not None and (run["status"], run["last_step"]) == ("running", 3)

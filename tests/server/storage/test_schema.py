@@ -1,0 +1,56 @@
+"""The database itself: URLs, how they are shown, and the upgrade of older databases."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.server.storage.rows import hello, job_of
+from trainvitals.exceptions import StorageError
+from trainvitals.server.storage import database_url, shown_database
+from trainvitals.server.store import Store
+
+
+def test_database_urls() -> None:
+    assert database_url("runs.db").startswith("sqlite:////")
+    assert database_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    with pytest.raises(StorageError, match="Expected a SQLite path or a postgresql"):
+        database_url("mysql://u@h/db")
+
+
+def test_a_database_from_before_jobs_gains_their_columns(db_url: str) -> None:
+    old = Store(db_url)
+    try:
+        with old.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "CREATE TABLE runs (id VARCHAR(64) PRIMARY KEY, project VARCHAR(200) NOT NULL, "
+                "name VARCHAR(200) NOT NULL, status VARCHAR(16) NOT NULL, started_at FLOAT NOT "
+                "NULL, ended_at FLOAT, last_step BIGINT, last_seen FLOAT NOT NULL, last_seq BIGINT "
+                "NOT NULL, host VARCHAR(255) NOT NULL, pid INTEGER NOT NULL, end_reason "
+                "VARCHAR(200), traceback TEXT, stalled_at FLOAT, stall_stacks TEXT, config TEXT "
+                "NOT NULL, env TEXT NOT NULL)"
+            )
+            conn.exec_driver_sql(
+                "INSERT INTO runs VALUES ('old', 'p', 'n', 'finished', 1, 2, 7, 2, 3, 'h', 1, "
+                "'completed', NULL, NULL, NULL, '{}', '{}')"
+            )
+    finally:
+        old.dispose()
+    store = Store(db_url)
+    try:
+        store.create_schema()
+        store.create_schema()  # and again: nothing left to add
+        run = store.runs.get_run("old")
+        assert run is not None and run["last_step"] == 7 and run["job_id"] is None
+        with store.engine.begin() as conn:
+            store.runs.open_run(
+                conn, {**hello("new"), "job": {"key": "k", "worker": "worker:0"}}, 3.0
+            )
+        assert store.runs.list_runs(job=job_of(store, "new"))[0]["worker"] == "worker:0"
+    finally:
+        store.dispose()
+
+
+def test_a_database_url_is_shown_without_its_password() -> None:
+    shown = shown_database("postgresql://team:hunter2@db.example:5432/tv")
+    assert "hunter2" not in shown and shown.startswith("postgresql://team:***@db.example")
+    assert shown_database("runs.db") == "runs.db"
