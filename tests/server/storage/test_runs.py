@@ -114,3 +114,14 @@ def test_a_stalled_run_is_running_again_only_on_a_new_step(store: Store) -> None
         store.series.add_points(conn, "r1", 4, {"loss": Columns([3], [42.0], [0.3])}, now=42.0)
     run = store.runs.get_run("r1")
     assert run is not None and (run["status"], run["last_step"]) == ("running", 3)
+
+
+def test_a_finished_run_keeps_how_it_ended(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.runs.end_run(conn, "r1", 1, RunEnd("completed", 10.0, None))
+        store.runs.end_run(conn, "r1", 2, RunEnd("signal:SIGKILL", 20.0, "forged"))
+    run = store.runs.get_run("r1")
+    assert run is not None
+    assert (run["status"], run["end_reason"], run["ended_at"]) == ("finished", "completed", 10.0)
+    assert run["traceback"] is None

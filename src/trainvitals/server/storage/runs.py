@@ -205,17 +205,24 @@ class RunStore:
 
     def end_run(self, conn: Connection, run_id: str, seq: int, end: RunEnd) -> None:
         self._forget_series(run_id)
+        event = End(end.reason)
+        new = runs.c.last_seq < seq
+        # The ending is written only where the lifecycle lets the run end: a finished or
+        # crashed run keeps how it ended, whatever a late end frame says.
         conn.execute(
             update(runs)
-            .where(runs.c.id == run_id, runs.c.last_seq < seq)
+            .where(runs.c.id == run_id, new, runs.c.status.in_(_values(moves(event))))
             .values(
-                last_seq=seq,
-                last_seen=end.ended_at,
-                status=_moved(End(end.reason)),
+                status=_moved(event),
                 end_reason=end.reason,
                 ended_at=end.ended_at,
                 traceback=end.traceback,
             )
+        )
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, new)
+            .values(last_seq=seq, last_seen=end.ended_at)
         )
 
     def add_event(
