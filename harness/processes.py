@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -62,11 +62,15 @@ class ServerProcess:
         extra_env: dict[str, str] | None = None,
         python: str = sys.executable,
         port: int = 0,
+        args: Sequence[str] = (),
+        token: str | None = None,
     ) -> None:
         self.db = db
+        #: Sent as ``Authorization: Bearer`` by :meth:`get` and :meth:`post`.
+        self.token = token
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         self.process = subprocess.Popen(
-            [python, "-m", "trainvitals", "serve", "--port", str(port), "--db", db],
+            [python, "-m", "trainvitals", "serve", "--port", str(port), "--db", db, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -87,6 +91,9 @@ class ServerProcess:
         self._drain.start()
         wait_for(lambda: self.get("/healthz") == {"status": "ok"}, what="server /healthz")
 
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
     def _read_output(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
@@ -97,14 +104,15 @@ class ServerProcess:
         return "".join(self._output)
 
     def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+        request = urllib.request.Request(self.url + path, headers=self._headers())
+        with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
 
     def post(self, path: str, body: Any = None) -> tuple[int, Any]:
         request = urllib.request.Request(
             self.url + path,
             data=json.dumps(body).encode() if body is not None else b"",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self._headers()},
             method="POST",
         )
         try:
@@ -114,8 +122,9 @@ class ServerProcess:
             return exc.code, json.loads(exc.read())
 
     def get_status(self, path: str) -> tuple[int, Any]:
+        request = urllib.request.Request(self.url + path, headers=self._headers())
         try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())

@@ -432,3 +432,40 @@ def test_an_error_from_the_server_is_shown_as_text_not_run_as_html(
     expect(error).to_contain_text("<img src=x onerror=")
     assert page.locator("#app img").count() == 0
     assert page.evaluate("typeof window.__xss") == "undefined"
+
+
+def test_a_team_server_asks_for_a_token_once_then_shows_its_project(
+    browser: Any, tmp_path: Path
+) -> None:
+    from tests.e2e.test_auth import create_token, stream
+
+    db = str(tmp_path / "team.db")
+    viewer = create_token(db, "p", "read", "viewer-p")
+    agents = create_token(db, "*", "ingest", "agents")
+    server = ServerProcess(db, args=["--auth", "required"])
+    try:
+        stream(server, agents, "p")
+        stream(server, agents, "q")
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(server.url + "/")
+        form = page.locator("form.sign-in")
+        expect(form).to_be_visible()
+        form.locator("input[name=token]").fill("tv_0000_wrong")
+        form.locator("button").click()
+        expect(form.locator(".error")).to_have_text("Unknown or revoked token.")
+        form.locator("input[name=token]").fill(viewer)
+        form.locator("button").click()
+        expect(page.locator("#who")).to_contain_text("viewer-p")
+        rows = page.locator("#app table tbody tr")
+        expect(rows).to_have_count(1)  # p's run; q's is not this token's to see
+        # The cookie is the session: no script can read it, and the page never kept the token.
+        cookies = context.cookies()
+        assert [c["httpOnly"] for c in cookies if c["name"] == "tv_session"] == [True]
+        assert page.evaluate("document.cookie") == ""
+        assert viewer not in page.evaluate(
+            "JSON.stringify(localStorage) + JSON.stringify(sessionStorage)"
+        )
+        context.close()
+    finally:
+        server.stop()

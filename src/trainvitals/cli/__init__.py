@@ -69,6 +69,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the dashboard's address as people reach it, for links in notifications",
     )
 
+    serve.add_argument(
+        "--auth",
+        choices=["required", "off"],
+        default=None,
+        help="required: every request needs a token (trainvitals token create); off: anyone "
+        "who reaches the port may do anything, allowed on a loopback address only "
+        "(default: off on a loopback address, else required)",
+    )
+
+    token = commands.add_parser(
+        "token",
+        help="create, list and revoke access tokens",
+        description="Access tokens of a server's database: a role (ingest, read or admin) on "
+        "one project, or on every project with --project '*'. Agents send theirs as "
+        "$TRAINVITALS_TOKEN; a browser signs in with one.",
+    )
+    token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    create = token_commands.add_parser(
+        "create", help="create a token and print it (the only time it is shown)"
+    )
+    create.add_argument("--project", required=True, help="its project, or '*' for every project")
+    create.add_argument(
+        "--role", required=True, choices=["ingest", "read", "admin"], help="what it may do"
+    )
+    create.add_argument("--name", default=None, help="who holds it (default: role@project)")
+    token_list = token_commands.add_parser("list", help="list tokens (never their secrets)")
+    revoke = token_commands.add_parser("revoke", help="revoke a token and end its sessions")
+    revoke.add_argument("id", help="the token's id (trainvitals token list)")
+    for sub in (create, token_list, revoke):
+        sub.add_argument(
+            "--db", default=None, help="the server's database (default $TRAINVITALS_DB)"
+        )
+
     notify_test = commands.add_parser(
         "notify-test",
         help="send a test message to a notification channel",
@@ -130,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainvitals.cli.server import serve_command
 
         return serve_command(args)
+    if args.command == "token":
+        from trainvitals.cli.tokens import token_command
+
+        return token_command(args)
     if args.command == "notify-test":
         from trainvitals.cli.server import notify_test_command
 

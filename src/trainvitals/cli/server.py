@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from trainvitals import __version__
+
+if TYPE_CHECKING:
+    from trainvitals.server import Settings
 
 SERVER_EXTRA_HINT = "this command needs the server extra: pip install 'trainvitals[server]'"
 
@@ -32,8 +36,13 @@ def serve_command(args: argparse.Namespace) -> int:
         "rules": args.rules,
         "notify": args.notify,
         "public_url": args.public_url,
+        "auth": args.auth,
     }
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    refusal = _auth_refusal(settings)
+    if refusal:
+        print(f"trainvitals serve: {refusal}", file=sys.stderr)
+        return 2
     try:
         database_url(settings.db)
         if settings.rules:
@@ -103,3 +112,29 @@ def notify_test_command(args: argparse.Namespace) -> int:
         return 0
     print(f"FAILED: {where} did not accept the test message: {outcome.detail}", file=sys.stderr)
     return 1
+
+
+def _auth_refusal(settings: Settings) -> str | None:
+    """Why the server must not start as configured: open to the network, or asking for
+    tokens nobody has."""
+    from trainvitals.server.guard import is_loopback
+    from trainvitals.server.store import Store
+
+    if settings.auth == "off" and not is_loopback(settings.host):
+        return (
+            f"--auth off is allowed on a loopback address only, not {settings.host}: create "
+            "tokens (trainvitals token create) and serve with --auth required"
+        )
+    if not settings.auth_required:
+        return None
+    store = Store(settings.db)
+    try:
+        store.create_schema()
+        if store.tokens.live_count() == 0:
+            return (
+                "auth is required but the database has no tokens: create one with "
+                "trainvitals token create --db ... --project '*' --role admin"
+            )
+    finally:
+        store.dispose()
+    return None

@@ -17,7 +17,7 @@ from trainvitals.server.guard import RequestGuard, allowed_hosts
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
-from trainvitals.server.routes import api, notify, streams, web
+from trainvitals.server.routes import api, notify, session, streams, web
 from trainvitals.server.settings import Settings
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.include_router(api.router)
     app.include_router(notify.router)
+    app.include_router(session.router)
     app.include_router(streams.router)
     app.include_router(web.router)
     # follow_symlink: an editable install links the package's files rather than copying them.

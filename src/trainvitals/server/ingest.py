@@ -25,6 +25,7 @@ from trainvitals.protocol import (
     RunStatus,
 )
 from trainvitals.server.alerts import AlertEngine
+from trainvitals.server.auth import LOCAL
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.schemas import (
@@ -38,6 +39,7 @@ from trainvitals.server.schemas import (
     parse_frame,
 )
 from trainvitals.server.storage import RunEnd, RunSummary, run_summary
+from trainvitals.server.storage.tokens import Principal, Role
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
@@ -53,8 +55,10 @@ class IngestSession:
         liveness: Liveness,
         alerts: AlertEngine,
         max_frame_bytes: int,
+        who: Principal = LOCAL,
     ) -> None:
         self._store = store
+        self._who = who
         self._alerts = alerts
         self._writer = writer
         self._hub = hub
@@ -104,6 +108,11 @@ class IngestSession:
     async def _hello(self, hello: Hello) -> str:
         if self.run is not None:
             raise IngestRejected(CLOSE_POLICY_VIOLATION, "a connection speaks for one run only")
+        if not self._who.may(Role.INGEST, hello.project):
+            raise IngestRejected(
+                CLOSE_POLICY_VIOLATION,
+                f"this token may not send runs of project {hello.project[:40]!r}",
+            )
         row = await self._writer.submit(
             partial(self._store.runs.open_run, hello=hello.model_dump(), now=time.time())
         )

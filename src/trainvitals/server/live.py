@@ -21,9 +21,11 @@ from trainvitals.server.storage import RunSummary
 class Subscriber:
     """One browser connection's outbox and subscriptions."""
 
-    def __init__(self, queue_size: int) -> None:
+    def __init__(self, queue_size: int, project: str | None = None) -> None:
         self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
         self.runs: set[str] = set()
+        #: The one project this browser sees, or None for every project.
+        self.project = project
         self.overflowed = asyncio.Event()
 
     def offer(self, message: str) -> None:
@@ -52,8 +54,8 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def subscribe(self) -> Subscriber:
-        subscriber = Subscriber(self._queue_size)
+    def subscribe(self, project: str | None = None) -> Subscriber:
+        subscriber = Subscriber(self._queue_size, project)
         self._subscribers.add(subscriber)
         return subscriber
 
@@ -68,7 +70,8 @@ class Hub:
         """Push an alert change to every browser (alerts are few; every page shows them)."""
         message = json.dumps({"type": "alert", "alert": alert})
         for subscriber in self._subscribers:
-            subscriber.offer(message)
+            if subscriber.project in (None, alert.get("project")):
+                subscriber.offer(message)
 
     def points(
         self,
@@ -104,10 +107,16 @@ class Hub:
     def flush_runs(self) -> None:
         if not self._dirty_runs:
             return
-        message = json.dumps({"type": "runs", "runs": list(self._dirty_runs.values())})
-        self._dirty_runs = {}
+        runs, self._dirty_runs = list(self._dirty_runs.values()), {}
+        messages: dict[str | None, str | None] = {}  # one message per project seen
         for subscriber in self._subscribers:
-            subscriber.offer(message)
+            project = subscriber.project
+            if project not in messages:
+                shown = runs if project is None else [r for r in runs if r["project"] == project]
+                messages[project] = json.dumps({"type": "runs", "runs": shown}) if shown else None
+            message = messages[project]
+            if message is not None:
+                subscriber.offer(message)
 
 
 def finite_or_none(values: Iterable[float]) -> list[float | None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainvitals.protocol import MAX_FRAME_BYTES
@@ -18,6 +20,14 @@ class Settings(BaseSettings):
     port: int = 8600
     #: Largest agent frame accepted; larger ones close the connection with 1009.
     max_frame_bytes: int = MAX_FRAME_BYTES
+    #: ``required``: every route but ``/healthz`` and both websockets need a token (``trainvitals
+    #: token create``). ``off``: anyone who reaches the port may do anything, allowed on a
+    #: loopback address only. Unset: ``off`` on a loopback address, else ``required``.
+    auth: Literal["required", "off"] | None = None
+    #: Seconds an agent's connection may wait before its ``hello``.
+    hello_timeout: float = 10.0
+    #: Seconds a browser's sign-in lasts.
+    session_ttl: float = 7 * 86400.0
     #: Largest HTTP request body accepted; larger ones get 413 before anything reads them.
     max_body_bytes: int = 1 << 20
     #: Extra ``Host`` names the server answers to, comma-separated (``*``: any). By default a
@@ -41,3 +51,10 @@ class Settings(BaseSettings):
     #: Seconds a server holds undelivered notifications without renewing its claim before
     #: another server (or this one, restarted after a kill) takes them over.
     notify_lease: float = 15.0
+
+    @property
+    def auth_required(self) -> bool:
+        """Whether requests need a token (``auth``, or where the server listens)."""
+        from trainvitals.server.guard import is_loopback
+
+        return self.auth == "required" or (self.auth is None and not is_loopback(self.host))

@@ -3,7 +3,8 @@
 - ``store.runs``: runs, their jobs and events (:mod:`~trainvitals.server.storage.runs`);
 - ``store.series``: the points of their series (:mod:`~trainvitals.server.storage.series`);
 - ``store.alerts``: alerts and silences (:mod:`~trainvitals.server.storage.alerts`);
-- ``store.outbox``: the notifications queued for delivery (:mod:`~trainvitals.server.notify.store`).
+- ``store.outbox``: the notifications queued for delivery (:mod:`~trainvitals.server.notify.store`);
+- ``store.tokens``: access tokens and browser sessions (:mod:`~trainvitals.server.storage.tokens`).
 
 Every method is synchronous. Those that take a ``conn`` write, in the transaction the
 :class:`~trainvitals.server.writer.Writer` thread gives them; the others read, on a
@@ -19,6 +20,7 @@ from trainvitals.server.storage.alerts import AlertStore
 from trainvitals.server.storage.runs import RunStore
 from trainvitals.server.storage.schema import connect, create_schema, database_url
 from trainvitals.server.storage.series import SeriesStore
+from trainvitals.server.storage.tokens import TokenStore
 
 
 class Store:
@@ -40,6 +42,7 @@ class Store:
         self.runs = RunStore(self.engine, forget_series=self.series.forget)
         self.alerts = AlertStore(self.engine)
         self.outbox = OutboxStore(self.engine)
+        self.tokens = TokenStore(self.engine)
 
     def create_schema(self) -> None:
         """Make the tables, or bring those of an older database up to date."""

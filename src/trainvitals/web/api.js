@@ -6,7 +6,9 @@ async function request(path, init = {}) {
     let detail = response.statusText;
     try { detail = (await response.json()).detail ?? detail; } catch { /* not JSON */ }
     if (typeof detail !== "string") detail = JSON.stringify(detail); // FastAPI's validation errors
-    throw new Error(`${response.status}: ${detail}`);
+    const error = new Error(`${response.status}: ${detail}`);
+    error.status = response.status;
+    throw error;
   }
   return response.json();
 }
@@ -41,3 +43,8 @@ export const acknowledgeAlert = (id, by = null) =>
 // Returns { alert, silence }.
 export const silenceAlert = (id, durationS) =>
   postJSON(`/api/v1/alerts/${encodeURIComponent(id)}/silence`, { duration_s: durationS });
+
+// Who the page speaks for; a 401 means nobody yet (the server needs a token).
+export const whoami = () => getJSON("/api/v1/session");
+export const signIn = (token) => postJSON("/api/v1/session", { token });
+export const signOut = () => request("/api/v1/session", { method: "DELETE" });

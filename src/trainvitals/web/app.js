@@ -3,6 +3,7 @@
 
 import { AlertFeed } from "./alert-feed.js";
 import { renderAlerts } from "./alerts.js";
+import { signIn, signOut, whoami } from "./api.js";
 import { mountBanner } from "./banner.js";
 import { escapeHTML } from "./format.js";
 import { LiveSocket } from "./live.js";
@@ -10,8 +11,8 @@ import { RunPage } from "./run.js";
 import { renderRuns } from "./runs.js";
 
 const root = document.getElementById("app");
-const live = new LiveSocket(document.getElementById("live-indicator"));
-const feed = new AlertFeed(live);
+let live;
+let feed;
 let cleanup = () => {};
 let navigation = 0;
 
@@ -57,14 +58,55 @@ async function route() {
   if (current === navigation) cleanup = done; else done();
 }
 
-const navCount = document.getElementById("alert-nav-count");
-feed.on(() => {
-  const firing = feed.firing().length;
-  navCount.textContent = firing ? String(firing) : "";
-  navCount.title = `${firing} firing alert${firing === 1 ? "" : "s"}`;
-});
-mountBanner(document.getElementById("alert-banner"), feed);
-feed.load().catch((error) => console.warn("trainvitals: could not load the firing alerts:", error));
+// A server that needs a token asks for one once; the session cookie it sets (HttpOnly) is
+// sent with every later request and the live websocket. The page never keeps the token.
+function renderSignIn(reason) {
+  root.innerHTML = `
+    <form class="sign-in" autocomplete="off">
+      <h1>Sign in</h1>
+      <p>This server needs an access token (<code>trainvitals token create</code>).</p>
+      <label>Token <input type="password" name="token" required></label>
+      <button type="submit">Sign in</button>
+      <p class="error" role="alert"></p>
+    </form>`;
+  const form = root.querySelector("form");
+  form.querySelector(".error").textContent = reason ?? "";
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      await signIn(form.elements.token.value);
+      location.reload();
+    } catch (error) {
+      form.querySelector(".error").textContent = error.status === 401 ? "Unknown or revoked token." : error.message;
+    }
+  });
+}
 
-window.addEventListener("hashchange", route);
-route();
+function start(identity) {
+  live = new LiveSocket(document.getElementById("live-indicator"));
+  feed = new AlertFeed(live);
+  const navCount = document.getElementById("alert-nav-count");
+  feed.on(() => {
+    const firing = feed.firing().length;
+    navCount.textContent = firing ? String(firing) : "";
+    navCount.title = `${firing} firing alert${firing === 1 ? "" : "s"}`;
+  });
+  mountBanner(document.getElementById("alert-banner"), feed);
+  feed.load().catch((error) => console.warn("trainvitals: could not load the firing alerts:", error));
+  if (identity.auth) {
+    const who = document.getElementById("who");
+    who.hidden = false;
+    who.querySelector("span").textContent = `${identity.name} (${identity.role}, ${identity.project})`;
+    who.querySelector("button").addEventListener("click", async () => {
+      await signOut();
+      location.reload();
+    });
+  }
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+whoami().then(start, (error) => {
+  if (error.status === 401) renderSignIn();
+  else root.innerHTML = `<p class="error">${escapeHTML(error.message)}</p>`;
+});

@@ -18,33 +18,45 @@ from trainvitals.server.answers import (
     SeriesPoints,
     SilenceAnswer,
 )
+from trainvitals.server.auth import LOCAL, Admin, Reader, check_project
 from trainvitals.server.deps import AlertsDep, StoreDep, alert_not_found, run_not_found
 from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.live import finite_or_none
 from trainvitals.server.storage import AlertRow
+from trainvitals.server.storage.tokens import Principal, Role
+from trainvitals.server.store import Store
 
 router = APIRouter(prefix="/api/v1")
 
 MAX_POINTS_LIMIT = 100_000
+#: Series one request may read: a run with thousands of series must not hold a worker.
+MAX_SERIES_PER_REQUEST = 200
 
 
 @router.get("/runs")
 def list_runs(
     store: StoreDep,
+    who: Reader,
     project: str | None = None,
     job: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
 ) -> RunsAnswer:
-    """Runs, newest first; ``job``: only the runs (workers) of that job."""
+    """Runs, newest first; ``job``: only the runs (workers) of that job. A token of one
+    project sees that project's runs only."""
+    if who.projects is not None:
+        if project not in (None, who.projects):
+            return {"runs": []}
+        project = who.projects
     return {"runs": store.runs.list_runs(limit=limit, project=project, job=job)}
 
 
 @router.get("/runs/{run_id}")
-def get_run(run_id: str, store: StoreDep) -> RunAnswer:
+def get_run(run_id: str, store: StoreDep, who: Reader) -> RunAnswer:
     """One run with its config, environment, series names and how it ended."""
     run = store.runs.get_run(run_id)
     if run is None:
         raise run_not_found(run_id)
+    check_project(who, Role.READ, run["project"], run_not_found(run_id))
     # The detail row plus what this route adds (mypy can't follow ** into a TypedDict with
     # a key that is not required).
     out = cast(RunAnswer, {**run, "events": store.runs.run_events(run_id)})
@@ -57,7 +69,8 @@ def get_run(run_id: str, store: StoreDep) -> RunAnswer:
 def get_series(
     run_id: str,
     store: StoreDep,
-    name: Annotated[list[str] | None, Query()] = None,
+    who: Reader,
+    name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT)] = 2000,
 ) -> SeriesAnswer:
     """Series of a run (all of them when no ``name`` is given), each downsampled to at most
@@ -65,7 +78,8 @@ def get_series(
     run = store.runs.get_run(run_id, job=False)
     if run is None:
         raise run_not_found(run_id)
-    names = name if name else run["series"]
+    check_project(who, Role.READ, run["project"], run_not_found(run_id))
+    names = name if name else run["series"][:MAX_SERIES_PER_REQUEST]
     out: dict[str, SeriesPoints] = {}
     for series_name in names:
         steps, times, values = store.series.read_series(run_id, series_name)
@@ -86,23 +100,30 @@ Limit = Annotated[int, Query(ge=1, le=10_000)]
 
 @router.get("/runs/{run_id}/alerts")
 def run_alerts(
-    run_id: str, store: StoreDep, state: State | None = None, limit: Limit = 1000
+    run_id: str, store: StoreDep, who: Reader, state: State | None = None, limit: Limit = 1000
 ) -> AlertsAnswer:
     """Alerts of one run, newest first."""
-    if store.runs.get_run(run_id) is None:
+    run = store.runs.get_run(run_id, job=False)
+    if run is None:
         raise run_not_found(run_id)
+    check_project(who, Role.READ, run["project"], run_not_found(run_id))
     return {"alerts": store.alerts.list_alerts(run_id=run_id, state=state, limit=limit)}
 
 
 @router.get("/alerts")
 def list_alerts(
     store: StoreDep,
+    who: Reader,
     state: State | None = None,
     project: str | None = None,
     severity: SeverityParam | None = None,
     limit: Limit = 500,
 ) -> AlertsAnswer:
     """Alerts across runs, newest first, optionally only ``firing`` or ``resolved`` ones."""
+    if who.projects is not None:
+        if project not in (None, who.projects):
+            return {"alerts": []}
+        project = who.projects
     alerts = store.alerts.list_alerts(state=state, project=project, severity=severity, limit=limit)
     return {"alerts": alerts}
 
@@ -118,10 +139,12 @@ class SilenceRequest(BaseModel):
 
 @router.post("/alerts/{alert_id}/ack")
 async def acknowledge_alert(
-    alert_id: str, engine: AlertsDep, body: AckRequest | None = None
+    alert_id: str, engine: AlertsDep, store: StoreDep, who: Admin, body: AckRequest | None = None
 ) -> AlertRow:
-    """Acknowledge an alert: someone is on it (it leaves the banner; it still resolves)."""
-    alert = await engine.acknowledge(alert_id, body.by if body else None)
+    """Acknowledge an alert: someone is on it (it leaves the banner; it still resolves).
+    Recorded as the token's name (``by`` only without auth)."""
+    _alert_of(store, who, alert_id)
+    alert = await engine.acknowledge(alert_id, _by(who, body.by if body else None))
     if alert is None:
         raise alert_not_found(alert_id)
     return alert
@@ -129,12 +152,17 @@ async def acknowledge_alert(
 
 @router.post("/alerts/{alert_id}/silence")
 async def silence_alert(
-    alert_id: str, engine: AlertsDep, body: SilenceRequest | None = None
+    alert_id: str,
+    engine: AlertsDep,
+    store: StoreDep,
+    who: Admin,
+    body: SilenceRequest | None = None,
 ) -> SilenceAnswer:
     """Silence the alert's rule and subject on its run for ``duration_s`` seconds: alerts
     are still recorded, but neither bannered nor notified."""
     body = body or SilenceRequest()
-    result = await engine.silence(alert_id, body.duration_s, body.by)
+    _alert_of(store, who, alert_id)
+    result = await engine.silence(alert_id, body.duration_s, _by(who, body.by))
     if result is None:
         raise alert_not_found(alert_id)
     alert, silence = result
@@ -142,7 +170,21 @@ async def silence_alert(
 
 
 @router.get("/rules")
-def effective_rules(engine: AlertsDep, project: str | None = None) -> RulesAnswer:
+def effective_rules(engine: AlertsDep, who: Reader, project: str | None = None) -> RulesAnswer:
     """The thresholds in force (defaults, the rules file, and ``project``'s overrides)."""
     rules = engine.rules.for_project(project) if project else engine.rules.defaults
     return {"project": project, "rules": rules.as_dict()}
+
+
+def _alert_of(store: Store, who: Principal, alert_id: str) -> AlertRow:
+    """The alert, when ``who`` may act on it (else as if there were none)."""
+    alert = store.alerts.get_alert(alert_id)
+    if alert is None:
+        raise alert_not_found(alert_id)
+    check_project(who, Role.ADMIN, alert["project"], alert_not_found(alert_id))
+    return alert
+
+
+def _by(who: Principal, said: str | None) -> str:
+    """Who acted: the token's name; without auth, what the browser said, else ``local``."""
+    return (said or LOCAL.name) if who is LOCAL else who.name

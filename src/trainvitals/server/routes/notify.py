@@ -5,14 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from trainvitals.server.answers import ChannelsAnswer, NotificationsAnswer
+from trainvitals.server.auth import Reader, check_project
 from trainvitals.server.deps import StateDep, StoreDep, alert_not_found
 from trainvitals.server.notify.store import no_notices
+from trainvitals.server.storage.tokens import Role
 
 router = APIRouter(prefix="/api/v1")
 
 
 @router.get("/notify/channels")
-def list_channels(state: StateDep) -> ChannelsAnswer:
+def list_channels(state: StateDep, who: Reader) -> ChannelsAnswer:
     """Every channel with its routing and pace, and its deliveries so far: ``pending``,
     ``delivered``, ``failed``, ``last_delivered_at``, ``last_error``. URLs and secrets are
     never shown, only the target's scheme and host."""
@@ -25,8 +27,10 @@ def list_channels(state: StateDep) -> ChannelsAnswer:
 
 
 @router.get("/alerts/{alert_id}/notifications")
-def alert_notifications(alert_id: str, store: StoreDep) -> NotificationsAnswer:
+def alert_notifications(alert_id: str, store: StoreDep, who: Reader) -> NotificationsAnswer:
     """What was sent about one alert, where, and how it went, oldest first."""
-    if store.alerts.get_alert(alert_id) is None:
+    alert = store.alerts.get_alert(alert_id)
+    if alert is None:
         raise alert_not_found(alert_id)
+    check_project(who, Role.READ, alert["project"], alert_not_found(alert_id))
     return {"notifications": store.outbox.list_notices(alert_id)}

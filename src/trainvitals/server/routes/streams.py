@@ -12,18 +12,22 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from trainvitals.exceptions import IngestRejected
 from trainvitals.protocol import (
     CLOSE_INVALID_PAYLOAD,
+    CLOSE_POLICY_VIOLATION,
     CLOSE_TRY_AGAIN_LATER,
     CLOSE_UNSUPPORTED_DATA,
     INGEST_PATH,
     LIVE_PATH,
 )
+from trainvitals.server.auth import identify
 from trainvitals.server.deps import StateDep
 from trainvitals.server.ingest import IngestSession
 from trainvitals.server.live import Subscriber
+from trainvitals.server.storage.tokens import Role
 
 log = logging.getLogger("trainvitals.server")
 router = APIRouter()
 
+NO_TOKEN = "a token is required: 'Authorization: Bearer <token>', or sign in"
 #: A websocket close reason may hold at most 123 bytes (RFC 6455, 5.5).
 _MAX_REASON = 123
 
@@ -31,6 +35,10 @@ _MAX_REASON = 123
 @router.websocket(INGEST_PATH)
 async def ingest(websocket: WebSocket, state: StateDep) -> None:
     await websocket.accept()
+    who = await asyncio.to_thread(identify, websocket)
+    if who is None:
+        await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
+        return
     session = IngestSession(
         state.store,
         state.writer,
@@ -38,10 +46,22 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         state.liveness,
         state.alerts,
         state.settings.max_frame_bytes,
+        who,
     )
     try:
         while True:
-            message = await websocket.receive()
+            if session.run is None:  # a connection that never says hello holds nothing
+                try:
+                    message = await asyncio.wait_for(
+                        websocket.receive(), state.settings.hello_timeout
+                    )
+                except TimeoutError:
+                    raise IngestRejected(
+                        CLOSE_POLICY_VIOLATION,
+                        f"expected a 'hello' within {state.settings.hello_timeout:g} s",
+                    ) from None
+            else:
+                message = await websocket.receive()
             if message["type"] == "websocket.disconnect":
                 return
             text = message.get("text")
@@ -65,7 +85,11 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
     """Browser stream. Send ``{"type": "subscribe", "run_id": ...}`` to get a run's points;
     every browser gets run-list changes."""
     await websocket.accept()
-    subscriber = state.hub.subscribe()
+    who = await asyncio.to_thread(identify, websocket)
+    if who is None or not who.may(Role.READ):
+        await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
+        return
+    subscriber = state.hub.subscribe(who.projects)
     sender = asyncio.create_task(_drain(websocket, subscriber))
     try:
         while True:
@@ -80,6 +104,10 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
                 )
                 return
             if kind == "subscribe":
+                if who.projects is not None:  # only the runs of the project it sees
+                    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
+                    if run is None or run["project"] != who.projects:
+                        continue
                 subscriber.runs.add(run_id)
             elif kind == "unsubscribe":
                 subscriber.runs.discard(run_id)

@@ -1,0 +1,57 @@
+"""``trainvitals token create|list|revoke``: the access tokens of a server's database."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from trainvitals.cli.server import SERVER_EXTRA_HINT
+
+
+def token_command(args: argparse.Namespace) -> int:
+    try:
+        from trainvitals.exceptions import ConfigurationError
+        from trainvitals.server import Settings
+        from trainvitals.server.store import Store
+    except ImportError as exc:
+        print(f"trainvitals token: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
+        return 2
+    settings = Settings(**({"db": args.db} if args.db else {}))
+    try:
+        store = Store(settings.db)
+    except ConfigurationError as exc:
+        print(f"trainvitals token: {exc}", file=sys.stderr)
+        return 2
+    try:
+        store.create_schema()
+        if args.token_command == "create":
+            name = args.name or f"{args.role}@{args.project}"
+            token = store.tokens.create(name, args.project, args.role)
+            print(token)
+            print(
+                f"(token {name!r}: {args.role} on {args.project}; it is shown only now)",
+                file=sys.stderr,
+            )
+            return 0
+        if args.token_command == "list":
+            print(f"{'id':<14}{'role':<8}{'project':<20}{'created':<22}{'revoked':<22}name")
+            for t in store.tokens.list():
+                created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.created_at))
+                revoked = (
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.revoked_at))
+                    if t.revoked_at
+                    else "-"
+                )
+                print(f"{t.id:<14}{t.role:<8}{t.project:<20}{created:<22}{revoked:<22}{t.name}")
+            return 0
+        if store.tokens.revoke(args.id):
+            print(f"revoked {args.id}")
+            return 0
+        print(f"trainvitals token: no live token with id {args.id!r}", file=sys.stderr)
+        return 1
+    except ConfigurationError as exc:
+        print(f"trainvitals token: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.dispose()

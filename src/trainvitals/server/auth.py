@@ -1,0 +1,86 @@
+"""Who a request speaks for, as FastAPI dependencies.
+
+A request proves it with ``Authorization: Bearer <token>`` (agents, scripts) or the session
+cookie a browser got by signing in with a token (``POST /api/v1/session``). Without auth
+(``serve --auth off``, loopback only) every request speaks for :data:`LOCAL`, an admin of
+every project, so the zero-setup local server stays zero-setup.
+
+Routes then ask for a role (:data:`Reader`, :data:`Admin`): 403 for a role the token lacks;
+a run or alert of a project the token does not see is answered as if it did not exist (404),
+so a token learns nothing of other projects (:func:`check_project`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException
+from starlette.requests import HTTPConnection
+
+from trainvitals.server.deps import get_state
+from trainvitals.server.storage.tokens import ALL_PROJECTS, Principal, Role
+
+SESSION_COOKIE = "tv_session"
+#: Who every request is when auth is off.
+LOCAL = Principal("local", "local", ALL_PROJECTS, Role.ADMIN)
+
+
+class Unauthenticated(HTTPException):
+    def __init__(self) -> None:
+        super().__init__(
+            status_code=401,
+            detail="a token is required: sign in, or send 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def bearer(connection: HTTPConnection) -> str | None:
+    header = connection.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def identify(connection: HTTPConnection) -> Principal | None:
+    """The principal of a request or websocket, or None when it proves nothing."""
+    state = get_state(connection)
+    if not state.settings.auth_required:
+        return LOCAL
+    token = bearer(connection)
+    if token is not None:
+        return state.store.tokens.verify(token)
+    cookie = connection.cookies.get(SESSION_COOKIE)
+    return state.store.tokens.session(cookie) if cookie else None
+
+
+def principal(connection: HTTPConnection) -> Principal:
+    found = identify(connection)
+    if found is None:
+        raise Unauthenticated()
+    return found
+
+
+PrincipalDep = Annotated[Principal, Depends(principal)]
+
+
+def _requiring(role: Role) -> object:
+    """A dependency: the request's principal, which must hold ``role`` on some project."""
+
+    def dependency(who: PrincipalDep) -> Principal:
+        if not who.may(role):
+            raise HTTPException(403, f"this token's role ({who.role}) may not {role} here")
+        return who
+
+    return Depends(dependency)
+
+
+Reader = Annotated[Principal, _requiring(Role.READ)]
+Admin = Annotated[Principal, _requiring(Role.ADMIN)]
+
+
+def check_project(who: Principal, role: Role, project: str, missing: HTTPException) -> None:
+    """Answer ``missing`` (a 404) when ``who`` does not see ``project``, so a token learns
+    nothing of other projects; 403 when it sees it without ``role``."""
+    if not who.may(Role.READ, project) and not who.may(role, project):
+        raise missing
+    if not who.may(role, project):
+        raise HTTPException(403, f"this token's role ({who.role}) may not {role} here")

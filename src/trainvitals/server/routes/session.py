@@ -1,0 +1,68 @@
+"""``/api/v1/session``: a browser signs in once with a token and gets a session cookie.
+
+The cookie is HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it)
+and Secure when the server is reached over HTTPS. The token itself is never kept by the page.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+from trainvitals.server.auth import SESSION_COOKIE, PrincipalDep
+from trainvitals.server.deps import StateDep
+from trainvitals.server.storage.tokens import Principal
+
+router = APIRouter(prefix="/api/v1")
+
+
+class SignIn(BaseModel):
+    token: str = Field(min_length=1, max_length=200)
+
+
+class Identity(TypedDict):
+    """Who the session or token speaks for."""
+
+    name: str
+    project: str
+    role: str
+    auth: bool
+
+
+def _identity(who: Principal, auth: bool) -> Identity:
+    return {"name": who.name, "project": who.project, "role": who.role.value, "auth": auth}
+
+
+@router.post("/session")
+def sign_in(body: SignIn, request: Request, response: Response, state: StateDep) -> Identity:
+    """Trade a token for a session cookie."""
+    who = state.store.tokens.verify(body.token)
+    if who is None:
+        raise HTTPException(401, "unknown or revoked token")
+    secret = state.store.tokens.open_session(who, state.settings.session_ttl)
+    response.set_cookie(
+        SESSION_COOKIE,
+        secret,
+        max_age=int(state.settings.session_ttl),
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+    return _identity(who, True)
+
+
+@router.get("/session")
+def whoami(who: PrincipalDep, state: StateDep) -> Identity:
+    """Who this request speaks for (401 when nobody: the page then asks for a token)."""
+    return _identity(who, state.settings.auth_required)
+
+
+@router.delete("/session")
+def sign_out(request: Request, response: Response, state: StateDep) -> dict[str, bool]:
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        state.store.tokens.close_session(cookie)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return {"signed_out": True}

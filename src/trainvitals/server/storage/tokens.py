@@ -1,0 +1,201 @@
+"""Access tokens and browser sessions.
+
+A token is ``tv_<id>_<secret>``: the id finds its row, the secret is what proves it. Only a
+SHA-256 of the whole token is stored (the secret is 256 random bits, so a slow hash would add
+nothing), compared in constant time. A token grants one role (:class:`Role`) on one project,
+or on every project (``*``). Browsers trade a token once for a session (an HttpOnly cookie);
+a session lives as long as its token is not revoked and it has not expired.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Column, Engine, Float, Index, String, Table, delete, func, select, update
+
+from trainvitals.exceptions import ConfigurationError
+from trainvitals.server.storage.schema import metadata
+
+ALL_PROJECTS = "*"
+_PREFIX = "tv_"
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", String(16), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("project", String(200), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("hash", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float),
+)
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("hash", String(64), primary_key=True),
+    Column("token_id", String(16), nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Index("ix_sessions_token", "token_id"),
+)
+
+
+class Role(enum.StrEnum):
+    """What a token may do. ``admin`` may do everything ``read`` and ``ingest`` may."""
+
+    #: Agents: stream runs of its project.
+    INGEST = "ingest"
+    #: The dashboard and the API: see runs and alerts of its project.
+    READ = "read"
+    #: Acknowledge and silence alerts, as well as read and ingest.
+    ADMIN = "admin"
+
+    def allows(self, needed: Role) -> bool:
+        return self is needed or self is Role.ADMIN
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request speaks for: a token's id, name, project and role."""
+
+    token_id: str
+    name: str
+    project: str
+    role: Role
+
+    def may(self, role: Role, project: str | None = None) -> bool:
+        """Whether this principal has ``role`` on ``project`` (on some project when None)."""
+        if not self.role.allows(role):
+            return False
+        return project is None or self.project in (ALL_PROJECTS, project)
+
+    @property
+    def projects(self) -> str | None:
+        """The one project it sees, or None for every project."""
+        return None if self.project == ALL_PROJECTS else self.project
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """A token as ``trainvitals token list`` shows it: never the secret."""
+
+    id: str
+    name: str
+    project: str
+    role: Role
+    created_at: float
+    revoked_at: float | None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class TokenStore:
+    """Tokens and sessions, on their own short transactions (they are not the writer's)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def create(self, name: str, project: str, role: str, now: float | None = None) -> str:
+        """A new token; returns it, the only time its secret is known."""
+        try:
+            granted = Role(role)
+        except ValueError:
+            roles = ", ".join(r.value for r in Role)
+            raise ConfigurationError(f"Expected a role among {roles}, but got {role!r}") from None
+        if not name or not project:
+            raise ConfigurationError("A token needs a name and a project (or '*' for all)")
+        token_id = secrets.token_hex(6)
+        token = f"{_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+        with self._engine.begin() as conn:
+            conn.execute(
+                tokens.insert().values(
+                    id=token_id,
+                    name=name[:200],
+                    project=project[:200],
+                    role=granted.value,
+                    hash=_digest(token),
+                    created_at=time.time() if now is None else now,
+                )
+            )
+        return token
+
+    def list(self) -> list[TokenInfo]:
+        query = select(tokens).order_by(tokens.c.created_at)
+        with self._engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [
+            TokenInfo(r["id"], r["name"], r["project"], Role(r["role"]), r["created_at"],
+                      r["revoked_at"])
+            for r in rows
+        ]  # fmt: skip
+
+    def revoke(self, token_id: str, now: float | None = None) -> bool:
+        """Revoke a token and end its sessions; False when there is no such live token."""
+        with self._engine.begin() as conn:
+            done = conn.execute(
+                update(tokens)
+                .where(tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
+                .values(revoked_at=time.time() if now is None else now)
+            ).rowcount
+            conn.execute(delete(sessions).where(sessions.c.token_id == token_id))
+        return bool(done)
+
+    def live_count(self) -> int:
+        query = select(func.count()).select_from(tokens).where(tokens.c.revoked_at.is_(None))
+        with self._engine.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)
+
+    def verify(self, token: str) -> Principal | None:
+        """Who ``token`` speaks for, or None when it is unknown, wrong or revoked."""
+        if not token.startswith(_PREFIX) or len(token) > 200:
+            return None
+        token_id = token[len(_PREFIX) :].split("_", 1)[0]
+        query = select(tokens).where(tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
+        with self._engine.connect() as conn:
+            row = conn.execute(query).mappings().first()
+        if row is None or not hmac.compare_digest(row["hash"], _digest(token)):
+            return None
+        return Principal(row["id"], row["name"], row["project"], Role(row["role"]))
+
+    def open_session(self, principal: Principal, ttl: float, now: float | None = None) -> str:
+        """A session for a signed-in browser; returns the cookie's value."""
+        secret = secrets.token_urlsafe(32)
+        now = time.time() if now is None else now
+        with self._engine.begin() as conn:
+            conn.execute(delete(sessions).where(sessions.c.expires_at < now))
+            conn.execute(
+                sessions.insert().values(
+                    hash=_digest(secret), token_id=principal.token_id, expires_at=now + ttl
+                )
+            )
+        return secret
+
+    def session(self, secret: str, now: float | None = None) -> Principal | None:
+        if not secret or len(secret) > 200:
+            return None
+        query = (
+            select(tokens)
+            .join(sessions, sessions.c.token_id == tokens.c.id)
+            .where(
+                sessions.c.hash == _digest(secret),
+                sessions.c.expires_at >= (time.time() if now is None else now),
+                tokens.c.revoked_at.is_(None),
+            )
+        )
+        with self._engine.connect() as conn:
+            row = conn.execute(query).mappings().first()
+        if row is None:
+            return None
+        return Principal(row["id"], row["name"], row["project"], Role(row["role"]))
+
+    def close_session(self, secret: str) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(delete(sessions).where(sessions.c.hash == _digest(secret)))

@@ -1,0 +1,209 @@
+"""A team server: tokens per project and role, on every route and both websockets (#15)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from harness.processes import ServerProcess, wait_for
+from trainvitals import Run, resolve
+
+
+def trainvitals(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainvitals", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def create_token(db: str, project: str, role: str, name: str) -> str:
+    made = trainvitals("token", "create", "--db", db, "--project", project, "--role", role,
+                       "--name", name)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+@dataclass
+class Team:
+    server: ServerProcess
+    db: str
+    admin: str
+    ingest_p: str
+    read_p: str
+    ingest_q: str
+
+
+@pytest.fixture
+def team(tmp_path: Path) -> Iterator[Team]:
+    db = str(tmp_path / "team.db")
+    tokens = {
+        "admin": create_token(db, "*", "admin", "alice"),
+        "ingest_p": create_token(db, "p", "ingest", "agents-p"),
+        "read_p": create_token(db, "p", "read", "viewer-p"),
+        "ingest_q": create_token(db, "q", "ingest", "agents-q"),
+    }
+    server = ServerProcess(db, args=["--auth", "required"])
+    try:
+        yield Team(server, db, **tokens)
+    finally:
+        server.stop()
+
+
+def call(server: ServerProcess, path: str, token: str | None = None,
+         method: str = "GET", body: object = None) -> tuple[int, object]:  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(server.url + path, data, headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def stream(server: ServerProcess, token: str, project: str) -> str:
+    """A run of ``project`` with a NaN loss, streamed with ``token``; returns its id."""
+    run = Run(resolve(server=server.url, project=project, token=token), system_metrics=False,
+              watchdog=False)  # fmt: skip
+    run.start()
+    run.log(1, {"loss": 0.5})
+    run.log(2, {"loss": float("nan"), "nonfinite/loss": 1.0})
+    assert run.finish()
+    return run.id
+
+
+def test_serve_refuses_to_open_up_without_tokens(tmp_path: Path) -> None:
+    db = str(tmp_path / "x.db")
+    off = trainvitals("serve", "--host", "0.0.0.0", "--port", "0", "--auth", "off", "--db", db)
+    assert off.returncode == 2 and "loopback address only" in off.stderr
+    bare = trainvitals("serve", "--host", "0.0.0.0", "--port", "0", "--db", db)
+    assert bare.returncode == 2 and "no tokens" in bare.stderr
+
+
+def test_tokens_are_listed_without_secrets_and_stored_hashed(tmp_path: Path) -> None:
+    db = str(tmp_path / "t.db")
+    token = create_token(db, "p", "read", "viewer")
+    listed = trainvitals("token", "list", "--db", db)
+    assert "viewer" in listed.stdout and token not in listed.stdout
+    secret = token.rsplit("_", 1)[-1]
+    with sqlite3.connect(db) as conn:
+        dump = "\n".join(conn.iterdump())
+    assert secret not in dump
+    token_id = token.split("_")[1]
+    assert trainvitals("token", "revoke", "--db", db, token_id).returncode == 0
+    assert trainvitals("token", "revoke", "--db", db, token_id).returncode == 1
+
+
+def test_every_route_needs_a_token_but_healthz(team: Team) -> None:
+    server = team.server
+    assert call(server, "/healthz")[0] == 200
+    for path in ("/api/v1/runs", "/api/v1/alerts", "/api/v1/rules", "/api/v1/notify/channels"):
+        assert call(server, path)[0] == 401, path
+        assert call(server, path, "tv_0000_forged")[0] == 401, path
+    assert call(server, "/api/v1/alerts/x/silence", method="POST", body={})[0] == 401
+
+
+def test_roles_and_projects(team: Team) -> None:
+    server = team.server
+    run_p = stream(server, team.ingest_p, "p")
+    run_q = stream(server, team.ingest_q, "q")
+    # Ingest tokens stream; they do not read.
+    assert call(server, "/api/v1/runs", team.ingest_p)[0] == 403
+    # A reader of p sees p, and nothing of q, not even that it exists.
+    status, answer = call(server, "/api/v1/runs", team.read_p)
+    assert status == 200 and [r["id"] for r in answer["runs"]] == [run_p]  # type: ignore[index]
+    assert call(server, f"/api/v1/runs/{run_q}", team.read_p)[0] == 404
+    assert call(server, f"/api/v1/runs/{run_q}/series", team.read_p)[0] == 404
+    assert call(server, "/api/v1/runs?project=q", team.read_p)[1] == {"runs": []}
+    alerts = wait_for(
+        lambda: call(server, "/api/v1/alerts", team.admin)[1]["alerts"],  # type: ignore[index]
+        what="the NaN alerts",
+    )
+    assert {a["project"] for a in alerts} == {"p", "q"}
+    _, seen = call(server, "/api/v1/alerts", team.read_p)
+    assert {a["project"] for a in seen["alerts"]} == {"p"}  # type: ignore[index]
+    alert_p = next(a for a in alerts if a["project"] == "p")
+    # Reading is not acknowledging; an admin acknowledges, under its token's name.
+    ack = f"/api/v1/alerts/{alert_p['id']}/ack"
+    assert call(server, ack, team.read_p, "POST", {"by": "mallory"})[0] == 403
+    status, acked = call(server, ack, team.admin, "POST", {"by": "mallory"})
+    assert status == 200 and acked["acknowledged_by"] == "alice"  # type: ignore[index]
+
+
+def test_an_ingest_token_sends_runs_of_its_own_project_only(team: Team) -> None:
+    url = team.server.url.replace("http", "ws") + "/api/v1/ingest"
+    hello = {"type": "hello", "v": 1, "run_id": "r-q", "project": "q", "name": "n",
+             "started_at": 1.0}  # fmt: skip
+    for headers, reason in (
+        ({}, "a token is required"),
+        ({"Authorization": f"Bearer {team.ingest_p}"}, "may not send runs of project 'q'"),
+    ):
+        with connect(url, additional_headers=headers) as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.send(json.dumps(hello))  # without a token, closed before this arrives
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1008 and reason in closed.value.rcvd.reason
+
+
+def test_the_live_stream_needs_a_token_and_shows_its_project_only(team: Team) -> None:
+    url = team.server.url.replace("http", "ws") + "/api/v1/live"
+    with connect(url) as ws, pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    with connect(url, additional_headers={"Authorization": f"Bearer {team.read_p}"}) as ws:
+        stream(team.server, team.ingest_q, "q")
+        run_p = stream(team.server, team.ingest_p, "p")
+        seen: set[str] = set()
+
+        def saw_p() -> bool:
+            message = json.loads(ws.recv(timeout=10))
+            if message["type"] == "runs":
+                seen.update(r["project"] for r in message["runs"])
+            if message["type"] == "alert":
+                seen.add(message["alert"]["project"])
+            return any(r == "p" for r in seen)
+
+        wait_for(saw_p, what=f"run {run_p} on the live stream")
+    assert seen == {"p"}
+
+
+def test_a_browser_signs_in_once_and_a_revoked_token_ends_its_session(team: Team) -> None:
+    server = team.server
+    request = urllib.request.Request(
+        server.url + "/api/v1/session",
+        json.dumps({"token": team.read_p}).encode(),
+        {"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        cookie = response.headers["Set-Cookie"]
+        assert json.loads(response.read())["name"] == "viewer-p"
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    session = cookie.split(";", 1)[0]
+
+    def with_cookie(path: str) -> int:
+        req = urllib.request.Request(server.url + path, headers={"Cookie": session})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert with_cookie("/api/v1/runs") == 200
+    token_id = team.read_p.split("_")[1]
+    assert trainvitals("token", "revoke", "--db", team.db, token_id).returncode == 0
+    assert with_cookie("/api/v1/runs") == 401
+    assert call(server, "/api/v1/runs", team.read_p)[0] == 401
