@@ -16,7 +16,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final, Generic, NamedTuple, TypeAlias, TypedDict, TypeVar
+from typing import (
+    TYPE_CHECKING,
+    Final,
+    Generic,
+    NamedTuple,
+    NotRequired,
+    TypeAlias,
+    TypedDict,
+    TypeVar,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -156,6 +165,8 @@ class HelloFrame(TypedDict):
     started_at: float
     env: dict[str, object]
     job: JobInfo | None
+    #: The secret the server issued in the run's first welcome, in every later hello.
+    run_secret: NotRequired[str]
 
 
 class EndFrame(TypedDict):

@@ -27,6 +27,7 @@ def hello() -> HelloFrame:
         "started_at": 0.0,
         "env": {},
         "job": None,
+        "run_secret": "s3cret-of-the-run",
     }
 
 

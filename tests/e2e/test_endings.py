@@ -212,10 +212,13 @@ def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
         "env": {},
     }
 
+    secrets: list[str | None] = []
+
     async def scenario() -> tuple[list[str], list[str]]:
         writer = Writer(store)
         try:
-            await writer.submit(lambda conn: store.runs.open_run(conn, hello, now=100.0))
+            made = await writer.submit(lambda conn: store.runs.open_run(conn, hello, now=100.0))
+            secrets.append(made["secret"])
             liveness = Liveness(store.runs, writer, Hub(), lost_after=30.0)
             await liveness.start()
             await liveness.stop()
@@ -234,7 +237,8 @@ def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
         100.0,
     )
     with store.engine.begin() as conn:  # the agent reconnects: alive after all
-        assert store.runs.open_run(conn, hello, now=140.0)["status"] == "running"
+        again = {**hello, "run_secret": secrets[0]}
+        assert store.runs.open_run(conn, again, now=140.0)["status"] == "running"
     assert store.runs.get_run("r1")["end_reason"] is None  # type: ignore[index]
     store.dispose()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -105,6 +106,9 @@ class Run:
         self._finished = False
         self._lock = threading.Lock()
         self._tick_hooks: list[Callable[[], None]] = []
+        #: Binds the run to this process on the server: every hello carries it, the
+        #: watchdog's included, and no other client can speak for the run without it.
+        self._secret = secrets.token_urlsafe(24)
 
     @property
     def last_step(self) -> int:
@@ -123,6 +127,7 @@ class Run:
             "started_at": self.started_at,
             "env": {**environment.describe(), **self._env},
             "job": environment.job(),
+            "run_secret": self._secret,
         }
 
     def start(self) -> None:

@@ -69,7 +69,7 @@ class Sender:
         pending: PendingFrames | None = None,
     ) -> None:
         self._url = url
-        self._hello = json.dumps(hello)
+        self._hello = hello
         self._buffer = buffer
         self._interval = flush_interval
         self._heartbeat_interval = heartbeat_interval
@@ -169,10 +169,13 @@ class Sender:
             max_size=MAX_FRAME_BYTES,
             compression=None,  # JSON floats compress poorly; spare the training process's CPU
         ) as ws:
-            ws.send(self._hello)
+            ws.send(json.dumps(self._hello))
             welcome = _decode(ws.recv(timeout=10))
             if welcome.get("type") != WELCOME:
                 raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
+            secret = welcome.get("run_secret")
+            if isinstance(secret, str) and secret:  # issued by the server: every later hello
+                self._hello = {**self._hello, "run_secret": secret}
             self._pending.rewind()
             self._pending.ack(int(welcome.get("last_seq", 0)))
             self._connected = True

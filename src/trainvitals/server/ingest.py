@@ -116,6 +116,12 @@ class IngestSession:
         row = await self._writer.submit(
             partial(self._store.runs.open_run, hello=hello.model_dump(), now=time.time())
         )
+        if not row["owned"]:
+            raise IngestRejected(
+                CLOSE_POLICY_VIOLATION,
+                f"run {hello.run_id[:20]!r} belongs to another process: its hello lacks the "
+                "run's secret",
+            )
         self._last_seq = int(row["last_seq"])
         self.run = run_summary(row)
         # Storage applied the hello (a lost run is running again); what follows from it:
@@ -125,14 +131,15 @@ class IngestSession:
         self._hub.run_changed(self.run.copy())
         if self._state.status in ALIVE:
             await self._alerts.opened(self.run, hello.env, time.time(), new=row["created"])
-        return json.dumps(
-            {
-                "type": WELCOME,
-                "v": PROTOCOL_VERSION,
-                "run_id": hello.run_id,
-                "last_seq": self._last_seq,
-            }
-        )
+        welcome = {
+            "type": WELCOME,
+            "v": PROTOCOL_VERSION,
+            "run_id": hello.run_id,
+            "last_seq": self._last_seq,
+        }
+        if row["secret"] is not None:  # issued now: the agent sends it in every later hello
+            welcome["run_secret"] = row["secret"]
+        return json.dumps(welcome)
 
     async def _points(self, frame: Points) -> str:
         assert self.run is not None

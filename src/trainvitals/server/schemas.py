@@ -46,6 +46,8 @@ class Hello(_Frame):
     started_at: Time
     env: dict[str, Any] = Field(default_factory=dict)
     job: Job | None = None
+    #: The secret the server issued in this run's first welcome: proves a reconnect is the run.
+    run_secret: Annotated[str, Field(min_length=1, max_length=100)] | None = None
 
 
 class Job(BaseModel):

@@ -125,3 +125,25 @@ def test_a_finished_run_keeps_how_it_ended(store: Store) -> None:
     assert run is not None
     assert (run["status"], run["end_reason"], run["ended_at"]) == ("finished", "completed", 10.0)
     assert run["traceback"] is None
+
+
+def test_a_run_is_bound_to_the_secret_of_its_first_hello(store: Store) -> None:
+    with store.engine.begin() as conn:
+        proposed = store.runs.open_run(conn, {**hello("r0"), "run_secret": "agent's own"}, 1.0)
+        made = store.runs.open_run(conn, hello("r1"), now=1.0)  # none proposed: one issued
+    assert proposed["owned"] and proposed["secret"] is None
+    assert made["created"] and made["owned"] and made["secret"]
+    with store.engine.begin() as conn:
+        again = store.runs.open_run(conn, {**hello("r0"), "run_secret": "agent's own"}, 2.0)
+    assert again["owned"] and not again["created"]
+    with store.engine.begin() as conn:
+        store.runs.mark_lost(conn, "r1", now=100.0)
+        hijack = store.runs.open_run(conn, hello("r1"), now=101.0)
+        wrong = store.runs.open_run(conn, {**hello("r1"), "run_secret": "guess"}, now=102.0)
+    assert not hijack["owned"] and not wrong["owned"] and hijack["secret"] is None
+    run = store.runs.get_run("r1")
+    assert run is not None and run["status"] == "lost"  # no stranger revives it
+    assert "secret_hash" not in run
+    with store.engine.begin() as conn:
+        owner = store.runs.open_run(conn, {**hello("r1"), "run_secret": made["secret"]}, 103.0)
+    assert owner["owned"] and owner["secret"] is None and owner["status"] == "running"

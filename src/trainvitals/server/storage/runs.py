@@ -6,7 +6,10 @@ made in the database by :func:`_moved`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import secrets
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -71,6 +74,10 @@ class OpenedRun(RunRow):
     """The row of a run that said hello."""
 
     created: bool  # a new run (else one reconnecting)
+    #: False when the hello did not prove the run's secret: nothing was changed.
+    owned: bool
+    #: A secret issued now (to a new run, or an older one that had none), for the welcome.
+    secret: str | None
 
 
 class JobMember(TypedDict):
@@ -139,22 +146,50 @@ class RunStore:
 
     def open_run(self, conn: Connection, hello: Mapping[str, Any], now: float) -> OpenedRun:
         """Create the run if new; a reconnecting run keeps its state. Returns the run row,
-        with ``created`` telling which of the two it was."""
-        created = conn.execute(
-            self._insert_run.values(
-                id=hello["run_id"],
-                project=hello["project"],
-                name=hello["name"],
-                status=RunStatus.RUNNING.value,
-                started_at=hello["started_at"],
-                last_seen=now,
-                last_seq=0,
-                host=hello["host"],
-                pid=hello["pid"],
-                config=json.dumps(hello["config"]),
-                env=json.dumps(hello["env"]),
+        with ``created`` telling which of the two it was.
+
+        A new run is bound to a secret: the one its first hello carries (``run_secret``: the
+        agent makes one, so its watchdog knows it from the start), else one issued here and
+        returned once, in ``secret``, for the welcome. A hello for an existing run must carry
+        it, else nothing changes and ``owned`` is False: no other client can take a run over."""
+        claimed = hello.get("run_secret")
+        stored = conn.execute(
+            select(runs.c.secret_hash).where(runs.c.id == hello["run_id"])
+        ).first()
+        if stored is not None and stored[0] is not None:
+            if not claimed or not hmac.compare_digest(stored[0], _digest(claimed)):
+                theirs = conn.execute(select(runs).where(runs.c.id == hello["run_id"]))
+                refused = {**theirs.mappings().one(), "created": False, "owned": False}
+                return cast(OpenedRun, {**refused, "secret": None})
+        bound = stored is not None and stored[0] is not None
+        issued = None if bound or claimed else secrets.token_urlsafe(24)
+        binding = None if bound else _digest(claimed or issued or "")
+        created = (
+            conn.execute(
+                self._insert_run.values(
+                    id=hello["run_id"],
+                    project=hello["project"],
+                    name=hello["name"],
+                    status=RunStatus.RUNNING.value,
+                    started_at=hello["started_at"],
+                    last_seen=now,
+                    last_seq=0,
+                    host=hello["host"],
+                    pid=hello["pid"],
+                    config=json.dumps(hello["config"]),
+                    env=json.dumps(hello["env"]),
+                    secret_hash=binding,
+                )
+                # RETURNING, not rowcount: PostgreSQL's driver reports -1 for ON CONFLICT DO
+                # NOTHING, which took every reconnect for a new run.
+                .returning(runs.c.id)
+            ).first()
+            is not None
+        )
+        if binding and not created:  # a run from before secrets: bound from now on
+            conn.execute(
+                update(runs).where(runs.c.id == hello["run_id"]).values(secret_hash=binding)
             )
-        ).rowcount
         # A run given up as lost that speaks again is alive after all.
         conn.execute(
             update(runs)
@@ -164,7 +199,7 @@ class RunStore:
         if created and hello.get("job"):
             _join_job(conn, hello)
         row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
-        return cast(OpenedRun, {**row, "created": bool(created)})
+        return cast(OpenedRun, {**row, "created": bool(created), "owned": True, "secret": issued})
 
     def touch(self, conn: Connection, run_id: str, now: float) -> None:
         """The run is alive (a heartbeat)."""
@@ -280,6 +315,7 @@ class RunStore:
         run["config"] = json.loads(run["config"])
         run["env"] = json.loads(run["env"])
         run.pop("last_seq")
+        run.pop("secret_hash", None)
         return cast(RunDetail, run)
 
     def run_events(self, run_id: str) -> list[RunEvent]:
@@ -388,3 +424,7 @@ def _moved(event: Event, when: ColumnElement[bool] | None = None) -> ColumnEleme
         for before, after in moves(event).items()
     ]
     return case(*whens, else_=runs.c.status) if whens else runs.c.status
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()

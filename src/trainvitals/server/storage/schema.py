@@ -60,6 +60,9 @@ runs = Table(
     # The job of several processes the run is one worker of (see ``RunStore.open_run``).
     Column("job_id", String(64)),
     Column("job_key", String(128)),
+    # SHA-256 of the per-run secret the server issued when the run was made: only the process
+    # that holds it may speak for the run again (see ``RunStore.open_run``).
+    Column("secret_hash", String(64)),
     Column("worker", String(64)),
     Index("ix_runs_started_at", "started_at"),
     Index("ix_runs_job_key", "project", "job_key"),
