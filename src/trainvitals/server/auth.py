@@ -25,13 +25,12 @@ SESSION_COOKIE = "tv_session"
 LOCAL = Principal("local", "local", ALL_PROJECTS, Role.ADMIN)
 
 
-class Unauthenticated(HTTPException):
-    def __init__(self) -> None:
-        super().__init__(
-            status_code=401,
-            detail="a token is required: sign in, or send 'Authorization: Bearer <token>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+def unauthenticated() -> HTTPException:
+    return HTTPException(
+        status_code=401,
+        detail="a token is required: sign in, or send 'Authorization: Bearer <token>'",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def bearer(connection: HTTPConnection) -> str | None:
@@ -55,7 +54,7 @@ def identify(connection: HTTPConnection) -> Principal | None:
 def principal(connection: HTTPConnection) -> Principal:
     found = identify(connection)
     if found is None:
-        raise Unauthenticated()
+        raise unauthenticated()
     return found
 
 
