@@ -23,6 +23,7 @@ from harness.processes import (
     run_series,
     wait_for,
 )
+from trainvitals import Run, resolve
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.store import Store
@@ -300,3 +301,31 @@ def test_a_hung_input_generator_is_stalled_with_its_stack_then_running_again(
         training.wait()
     run = only_run(server)
     assert (run["status"], run["last_step"]) == ("finished", 60)
+
+
+def test_a_run_given_up_as_lost_comes_back_when_its_points_arrive(
+    quick_server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Silent longer than lost_after (no heartbeat meanwhile), yet connected all along: what a
+    # network hiccup or a paused server looks like from the other side.
+    monkeypatch.setenv("TRAINVITALS_HEARTBEAT_INTERVAL", "3600")
+    run = Run(resolve(server=quick_server.url, project="p"), system_metrics=False,
+              watchdog=False)  # fmt: skip
+    run.start()
+    run.log(1, {"loss": 1.0})
+    wait_for(lambda: only_run(quick_server)["status"] == "lost", timeout=15, what="lost")
+    crash = wait_for(
+        lambda: [a for a in quick_server.get(f"/api/v1/runs/{run.id}/alerts")["alerts"]
+                 if a["rule"] == "crash"],
+        what="the crash alert for the silence",
+    )  # fmt: skip
+    assert crash[0]["state"] == "firing"
+    run.log(2, {"loss": 0.9})
+    back = wait_for(
+        lambda: (r := only_run(quick_server))["status"] == "running" and r, what="running again"
+    )
+    assert back["end_reason"] is None and back["ended_at"] is None
+    alerts = quick_server.get(f"/api/v1/runs/{run.id}/alerts")["alerts"]
+    assert [a["state"] for a in alerts if a["rule"] == "crash"] == ["resolved"]
+    assert run.finish()
+    assert only_run(quick_server)["status"] == "finished"

@@ -196,7 +196,9 @@ class AlertEngine:
             columns = {
                 n: Columns(s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()
             }
-            state.detector.feed(columns)  # warms the baselines; what it finds is already known
+            # Warms the baselines (what it finds is already known): seconds of work for a
+            # long history, so off the event loop that serves every other run.
+            await asyncio.to_thread(state.detector.feed, columns)
         stored = await asyncio.to_thread(
             self._store.alerts.list_alerts, run_id=run_id, limit=10_000
         )

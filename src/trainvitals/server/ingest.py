@@ -13,7 +13,7 @@ from functools import partial
 
 from trainvitals import lifecycle
 from trainvitals.exceptions import FrameError, IngestRejected
-from trainvitals.lifecycle import ALIVE, Effect, RunState, transition
+from trainvitals.lifecycle import ALIVE, FINAL, Effect, RunState, transition
 from trainvitals.protocol import (
     ACK,
     CLOSE_INVALID_PAYLOAD,
@@ -153,13 +153,16 @@ class IngestSession:
         )
         self._last_seq = frame.seq
         self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
+        if self._liveness.revive(run_id):  # given up as lost while it was streaming
+            await self._revive(now)
         if last_step is not None:
             self._advance(lifecycle.Progress(last_step), now)
         self.run["last_seen"] = now
         if self._state.status in ALIVE:
             self._liveness.seen(run_id, now)
         self._hub.run_changed(self.run.copy())
-        await self._alerts.points(run_id, columns)
+        if self._state.status not in FINAL:  # an ended run's points judge nothing more
+            await self._alerts.points(run_id, columns)
         return _ack(frame.seq)
 
     async def _stall(self, frame: Stall) -> str:
@@ -230,6 +233,22 @@ class IngestSession:
         if Effect.ENDED in effects:
             await self._alerts.ended(self.run["id"], end.reason, end.ended_at, end.traceback)
         return _ack(frame.seq)
+
+    async def _revive(self, now: float) -> None:
+        """The run was marked lost (a server pause, a network cut) yet its points arrive:
+        it is running again, and its crash alert for the silence resolves."""
+        assert self.run is not None
+        revived = await self._writer.submit(
+            partial(self._store.runs.revive, run_id=self.run["id"], now=now)
+        )
+        if not revived:
+            return
+        lost = RunState(RunStatus.LOST, self._state.last_step)
+        self._state, effects = transition(lost, lifecycle.Hello())
+        self.run["status"] = self._state.status.value
+        self.run["end_reason"] = self.run["ended_at"] = None
+        self._apply(effects, now)
+        await self._alerts.opened(self.run, {}, now)
 
     def _advance(self, event: lifecycle.Event, now: float) -> tuple[Effect, ...]:
         """Move the run through its lifecycle; the browsers' summary follows."""

@@ -37,6 +37,8 @@ class Liveness:
         self._on_lost = on_lost
         self.lost_after = lost_after
         self._seen: dict[str, float] = {}
+        #: Runs given up as lost that an open connection may yet bring back.
+        self._lost: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
     def seen(self, run_id: str, when: float) -> None:
@@ -44,6 +46,20 @@ class Liveness:
 
     def ended(self, run_id: str) -> None:
         self._seen.pop(run_id, None)
+        self._lost.discard(run_id)
+
+    def revive(self, run_id: str) -> bool:
+        """Whether ``run_id`` was given up as lost (once): its points came after all."""
+        if run_id in self._lost:
+            self._lost.discard(run_id)
+            return True
+        return False
+
+    def resume(self, now: float) -> None:
+        """The server itself was paused (the event loop stalled, the host was suspended):
+        nothing could be heard meanwhile, so nobody is counted silent for it."""
+        for run_id in self._seen:
+            self._seen[run_id] = now
 
     async def start(self) -> None:
         stored = await asyncio.to_thread(self._runs.running_runs)
@@ -64,6 +80,7 @@ class Liveness:
             self._seen.pop(run_id, None)
             run = await self._writer.submit(partial(self._runs.mark_lost, run_id=run_id, now=now))
             if run is not None:
+                self._lost.add(run_id)
                 log.warning(
                     "run %s (%s) lost: nothing heard for %.0f s",
                     run_id,
@@ -77,9 +94,18 @@ class Liveness:
 
     async def _watch(self) -> None:
         interval = min(1.0, self.lost_after / 4)
+        last = time.monotonic()
         while True:
             await asyncio.sleep(interval)
+            now = time.monotonic()
+            gap, last = now - last, now
             try:
+                if gap > interval + self.lost_after / 4:
+                    # The frames that came during the pause wait in the sockets: judge only
+                    # once they have been read.
+                    log.warning("the server was paused %.1f s; no run is judged lost for it", gap)
+                    self.resume(time.time())
+                    continue
                 await self.check(time.time())
             except Exception:  # a database hiccup must not end the watch
                 log.exception("liveness check failed")

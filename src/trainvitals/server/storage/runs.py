@@ -201,6 +201,16 @@ class RunStore:
         row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
         return cast(OpenedRun, {**row, "created": bool(created), "owned": True, "secret": issued})
 
+    def revive(self, conn: Connection, run_id: str, now: float) -> bool:
+        """A run given up as lost is heard again: running, its ending cleared."""
+        return bool(
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id, runs.c.status.in_(_values(moves(Hello()))))
+                .values(status=_moved(Hello()), end_reason=None, ended_at=None, last_seen=now)
+            ).rowcount
+        )
+
     def touch(self, conn: Connection, run_id: str, now: float) -> None:
         """The run is alive (a heartbeat)."""
         conn.execute(update(runs).where(runs.c.id == run_id).values(last_seen=now))
