@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+from pathlib import Path
 
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Origin
 
 from harness.processes import ServerProcess
 from trainvitals import Run, resolve
@@ -109,8 +112,9 @@ def test_welcome_reports_what_is_stored_and_replays_are_acked_not_duplicated(
         "seq": 1,
         "series": {"loss": {"step": [1], "time": [1.0], "value": [0.3]}},
     }
+    owned = {**HELLO, "run_secret": "the agent's own"}  # as the agent sends it
     with ingest(server) as ws:
-        ws.send(json.dumps(HELLO))
+        ws.send(json.dumps(owned))
         assert json.loads(ws.recv(timeout=10)) == {
             "type": "welcome",
             "v": 1,
@@ -120,9 +124,63 @@ def test_welcome_reports_what_is_stored_and_replays_are_acked_not_duplicated(
         ws.send(json.dumps(points))
         assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": 1}
     with ingest(server) as ws:  # the agent reconnects and replays frame 1
-        ws.send(json.dumps(HELLO))
+        ws.send(json.dumps(owned))
         assert json.loads(ws.recv(timeout=10))["last_seq"] == 1
         ws.send(json.dumps(points))
         assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": 1}
     loss = server.get("/api/v1/runs/bad1/series?name=loss")["series"]["loss"]
     assert loss["step"] == [1] and loss["count"] == 1
+
+
+def test_a_connection_that_never_says_hello_is_closed(tmp_path: Path) -> None:
+    server = ServerProcess(str(tmp_path / "t.db"), extra_env={"TRAINVITALS_HELLO_TIMEOUT": "0.5"})
+    try:
+        with ingest(server) as ws:
+            assert closed_with(ws) == (1008, "expected a 'hello' within 0.5 s")
+    finally:
+        server.stop()
+
+
+def test_a_run_with_too_many_series_is_closed_and_others_carry_on(tmp_path: Path) -> None:
+    server = ServerProcess(str(tmp_path / "t.db"),
+                           extra_env={"TRAINVITALS_MAX_SERIES_PER_RUN": "3"})  # fmt: skip
+    try:
+        honest = Run(resolve(server=server.url), system_metrics=False, watchdog=False)
+        honest.start()
+        honest.log(1, {"loss": 1.0})
+        with ingest(server) as ws:
+            ws.send(json.dumps(HELLO))
+            ws.recv(timeout=10)
+            series = {f"s{i}": {"step": [1], "time": [1.0], "value": [1.0]} for i in range(4)}
+            ws.send(json.dumps({"type": "points", "v": 1, "seq": 1, "series": series}))
+            code, reason = closed_with(ws)
+        assert code == 1008 and "MAX_SERIES_PER_RUN" in reason
+        honest.log(2, {"loss": 0.5})
+        assert honest.finish()
+        assert server.get(f"/api/v1/runs/{honest.id}")["status"] == "finished"
+    finally:
+        server.stop()
+
+
+def test_a_huge_body_gets_413_before_it_is_sent_and_the_server_stays_responsive(
+    server: ServerProcess,
+) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    connection.putrequest("POST", "/api/v1/alerts/x/silence")
+    connection.putheader("Content-Type", "application/json")
+    connection.putheader("Content-Length", str(60 * 2**20))  # the 60 MB that froze it before
+    connection.endheaders()  # the answer comes before a byte of the body
+    response = connection.getresponse()
+    assert response.status == 413 and response.read() == b"request body too large"
+    connection.close()
+    assert server.get("/healthz") == {"status": "ok"}
+
+
+def test_a_page_of_another_origin_cannot_open_the_websockets(server: ServerProcess) -> None:
+    for path in ("/api/v1/live", "/api/v1/ingest"):
+        url = server.url.replace("http", "ws") + path
+        with pytest.raises(InvalidStatus) as refused:
+            connect(url, origin=Origin("http://evil.example"))
+        assert refused.value.response.status_code == 403  # refused before it opens
+        with connect(url, origin=Origin(server.url)) as ws:  # the dashboard's own page
+            ws.send(json.dumps({"type": "subscribe", "run_id": "x"}))

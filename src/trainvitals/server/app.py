@@ -17,6 +17,7 @@ from trainvitals.server.guard import RequestGuard, allowed_hosts
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
+from trainvitals.server.quotas import Caps, Quotas
 from trainvitals.server.routes import api, notify, session, streams, web
 from trainvitals.server.settings import Settings
 from trainvitals.server.store import Store
@@ -44,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = Store(settings.db)
         store.create_schema()
         writer = Writer(store)
-        hub = Hub(settings.live_queue_size, settings.runs_push_interval)
+        hub = Hub(settings.live_queue_size, settings.runs_push_interval, settings.live_queue_bytes)
         hub.start()
         notifier = None
         if channels.channels:
@@ -70,6 +71,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             liveness=liveness,
             alerts=alerts,
             notify=channels,
+            quotas=Quotas(
+                Caps(
+                    settings.max_connections,
+                    settings.max_runs_per_minute,
+                    settings.max_series_per_run,
+                    settings.max_bytes_per_day,
+                )
+            ),
         )
         try:
             yield

@@ -12,6 +12,7 @@ from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.notify import NotifyConfig
+from trainvitals.server.quotas import Quotas
 from trainvitals.server.settings import Settings
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
@@ -26,6 +27,7 @@ class AppState:
     liveness: Liveness
     alerts: AlertEngine
     notify: NotifyConfig
+    quotas: Quotas
 
 
 def get_state(connection: HTTPConnection) -> AppState:

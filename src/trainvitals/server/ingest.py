@@ -7,6 +7,7 @@ connection with the code of the :class:`IngestRejected` it raises.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from functools import partial
@@ -28,6 +29,7 @@ from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.auth import LOCAL
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
+from trainvitals.server.quotas import Caps, Quotas
 from trainvitals.server.schemas import (
     MAX_SEQ_AHEAD,
     Autopsy,
@@ -43,6 +45,9 @@ from trainvitals.server.storage.tokens import Principal, Role
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
+#: Frames this big or bigger are parsed on a worker thread.
+_PARSE_ON_LOOP = 64 * 1024
+
 
 class IngestSession:
     """State of one agent connection: which run it speaks for and how far it got."""
@@ -56,9 +61,12 @@ class IngestSession:
         alerts: AlertEngine,
         max_frame_bytes: int,
         who: Principal = LOCAL,
+        quotas: Quotas | None = None,
     ) -> None:
         self._store = store
         self._who = who
+        self._quotas = quotas or Quotas(Caps())
+        self._series: set[str] = set()  # the run's series names, for the cap
         self._alerts = alerts
         self._writer = writer
         self._hub = hub
@@ -76,8 +84,14 @@ class IngestSession:
                 CLOSE_TOO_BIG,
                 f"frame of {size} bytes exceeds the {self._max_frame_bytes}-byte limit",
             )
+        self._quotas.received(self._who.token_id, size)
         try:
-            frame = parse_frame(text)
+            # A big frame is parsed on a worker thread: the event loop serves every run.
+            frame = (
+                parse_frame(text)
+                if size < _PARSE_ON_LOOP
+                else await asyncio.to_thread(parse_frame, text)
+            )
         except FrameError as exc:
             raise IngestRejected(CLOSE_INVALID_PAYLOAD, str(exc)) from None
         if isinstance(frame, Hello):
@@ -113,6 +127,11 @@ class IngestSession:
                 CLOSE_POLICY_VIOLATION,
                 f"this token may not send runs of project {hello.project[:40]!r}",
             )
+        known = await asyncio.to_thread(self._store.runs.get_run, hello.run_id, False)
+        if known is None:
+            self._quotas.new_run(self._who.token_id)
+        else:
+            self._series = set(known["series"])
         row = await self._writer.submit(
             partial(self._store.runs.open_run, hello=hello.model_dump(), now=time.time())
         )
@@ -145,6 +164,10 @@ class IngestSession:
         assert self.run is not None
         run_id = self.run["id"]
         columns = {name: Columns(c.step, c.time, c.value) for name, c in frame.series.items()}
+        new = columns.keys() - self._series
+        if new:
+            self._quotas.series(len(self._series) + len(new))
+            self._series.update(new)
         now = time.time()
         last_step = await self._writer.submit(
             partial(

@@ -21,24 +21,41 @@ from trainvitals.server.storage import RunSummary
 class Subscriber:
     """One browser connection's outbox and subscriptions."""
 
-    def __init__(self, queue_size: int, project: str | None = None) -> None:
+    def __init__(
+        self, queue_size: int, project: str | None = None, max_bytes: int = 64 * 2**20
+    ) -> None:
         self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=queue_size)
+        #: Bytes waiting in the queue: bounded too (a few big messages can be gigabytes).
+        self.queued_bytes = 0
+        self._max_bytes = max_bytes
         self.runs: set[str] = set()
         #: The one project this browser sees, or None for every project.
         self.project = project
         self.overflowed = asyncio.Event()
 
     def offer(self, message: str) -> None:
+        if self.queued_bytes + len(message) > self._max_bytes:
+            self.overflowed.set()
+            return
         try:
             self.queue.put_nowait(message)
         except asyncio.QueueFull:
             self.overflowed.set()
+            return
+        self.queued_bytes += len(message)
+
+    def taken(self, message: str) -> None:
+        """``message`` left the queue for the browser."""
+        self.queued_bytes -= len(message)
 
 
 class Hub:
     """Routes run and point updates to subscribed browsers."""
 
-    def __init__(self, queue_size: int = 2000, runs_push_interval: float = 0.5) -> None:
+    def __init__(
+        self, queue_size: int = 2000, runs_push_interval: float = 0.5, queue_bytes: int = 64 * 2**20
+    ) -> None:
+        self._queue_bytes = queue_bytes
         self._subscribers: set[Subscriber] = set()
         self._queue_size = queue_size
         self._interval = runs_push_interval
@@ -55,7 +72,7 @@ class Hub:
                 await self._task
 
     def subscribe(self, project: str | None = None) -> Subscriber:
-        subscriber = Subscriber(self._queue_size, project)
+        subscriber = Subscriber(self._queue_size, project, self._queue_bytes)
         self._subscribers.add(subscriber)
         return subscriber
 

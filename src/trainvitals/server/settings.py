@@ -26,6 +26,16 @@ class Settings(BaseSettings):
     auth: Literal["required", "off"] | None = None
     #: Seconds an agent's connection may wait before its ``hello``.
     hello_timeout: float = 10.0
+    #: Per token: ingest connections open at once (beyond: close 1013).
+    max_connections: int = 1000
+    #: Per token: new runs in any minute (beyond: close 1013).
+    max_runs_per_minute: int = 600
+    #: Series one run may hold (beyond: close 1008).
+    max_series_per_run: int = 2000
+    #: Per token: bytes of agent frames a UTC day (beyond: close 1013).
+    max_bytes_per_day: int = 50 * 2**30
+    #: Bytes of live messages a browser may fall behind before it is disconnected (1013).
+    live_queue_bytes: int = 64 * 2**20
     #: Seconds a browser's sign-in lasts.
     session_ttl: float = 7 * 86400.0
     #: Largest HTTP request body accepted; larger ones get 413 before anything reads them.

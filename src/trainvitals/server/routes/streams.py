@@ -39,6 +39,11 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
     if who is None:
         await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
         return
+    try:
+        state.quotas.connect(who.token_id)
+    except IngestRejected as exc:
+        await websocket.close(code=exc.code, reason=_reason(exc.reason))
+        return
     session = IngestSession(
         state.store,
         state.writer,
@@ -47,6 +52,7 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         state.alerts,
         state.settings.max_frame_bytes,
         who,
+        state.quotas,
     )
     try:
         while True:
@@ -78,6 +84,8 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         await websocket.close(code=exc.code, reason=_reason(exc.reason))
     except WebSocketDisconnect:
         return
+    finally:
+        state.quotas.disconnect(who.token_id)
 
 
 @router.websocket(LIVE_PATH)
@@ -130,7 +138,9 @@ async def _drain(websocket: WebSocket, subscriber: Subscriber) -> None:
                 get.cancel()
                 await websocket.close(CLOSE_TRY_AGAIN_LATER, "too slow to follow the live stream")
                 return
-            await websocket.send_text(get.result())
+            message = get.result()
+            subscriber.taken(message)
+            await websocket.send_text(message)
     except (WebSocketDisconnect, RuntimeError):
         return
     finally:
