@@ -109,7 +109,7 @@ def test_a_silent_run_is_lost_with_a_crash_alert_that_resolves_when_it_returns(
     server = ServerProcess(str(tmp_path / "tv.db"), extra_env={"TRAINVITALS_LOST_AFTER": "2"})
     hello = {
         "type": "hello", "v": PROTOCOL_VERSION, "run_id": "gone", "project": "p", "name": "gone",
-        "config": {}, "host": "h", "pid": 1, "started_at": 1.0, "env": {},
+        "config": {}, "host": "h", "pid": 1, "started_at": 1.0, "env": {}, "run_secret": "s",
     }  # fmt: skip
     try:
         with connect(server.url.replace("http", "ws") + "/api/v1/ingest") as agent:
