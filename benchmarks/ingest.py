@@ -59,6 +59,7 @@ async def say_hello(ws: ClientConnection, run_id: str, name: str) -> None:
         "project": "bench",
         "name": name,
         "started_at": time.time(),
+        "run_secret": f"secret-{run_id}",
     }
     await ws.send(json.dumps(hello))
     await ws.recv()

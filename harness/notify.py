@@ -184,6 +184,7 @@ def agent(server: ServerProcess, run_id: str, project: str = "default") -> Clien
                 "pid": 1,
                 "started_at": time.time(),
                 "env": {},
+                "run_secret": f"secret-{run_id}",
             }
         )
     )
