@@ -38,6 +38,7 @@ bench: $(DEPS_STAMP)
 	$(PY) benchmarks/reliability.py
 	$(PY) benchmarks/notify.py
 	$(PY) benchmarks/scenarios.py
+	$(PY) benchmarks/abuse.py
 
 # Regenerates the README's screenshot from the browser test.
 screenshot: $(DEPS_STAMP) system

@@ -5,11 +5,15 @@ an honest run's ack latency (a points frame sent, its ack read) while the attack
 ratio to the same measured with no attack just before; and the honest run's points lost.
 
 Attacks, each bounded in count and time:
-  fuzz      4 threads sending mutated frames on fresh connections
-  bodies    4 threads posting 8 MiB bodies to the silence route
+  fuzz      one client sending malformed frames on fresh connections, as fast as it can
+  bodies    one client posting 60 MiB bodies to the silence route
   silent    500 connections that never say hello
   readers   50 live subscribers that never read, while the honest run streams
-  churn     hello/end/points churn on runs of its own (the alert-rebuild attack)
+  churn     one client's hello/end/points churn on a run of its own (the rebuild attack)
+
+The budget (docs/security.md) is about one client: no attack may raise /healthz p99 above
+twice its idle value or cost the honest run a point. The attacker runs on the same cores as
+the server, so part of any ratio is the attacker's own CPU.
 
     python benchmarks/abuse.py [--seconds 5]
 """
@@ -116,7 +120,7 @@ def fuzz(url: str) -> Callable[[threading.Event], None]:
 
 
 def bodies(server: ServerProcess) -> Callable[[threading.Event], None]:
-    body = b"{" + b" " * (8 * 2**20) + b"}"
+    body = b"{" + b" " * (60 * 2**20) + b"}"
 
     def work(stop: threading.Event) -> None:
         while not stop.is_set():
@@ -165,18 +169,23 @@ def main() -> int:
         try:
             print(f"{'attack':<10}{'healthz p99':>14}{'ratio':>8}{'ack p99':>12}{'ratio':>8}")
             attacks: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [
-                ("fuzz", lambda: running(fuzz(url), 4)),
-                ("bodies", lambda: running(bodies(server), 4)),
-                ("churn", lambda: running(churn(url), 4)),
+                ("fuzz", lambda: running(fuzz(url), 1)),
+                ("bodies", lambda: running(bodies(server), 1)),
+                ("churn", lambda: running(churn(url), 1)),
                 ("silent", lambda: running(lambda stop: stop.wait(), 1)),
                 ("readers", lambda: running(lambda stop: stop.wait(), 1)),
             ]
             for name, attack in attacks:
                 base_health, base_ack = measure(server, honest, args.seconds)
                 if name == "silent":
-                    silent = [connect(url + "/api/v1/ingest") for _ in range(500)]
+                    silent = [
+                        connect(url + "/api/v1/ingest", ping_interval=None) for _ in range(500)
+                    ]
                 if name == "readers":
-                    silent = [connect(url + "/api/v1/live", max_queue=1) for _ in range(50)]
+                    silent = [
+                        connect(url + "/api/v1/live", max_queue=1, ping_interval=None)
+                        for _ in range(50)
+                    ]
                     for ws in silent:
                         ws.send(json.dumps({"type": "subscribe", "run_id": "honest"}))
                 with attack():

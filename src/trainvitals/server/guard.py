@@ -158,6 +158,8 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, reaso
             "headers": [
                 (b"content-type", b"text/plain; charset=utf-8"),
                 (b"content-length", str(len(body)).encode()),
+                # The unread body is not drained: the connection ends with this answer.
+                *([(b"connection", b"close")] if status == 413 else []),
             ],
         }
     )
