@@ -17,8 +17,10 @@ from typing import Annotated
 from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
-from trainvitals.server.deps import get_state
+from trainvitals.server.deps import alert_not_found, get_state
+from trainvitals.server.storage import AlertRow
 from trainvitals.server.storage.tokens import ALL_PROJECTS, Principal, Role
+from trainvitals.server.store import Store
 
 SESSION_COOKIE = "tv_session"
 #: Who every request is when auth is off.
@@ -83,3 +85,27 @@ def check_project(who: Principal, role: Role, project: str, missing: HTTPExcepti
         raise missing
     if not who.may(role, project):
         raise HTTPException(403, f"this token's role ({who.role}) may not {role} here")
+
+
+class NoProject:
+    """What a token asking for another project's list gets: nothing."""
+
+
+NOTHING = NoProject()
+
+
+def scoped(who: Principal, project: str | None) -> str | NoProject | None:
+    """The project a list is filtered by: a token of one project lists that project only, and
+    asking for another gives :data:`NOTHING`."""
+    if who.projects is None:
+        return project
+    return who.projects if project in (None, who.projects) else NOTHING
+
+
+def alert_for(store: Store, who: Principal, alert_id: str, role: Role) -> AlertRow:
+    """The alert, when ``who`` holds ``role`` on its project (else as if there were none)."""
+    alert = store.alerts.get_alert(alert_id)
+    if alert is None:
+        raise alert_not_found(alert_id)
+    check_project(who, role, alert["project"], alert_not_found(alert_id))
+    return alert

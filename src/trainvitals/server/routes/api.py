@@ -18,13 +18,20 @@ from trainvitals.server.answers import (
     SeriesPoints,
     SilenceAnswer,
 )
-from trainvitals.server.auth import LOCAL, Admin, Reader, check_project
+from trainvitals.server.auth import (
+    LOCAL,
+    Admin,
+    NoProject,
+    Reader,
+    alert_for,
+    check_project,
+    scoped,
+)
 from trainvitals.server.deps import AlertsDep, StoreDep, alert_not_found, run_not_found
 from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.live import finite_or_none
 from trainvitals.server.storage import AlertRow
 from trainvitals.server.storage.tokens import Principal, Role
-from trainvitals.server.store import Store
 
 router = APIRouter(prefix="/api/v1")
 
@@ -43,11 +50,10 @@ def list_runs(
 ) -> RunsAnswer:
     """Runs, newest first; ``job``: only the runs (workers) of that job. A token of one
     project sees that project's runs only."""
-    if who.projects is not None:
-        if project not in (None, who.projects):
-            return {"runs": []}
-        project = who.projects
-    return {"runs": store.runs.list_runs(limit=limit, project=project, job=job)}
+    seen = scoped(who, project)
+    if isinstance(seen, NoProject):
+        return {"runs": []}
+    return {"runs": store.runs.list_runs(limit=limit, project=seen, job=job)}
 
 
 @router.get("/runs/{run_id}")
@@ -120,10 +126,10 @@ def list_alerts(
     limit: Limit = 500,
 ) -> AlertsAnswer:
     """Alerts across runs, newest first, optionally only ``firing`` or ``resolved`` ones."""
-    if who.projects is not None:
-        if project not in (None, who.projects):
-            return {"alerts": []}
-        project = who.projects
+    seen = scoped(who, project)
+    if isinstance(seen, NoProject):
+        return {"alerts": []}
+    project = seen
     alerts = store.alerts.list_alerts(state=state, project=project, severity=severity, limit=limit)
     return {"alerts": alerts}
 
@@ -143,7 +149,7 @@ async def acknowledge_alert(
 ) -> AlertRow:
     """Acknowledge an alert: someone is on it (it leaves the banner; it still resolves).
     Recorded as the token's name (``by`` only without auth)."""
-    _alert_of(store, who, alert_id)
+    alert_for(store, who, alert_id, Role.ADMIN)
     alert = await engine.acknowledge(alert_id, _by(who, body.by if body else None))
     if alert is None:
         raise alert_not_found(alert_id)
@@ -161,7 +167,7 @@ async def silence_alert(
     """Silence the alert's rule and subject on its run for ``duration_s`` seconds: alerts
     are still recorded, but neither bannered nor notified."""
     body = body or SilenceRequest()
-    _alert_of(store, who, alert_id)
+    alert_for(store, who, alert_id, Role.ADMIN)
     result = await engine.silence(alert_id, body.duration_s, _by(who, body.by))
     if result is None:
         raise alert_not_found(alert_id)
@@ -174,15 +180,6 @@ def effective_rules(engine: AlertsDep, who: Reader, project: str | None = None) 
     """The thresholds in force (defaults, the rules file, and ``project``'s overrides)."""
     rules = engine.rules.for_project(project) if project else engine.rules.defaults
     return {"project": project, "rules": rules.as_dict()}
-
-
-def _alert_of(store: Store, who: Principal, alert_id: str) -> AlertRow:
-    """The alert, when ``who`` may act on it (else as if there were none)."""
-    alert = store.alerts.get_alert(alert_id)
-    if alert is None:
-        raise alert_not_found(alert_id)
-    check_project(who, Role.ADMIN, alert["project"], alert_not_found(alert_id))
-    return alert
 
 
 def _by(who: Principal, said: str | None) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from trainvitals.server.answers import ChannelsAnswer, NotificationsAnswer
-from trainvitals.server.auth import Reader, check_project
-from trainvitals.server.deps import StateDep, StoreDep, alert_not_found
+from trainvitals.server.auth import Reader, alert_for
+from trainvitals.server.deps import StateDep, StoreDep
 from trainvitals.server.notify.store import no_notices
 from trainvitals.server.storage.tokens import Role
 
@@ -29,8 +29,5 @@ def list_channels(state: StateDep, who: Reader) -> ChannelsAnswer:
 @router.get("/alerts/{alert_id}/notifications")
 def alert_notifications(alert_id: str, store: StoreDep, who: Reader) -> NotificationsAnswer:
     """What was sent about one alert, where, and how it went, oldest first."""
-    alert = store.alerts.get_alert(alert_id)
-    if alert is None:
-        raise alert_not_found(alert_id)
-    check_project(who, Role.READ, alert["project"], alert_not_found(alert_id))
+    alert_for(store, who, alert_id, Role.READ)
     return {"notifications": store.outbox.list_notices(alert_id)}
