@@ -261,3 +261,33 @@ def run_in_cgroup(
         text=True,
         timeout=timeout,
     )
+
+
+# -- a team server's tokens and runs (tests/e2e/test_auth.py, the dashboard's sign-in) --------
+
+
+def trainvitals(*args: str) -> subprocess.CompletedProcess[str]:
+    """``trainvitals ARGS`` in a subprocess; its output, captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainvitals", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def create_token(db: str, project: str, role: str, name: str) -> str:
+    made = trainvitals("token", "create", "--db", db, "--project", project, "--role", role,
+                       "--name", name)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+def stream(server: ServerProcess, token: str, project: str) -> str:
+    """A run of ``project`` with a NaN loss, streamed with ``token``; returns its id."""
+    from trainvitals import Run, resolve
+
+    run = Run(resolve(server=server.url, project=project, token=token), system_metrics=False,
+              watchdog=False)  # fmt: skip
+    run.start()
+    run.log(1, {"loss": 0.5})
+    run.log(2, {"loss": float("nan"), "nonfinite/loss": 1.0})
+    assert run.finish()
+    return run.id

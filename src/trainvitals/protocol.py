@@ -136,7 +136,7 @@ CLOSE_POLICY_VIOLATION: Final = 1008  # valid frame in the wrong place (points b
 CLOSE_TOO_BIG: Final = 1009  # frame over MAX_FRAME_BYTES
 CLOSE_TRY_AGAIN_LATER: Final = 1013  # a browser too slow to keep up with the live stream
 
-#: How a run ended, as sent in the ``end`` frame (kept for scripts that import them).
+#: Older names of two end reasons, kept for scripts that import them: use :class:`EndReason`.
 END_COMPLETED: Final = EndReason.COMPLETED.value
 END_EXCEPTION: Final = EndReason.EXCEPTION.value
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -16,21 +14,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from harness.processes import ServerProcess, wait_for
-from trainvitals import Run, resolve
-
-
-def trainvitals(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainvitals", *args], capture_output=True, text=True, timeout=60
-    )
-
-
-def create_token(db: str, project: str, role: str, name: str) -> str:
-    made = trainvitals("token", "create", "--db", db, "--project", project, "--role", role,
-                       "--name", name)  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    return made.stdout.strip()
+from harness.processes import ServerProcess, create_token, stream, trainvitals, wait_for
 
 
 @dataclass
@@ -71,17 +55,6 @@ def call(server: ServerProcess, path: str, token: str | None = None,
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"null")
-
-
-def stream(server: ServerProcess, token: str, project: str) -> str:
-    """A run of ``project`` with a NaN loss, streamed with ``token``; returns its id."""
-    run = Run(resolve(server=server.url, project=project, token=token), system_metrics=False,
-              watchdog=False)  # fmt: skip
-    run.start()
-    run.log(1, {"loss": 0.5})
-    run.log(2, {"loss": float("nan"), "nonfinite/loss": 1.0})
-    assert run.finish()
-    return run.id
 
 
 def test_serve_refuses_to_open_up_without_tokens(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import pytest
 
-from harness.processes import ServerProcess, demo_training, wait_for
+from harness.processes import ServerProcess, create_token, demo_training, stream, wait_for
 from trainvitals import Run, resolve
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -437,8 +437,6 @@ def test_an_error_from_the_server_is_shown_as_text_not_run_as_html(
 def test_a_team_server_asks_for_a_token_once_then_shows_its_project(
     browser: Any, tmp_path: Path
 ) -> None:
-    from tests.e2e.test_auth import create_token, stream
-
     db = str(tmp_path / "team.db")
     viewer = create_token(db, "p", "read", "viewer-p")
     agents = create_token(db, "*", "ingest", "agents")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -60,3 +61,23 @@ def test_malformed_browser_message_closes_with_1007(server: ServerProcess) -> No
         except ConnectionClosed as exc:
             assert exc.rcvd is not None and exc.rcvd.code == 1007
             assert "subscribe" in exc.rcvd.reason
+
+
+def test_a_live_client_is_held_to_small_requests_for_real_run_ids(server: ServerProcess) -> None:
+    url = server.url.replace("http", "ws") + "/api/v1/live"
+
+    def closed_after(*requests: str) -> tuple[int, str]:
+        with connect(url) as ws, pytest.raises(ConnectionClosed) as closed:
+            for request in requests:
+                ws.send(request)
+            while True:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None
+        return closed.value.rcvd.code, closed.value.rcvd.reason
+
+    big = json.dumps({"type": "subscribe", "run_id": "r" * 4 * 2**20})
+    assert closed_after(big) == (1009, "live requests are at most 1 KiB")
+    odd = json.dumps({"type": "subscribe", "run_id": "../x\n"})
+    assert closed_after(odd)[0] == 1007
+    many = [json.dumps({"type": "subscribe", "run_id": f"r{i}"}) for i in range(257)]
+    assert closed_after(*many) == (1008, "at most 256 runs a connection")

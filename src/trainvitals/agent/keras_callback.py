@@ -27,7 +27,7 @@ from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import END_COMPLETED
+from trainvitals.protocol import EndReason
 from trainvitals.series import EPOCH, EPOCH_PREFIX, LOSS, NONFINITE_WEIGHTS, VAL_PREFIX
 
 log = logging.getLogger("trainvitals")
@@ -261,7 +261,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if self.guard is not None:
             self.guard.at_end()
         if self.run is not None:
-            self.run.finish(END_COMPLETED)
+            self.run.finish(EndReason.COMPLETED)
 
 
 def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:

@@ -12,7 +12,7 @@ from trainvitals.agent.config import resolve
 from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.vitals import StepVitals, healthy
-from trainvitals.protocol import END_COMPLETED, END_EXCEPTION
+from trainvitals.protocol import EndReason
 from trainvitals.series import NONFINITE_WEIGHTS, STEP_TIME
 
 if TYPE_CHECKING:
@@ -95,9 +95,9 @@ class Monitor:
         if exc is None:
             self.finish()
         else:
-            self.finish(END_EXCEPTION, "".join(traceback.format_exception(kind, exc, tb)))
+            self.finish(EndReason.EXCEPTION, "".join(traceback.format_exception(kind, exc, tb)))
 
-    def finish(self, reason: str = END_COMPLETED, traceback_text: str | None = None) -> bool:
+    def finish(self, reason: str = EndReason.COMPLETED, traceback_text: str | None = None) -> bool:
         """End the run; returns whether the server acknowledged everything."""
         return self.run.finish(reason, traceback_text)
 

@@ -34,8 +34,6 @@ from trainvitals.agent.transport import Sender
 from trainvitals.agent.watchdog import Watchdog
 from trainvitals.protocol import (
     AUTOPSY,
-    END_COMPLETED,
-    END_EXCEPTION,
     HELLO,
     PROTOCOL_VERSION,
     STALL,
@@ -178,7 +176,7 @@ class Run:
 
     def finish(
         self,
-        reason: str = END_COMPLETED,
+        reason: str = EndReason.COMPLETED,
         traceback_text: str | None = None,
         timeout: float = FLUSH_TIMEOUT,
     ) -> bool:
@@ -335,6 +333,6 @@ def _chain_signal(signum: int) -> None:
 
 def _finish_open_runs() -> None:
     text = _uncaught[-1] if _uncaught else None
-    reason = _signals[-1] if _signals else END_EXCEPTION if text else EndReason.EXITED.value
+    reason = _signals[-1] if _signals else EndReason.EXCEPTION if text else EndReason.EXITED
     for run in list(_open_runs):
         run.finish(reason, text, timeout=5.0)

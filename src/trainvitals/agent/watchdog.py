@@ -102,16 +102,13 @@ def _wait_for_ending(pid: int) -> bool:
         except psutil.NoSuchProcess:
             return False
 
-    def heard(line: str) -> bool:
-        return line.strip() == "done"
-
     stdin_open = True
     while True:
         if stdin_open:
             readable, _, _ = select.select([sys.stdin], [], [], 0.25)
             if readable:
                 line = sys.stdin.readline()
-                if heard(line):
+                if line.strip() == "done":
                     return True
                 if line == "":  # EOF; forked children may still hold the pipe: watch the pid
                     stdin_open = False
@@ -122,7 +119,7 @@ def _wait_for_ending(pid: int) -> bool:
             # what it left in the pipe before calling it killed.
             while stdin_open and select.select([sys.stdin], [], [], 0)[0]:
                 line = sys.stdin.readline()
-                if heard(line):
+                if line.strip() == "done":
                     return True
                 stdin_open = line != ""
             return False

@@ -81,7 +81,7 @@ Admin = Annotated[Principal, _requiring(Role.ADMIN)]
 def check_project(who: Principal, role: Role, project: str, missing: HTTPException) -> None:
     """Answer ``missing`` (a 404) when ``who`` does not see ``project``, so a token learns
     nothing of other projects; 403 when it sees it without ``role``."""
-    if not who.may(Role.READ, project) and not who.may(role, project):
+    if who.project not in (ALL_PROJECTS, project):
         raise missing
     if not who.may(role, project):
         raise HTTPException(403, f"this token's role ({who.role}) may not {role} here")

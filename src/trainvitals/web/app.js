@@ -61,6 +61,9 @@ async function route() {
 // A server that needs a token asks for one once; the session cookie it sets (HttpOnly) is
 // sent with every later request and the live websocket. The page never keeps the token.
 function renderSignIn(reason) {
+  const indicator = document.getElementById("live-indicator");
+  indicator.textContent = "signed out";
+  indicator.title = "no live connection until you sign in";
   root.innerHTML = `
     <form class="sign-in" autocomplete="off">
       <h1>Sign in</h1>

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
@@ -13,6 +14,7 @@ from trainvitals.exceptions import IngestRejected
 from trainvitals.protocol import (
     CLOSE_INVALID_PAYLOAD,
     CLOSE_POLICY_VIOLATION,
+    CLOSE_TOO_BIG,
     CLOSE_TRY_AGAIN_LATER,
     CLOSE_UNSUPPORTED_DATA,
     INGEST_PATH,
@@ -28,6 +30,10 @@ log = logging.getLogger("trainvitals.server")
 router = APIRouter()
 
 NO_TOKEN = "a token is required: 'Authorization: Bearer <token>', or sign in"
+#: What a browser may send on the live websocket: small requests, for runs that can exist.
+_MAX_LIVE_REQUEST = 1024
+_MAX_SUBSCRIPTIONS = 256
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # as a hello's run_id (server/schemas.py)
 #: A websocket close reason may hold at most 123 bytes (RFC 6455, 5.5).
 _MAX_REASON = 123
 
@@ -102,13 +108,20 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
     try:
         while True:
             raw = await websocket.receive_text()
-            try:
-                request = json.loads(raw)
-                kind, run_id = request["type"], str(request["run_id"])
-            except (ValueError, KeyError, TypeError):
+            if len(raw) > _MAX_LIVE_REQUEST:  # a browser's requests are a few dozen bytes
+                await websocket.close(CLOSE_TOO_BIG, "live requests are at most 1 KiB")
+                return
+            request = _live_request(raw)
+            if request is None:
                 await websocket.close(
                     CLOSE_INVALID_PAYLOAD,
                     _reason('expected {"type": "subscribe"|"unsubscribe", "run_id": ...}'),
+                )
+                return
+            kind, run_id = request
+            if kind == "subscribe" and len(subscriber.runs) >= _MAX_SUBSCRIPTIONS:
+                await websocket.close(
+                    CLOSE_POLICY_VIOLATION, f"at most {_MAX_SUBSCRIPTIONS} runs a connection"
                 )
                 return
             if kind == "subscribe":
@@ -145,6 +158,20 @@ async def _drain(websocket: WebSocket, subscriber: Subscriber) -> None:
         return
     finally:
         overflow.cancel()
+
+
+def _live_request(raw: str) -> tuple[str, str] | None:
+    """``(kind, run_id)`` of a browser's request, or None when it is not one."""
+    try:
+        request = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(request, dict):
+        return None
+    kind, run_id = request.get("type"), request.get("run_id")
+    if kind not in ("subscribe", "unsubscribe") or not isinstance(run_id, str):
+        return None
+    return (kind, run_id) if _RUN_ID.fullmatch(run_id) else None
 
 
 def _reason(text: str) -> str:
