@@ -12,7 +12,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 $(DEPS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[server,demo,dev]' '$(TF_PACKAGE)'
+	$(PY) -m pip install -q -e '.[server,demo,dev,parquet,client]' '$(TF_PACKAGE)'
 	touch $@
 
 system:
