@@ -23,11 +23,13 @@ from trainvitals.exceptions import ConfigurationError, TrainvitalsError
 if TYPE_CHECKING:
     from trainvitals.agent.keras_callback import VitalsCallback
     from trainvitals.agent.protect import Protection
+    from trainvitals.client import Api
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AgentConfig",
+    "Api",
     "ConfigurationError",
     "Monitor",
     "Protection",
@@ -44,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from trainvitals.agent.keras_callback import VitalsCallback
 
         return VitalsCallback
+    if name == "Api":  # the HTTP client needs httpx, which the light agent lacks
+        from trainvitals.client import Api
+
+        return Api
     if name == "Protection":  # its memory forecast uses numpy, which the light agent lacks
         from trainvitals.agent.protect import Protection
 

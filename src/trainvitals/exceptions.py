@@ -13,7 +13,9 @@ expected and what arrived.
     ├── ProtocolError          a frame that breaks the wire protocol (docs/protocol.md)
     │   ├── FrameError         not JSON, or JSON that is not a valid frame (server side)
     │   └── IngestRejected     a valid frame at the wrong place: closes with a code and reason
-    └── WriterClosed           a write submitted after the server's writer has stopped
+    ├── WriterClosed           a write submitted after the server's writer has stopped
+    └── ApiError               a request of trainvitals.Api (or trainvitals export) that failed:
+                               the server's status and reason, or why it was not reached
 
 This module imports nothing, so the light agent and the server share it.
 """
@@ -21,6 +23,7 @@ This module imports nothing, so the light agent and the server share it.
 from __future__ import annotations
 
 __all__ = [
+    "ApiError",
     "ConfigurationError",
     "FrameError",
     "IngestRejected",
@@ -72,3 +75,13 @@ class IngestRejected(ProtocolError):
 
 class WriterClosed(TrainvitalsError, RuntimeError):
     """A write was submitted after the writer was closed."""
+
+
+class ApiError(TrainvitalsError):
+    """A request to a server that failed: ``status`` is the HTTP status (None when the server
+    was not reached or broke off), ``reason`` what the server said, or what went wrong."""
+
+    def __init__(self, status: int | None, reason: str) -> None:
+        super().__init__(f"{status}: {reason}" if status is not None else reason)
+        self.status = status
+        self.reason = reason

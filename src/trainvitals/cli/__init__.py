@@ -1,5 +1,5 @@
 """The ``trainvitals`` command: ``serve`` runs the server, ``demo`` a real training run,
-``notify-test`` checks a notification channel.
+``notify-test`` checks a notification channel, ``export`` writes a run's series to a file.
 
 This module only builds the parser; each command lives beside it (:mod:`.server`,
 :mod:`.demo`) and imports what it needs when it runs."""
@@ -156,6 +156,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="hang: seconds the input generator blocks (default 90)",
     )
 
+    export = commands.add_parser(
+        "export",
+        help="write a run's series at full resolution (CSV, JSON Lines or Parquet)",
+        description="Write every point of a run's series, as the server stored them, one row "
+        "a point: name, step, time, value (see docs/contract.md#export). Reads the server's "
+        "HTTP API; needs httpx (pip install 'trainvitals[client]').",
+    )
+    export.add_argument("run_id", metavar="RUN_ID", help="the run's id (trainvitals.Api().runs())")
+    export.add_argument(
+        "--name",
+        action="append",
+        default=None,
+        metavar="SERIES",
+        help="a series to export (repeatable; default every series of the run)",
+    )
+    export.add_argument(
+        "--format", choices=["csv", "jsonl", "parquet"], default="csv", help="(default csv)"
+    )
+    export.add_argument(
+        "--server",
+        default=None,
+        help=f"server URL (default $TRAINVITALS_SERVER, else {DEFAULT_SERVER})",
+    )
+    export.add_argument(
+        "--token",
+        default=None,
+        help="an access token with the read role (default $TRAINVITALS_TOKEN)",
+    )
+    export.add_argument(
+        "-o", "--output", default=None, metavar="FILE", help="file to write (default stdout)"
+    )
+
     args = parser.parse_args(argv)
     # Each command imports its own stack only when it runs: `serve` the server extra, `demo`
     # TensorFlow and scikit-learn, so `--help` and the light agent install stay fast.
@@ -171,6 +203,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainvitals.cli.server import notify_test_command
 
         return notify_test_command(args)
+    if args.command == "export":
+        from trainvitals.cli.export import export_command
+
+        return export_command(args)
     from trainvitals.cli.demo import demo_command
 
     return demo_command(args)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, cast
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from trainvitals.lifecycle import ALIVE
+from trainvitals.protocol import RunStatus
 from trainvitals.series import HOST_PREFIX
 from trainvitals.server.answers import (
     AlertsAnswer,
@@ -29,6 +31,13 @@ from trainvitals.server.auth import (
 )
 from trainvitals.server.deps import AlertsDep, StoreDep, alert_not_found, run_not_found
 from trainvitals.server.downsample import downsample_indices
+from trainvitals.server.export import (
+    MEDIA_TYPES,
+    PARQUET_HINT,
+    ExportFormat,
+    export,
+    parquet_available,
+)
 from trainvitals.server.live import finite_or_none
 from trainvitals.server.storage import AlertRow
 from trainvitals.server.storage.tokens import Principal, Role
@@ -46,14 +55,15 @@ def list_runs(
     who: Reader,
     project: str | None = None,
     job: str | None = None,
+    status: RunStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
 ) -> RunsAnswer:
-    """Runs, newest first; ``job``: only the runs (workers) of that job. A token of one
-    project sees that project's runs only."""
+    """Runs, newest first; ``job``: only the runs (workers) of that job; ``status``: only
+    those in that status. A token of one project sees that project's runs only."""
     seen = scoped(who, project)
     if isinstance(seen, NoProject):
         return {"runs": []}
-    return {"runs": store.runs.list_runs(limit=limit, project=seen, job=job)}
+    return {"runs": store.runs.list_runs(limit=limit, project=seen, job=job, status=status)}
 
 
 @router.get("/runs/{run_id}")
@@ -97,6 +107,38 @@ def get_series(
             "count": int(values.size),
         }
     return {"series": out}
+
+
+@router.get(
+    "/runs/{run_id}/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {media: {} for media in MEDIA_TYPES.values()}}},
+)
+def export_series(
+    run_id: str,
+    store: StoreDep,
+    who: Reader,
+    name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
+    fmt: Annotated[ExportFormat, Query(alias="format")] = ExportFormat.CSV,
+) -> StreamingResponse:
+    """Every point of the run's series (all of them when no ``name`` is given) at full
+    resolution, streamed as CSV, JSON Lines or Parquet (see docs/contract.md#export)."""
+    run = store.runs.get_run(run_id, job=False)
+    if run is None:
+        raise run_not_found(run_id)
+    check_project(who, Role.READ, run["project"], run_not_found(run_id))
+    names = list(dict.fromkeys(name)) if name else run["series"]
+    missing = sorted(set(names) - set(run["series"]))
+    if missing:
+        raise HTTPException(404, f"Run {run_id!r} has no series {missing[0]!r}")
+    if fmt is ExportFormat.PARQUET and not parquet_available():
+        raise HTTPException(501, PARQUET_HINT)
+    batches = ((n, points) for n in names for points in store.series.iter_series(run_id, n))
+    return StreamingResponse(
+        export(fmt, batches),
+        media_type=MEDIA_TYPES[fmt],
+        headers={"Content-Disposition": f'attachment; filename="{run_id}.{fmt.value}"'},
+    )
 
 
 State = Literal["firing", "resolved"]

@@ -298,10 +298,17 @@ class RunStore:
             return {run_id: last_seen for run_id, last_seen in conn.execute(query)}
 
     def list_runs(
-        self, limit: int = 500, project: str | None = None, job: str | None = None
+        self,
+        limit: int = 500,
+        project: str | None = None,
+        job: str | None = None,
+        status: RunStatus | None = None,
     ) -> list[RunSummary]:
-        """Runs, newest first; ``job``: only the runs of that job."""
+        """Runs, newest first; ``job``: only the runs of that job; ``status``: only those
+        in that status."""
         query = select(*_SUMMARY).order_by(runs.c.started_at.desc())
+        if status is not None:
+            query = query.where(runs.c.status == status.value)
         if project is not None:
             query = query.where(runs.c.project == project)
         if job is not None:

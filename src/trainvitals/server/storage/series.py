@@ -3,7 +3,7 @@ index of each run's names (see :mod:`~trainvitals.server.storage.schema`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 from sqlalchemy import Connection, Engine, select
@@ -13,6 +13,8 @@ from trainvitals.server.storage.runs import record_progress
 from trainvitals.server.storage.schema import chunks, dialect_insert, runs, series
 
 _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
+#: Chunk rows (agent frames of one series) read at a time by :meth:`SeriesStore.iter_series`.
+EXPORT_BATCH_ROWS = 512
 
 
 class SeriesStore:
@@ -93,6 +95,30 @@ class SeriesStore:
             order = np.argsort(steps, kind="stable")
             steps, times, values = steps[order], times[order], values[order]
         return Columns(steps, times, values)
+
+    def iter_series(
+        self, run_id: str, name: str, batch_rows: int = EXPORT_BATCH_ROWS
+    ) -> Iterator[ArrayColumns]:
+        """Every point of one series as stored, in frame order (the order the agent sent
+        them), ``batch_rows`` chunk rows at a time: a series of any length is read without
+        holding it all. Each batch is a query of its own (keyset on ``seq``), so no read
+        transaction stays open while a slow client takes its time."""
+        after = -1
+        while True:
+            query = (
+                select(chunks.c.seq, chunks.c.steps, chunks.c.times, chunks.c.vals)
+                .where(chunks.c.run_id == run_id, chunks.c.series == name, chunks.c.seq > after)
+                .order_by(chunks.c.seq)
+                .limit(batch_rows)
+            )
+            with self._engine.connect() as conn:
+                rows = conn.execute(query).all()
+            if not rows:
+                return
+            after = rows[-1][0]
+            yield _unpack([row[1:] for row in rows])
+            if len(rows) < batch_rows:
+                return
 
     def recent_points(self, run_id: str, frames: int) -> dict[str, ArrayColumns]:
         """The points of the run's last ``frames`` frames, per series, in frame order: the

@@ -1,0 +1,41 @@
+"""``trainvitals export RUN_ID``: a run's series at full resolution, from a server's HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from trainvitals.exceptions import ApiError, ConfigurationError
+
+
+def export_command(args: argparse.Namespace) -> int:
+    try:
+        from trainvitals.client import Api
+
+        api = Api(server=args.server, token=args.token)
+    except ConfigurationError as exc:
+        print(f"trainvitals export: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.output in (None, "-"):
+            api.export(args.run_id, args.name or (), format=args.format, to=sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+            return 0
+        # Written beside the file and moved over it once whole: a failed export leaves
+        # no half file behind.
+        partial = args.output + ".part"
+        try:
+            with open(partial, "wb") as out:
+                written = api.export(args.run_id, args.name or (), format=args.format, to=out)
+            os.replace(partial, args.output)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+        print(f"wrote {written:,} bytes to {args.output}", file=sys.stderr)
+        return 0
+    except ApiError as exc:
+        print(f"trainvitals export: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        api.close()

@@ -1,0 +1,308 @@
+"""A client of a trainvitals server's HTTP API, for notebooks and scripts.
+
+``trainvitals.Api`` lists runs, reads a run's alerts, and pulls a run's history at full
+resolution into a pandas DataFrame (through ``GET /api/v1/runs/{id}/export``). It needs
+``httpx`` (and pandas for :meth:`ApiRun.history`): ``pip install 'trainvitals[client]'``.
+
+Example:
+    ```python
+    import trainvitals
+
+    api = trainvitals.Api(server="http://10.0.0.5:8600", token="tv_...")
+    for run in api.runs(project="mnist", status="crashed"):
+        print(run.name, run.end_reason, [a["rule"] for a in run.alerts()])
+    loss = api.run("3f2a...").history(["loss", "grad/global_norm"])
+    ```
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import IO, TYPE_CHECKING, Any, Literal, TypedDict
+from urllib.parse import quote, urlsplit
+
+from trainvitals.agent.config import DEFAULT_SERVER
+from trainvitals.exceptions import ApiError, ConfigurationError
+
+if TYPE_CHECKING:
+    import httpx
+    import pandas
+
+__all__ = ["Alert", "Api", "ApiRun", "ExportFormat"]
+
+CLIENT_HINT = "trainvitals.Api needs httpx: pip install 'trainvitals[client]'"
+ExportFormat = Literal["csv", "jsonl", "parquet"]
+RunStatus = Literal["running", "stalled", "finished", "crashed", "lost"]
+
+
+class Alert(TypedDict):
+    """An alert as the server tells it (docs/contract.md#alerts)."""
+
+    id: str
+    run_id: str
+    project: str
+    run_name: str
+    rule: str
+    subject: str
+    severity: str  # info, warning, critical
+    state: str  # firing, resolved
+    message: str
+    hint: str
+    evidence: dict[str, Any]
+    step: int
+    time: float
+    updated_time: float
+    resolved_time: float | None
+    count: int
+    acknowledged_at: float | None
+    acknowledged_by: str | None
+    silenced_until: float | None
+
+
+@dataclass(frozen=True)
+class ApiRun:
+    """A run on the server, with what the runs list tells of it; :meth:`Api.run` also fills
+    ``config``, ``series`` (its series' names) and ``traceback``.
+
+    Example:
+        ```python
+        run = api.run(run_id)
+        frame = run.history(["loss"])        # name, step, time, value: every point
+        firing = run.alerts(state="firing")
+        ```
+    """
+
+    api: Api = field(repr=False, compare=False)
+    id: str
+    project: str
+    name: str
+    status: str  # running, stalled, finished, crashed, lost
+    started_at: float
+    ended_at: float | None
+    last_step: int | None
+    last_seen: float
+    host: str
+    end_reason: str | None
+    job_id: str | None = None
+    worker: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    series: list[str] = field(default_factory=list)
+    traceback: str | None = None
+
+    @classmethod
+    def _from(cls, api: Api, answer: dict[str, Any]) -> ApiRun:
+        known = {f.name for f in fields(cls)} - {"api"}
+        return cls(api=api, **{k: v for k, v in answer.items() if k in known})
+
+    def history(
+        self, names: Sequence[str] = (), format: Literal["parquet", "jsonl"] | None = None
+    ) -> pandas.DataFrame:
+        """Every point of the run's series ``names`` (all of them when empty), at full
+        resolution: a DataFrame of ``name`` (categorical), ``step`` (int64), ``time`` and
+        ``value`` (float64; NaN and ±Inf as they were sent), one row a point, each series in
+        the order it was sent.
+
+        Read as Parquet when pyarrow is installed here, else as JSON Lines (``format`` picks).
+
+        Example:
+            ```python
+            frame = api.run(run_id).history(["loss", "grad/global_norm"])
+            wide = frame.pivot_table(index="step", columns="name", values="value")
+            wide.plot(logy=True)
+            ```
+        """
+        try:
+            import pandas
+        except ImportError as exc:
+            raise ConfigurationError(
+                "ApiRun.history needs pandas: pip install 'trainvitals[client]'"
+            ) from exc
+        if format is None:
+            format = "parquet" if _has_pyarrow() else "jsonl"
+        body = io.BytesIO()
+        self.api.export(self.id, names, format=format, to=body)
+        body.seek(0)
+        if format == "parquet":
+            frame = pandas.read_parquet(body)
+        else:
+            frame = _read_jsonl(body)
+        frame["name"] = frame["name"].astype("category")
+        return frame
+
+    def alerts(self, state: Literal["firing", "resolved"] | None = None) -> list[Alert]:
+        """The run's alerts, newest first (``state``: only firing or only resolved ones)."""
+        params = {"state": state} if state else {}
+        answer = self.api._get_json(f"/api/v1/runs/{_path(self.id)}/alerts", params)
+        alerts: list[Alert] = answer["alerts"]
+        return alerts
+
+
+class Api:
+    """The HTTP API of a trainvitals server.
+
+    Args:
+        server: its base URL, such as ``http://10.0.0.5:8600``; default
+            ``$TRAINVITALS_SERVER``, else ``http://127.0.0.1:8600``.
+        token: an access token with the ``read`` role (``trainvitals token create``); default
+            ``$TRAINVITALS_TOKEN``. A server run without auth needs none.
+        timeout: seconds to wait for the server to answer (between two pieces of a stream).
+
+    Every failed request raises :class:`trainvitals.exceptions.ApiError` with the server's
+    status and reason (``404: No run with id 'x'``).
+
+    Example:
+        ```python
+        with trainvitals.Api(server="http://10.0.0.5:8600") as api:
+            latest = api.runs(project="mnist", limit=1)[0]
+            print(latest.status, latest.history(["loss"]).value.min())
+        ```
+    """
+
+    def __init__(
+        self, server: str | None = None, token: str | None = None, timeout: float = 30.0
+    ) -> None:
+        try:
+            import httpx
+        except ImportError as exc:
+            raise ConfigurationError(CLIENT_HINT) from exc
+        self.server = (server or os.environ.get("TRAINVITALS_SERVER") or DEFAULT_SERVER).rstrip("/")
+        parts = urlsplit(self.server)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigurationError(
+                f"Expected a server URL like 'http://10.0.0.5:8600', but got {self.server!r}"
+            )
+        token = token or os.environ.get("TRAINVITALS_TOKEN") or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
+
+    def __enter__(self) -> Api:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close its connections."""
+        self._http.close()
+
+    def runs(
+        self,
+        project: str | None = None,
+        status: RunStatus | None = None,
+        job: str | None = None,
+        limit: int = 500,
+    ) -> list[ApiRun]:
+        """Runs, newest first: of ``project``, in ``status``, the workers of ``job``.
+
+        Example:
+            ```python
+            crashed = api.runs(project="mnist", status="crashed")
+            ```
+        """
+        params = {"project": project, "status": status, "job": job, "limit": limit}
+        answer = self._get_json("/api/v1/runs", {k: v for k, v in params.items() if v})
+        return [ApiRun._from(self, run) for run in answer["runs"]]
+
+    def run(self, run_id: str) -> ApiRun:
+        """One run, with its config and series names (``ApiError`` 404 when there is none)."""
+        return ApiRun._from(self, self._get_json(f"/api/v1/runs/{_path(run_id)}"))
+
+    def export(
+        self,
+        run_id: str,
+        names: Sequence[str] = (),
+        format: ExportFormat = "csv",
+        to: IO[bytes] | None = None,
+    ) -> int:
+        """Stream the run's series ``names`` (all when empty) at full resolution into ``to``
+        as it arrives (the layout: docs/contract.md#export); returns the bytes written.
+
+        Example:
+            ```python
+            with open("run.parquet", "wb") as out:
+                api.export(run_id, ["loss"], format="parquet", to=out)
+            ```
+        """
+        import httpx
+
+        if to is None:
+            raise ConfigurationError("Api.export needs a binary file to write to (to=...)")
+        params: list[tuple[str, str | int | float | bool | None]] = [
+            ("format", format),
+            *(("name", n) for n in names),
+        ]
+        written = 0
+        try:
+            with self._http.stream(
+                "GET", f"/api/v1/runs/{_path(run_id)}/export", params=params
+            ) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise _refused(response)
+                for piece in response.iter_bytes():
+                    to.write(piece)
+                    written += len(piece)
+        except httpx.HTTPError as exc:
+            raise _unreached(self.server, exc) from exc
+        return written
+
+    def _get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        import httpx
+
+        try:
+            response = self._http.get(path, params=params)
+        except httpx.HTTPError as exc:
+            raise _unreached(self.server, exc) from exc
+        if response.status_code != 200:
+            raise _refused(response)
+        return response.json()
+
+
+def _path(run_id: str) -> str:
+    return quote(run_id, safe="")
+
+
+def _refused(response: httpx.Response) -> ApiError:
+    """The server's reason: its ``detail`` (FastAPI's validation errors made one line)."""
+    try:
+        detail = response.json().get("detail")
+    except ValueError:  # not JSON (a proxy's page)
+        detail = None
+    if isinstance(detail, list):
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', ()))}: {d.get('msg', '')}" for d in detail
+        )
+    reason = str(detail) if detail else response.reason_phrase or "no reason given"
+    return ApiError(response.status_code, reason)
+
+
+def _unreached(server: str, exc: Exception) -> ApiError:
+    return ApiError(None, f"could not read from {server}: {exc or type(exc).__name__}")
+
+
+def _has_pyarrow() -> bool:
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _read_jsonl(body: IO[bytes]) -> pandas.DataFrame:
+    """The export's JSON Lines as a DataFrame, its ``null`` + ``nonfinite`` values made
+    NaN/±Inf again."""
+    import pandas
+
+    columns = {"name": "str", "step": "int64", "time": "float64", "value": "float64"}
+    if not body.read(1):
+        return pandas.DataFrame({c: pandas.Series(dtype=t) for c, t in columns.items()})
+    body.seek(0)
+    frame = pandas.read_json(body, lines=True, precise_float=True, dtype=columns)
+    if "nonfinite" in frame:
+        odd = frame["nonfinite"].notna()
+        frame.loc[odd, "value"] = frame.loc[odd, "nonfinite"].astype("float64")
+        frame = frame.drop(columns="nonfinite")
+    return frame[list(columns)]

@@ -1,0 +1,173 @@
+"""A run's series at full resolution, as CSV, JSON Lines or Parquet, made piece by piece.
+
+One row a point, in long format: ``name, step, time, value``, series after series in the
+order asked, each series' points in the order the agent sent them. Nothing is lost:
+
+- **CSV**: a header line, then each value as Python's ``repr`` writes it, the shortest text
+  that reads back as the same float64; NaN and ±Inf as ``nan``, ``inf``, ``-inf`` (what
+  ``float()``, pandas and numpy read). A name with a comma or a quote is quoted as RFC 4180 says.
+- **JSON Lines**: ``{"name": ..., "step": ..., "time": ..., "value": ...}`` a line; JSON has
+  no NaN or Inf, so such a value is ``null`` and the line adds ``"nonfinite": "nan"``
+  (or ``"inf"``, ``"-inf"``).
+- **Parquet**: columns ``name`` (string), ``step`` (int64), ``time`` and ``value`` (float64,
+  NaN and ±Inf as they are), one row group per :data:`PARQUET_ROW_GROUP` points or fewer.
+
+Every function here takes the points as an iterable of ``(name, Columns)`` batches and yields
+``bytes``, so a series of any length goes out without being held whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from enum import StrEnum
+from typing import Any
+
+from trainvitals.protocol import ArrayColumns
+
+#: Points buffered into one Parquet row group (about 2 MiB of columns before compression).
+PARQUET_ROW_GROUP = 65_536
+PARQUET_HINT = "Parquet export needs pyarrow on the server: pip install 'trainvitals[parquet]'"
+
+Batches = Iterable[tuple[str, ArrayColumns]]
+
+
+class ExportFormat(StrEnum):
+    CSV = "csv"
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
+MEDIA_TYPES = {
+    ExportFormat.CSV: "text/csv; charset=utf-8",
+    ExportFormat.JSONL: "application/x-ndjson",
+    ExportFormat.PARQUET: "application/vnd.apache.parquet",
+}
+
+CSV_HEADER = b"name,step,time,value\n"
+
+
+def parquet_available() -> bool:
+    try:
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def export(fmt: ExportFormat, batches: Batches) -> Iterator[bytes]:
+    """The file of ``batches`` in ``fmt``, piece by piece."""
+    if fmt is ExportFormat.CSV:
+        return _csv(batches)
+    if fmt is ExportFormat.JSONL:
+        return _jsonl(batches)
+    return _parquet(batches)
+
+
+def _csv(batches: Batches) -> Iterator[bytes]:
+    yield CSV_HEADER
+    for name, (steps, times, values) in batches:
+        prefix = _csv_field(name) + ","
+        yield "".join(
+            f"{prefix}{step},{time!r},{value!r}\n"
+            for step, time, value in zip(
+                steps.tolist(), times.tolist(), values.tolist(), strict=True
+            )
+        ).encode()
+
+
+def _csv_field(text: str) -> str:
+    if any(c in text for c in ',"\r\n'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
+
+
+def _jsonl(batches: Batches) -> Iterator[bytes]:
+    for name, (steps, times, values) in batches:
+        prefix = '{"name": ' + json.dumps(name) + ', "step": '
+        yield "".join(
+            f'{prefix}{step}, "time": {time!r}, "value": {_json_value(value)}}}\n'
+            for step, time, value in zip(
+                steps.tolist(), times.tolist(), values.tolist(), strict=True
+            )
+        ).encode()
+
+
+def _json_value(value: float) -> str:
+    if math.isfinite(value):
+        return repr(value)
+    return f'null, "nonfinite": "{value!r}"'  # repr: nan, inf, -inf
+
+
+class _Drain:
+    """A write-only file for pyarrow's Parquet writer, emptied after each row group."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._position = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        chunk = bytes(data)
+        self._parts.append(chunk)
+        self._position += len(chunk)
+        return len(chunk)
+
+    def tell(self) -> int:
+        return self._position
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def take(self) -> bytes:
+        out = b"".join(self._parts)
+        self._parts.clear()
+        return out
+
+
+def _parquet(batches: Batches) -> Iterator[bytes]:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([
+        ("name", pa.string()), ("step", pa.int64()), ("time", pa.float64()),
+        ("value", pa.float64()),
+    ])  # fmt: skip
+    sink = _Drain()
+    writer = pq.ParquetWriter(sink, schema, compression="zstd")
+    pending: list[tuple[str, ArrayColumns]] = []
+    size = 0
+
+    def row_group() -> bytes:
+        names = np.repeat(
+            np.array([name for name, _ in pending], dtype=object),
+            [columns.steps.size for _, columns in pending],
+        )
+        table = pa.table(
+            [
+                pa.array(names, pa.string()),
+                pa.array(np.concatenate([c.steps for _, c in pending])),
+                pa.array(np.concatenate([c.times for _, c in pending])),
+                pa.array(np.concatenate([c.values for _, c in pending])),
+            ],
+            schema=schema,
+        )
+        writer.write_table(table)
+        pending.clear()
+        return sink.take()
+
+    for name, columns in batches:
+        pending.append((name, columns))
+        size += columns.steps.size
+        if size >= PARQUET_ROW_GROUP:
+            yield row_group()
+            size = 0
+    if pending:
+        yield row_group()
+    writer.close()
+    yield sink.take()

@@ -1,0 +1,204 @@
+"""Full-resolution export (#20): every point as sent, NaN/Inf included, in CSV, JSON Lines and
+Parquet, streamed by a real server on SQLite and PostgreSQL; its access rules; the CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from harness.processes import ServerProcess, create_token, running_server, stream
+from trainvitals import Run, resolve
+from trainvitals.protocol import Columns
+from trainvitals.server.storage.series import EXPORT_BATCH_ROWS
+
+#: Points per series: more than one batch of chunk rows and one Parquet row group.
+POINTS = 70_000
+FRAME = 100  # points a frame, so POINTS / FRAME = 700 chunk rows > EXPORT_BATCH_ROWS
+
+
+@pytest.fixture
+def served(db_url: str) -> Iterator[ServerProcess]:
+    """A real server on each of SQLite and PostgreSQL."""
+    with running_server(db_url) as server:
+        yield server
+
+
+def sent_points() -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(20)
+    steps = np.arange(1, POINTS + 1, dtype=np.int64)
+    times = 1.7e9 + np.cumsum(rng.uniform(0.01, 0.02, POINTS))
+    loss = np.exp(-steps / 20_000) + rng.normal(0, 1e-3, POINTS)
+    loss[[5, 6, 7, 70, 69_999]] = [math.nan, math.inf, -math.inf, -0.0, 5e-324]
+    norm = rng.lognormal(0, 2, POINTS)
+    return {"loss": (steps, times, loss), 'grad/norm/dense,1 "kernel"': (steps, times, norm)}
+
+
+def stream_points(server: ServerProcess, token: str | None = None, project: str = "x") -> str:
+    run = Run(resolve(server=server.url, project=project, token=token),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    points = sent_points()
+    for start in range(0, POINTS, FRAME):
+        part = slice(start, start + FRAME)
+        run.add_columns({n: Columns(s[part].tolist(), t[part].tolist(), v[part].tolist())
+                         for n, (s, t, v) in points.items()})  # fmt: skip
+    assert run.finish(timeout=60)
+    return run.id
+
+
+def fetch(server: ServerProcess, path: str, token: str | None = None) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(server.url + path, headers=headers), timeout=60
+        ) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def test_every_format_gives_back_exactly_what_was_sent(served: ServerProcess) -> None:
+    run_id = stream_points(served)
+    sent = sent_points()
+    names = "&".join(f"name={urllib.parse.quote(n)}" for n in sent)
+    assert POINTS // FRAME > EXPORT_BATCH_ROWS
+
+    status, body = fetch(served, f"/api/v1/runs/{run_id}/export?{names}&format=csv")
+    assert status == 200
+    rows = list(csv.reader(io.StringIO(body.decode())))
+    assert rows[0] == ["name", "step", "time", "value"]
+    for name, (steps, times, values) in sent.items():
+        got = [r for r in rows[1:] if r[0] == name]
+        assert same_bits(np.array([int(r[1]) for r in got]), steps)
+        assert same_bits(np.array([float(r[2]) for r in got]), times)
+        assert same_bits(np.array([float(r[3]) for r in got]), values)  # NaN, -0.0 included
+    assert b"\nloss,6,1" in body and b",nan\n" in body and b",-inf\n" in body
+
+    status, body = fetch(served, f"/api/v1/runs/{run_id}/export?{names}&format=jsonl")
+    assert status == 200
+    records: list[dict[str, Any]] = [json.loads(line) for line in body.splitlines()]
+    assert len(records) == 2 * POINTS
+    odd = [r for r in records if r["value"] is None]
+    assert [r["nonfinite"] for r in odd] == ["nan", "inf", "-inf"]
+    for name, (steps, times, values) in sent.items():
+        its = [r for r in records if r["name"] == name]
+        restored = [r["value"] if r["value"] is not None else float(r["nonfinite"]) for r in its]
+        assert same_bits(np.array([r["step"] for r in its]), steps)
+        assert same_bits(np.array([r["time"] for r in its]), times)
+        assert same_bits(np.array(restored), values)
+
+    status, body = fetch(served, f"/api/v1/runs/{run_id}/export?{names}&format=parquet")
+    assert status == 200
+    parquet = pq.ParquetFile(io.BytesIO(body))
+    assert parquet.metadata.num_row_groups >= 2  # written a row group at a time
+    table = parquet.read()
+    assert table.column_names == ["name", "step", "time", "value"]
+    for name, (steps, times, values) in sent.items():
+        mine = table.filter(table["name"].to_numpy(zero_copy_only=False) == name)
+        assert same_bits(mine["step"].to_numpy(), steps)
+        assert same_bits(mine["time"].to_numpy(), times)
+        assert same_bits(mine["value"].to_numpy(), values)
+
+    # Every series when none is named; the file's name in the answer's headers.
+    with urllib.request.urlopen(served.url + f"/api/v1/runs/{run_id}/export") as response:
+        assert response.headers["Content-Type"] == "text/csv; charset=utf-8"
+        assert response.headers["Content-Disposition"] == f'attachment; filename="{run_id}.csv"'
+        assert len(response.read().splitlines()) == 1 + 2 * POINTS
+
+
+def test_unknown_runs_series_and_formats_are_refused_with_a_reason(
+    server: ServerProcess,
+) -> None:
+    run_id = stream(server, "", "p")
+    assert fetch(server, "/api/v1/runs/nope/export") == (
+        404,
+        b'{"detail":"No run with id \'nope\'"}',
+    )
+    status, body = fetch(server, f"/api/v1/runs/{run_id}/export?name=loss&name=lost")
+    assert (status, json.loads(body)) == (404, {"detail": f"Run {run_id!r} has no series 'lost'"})
+    status, body = fetch(server, f"/api/v1/runs/{run_id}/export?format=xlsx")
+    assert status == 422 and json.loads(body)["detail"][0]["loc"] == ["query", "format"]
+
+
+def test_export_needs_read_on_the_runs_project(tmp_path: Path) -> None:
+    db = str(tmp_path / "team.db")
+    ingest = create_token(db, "p", "ingest", "agents")
+    reader = create_token(db, "p", "read", "viewer")
+    other = create_token(db, "q", "read", "viewer-q")
+    server = ServerProcess(db, args=["--auth", "required"])
+    try:
+        run_id = stream(server, ingest, "p")
+        path = f"/api/v1/runs/{run_id}/export?name=loss"
+        assert fetch(server, path)[0] == 401
+        status, body = fetch(server, path, other)  # another project's run: as if none
+        assert (status, json.loads(body)) == (404, {"detail": f"No run with id {run_id!r}"})
+        assert fetch(server, path, ingest)[0] == 403
+        status, body = fetch(server, path, reader)
+        header, first, second = body.decode().splitlines()
+        assert status == 200 and header == "name,step,time,value"
+        assert first.startswith("loss,1,") and first.endswith(",0.5")
+        assert second.startswith("loss,2,") and second.endswith(",nan")
+    finally:
+        server.stop()
+
+
+def export_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainvitals", "export", *args],
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_the_cli_writes_the_export_to_a_file_or_stdout(tmp_path: Path) -> None:
+    db = str(tmp_path / "team.db")
+    ingest = create_token(db, "p", "ingest", "agents")
+    reader = create_token(db, "p", "read", "viewer")
+    server = ServerProcess(db, args=["--auth", "required"])
+    try:
+        run_id = stream(server, ingest, "p")
+        out = tmp_path / "run.parquet"
+        done = export_cli(run_id, "--name", "loss", "--format", "parquet", "--server",
+                          server.url, "--token", reader, "-o", str(out))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        table = pq.read_table(out)
+        assert table["step"].to_pylist() == [1, 2] and table["value"].to_pylist()[0] == 0.5
+        assert math.isnan(table["value"].to_pylist()[1])
+
+        # The token and server from the environment, as the agent takes them; stdout.
+        env = {"TRAINVITALS_SERVER": server.url, "TRAINVITALS_TOKEN": reader}
+        done = export_cli(run_id, "--format", "jsonl", env=env)
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        assert {line["name"] for line in lines} == {"loss", "nonfinite/loss"}
+
+        refused = export_cli(run_id, "--server", server.url, "-o", str(tmp_path / "no.csv"))
+        assert refused.returncode == 1
+        assert b"401: a token is required" in refused.stderr
+        assert not (tmp_path / "no.csv").exists() and not (tmp_path / "no.csv.part").exists()
+        missing = export_cli("nope", "--server", server.url, "--token", reader)
+        assert missing.returncode == 1 and b"404: No run with id 'nope'" in missing.stderr
+    finally:
+        server.stop()
+    unreachable = export_cli(run_id, "--server", server.url, "--token", reader)
+    assert unreachable.returncode == 1 and b"could not read from" in unreachable.stderr
