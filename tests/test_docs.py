@@ -325,6 +325,7 @@ def test_the_python_api_is_in_the_contract() -> None:
     import trainvitals
     from trainvitals.agent.config import AgentConfig
     from trainvitals.agent.protect import Protection
+    from trainvitals.client import Api
 
     text = CONTRACT_DOC.read_text(encoding="utf-8")
     assert [n for n in trainvitals.__all__ if f"`{n}`" not in text] == []
@@ -335,6 +336,7 @@ def test_the_python_api_is_in_the_contract() -> None:
         "resolve": list(inspect.signature(trainvitals.resolve).parameters),
         "AgentConfig": [f.name for f in fields(AgentConfig)],
         "Protection": [f.name for f in fields(Protection)],
+        "Api": list(inspect.signature(Api).parameters),
     }
     for name, parameters in documented.items():
         body = section(text, f"`{name}`")

@@ -62,7 +62,8 @@ def test_wheel_in_a_fresh_virtualenv_serves_the_dashboard(tmp_path: Path) -> Non
         [
             python,
             "-c",
-            "import sys, trainvitals; heavy = ('fastapi', 'plotly', 'tensorflow', 'keras'); "
+            "import sys, trainvitals; "
+            "heavy = ('fastapi', 'plotly', 'tensorflow', 'keras', 'httpx', 'pandas'); "
             "print(sorted(m for m in heavy if m in sys.modules))",
         ],
         capture_output=True,

@@ -1,0 +1,143 @@
+"""``trainvitals.Api`` (#20) against a real server with real tokens: runs, a run's history at
+full resolution as a DataFrame, its alerts, and the server's reasons as ``ApiError``."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas
+import pytest
+
+import trainvitals
+from harness.processes import ServerProcess, create_token, free_port, stream, wait_for
+from trainvitals import Run, resolve
+from trainvitals.client import ApiRun
+from trainvitals.exceptions import ApiError, ConfigurationError
+from trainvitals.protocol import Columns
+
+
+@dataclass
+class Team:
+    server: ServerProcess
+    reader: str  # read on project p
+    ingest: str  # ingest on project p
+
+
+@pytest.fixture
+def team(db_url: str) -> Iterator[Team]:
+    """A server with auth required, on each of SQLite and PostgreSQL."""
+    reader = create_token(db_url, "p", "read", "notebook")
+    ingest = create_token(db_url, "p", "ingest", "agents")
+    server = ServerProcess(db_url, args=["--auth", "required"])
+    try:
+        yield Team(server, reader, ingest)
+    finally:
+        server.stop()
+
+
+def test_runs_history_and_alerts(team: Team) -> None:
+    nan_run = stream(team.server, team.ingest, "p")  # NaN loss at step 2: a nonfinite alert
+    run = Run(resolve(server=team.server.url, project="p", run_name="long", token=team.ingest,
+                      config={"lr": 0.1}), system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    values = np.sin(np.arange(30_000) / 100.0)
+    values[[10, 11, 12, 13]] = [math.nan, math.inf, -math.inf, -0.0]
+    steps = np.arange(1, values.size + 1)
+    times = 1.7e9 + steps * 0.01
+    for start in range(0, values.size, 500):
+        part = slice(start, start + 500)
+        run.add_columns({"loss": Columns(steps[part].tolist(), times[part].tolist(),
+                                         values[part].tolist())})  # fmt: skip
+    assert run.finish("exception")
+
+    with trainvitals.Api(server=team.server.url, token=team.reader) as api:
+        listed = api.runs(project="p")
+        assert [r.id for r in listed] == [run.id, nan_run] and all(
+            isinstance(r, ApiRun) for r in listed
+        )
+        assert listed[0].status == "crashed" and listed[0].last_step == values.size
+        assert listed[0].end_reason == "exception"
+        assert [r.id for r in api.runs(status="crashed")] == [run.id]
+        assert [r.id for r in api.runs(project="p", status="finished")] == [nan_run]
+        assert api.runs(project="q") == []  # another project: nothing, as the route says
+
+        detail = api.run(run.id)
+        assert detail.config == {"lr": 0.1} and detail.series == ["loss"]
+        for fmt in ("parquet", "jsonl"):
+            frame = detail.history(["loss"], format=fmt)
+            assert list(frame.columns) == ["name", "step", "time", "value"]
+            assert isinstance(frame["name"].dtype, pandas.CategoricalDtype)
+            assert frame["step"].to_numpy().tobytes() == steps.astype(np.int64).tobytes()
+            assert frame["time"].to_numpy().tobytes() == times.tobytes()
+            assert frame["value"].to_numpy().tobytes() == values.tobytes(), fmt
+        everything = api.run(nan_run).history()
+        assert sorted(set(everything["name"])) == ["loss", "nonfinite/loss"]
+        assert api.run(nan_run).history(["loss"], format="jsonl")["step"].tolist() == [1, 2]
+
+        alerts = wait_for(lambda: api.run(nan_run).alerts(), what="the nonfinite alert")
+        assert alerts[0]["rule"] == "nonfinite" and alerts[0]["run_id"] == nan_run
+        ending = wait_for(lambda: api.run(run.id).alerts(state="firing"), what="crash alert")
+        assert [a["rule"] for a in ending] == ["crash"]
+        assert ending[0]["severity"] == "critical" and ending[0]["evidence"]
+
+
+def test_errors_carry_the_servers_status_and_reason(team: Team) -> None:
+    with trainvitals.Api(server=team.server.url, token=team.reader) as api:
+        with pytest.raises(ApiError) as missing:
+            api.run("nope")
+        assert (missing.value.status, missing.value.reason) == (404, "No run with id 'nope'")
+        run_id = stream(team.server, team.ingest, "p")
+        with pytest.raises(ApiError, match=r"404: Run .* has no series 'lost'"):
+            api.run(run_id).history(["lost"])
+        with pytest.raises(ApiError) as bad:
+            api.runs(status="sleeping")  # type: ignore[arg-type]
+        assert bad.value.status == 422 and bad.value.reason.startswith("query.status: ")
+    with trainvitals.Api(server=team.server.url) as anonymous:
+        with pytest.raises(ApiError, match="401: a token is required"):
+            anonymous.runs()
+    with trainvitals.Api(server=team.server.url, token=team.ingest) as agents:
+        with pytest.raises(ApiError) as refused:
+            agents.run(run_id)
+        assert refused.value.status == 403
+    with trainvitals.Api(server=f"http://127.0.0.1:{free_port()}") as nobody:
+        with pytest.raises(ApiError, match="could not read from") as unreached:
+            nobody.runs()
+        assert unreached.value.status is None
+
+
+def test_server_and_token_come_from_the_environment(
+    team: Team, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINVITALS_SERVER", team.server.url)
+    monkeypatch.setenv("TRAINVITALS_TOKEN", team.reader)
+    with trainvitals.Api() as api:
+        assert api.server == team.server.url and api.runs() == []
+    with pytest.raises(ConfigurationError, match="Expected a server URL like"):
+        trainvitals.Api(server="ftp://somewhere")
+
+
+def run_python(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_import_stays_light_and_a_missing_httpx_says_what_to_install(tmp_path: Path) -> None:
+    loaded = run_python(
+        "import sys, trainvitals; before = sorted(m for m in ('httpx', 'pandas') if m in "
+        "sys.modules); trainvitals.Api('http://127.0.0.1:1'); "
+        "print(before, sorted(m for m in ('httpx', 'pandas') if m in sys.modules))"
+    )
+    assert loaded == "[] ['httpx']"  # pandas only once a history is asked for
+    said = run_python(
+        "import sys; sys.modules['httpx'] = None; import trainvitals\n"
+        "try:\n    trainvitals.Api()\nexcept trainvitals.ConfigurationError as e:\n    print(e)"
+    )
+    assert said == "trainvitals.Api needs httpx: pip install 'trainvitals[client]'"
