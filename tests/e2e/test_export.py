@@ -20,11 +20,14 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from sqlalchemy import func, select
 
-from harness.processes import ServerProcess, create_token, running_server, stream
+from harness.processes import ServerProcess, create_token, running_server, stream, wait_for
 from trainvitals import Run, resolve
 from trainvitals.protocol import Columns
+from trainvitals.server.storage.schema import chunks
 from trainvitals.server.storage.series import EXPORT_BATCH_ROWS
+from trainvitals.server.store import Store
 
 #: Points per series: more than one batch of chunk rows and one Parquet row group.
 POINTS = 70_000
@@ -123,6 +126,30 @@ def test_every_format_gives_back_exactly_what_was_sent(served: ServerProcess) ->
         assert response.headers["Content-Type"] == "text/csv; charset=utf-8"
         assert response.headers["Content-Disposition"] == f'attachment; filename="{run_id}.csv"'
         assert len(response.read().splitlines()) == 1 + 2 * POINTS
+
+
+def test_the_servers_compactor_keeps_every_point(db_url: str) -> None:
+    server = ServerProcess(db_url, extra_env={"TRAINVITALS_COMPACT_INTERVAL": "0.2"})
+    store = Store(db_url)
+    try:
+        run_id = stream_points(server)
+        wait_for(lambda: not store.series.runs_to_compact(0, 1), what="the run compacted")
+        with store.engine.connect() as conn:
+            encodings = conn.execute(
+                select(chunks.c.encoding, func.count()).group_by(chunks.c.encoding)
+            ).all()
+        assert encodings == [(1, 4)]  # 70,000 points a series: two blocks each
+        status, body = fetch(server, f"/api/v1/runs/{run_id}/export?format=parquet")
+        assert status == 200
+        table = pq.read_table(io.BytesIO(body))
+        for name, (steps, times, values) in sent_points().items():
+            mine = table.filter(table["name"].to_numpy(zero_copy_only=False) == name)
+            assert same_bits(mine["step"].to_numpy(), steps)
+            assert same_bits(mine["time"].to_numpy(), times)
+            assert same_bits(mine["value"].to_numpy(), values)
+    finally:
+        store.dispose()
+        server.stop()
 
 
 def test_unknown_runs_series_and_formats_are_refused_with_a_reason(

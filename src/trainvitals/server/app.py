@@ -12,6 +12,7 @@ from trainvitals import __version__
 from trainvitals.detect import RulesConfig, load_rules
 from trainvitals.protocol import EndReason
 from trainvitals.server.alerts import AlertEngine
+from trainvitals.server.compactor import Compactor
 from trainvitals.server.deps import AppState
 from trainvitals.server.guard import RequestGuard, allowed_hosts
 from trainvitals.server.live import Hub
@@ -63,6 +64,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             on_lost=lambda run_id, when: alerts.ended(run_id, EndReason.HEARTBEAT_LOST, when),
         )
         await liveness.start()
+        compactor = Compactor(store.series, settings.compact_interval)
+        await compactor.start()
         app.state.trainvitals = AppState(
             settings=settings,
             store=store,
@@ -83,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await compactor.stop()
             await liveness.stop()
             if notifier is not None:
                 await notifier.stop()

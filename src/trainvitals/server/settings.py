@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     #: Seconds a server holds undelivered notifications without renewing its claim before
     #: another server (or this one, restarted after a kill) takes them over.
     notify_lease: float = 15.0
+    #: Seconds between the compactor's sweeps, which rewrite stored frames as compact blocks
+    #: (see docs/contract.md#storage); 0: never.
+    compact_interval: float = 30.0
 
     @property
     def auth_required(self) -> bool:

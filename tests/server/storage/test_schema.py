@@ -54,3 +54,34 @@ def test_a_database_url_is_shown_without_its_password() -> None:
     shown = shown_database("postgresql://team:hunter2@db.example:5432/tv")
     assert "hunter2" not in shown and shown.startswith("postgresql://team:***@db.example")
     assert shown_database("runs.db") == "runs.db"
+
+
+def test_a_database_from_before_the_codec_reads_and_compacts(db_url: str) -> None:
+    from trainvitals.protocol import Columns
+    from trainvitals.server.storage.runs import RunEnd
+
+    old = Store(db_url)
+    try:
+        old.create_schema()
+        with old.engine.begin() as conn:  # rows as the packed layout wrote them
+            old.runs.open_run(conn, hello("old"), now=1.0)
+            for seq in (1, 2):
+                points = {"loss": Columns([seq], [float(seq)], [float("nan") if seq == 2 else 0.5])}
+                old.series.add_points(conn, "old", seq, points, now=1.0)
+            old.runs.end_run(conn, "old", 3, RunEnd("completed", 2.0, None))
+        with old.engine.begin() as conn:  # and the tables as they were
+            conn.exec_driver_sql("ALTER TABLE chunks DROP COLUMN encoding")
+            conn.exec_driver_sql("ALTER TABLE runs DROP COLUMN compacted_seq")
+    finally:
+        old.dispose()
+    store = Store(db_url)
+    try:
+        store.create_schema()
+        steps, _, values = store.series.read_series("old", "loss")
+        assert steps.tolist() == [1, 2] and values[0] == 0.5 and values[1] != values[1]
+        (due,) = store.series.runs_to_compact(live_margin=10, live_after=100)
+        assert store.series.compact(due) == 2
+        steps, _, values = store.series.read_series("old", "loss")
+        assert steps.tolist() == [1, 2] and values[0] == 0.5 and values[1] != values[1]
+    finally:
+        store.dispose()

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from tests.server.storage.rows import hello
-from trainvitals.protocol import Columns
+from trainvitals.protocol import ArrayColumns, Columns
 from trainvitals.server.store import Store
 
 
@@ -68,3 +68,98 @@ def test_recent_points_and_last_readings(store: Store) -> None:
     recent = store.series.recent_points("r1", frames=2)
     assert list(recent["loss"][0]) == [4, 5]
     assert store.series.last_values("r1", ("host/",)) == {"host/rss": 50.0}
+
+
+def _frames(store: Store, run_id: str, frames: int, per_frame: int = 32) -> dict[str, ArrayColumns]:
+    """``frames`` agent frames of a per-step series, a per-second one and a sparse one; the
+    points sent, per series."""
+    rng = np.random.default_rng(7)
+    sent: dict[str, list[ArrayColumns]] = {}
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello(run_id), now=1.0)
+        for seq in range(1, frames + 1):
+            steps = np.arange((seq - 1) * per_frame, seq * per_frame)
+            times = 1.7e9 + steps * 0.01 + rng.uniform(0, 1e-3, per_frame)
+            loss = rng.normal(1, 0.1, per_frame).astype(np.float32).astype(np.float64)
+            if seq == 3:
+                loss[:3] = [math.nan, math.inf, -0.0]
+            points = {
+                "loss": Columns(steps, times, loss),
+                "host/rss": Columns(steps[-1:], times[-1:], np.array([1e9 + seq])),
+            }
+            if seq % 4 == 0:
+                points["grad/norm/dense/kernel"] = Columns(steps[::10], times[::10], loss[::10])
+            store.series.add_points(conn, run_id, seq, points, now=2.0)
+            for name, columns in points.items():
+                sent.setdefault(name, []).append(columns)
+    return {
+        name: Columns(*(np.concatenate([getattr(c, f) for c in parts]) for f in Columns._fields))
+        for name, parts in sent.items()
+    }
+
+
+def _rows(store: Store, run_id: str) -> list[tuple[str, int, int | None, int]]:
+    from sqlalchemy import select
+
+    from trainvitals.server.storage.schema import chunks
+
+    with store.engine.connect() as conn:
+        query = select(chunks.c.series, chunks.c.seq, chunks.c.encoding, chunks.c.n).where(
+            chunks.c.run_id == run_id
+        )
+        rows = conn.execute(query.order_by(chunks.c.series, chunks.c.seq))
+        return [(name, seq, encoding, n) for name, seq, encoding, n in rows]
+
+
+def _same(a: ArrayColumns, b: ArrayColumns) -> bool:
+    return all(
+        np.asarray(x).tobytes() == np.asarray(y).tobytes() for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_an_ended_run_is_compacted_into_blocks_that_read_back_bit_for_bit(store: Store) -> None:
+    from trainvitals.server.storage.runs import RunEnd
+    from trainvitals.server.storage.series import Due
+
+    sent = _frames(store, "r1", frames=300)
+    assert store.series.runs_to_compact(live_margin=10, live_after=1000) == []  # live, young
+    with store.engine.begin() as conn:
+        store.runs.end_run(conn, "r1", 301, RunEnd("completed", 3.0, None))
+    (due,) = store.series.runs_to_compact(live_margin=10, live_after=1000)
+    assert due == Due("r1", 301, True)
+    last_before = store.series.last_values("r1", ("host/",))
+    assert store.series.compact(due, block_points=4096) == 300 + 300 + 75
+    rows = _rows(store, "r1")
+    # loss: 9600 points in blocks of at most 4096 keyed by their last frame; host/rss and the
+    # sparse norms one block each.
+    assert [(s, seq, e, n) for s, seq, e, n in rows if s == "loss"] == [
+        ("loss", 128, 1, 4096), ("loss", 256, 1, 4096), ("loss", 300, 1, 1408)
+    ]  # fmt: skip
+    assert [(s, n) for s, _, _, n in rows if s != "loss"] == [
+        ("grad/norm/dense/kernel", 300), ("host/rss", 300)
+    ]  # fmt: skip
+    for name, columns in sent.items():
+        assert _same(store.series.read_series("r1", name), columns), name
+        streamed = list(store.series.iter_series("r1", name, batch_rows=2))
+        assert _same(Columns(*(np.concatenate(c) for c in zip(*streamed, strict=True))), columns)
+    assert store.series.last_values("r1", ("host/",)) == last_before == {"host/rss": 1e9 + 300}
+    assert store.series.runs_to_compact(live_margin=10, live_after=1000) == []
+    assert store.series.compact(due, block_points=4096) == 0  # nothing left to do
+
+
+def test_a_live_run_is_compacted_in_full_blocks_behind_its_replayed_history(
+    store: Store,
+) -> None:
+    sent = _frames(store, "live", frames=200)
+    (due,) = store.series.runs_to_compact(live_margin=50, live_after=100)
+    assert due.through == 150 and not due.ended
+    store.series.compact(due, block_points=1024)
+    rows = _rows(store, "live")
+    loss = [(seq, e, n) for s, seq, e, n in rows if s == "loss"]
+    # Frames 1-128 make four full blocks; 129-150 wait for more, and 151-200 stay as sent.
+    assert loss[:4] == [(32, 1, 1024), (64, 1, 1024), (96, 1, 1024), (128, 1, 1024)]
+    assert loss[4:] == [(seq, None, 32) for seq in range(129, 201)]
+    assert _same(store.series.read_series("live", "loss"), sent["loss"])
+    recent = store.series.recent_points("live", frames=50)
+    assert recent["loss"].steps.tolist() == sent["loss"].steps[-50 * 32 :].tolist()
+    assert store.series.runs_to_compact(live_margin=50, live_after=100) == []

@@ -4,7 +4,10 @@ Points are stored for volume: each agent frame becomes one row of ``chunks`` per
 holding that frame's points as packed arrays (int64 steps, float64 times and values).
 Reading a million-point series is then a few thousand rows and one ``numpy.concatenate``,
 and the primary key ``(run_id, series, seq)`` makes replayed frames harmless
-(insert-or-ignore).
+(insert-or-ignore). Later the compactor (:meth:`SeriesStore.compact
+<trainvitals.server.storage.series.SeriesStore.compact>`) merges a series' frames into blocks
+of up to 65,536 points in the compact ``encoding`` of :mod:`~trainvitals.server.storage.codec`,
+each keyed by the last ``seq`` it holds; ``runs.compacted_seq`` says how far it has gone.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -64,6 +68,8 @@ runs = Table(
     # that holds it may speak for the run again (see ``RunStore.open_run``).
     Column("secret_hash", String(64)),
     Column("worker", String(64)),
+    # The frames up to this seq have been compacted (see SeriesStore.compact); NULL: none.
+    Column("compacted_seq", BigInteger),
     Index("ix_runs_started_at", "started_at"),
     Index("ix_runs_job_key", "project", "job_key"),
     Index("ix_runs_job_id", "job_id"),
@@ -87,6 +93,9 @@ chunks = Table(
     Column("steps", LargeBinary, nullable=False),
     Column("times", LargeBinary, nullable=False),
     Column("vals", LargeBinary, nullable=False),
+    # How steps, times and vals are written (trainvitals.server.storage.codec): NULL or 0,
+    # packed arrays as every row before the codec; 1, delta-of-delta and XOR, deflated.
+    Column("encoding", SmallInteger),
 )
 
 alerts = Table(

@@ -3,18 +3,36 @@ index of each run's names (see :mod:`~trainvitals.server.storage.schema`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import Connection, Engine, select
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, update
 
+from trainvitals.lifecycle import ALIVE
 from trainvitals.protocol import AnyColumns, ArrayColumns, Columns
+from trainvitals.server.storage import codec
 from trainvitals.server.storage.runs import record_progress
 from trainvitals.server.storage.schema import chunks, dialect_insert, runs, series
 
 _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
+#: A chunk row's points as :func:`codec.decode` takes them.
+_POINTS = (chunks.c.encoding, chunks.c.n, chunks.c.steps, chunks.c.times, chunks.c.vals)
 #: Chunk rows (agent frames of one series) read at a time by :meth:`SeriesStore.iter_series`.
 EXPORT_BATCH_ROWS = 512
+
+
+#: Points a compacted block holds at most (1.5 MiB raw; a few hundred KiB encoded).
+BLOCK_POINTS = 65_536
+
+
+@dataclass(frozen=True)
+class Due:
+    """A run to compact, through which frame, and whether it has ended."""
+
+    run_id: str
+    through: int
+    ended: bool
 
 
 class SeriesStore:
@@ -42,17 +60,13 @@ class SeriesStore:
             step_array = np.asarray(steps, dtype=np.int64)
             if step_array.size == 0:
                 continue
+            # Written as they come, in the cheap packed layout: the writer thread keeps up
+            # with ingest; the compactor encodes them later, many frames at a time.
+            packed = codec.encode_raw(step_array, times, values)
             rows.append(
-                {
-                    "run_id": run_id,
-                    "series": name,
-                    "seq": seq,
-                    "n": int(step_array.size),
-                    "steps": step_array.tobytes(),
-                    "times": np.asarray(times, dtype=np.float64).tobytes(),
-                    "vals": np.asarray(values, dtype=np.float64).tobytes(),
-                }
-            )
+                {"run_id": run_id, "series": name, "seq": seq, "n": int(step_array.size),
+                 "steps": packed[0], "times": packed[1], "vals": packed[2]}
+            )  # fmt: skip
             top = int(step_array.max())
             last_step = top if last_step is None else max(last_step, top)
         if rows:
@@ -85,12 +99,12 @@ class SeriesStore:
     def read_series(self, run_id: str, name: str) -> ArrayColumns:
         """Every point of one series, ordered by step."""
         query = (
-            select(chunks.c.steps, chunks.c.times, chunks.c.vals)
+            select(*_POINTS)
             .where(chunks.c.run_id == run_id, chunks.c.series == name)
             .order_by(chunks.c.seq)
         )
         with self._engine.connect() as conn:
-            steps, times, values = _unpack(conn.execute(query).all())
+            steps, times, values = codec.decode(conn.execute(query).all())
         if steps.size > 1 and np.any(steps[1:] < steps[:-1]):
             order = np.argsort(steps, kind="stable")
             steps, times, values = steps[order], times[order], values[order]
@@ -106,7 +120,7 @@ class SeriesStore:
         after = -1
         while True:
             query = (
-                select(chunks.c.seq, chunks.c.steps, chunks.c.times, chunks.c.vals)
+                select(chunks.c.seq, *_POINTS)
                 .where(chunks.c.run_id == run_id, chunks.c.series == name, chunks.c.seq > after)
                 .order_by(chunks.c.seq)
                 .limit(batch_rows)
@@ -116,7 +130,7 @@ class SeriesStore:
             if not rows:
                 return
             after = rows[-1][0]
-            yield _unpack([row[1:] for row in rows])
+            yield codec.decode([row[1:] for row in rows])
             if len(rows) < batch_rows:
                 return
 
@@ -128,14 +142,121 @@ class SeriesStore:
             if last is None:
                 return {}
             rows = conn.execute(
-                select(chunks.c.series, chunks.c.steps, chunks.c.times, chunks.c.vals)
+                select(chunks.c.series, *_POINTS)
                 .where(chunks.c.run_id == run_id, chunks.c.seq > last - frames)
                 .order_by(chunks.c.seq)
             ).all()
-        parts: dict[str, list[tuple[bytes, bytes, bytes]]] = {}
-        for name, steps, times, values in rows:
-            parts.setdefault(name, []).append((steps, times, values))
-        return {name: _unpack(chunk) for name, chunk in parts.items()}
+        parts: dict[str, list[codec.Row]] = {}
+        for row in rows:
+            parts.setdefault(row[0], []).append(row[1:])
+        return {name: codec.decode(chunk) for name, chunk in parts.items()}
+
+    # -- compaction (the compactor's thread) ------------------------------------------------
+
+    def runs_to_compact(self, live_margin: int, live_after: int, limit: int = 100) -> list[Due]:
+        """Runs with frames to compact: ended ones with frames beyond ``compacted_seq``, and
+        live ones with ``live_after`` frames more than ``live_margin`` behind their last."""
+        done = func.coalesce(runs.c.compacted_seq, 0)
+        ended = runs.c.status.not_in([s.value for s in ALIVE])
+        query = (
+            select(runs.c.id, runs.c.last_seq, ended.label("ended"))
+            .where(
+                or_(
+                    and_(ended, runs.c.last_seq > done),
+                    and_(~ended, runs.c.last_seq - live_margin - done >= live_after),
+                )
+            )
+            .order_by(runs.c.last_seen)
+            .limit(limit)
+        )
+        with self._engine.connect() as conn:
+            return [
+                Due(run_id, last if ended else last - live_margin, bool(ended))
+                for run_id, last, ended in conn.execute(query)
+            ]
+
+    def compact(self, due: Due, block_points: int = BLOCK_POINTS) -> int:
+        """Merge the run's frames up to ``due.through``, series by series, into blocks of up
+        to ``block_points`` points in the compact encoding, each keyed by the last ``seq`` it
+        holds, so reading by ``seq`` still gives the points in the order they were sent. Of a
+        live run only full blocks are made (the rest waits for more frames); of an ended one,
+        the rest too. Frames at or below the stored ``last_seq`` are never written again (the
+        ingest drops replays), so a merged frame cannot come back beside its block.
+
+        Each block is its own short transaction, checked against what it read, so a reader
+        or another replica's compactor sees either the frames or the block, never both.
+        Returns the rows merged."""
+        merged = 0
+        with self._engine.connect() as conn:
+            names = list(
+                conn.execute(select(series.c.name).where(series.c.run_id == due.run_id)).scalars()
+            )
+        for name in names:
+            for group in self._groups(due, name, block_points):
+                merged += self._merge(due.run_id, name, group)
+        with self._engine.begin() as conn:
+            conn.execute(
+                update(runs)
+                .where(
+                    runs.c.id == due.run_id, func.coalesce(runs.c.compacted_seq, 0) < due.through
+                )
+                .values(compacted_seq=due.through)
+            )
+        return merged
+
+    def _groups(self, due: Due, name: str, block_points: int) -> list[list[int]]:
+        """The seqs of each block to make: consecutive frames, up to ``block_points`` points."""
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                select(chunks.c.seq, chunks.c.encoding, chunks.c.n)
+                .where(chunks.c.run_id == due.run_id, chunks.c.series == name,
+                       chunks.c.seq <= due.through)
+                .order_by(chunks.c.seq)
+            ).all()  # fmt: skip
+        groups: list[list[int]] = []
+        group: list[int] = []
+        size = 0
+        raw = False
+
+        def close(full: bool) -> None:
+            nonlocal group, size, raw
+            if (full or due.ended) and (len(group) > 1 or raw):
+                groups.append(group)
+            group, size, raw = [], 0, False
+
+        for seq, encoding, n in rows:
+            if encoding == codec.CURRENT and n >= block_points // 2:
+                close(full=True)  # a block already: left as it is
+                continue
+            if group and size + n > block_points:
+                close(full=True)
+            group.append(seq)
+            size += n
+            raw = raw or encoding != codec.CURRENT
+        close(full=size >= block_points)
+        return groups
+
+    def _merge(self, run_id: str, name: str, group: list[int]) -> int:
+        where = (chunks.c.run_id == run_id, chunks.c.series == name,
+                 chunks.c.seq.between(group[0], group[-1]))  # fmt: skip
+        with self._engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # one compactor a run at a time
+                conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
+            rows = conn.execute(
+                select(chunks.c.seq, *_POINTS).where(*where).order_by(chunks.c.seq)
+            ).all()
+            if [row[0] for row in rows] != group:
+                return 0  # merged meanwhile (another replica)
+            steps, times, values = codec.decode([row[1:] for row in rows])
+            encoded = codec.encode(steps, times, values)
+            conn.execute(delete(chunks).where(*where))
+            conn.execute(
+                insert(chunks).values(
+                    run_id=run_id, series=name, seq=group[-1], n=int(steps.size),
+                    steps=encoded[0], times=encoded[1], vals=encoded[2], encoding=codec.CURRENT,
+                )
+            )  # fmt: skip
+        return len(rows)
 
     def last_values(self, run_id: str, prefixes: tuple[str, ...]) -> dict[str, float]:
         """The last stored value of each of the run's series whose name starts with one of
@@ -147,20 +268,11 @@ class SeriesStore:
                 if not name.startswith(prefixes):
                     continue
                 row = conn.execute(
-                    select(chunks.c.vals)
+                    select(chunks.c.encoding, chunks.c.vals)
                     .where(chunks.c.run_id == run_id, chunks.c.series == name)
                     .order_by(chunks.c.seq.desc())
                     .limit(1)
                 ).first()
                 if row is not None:
-                    out[name] = float(np.frombuffer(row[0], dtype=np.float64)[-1])
+                    out[name] = codec.last_value(row[0], row[1])
         return out
-
-
-def _unpack(rows: Sequence[Sequence[bytes]]) -> ArrayColumns:
-    """The points of consecutive chunks (rows of ``steps``, ``times``, ``vals``)."""
-    return Columns(
-        np.frombuffer(b"".join(c[0] for c in rows), dtype=np.int64),
-        np.frombuffer(b"".join(c[1] for c in rows), dtype=np.float64),
-        np.frombuffer(b"".join(c[2] for c in rows), dtype=np.float64),
-    )
