@@ -115,24 +115,18 @@ class SeriesStore:
     ) -> Iterator[ArrayColumns]:
         """Every point of one series as stored, in frame order (the order the agent sent
         them), ``batch_rows`` chunk rows at a time: a series of any length is read without
-        holding it all. Each batch is a query of its own (keyset on ``seq``), so no read
-        transaction stays open while a slow client takes its time."""
-        after = -1
-        while True:
-            query = (
-                select(chunks.c.seq, *_POINTS)
-                .where(chunks.c.run_id == run_id, chunks.c.series == name, chunks.c.seq > after)
-                .order_by(chunks.c.seq)
-                .limit(batch_rows)
-            )
-            with self._engine.connect() as conn:
-                rows = conn.execute(query).all()
-            if not rows:
-                return
-            after = rows[-1][0]
-            yield codec.decode([row[1:] for row in rows])
-            if len(rows) < batch_rows:
-                return
+        holding it all. One query, its rows fetched as they are used (a server-side cursor on
+        PostgreSQL), so it reads one snapshot: a compaction meanwhile, which replaces frames
+        by a block keyed by the last of them, is seen entirely or not at all."""
+        query = (
+            select(*_POINTS)
+            .where(chunks.c.run_id == run_id, chunks.c.series == name)
+            .order_by(chunks.c.seq)
+        )
+        with self._engine.connect() as conn:
+            result = conn.execution_options(yield_per=batch_rows).execute(query)
+            for rows in result.partitions():
+                yield codec.decode(rows)
 
     def recent_points(self, run_id: str, frames: int) -> dict[str, ArrayColumns]:
         """The points of the run's last ``frames`` frames, per series, in frame order: the

@@ -1,0 +1,187 @@
+"""Bytes a stored point takes, before and after compaction, on SQLite and PostgreSQL; and the
+codec's encode and decode time for a million points.
+
+1. A real demo run (``trainvitals demo``: the Keras CNN on scikit-learn digits, every vital on)
+   streams to a real server on a SQLite file with the compactor off. Its rows are copied as
+   they are into a fresh PostgreSQL database.
+2. On each: the points' payload bytes per point for the loss, the gradient norms and the
+   system series, and the database's size (SQLite: the file after ``VACUUM``; PostgreSQL:
+   ``pg_total_relation_size`` of ``chunks`` after ``VACUUM FULL``), before and after the
+   compactor merges the ended run.
+3. The run's loss, tiled to 1M points (steps and times carried on), encoded in 65,536-point
+   blocks and decoded in one call, as the series route reads it (median of 5).
+
+    python benchmarks/storage.py [--epochs 30]
+
+PostgreSQL: a throwaway database on $TRAINVITALS_TEST_POSTGRES (default
+postgresql://postgres@127.0.0.1:5432/postgres), as the tests use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import func, insert, select, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.processes import ServerProcess, demo_command, postgres_database
+from trainvitals.server.storage import codec
+from trainvitals.server.storage.schema import chunks, metadata
+from trainvitals.server.storage.series import BLOCK_POINTS
+from trainvitals.server.store import Store
+
+KINDS = {
+    "loss": lambda n: n == "loss",
+    "gradient norms": lambda n: n.startswith("grad/"),
+    "system (host/*, gpu*)": lambda n: n.startswith(("host/", "gpu")),
+    "every series": lambda n: True,
+}
+
+
+def payload(store: Store) -> dict[str, tuple[int, int, int]]:
+    """{kind: (points, payload bytes, rows)}."""
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            select(
+                chunks.c.series,
+                func.sum(chunks.c.n),
+                func.sum(
+                    func.length(chunks.c.steps)
+                    + func.length(chunks.c.times)
+                    + func.length(chunks.c.vals)
+                ),
+                func.count(),
+            ).group_by(chunks.c.series)
+        ).all()
+    out = {}
+    for kind, wanted in KINDS.items():
+        mine = [r for r in rows if wanted(r[0])]
+        out[kind] = (
+            sum(int(r[1]) for r in mine),
+            sum(int(r[2]) for r in mine),
+            sum(int(r[3]) for r in mine),
+        )
+    return out
+
+
+def database_bytes(store: Store, path: str | None) -> int:
+    if path is not None:
+        with sqlite3.connect(path) as conn:
+            conn.execute("VACUUM")  # into the WAL: the file shrinks at the checkpoint
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return os.path.getsize(path)
+    with store.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM FULL chunks"))
+        return int(conn.execute(text("SELECT pg_total_relation_size('chunks')")).scalar() or 0)
+
+
+def measure(store: Store, path: str | None, name: str) -> None:
+    before, size_before = payload(store), database_bytes(store, path)
+    started = time.perf_counter()
+    merged = sum(store.series.compact(due) for due in store.series.runs_to_compact(0, 1))
+    took = time.perf_counter() - started
+    after, size_after = payload(store), database_bytes(store, path)
+    what = "file after VACUUM" if path else "chunks table and index, after VACUUM FULL"
+    print(f"\n{name}: compacted {merged} rows in {took:.2f} s")
+    print(f"  {'series':24s} {'points':>8s} {'rows':>11s} {'payload B/pt':>16s}")
+    for kind in KINDS:
+        (points, bytes_before, rows_before), (_, bytes_after, rows_after) = (
+            before[kind],
+            after[kind],
+        )
+        print(f"  {kind:24s} {points:8d} {rows_before:5d}->{rows_after:<5d} "
+              f"{bytes_before / points:7.2f}->{bytes_after / points:<6.2f}")  # fmt: skip
+    points = before["every series"][0]
+    print(f"  database ({what}): {size_before:,} -> {size_after:,} bytes, "
+          f"{size_before / points:.1f} -> {size_after / points:.1f} B/pt")  # fmt: skip
+
+
+def copy_rows(source: Store, target: Store) -> None:
+    with source.engine.connect() as read, target.engine.begin() as write:
+        for table in metadata.sorted_tables:
+            rows = [dict(r) for r in read.execute(select(table)).mappings()]
+            if rows:
+                write.execute(insert(table), rows)
+
+
+def codec_timing(store: Store) -> None:
+    """A million points like the demo's loss, without repeating it (a repeated stretch would
+    deflate to nothing): float32 values of a decaying curve plus noise of the loss's own
+    step-to-step scale, steps one apart, times with the run's step intervals drawn at random."""
+    run_id = store.runs.list_runs()[0]["id"]
+    _, times, values = store.series.read_series(run_id, "loss")
+    rng = np.random.default_rng(20)
+    n = 1_000_000
+    all_steps = np.arange(1, n + 1, dtype=np.int64)
+    all_times = times[0] + np.cumsum(rng.choice(np.diff(times), n))
+    noise = float(np.std(np.diff(values))) / np.sqrt(2)
+    curve = values[-1] + (values[0] - values[-1]) * np.exp(-all_steps / (n / 5))
+    all_values = (curve + rng.normal(0, noise, n)).astype(np.float32).astype(np.float64)
+    starts = range(0, n, BLOCK_POINTS)
+
+    def block(i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        part = slice(i, i + BLOCK_POINTS)
+        return all_steps[part], all_times[part], all_values[part]
+
+    encode_s, decode_s = [], []
+    for _ in range(5):
+        started = time.perf_counter()
+        rows = [(codec.CURRENT, block(i)[0].size, *codec.encode(*block(i))) for i in starts]
+        encode_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        got = codec.decode(rows)
+        decode_s.append(time.perf_counter() - started)
+        assert got.values.tobytes() == all_values.tobytes()
+    size = sum(len(part) for row in rows for part in row[2:])
+    raw_s = []
+    packed = [(None, 0, *codec.encode_raw(*block(i))) for i in starts]
+    for _ in range(5):
+        started = time.perf_counter()
+        codec.decode(packed)
+        raw_s.append(time.perf_counter() - started)
+    print(f"\ncodec, {n:,} points like the demo's loss, in {len(rows)} blocks: "
+          f"{size / n:.2f} B/pt; encode {statistics.median(encode_s) * 1e3:.0f} ms, "
+          f"decode {statistics.median(decode_s) * 1e3:.0f} ms "
+          f"(packed layout: decode {statistics.median(raw_s) * 1e3:.0f} ms)")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=30)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "demo.db")
+        server = ServerProcess(path, extra_env={"TRAINVITALS_COMPACT_INTERVAL": "0"})
+        try:
+            started = time.perf_counter()
+            subprocess.run(
+                demo_command(server, "storage-bench", "--epochs", str(args.epochs), "--pace", "0"),
+                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=1800,
+            )  # fmt: skip
+            print(f"demo run: {args.epochs} epochs in {time.perf_counter() - started:.0f} s")
+        finally:
+            server.stop()
+        sqlite_store = Store(path)
+        with postgres_database() as url:
+            pg_store = Store(url)
+            pg_store.create_schema()
+            copy_rows(sqlite_store, pg_store)
+            measure(pg_store, None, "PostgreSQL")
+            pg_store.dispose()
+        measure(sqlite_store, path, "SQLite")
+        codec_timing(sqlite_store)
+        sqlite_store.dispose()
+
+
+if __name__ == "__main__":
+    main()
