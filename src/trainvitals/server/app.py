@@ -64,7 +64,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             on_lost=lambda run_id, when: alerts.ended(run_id, EndReason.HEARTBEAT_LOST, when),
         )
         await liveness.start()
-        compactor = Compactor(store.series, settings.compact_interval)
+        compactor = Compactor(
+            store.series, settings.compact_interval, settings.retention, settings.thin_points
+        )
         await compactor.start()
         app.state.trainvitals = AppState(
             settings=settings,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainvitals.exceptions import ConfigurationError
 from trainvitals.protocol import MAX_FRAME_BYTES
 
 
@@ -64,6 +67,24 @@ class Settings(BaseSettings):
     #: Seconds between the compactor's sweeps, which rewrite stored frames as compact blocks
     #: (see docs/contract.md#storage); 0: never.
     compact_interval: float = 30.0
+    #: Days after a run ends before its points are thinned to a min/max summary of at most
+    #: ``thin_points`` a series: ``90`` for every project, ``90,scratch=7,golden=0`` with
+    #: per-project days (0: never). Unset: never.
+    thin_after_days: str | None = None
+    #: Points a series keeps when thinned: each bucket's minimum and maximum, and its first
+    #: NaN/Inf, so spikes survive.
+    thin_points: Annotated[int, Field(ge=2, le=65_536)] = 10_000
+
+    @field_validator("thin_after_days")
+    @classmethod
+    def _readable_policy(cls, value: str | None) -> str | None:
+        Retention.parse(value)
+        return value
+
+    @property
+    def retention(self) -> Retention:
+        """``thin_after_days``, read."""
+        return Retention.parse(self.thin_after_days)
 
     @property
     def auth_required(self) -> bool:
@@ -71,3 +92,33 @@ class Settings(BaseSettings):
         from trainvitals.server.guard import is_loopback
 
         return self.auth == "required" or (self.auth is None and not is_loopback(self.host))
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How many days after its end a run's points are thinned: ``default`` for every
+    project (None: never) but those in ``projects`` (0: never)."""
+
+    default: float | None = None
+    projects: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str | None) -> Retention:
+        """``"90,scratch=7,golden=0"``: 90 days, 7 for project scratch, never for golden."""
+        default: float | None = None
+        projects: dict[str, float] = {}
+        for part in filter(str.strip, (text or "").split(",")):
+            name, _, days = part.strip().rpartition("=")
+            try:
+                value = float(days)
+            except ValueError:
+                value = -1.0
+            if not value >= 0 or (not name and "=" in part):
+                raise ConfigurationError(  # a ValueError: pydantic names the setting
+                    f"Expected days like '90' or 'project=7', comma-separated, but got {part!r}"
+                )
+            if name:
+                projects[name] = value
+            else:
+                default = value or None
+        return cls(default, projects)

@@ -70,6 +70,8 @@ runs = Table(
     Column("worker", String(64)),
     # The frames up to this seq have been compacted (see SeriesStore.compact); NULL: none.
     Column("compacted_seq", BigInteger),
+    # When its points were thinned to a min/max summary (SeriesStore.thin); NULL: never.
+    Column("thinned_at", Float),
     Index("ix_runs_started_at", "started_at"),
     Index("ix_runs_job_key", "project", "job_key"),
     Index("ix_runs_job_id", "job_id"),

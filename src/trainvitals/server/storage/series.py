@@ -3,14 +3,18 @@ index of each run's names (see :mod:`~trainvitals.server.storage.schema`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Row, and_, delete, func, insert, or_, select, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from trainvitals.lifecycle import ALIVE
 from trainvitals.protocol import AnyColumns, ArrayColumns, Columns
+from trainvitals.server.downsample import downsample_indices
+from trainvitals.server.settings import Retention
 from trainvitals.server.storage import codec
 from trainvitals.server.storage.runs import record_progress
 from trainvitals.server.storage.schema import chunks, dialect_insert, runs, series
@@ -234,23 +238,77 @@ class SeriesStore:
         where = (chunks.c.run_id == run_id, chunks.c.series == name,
                  chunks.c.seq.between(group[0], group[-1]))  # fmt: skip
         with self._engine.begin() as conn:
-            if conn.dialect.name == "postgresql":  # one compactor a run at a time
-                conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
-            rows = conn.execute(
-                select(chunks.c.seq, *_POINTS).where(*where).order_by(chunks.c.seq)
-            ).all()
+            rows = _locked_rows(conn, run_id, where)
             if [row[0] for row in rows] != group:
                 return 0  # merged meanwhile (another replica)
-            steps, times, values = codec.decode([row[1:] for row in rows])
-            encoded = codec.encode(steps, times, values)
+            points = codec.decode([row[1:] for row in rows])
             conn.execute(delete(chunks).where(*where))
-            conn.execute(
-                insert(chunks).values(
-                    run_id=run_id, series=name, seq=group[-1], n=int(steps.size),
-                    steps=encoded[0], times=encoded[1], vals=encoded[2], encoding=codec.CURRENT,
-                )
-            )  # fmt: skip
+            self._insert_block(conn, run_id, name, group[-1], points)
         return len(rows)
+
+    # -- retention (the compactor's thread) -------------------------------------------------
+
+    def runs_to_thin(self, now: float, after_days: Retention, limit: int = 100) -> list[str]:
+        """Ended runs not yet thinned whose end is older than their project's days."""
+        day = 86400.0
+        old = [
+            and_(runs.c.project == project, runs.c.ended_at < now - days * day)
+            for project, days in after_days.projects.items()
+            if days > 0
+        ]
+        if after_days.default is not None:
+            others = runs.c.project.not_in(list(after_days.projects))
+            old.append(and_(others, runs.c.ended_at < now - after_days.default * day))
+        if not old:
+            return []
+        query = (
+            select(runs.c.id)
+            .where(runs.c.thinned_at.is_(None), runs.c.status.not_in([s.value for s in ALIVE]))
+            .where(or_(*old))
+            .order_by(runs.c.ended_at)
+            .limit(limit)
+        )
+        with self._engine.connect() as conn:
+            return list(conn.execute(query).scalars())
+
+    def thin(self, run_id: str, max_points: int, now: float) -> int:
+        """Thin each of the run's series to at most ``max_points`` points (each bucket's
+        minimum and maximum, and its first NaN/Inf: :func:`downsample_indices`), as one
+        block keyed by its last frame; returns the points removed. A series per transaction,
+        under the run's row lock on PostgreSQL, and a thinned series is left as it is, so
+        replicas may all run it."""
+        with self._engine.connect() as conn:
+            names = list(
+                conn.execute(select(series.c.name).where(series.c.run_id == run_id)).scalars()
+            )
+        removed = 0
+        for name in names:
+            where = (chunks.c.run_id == run_id, chunks.c.series == name)
+            with self._engine.begin() as conn:
+                rows = _locked_rows(conn, run_id, where)
+                total = sum(int(row.n) for row in rows)
+                if total <= max_points:
+                    continue
+                steps, times, values = codec.decode([row[1:] for row in rows])
+                keep = downsample_indices(values, max_points)
+                conn.execute(delete(chunks).where(*where))
+                kept = Columns(steps[keep], times[keep], values[keep])
+                self._insert_block(conn, run_id, name, rows[-1][0], kept)
+                removed += total - int(keep.size)
+        with self._engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.id == run_id).values(thinned_at=now))
+        return removed
+
+    def _insert_block(
+        self, conn: Connection, run_id: str, name: str, seq: int, points: ArrayColumns
+    ) -> None:
+        steps, times, values = codec.encode(*points)
+        conn.execute(
+            insert(chunks).values(
+                run_id=run_id, series=name, seq=seq, n=int(points.steps.size),
+                steps=steps, times=times, vals=values, encoding=codec.CURRENT,
+            )
+        )  # fmt: skip
 
     def last_values(self, run_id: str, prefixes: tuple[str, ...]) -> dict[str, float]:
         """The last stored value of each of the run's series whose name starts with one of
@@ -270,3 +328,14 @@ class SeriesStore:
                 if row is not None:
                     out[name] = codec.last_value(row[0], row[1])
         return out
+
+
+def _locked_rows(
+    conn: Connection, run_id: str, where: tuple[ColumnElement[bool], ...]
+) -> Sequence[Row[Any, Any, Any, Any, Any, Any]]:
+    """The chunk rows ``where`` (seq first, then :data:`_POINTS`), in seq order, read under
+    the run's row lock on PostgreSQL: one compactor or thinner a run at a time across
+    replicas (SQLite has one writer anyway)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
+    return conn.execute(select(chunks.c.seq, *_POINTS).where(*where).order_by(chunks.c.seq)).all()
