@@ -24,10 +24,12 @@ from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from typing import Any
 
-from trainvitals.protocol import ArrayColumns
+from trainvitals.protocol import ArrayColumns, Columns
 
 #: Points buffered into one Parquet row group (about 2 MiB of columns before compression).
 PARQUET_ROW_GROUP = 65_536
+#: Points made into text at a time (about 0.5 MiB of CSV).
+TEXT_PIECE = 8192
 PARQUET_HINT = "Parquet export needs pyarrow on the server: pip install 'trainvitals[parquet]'"
 
 Batches = Iterable[tuple[str, ArrayColumns]]
@@ -65,9 +67,17 @@ def export(fmt: ExportFormat, batches: Batches) -> Iterator[bytes]:
     return _parquet(batches)
 
 
+def _pieces(batches: Batches) -> Iterator[tuple[str, ArrayColumns]]:
+    """``batches`` cut to at most :data:`TEXT_PIECE` points: a piece's text is made whole."""
+    for name, (steps, times, values) in batches:
+        for start in range(0, steps.size, TEXT_PIECE):
+            part = slice(start, start + TEXT_PIECE)
+            yield name, Columns(steps[part], times[part], values[part])
+
+
 def _csv(batches: Batches) -> Iterator[bytes]:
     yield CSV_HEADER
-    for name, (steps, times, values) in batches:
+    for name, (steps, times, values) in _pieces(batches):
         prefix = _csv_field(name) + ","
         yield "".join(
             f"{prefix}{step},{time!r},{value!r}\n"
@@ -84,7 +94,7 @@ def _csv_field(text: str) -> str:
 
 
 def _jsonl(batches: Batches) -> Iterator[bytes]:
-    for name, (steps, times, values) in batches:
+    for name, (steps, times, values) in _pieces(batches):
         prefix = '{"name": ' + json.dumps(name) + ', "step": '
         yield "".join(
             f'{prefix}{step}, "time": {time!r}, "value": {_json_value(value)}}}\n'
@@ -159,6 +169,8 @@ def _parquet(batches: Batches) -> Iterator[bytes]:
         )
         writer.write_table(table)
         pending.clear()
+        # Arrow's allocator keeps freed memory for reuse; an export is one-off.
+        pa.default_memory_pool().release_unused()
         return sink.take()
 
     for name, columns in batches:

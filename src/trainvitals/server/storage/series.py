@@ -23,7 +23,7 @@ _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, 
 #: A chunk row's points as :func:`codec.decode` takes them.
 _POINTS = (chunks.c.encoding, chunks.c.n, chunks.c.steps, chunks.c.times, chunks.c.vals)
 #: Chunk rows (agent frames of one series) read at a time by :meth:`SeriesStore.iter_series`.
-EXPORT_BATCH_ROWS = 512
+EXPORT_BATCH_ROWS = 32
 
 
 #: Points a compacted block holds at most (1.5 MiB raw; a few hundred KiB encoded).
