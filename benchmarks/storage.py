@@ -8,8 +8,9 @@ codec's encode and decode time for a million points.
    system series, and the database's size (SQLite: the file after ``VACUUM``; PostgreSQL:
    ``pg_total_relation_size`` of ``chunks`` after ``VACUUM FULL``), before and after the
    compactor merges the ended run.
-3. The run's loss, tiled to 1M points (steps and times carried on), encoded in 65,536-point
-   blocks and decoded in one call, as the series route reads it (median of 5).
+3. A million points like the run's loss, encoded in 65,536-point blocks and decoded in one
+   call (median of 5).
+4. ``read_series`` of a 1M-point series as the writer stores it and once compacted, on each.
 
     python benchmarks/storage.py [--epochs 30]
 
@@ -155,6 +156,41 @@ def codec_timing(store: Store) -> None:
           f"(packed layout: decode {statistics.median(raw_s) * 1e3:.0f} ms)")  # fmt: skip
 
 
+def read_timing(url: str, name: str) -> None:
+    """``read_series`` of a 1M-point series (5,000 frames of 200 points), as stored by the
+    writer and once compacted; median of 5."""
+    from trainvitals.protocol import Columns
+    from trainvitals.server.storage.series import Due
+
+    store = Store(url)
+    store.create_schema()
+    rng = np.random.default_rng(3)
+    with store.engine.begin() as conn:
+        hello = {"run_id": "m", "project": "p", "name": "m", "config": {}, "host": "h",
+                 "pid": 1, "started_at": 1.0, "env": {}}  # fmt: skip
+        store.runs.open_run(conn, hello, 1.0)
+        for seq in range(1, 5001):
+            steps = np.arange((seq - 1) * 200, seq * 200)
+            values = rng.normal(1, 0.1, 200).astype(np.float32).astype(np.float64)
+            columns = Columns(steps, 1.7e9 + steps * 0.01, values)
+            store.series.add_points(conn, "m", seq, {"loss": columns}, 1.0)
+
+    def median_read() -> float:
+        took = []
+        for _ in range(5):
+            started = time.perf_counter()
+            assert store.series.read_series("m", "loss").steps.size == 1_000_000
+            took.append(time.perf_counter() - started)
+        return statistics.median(took)
+
+    raw = median_read()
+    store.series.compact(Due("m", 5000, True))
+    compacted = median_read()
+    print(f"\n{name}: read a 1M-point series: as written {raw * 1e3:.0f} ms, "
+          f"compacted {compacted * 1e3:.0f} ms")  # fmt: skip
+    store.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=30)
@@ -181,6 +217,9 @@ def main() -> None:
         measure(sqlite_store, path, "SQLite")
         codec_timing(sqlite_store)
         sqlite_store.dispose()
+        read_timing(str(Path(tmp) / "read.db"), "SQLite")
+        with postgres_database() as url:
+            read_timing(url, "PostgreSQL")
 
 
 if __name__ == "__main__":
