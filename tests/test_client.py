@@ -4,6 +4,7 @@ full resolution as a DataFrame, its alerts, and the server's reasons as ``ApiErr
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -141,3 +142,24 @@ def test_import_stays_light_and_a_missing_httpx_says_what_to_install(tmp_path: P
         "try:\n    trainvitals.Api()\nexcept trainvitals.ConfigurationError as e:\n    print(e)"
     )
     assert said == "trainvitals.Api needs httpx: pip install 'trainvitals[client]'"
+
+
+def test_a_server_without_pyarrow_answers_501_and_history_reads_json_lines(
+    tmp_path: Path,
+) -> None:
+    shadow = tmp_path / "no-pyarrow" / "pyarrow"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('pyarrow is not installed here')\n")
+    path = os.pathsep.join([str(shadow.parent), *sys.path])
+    server = ServerProcess(str(tmp_path / "x.db"), extra_env={"PYTHONPATH": path})
+    try:
+        run_id = stream(server, "", "p")
+        with trainvitals.Api(server=server.url) as api:
+            with pytest.raises(ApiError) as refused:
+                api.run(run_id).history(["loss"], format="parquet")
+            assert refused.value.status == 501
+            assert "pip install 'trainvitals[parquet]'" in refused.value.reason
+            frame = api.run(run_id).history(["loss"])  # parquet asked, JSON Lines read
+            assert frame["step"].tolist() == [1, 2] and math.isnan(frame["value"][1])
+    finally:
+        server.stop()

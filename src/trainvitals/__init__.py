@@ -1,7 +1,8 @@
 """trainvitals: live training-health monitoring for TensorFlow/Keras.
 
 ``import trainvitals`` is light: TensorFlow and Keras load only when the Keras callback is
-first touched, and the server's web stack is never imported here.
+first touched, httpx when ``trainvitals.Api`` (the HTTP client) is, and the server's web
+stack is never imported here.
 
 Example:
     ```python

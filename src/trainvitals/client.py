@@ -105,7 +105,8 @@ class ApiRun:
         ``value`` (float64; NaN and ±Inf as they were sent), one row a point, each series in
         the order it was sent.
 
-        Read as Parquet when pyarrow is installed here, else as JSON Lines (``format`` picks).
+        Read as Parquet when pyarrow is installed here (and on the server), else as JSON
+        Lines; ``format`` picks one.
 
         Example:
             ```python
@@ -120,12 +121,18 @@ class ApiRun:
             raise ConfigurationError(
                 "ApiRun.history needs pandas: pip install 'trainvitals[client]'"
             ) from exc
-        if format is None:
-            format = "parquet" if _has_pyarrow() else "jsonl"
+        chosen = format or ("parquet" if _has_pyarrow() else "jsonl")
         body = io.BytesIO()
-        self.api.export(self.id, names, format=format, to=body)
+        try:
+            self.api.export(self.id, names, format=chosen, to=body)
+        except ApiError as exc:
+            if format is not None or exc.status != 501:
+                raise
+            chosen = "jsonl"  # a server without pyarrow: the other exact format
+            body = io.BytesIO()
+            self.api.export(self.id, names, format=chosen, to=body)
         body.seek(0)
-        if format == "parquet":
+        if chosen == "parquet":
             frame = pandas.read_parquet(body)
         else:
             frame = _read_jsonl(body)
