@@ -82,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     token = commands.add_parser(
         "token",
         help="create, list and revoke access tokens",
-        description="Access tokens of a server's database: a role (ingest, read or admin) on "
+        description="Access tokens of a server's database: a role (ingest, read, admin or "
+        "metrics) on "
         "one project, or on every project with --project '*'. Agents send theirs as "
         "$TRAINVITALS_TOKEN; a browser signs in with one.",
     )
@@ -92,7 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     create.add_argument("--project", required=True, help="its project, or '*' for every project")
     create.add_argument(
-        "--role", required=True, choices=["ingest", "read", "admin"], help="what it may do"
+        "--role",
+        required=True,
+        choices=["ingest", "read", "admin", "metrics"],
+        help="what it may do (metrics: scrape GET /metrics only, with --project '*')",
     )
     create.add_argument("--name", default=None, help="who holds it (default: role@project)")
     token_list = token_commands.add_parser("list", help="list tokens (never their secrets)")
