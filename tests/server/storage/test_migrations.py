@@ -7,12 +7,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Engine, MetaData, String, Table, text
 
 from harness.processes import trainvitals
 from tests.server.storage.rows import hello
+from trainvitals.exceptions import StorageError
 from trainvitals.server.migrations import (
     current_revision,
     head_revision,
@@ -115,3 +117,15 @@ def test_db_upgrade_prints_the_revision_and_hides_the_password(postgres_url: str
     refused = trainvitals("db", "upgrade", "--db", url.rsplit("/", 1)[0] + "/no_such_db")
     assert refused.returncode == 1 and "no_such_db" in refused.stderr
     assert "hunter2" not in refused.stdout + refused.stderr
+
+
+def test_a_database_of_a_newer_version_is_refused(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "newer.db"))
+    try:
+        store.create_schema()
+        with store.engine.begin() as conn:  # as if a later trainvitals had migrated it
+            conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        with pytest.raises(StorageError, match=r"cannot migrate the database.*'9999'"):
+            store.create_schema()
+    finally:
+        store.dispose()

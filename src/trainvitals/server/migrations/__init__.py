@@ -19,7 +19,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, MetaData, text
+
+from trainvitals.exceptions import StorageError
 
 # Every table registers itself in the one MetaData when its module is imported.
 from trainvitals.server.notify import store as _outbox  # noqa: F401
@@ -55,6 +58,8 @@ def upgrade(engine: Engine) -> str:
             command.upgrade(alembic_config(conn), "head")
             conn.commit()
             return current_revision(conn) or "base"
+        except CommandError as exc:  # several heads, or a revision this version lacks
+            raise StorageError(f"cannot migrate the database: {exc}") from None
         finally:
             conn.rollback()  # a failed revision leaves its transaction aborted
             if locking:
