@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import connect
 
 from harness.processes import ROOT, ServerProcess, create_token, wait_for
 from trainvitals import Run, resolve
 from trainvitals.agent.gpu import SimulatedGpu
 from trainvitals.exceptions import ConfigurationError
+from trainvitals.protocol import LIVE_PATH
 from trainvitals.server.metrics import Metrics, RunVitals, TeamCounts
 from trainvitals.server.store import Store
 
@@ -72,6 +74,10 @@ def test_metrics_of_a_streaming_run(team: tuple[ServerProcess, dict[str, str]]) 
         watchdog=False,
     )
     run.start()
+    browser = connect(
+        server.url.replace("http", "ws", 1) + LIVE_PATH,
+        additional_headers={"Authorization": f"Bearer {tokens['read_all']}"},
+    )
     try:
         steps = 40
         for step in range(1, steps + 1):
@@ -104,9 +110,10 @@ def test_metrics_of_a_streaming_run(team: tuple[ServerProcess, dict[str, str]]) 
         assert (value(samples, "trainvitals_frames_ingested_total", type="points") or 0) >= 1
         assert (value(samples, "trainvitals_writer_commit_seconds_count") or 0) >= 2
         assert value(samples, "trainvitals_writer_queue_depth") is not None
-        assert value(samples, "trainvitals_browser_connections") == 0
+        assert value(samples, "trainvitals_browser_connections") == 1
         assert value(samples, "trainvitals_run_vitals_omitted") == 0
     finally:
+        browser.close()
         assert run.finish()
 
     def ended() -> Samples | None:

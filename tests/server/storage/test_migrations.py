@@ -129,3 +129,6 @@ def test_a_database_of_a_newer_version_is_refused(tmp_path: Path) -> None:
             store.create_schema()
     finally:
         store.dispose()
+    # serve stops before it listens, saying why.
+    refused = trainvitals("serve", "--port", "0", "--db", str(tmp_path / "newer.db"))
+    assert refused.returncode == 2 and "cannot migrate the database" in refused.stderr
