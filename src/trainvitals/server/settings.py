@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     #: Seconds a server holds undelivered notifications without renewing its claim before
     #: another server (or this one, restarted after a kill) takes them over.
     notify_lease: float = 15.0
+    #: Running runs whose latest vitals ``GET /metrics`` exports, newest first (each adds a
+    #: few series to Prometheus; the rest are counted in ``trainvitals_run_vitals_omitted``).
+    metrics_max_runs: int = 100
 
     @property
     def auth_required(self) -> bool:

@@ -297,6 +297,12 @@ class RunStore:
         with self._engine.connect() as conn:
             return {run_id: last_seen for run_id, last_seen in conn.execute(query)}
 
+    def count_by_status(self) -> dict[str, int]:
+        """``{status: runs}`` (for ``GET /metrics``)."""
+        query = select(runs.c.status, func.count()).group_by(runs.c.status)
+        with self._engine.connect() as conn:
+            return {status: int(count) for status, count in conn.execute(query)}
+
     def list_runs(
         self, limit: int = 500, project: str | None = None, job: str | None = None
     ) -> list[RunSummary]:
