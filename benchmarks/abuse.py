@@ -7,6 +7,9 @@ ratio to the same measured with no attack just before; and the honest run's poin
 Attacks, each bounded in count and time:
   fuzz      one client sending malformed frames on fresh connections, as fast as it can
   bodies    one client posting 60 MiB bodies to the silence route
+  requests  the control for bodies: one client sending small GETs on fresh connections as fast
+            as it can (bodies are refused from the Content-Length before being read, so the
+            bodies attack is a connection flood of this kind; its ratio should not exceed this)
   silent    500 connections that never say hello
   readers   50 live subscribers that never read, while the honest run streams
   churn     one client's hello/end/points churn on a run of its own (the rebuild attack)
@@ -134,6 +137,18 @@ def bodies(server: ServerProcess) -> Callable[[threading.Event], None]:
     return work
 
 
+def requests(server: ServerProcess) -> Callable[[threading.Event], None]:
+    def work(stop: threading.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                connection.request("GET", "/api/v1/alerts/x")
+                connection.getresponse().read()
+                connection.close()
+
+    return work
+
+
 def churn(url: str) -> Callable[[threading.Event], None]:
     def work(stop: threading.Event) -> None:
         run_id = f"churn{threading.get_ident()}"
@@ -160,6 +175,7 @@ def churn(url: str) -> Callable[[threading.Event], None]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--only", action="append", help="run only these attacks (repeatable)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "abuse.db"))
@@ -171,11 +187,14 @@ def main() -> int:
             attacks: list[tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = [
                 ("fuzz", lambda: running(fuzz(url), 1)),
                 ("bodies", lambda: running(bodies(server), 1)),
+                ("requests", lambda: running(requests(server), 1)),
                 ("churn", lambda: running(churn(url), 1)),
                 ("silent", lambda: running(lambda stop: stop.wait(), 1)),
                 ("readers", lambda: running(lambda stop: stop.wait(), 1)),
             ]
             for name, attack in attacks:
+                if args.only and name not in args.only:
+                    continue
                 base_health, base_ack = measure(server, honest, args.seconds)
                 if name == "silent":
                     silent = [

@@ -156,9 +156,15 @@ def channels_file(tmp_path: Path, receiver: Receiver, **pace: float) -> Path:
 
 
 def notifying_server(
-    tmp_path: Path, receiver: Receiver, port: int = 0, lease: float = 15.0, **pace: float
+    tmp_path: Path,
+    receiver: Receiver,
+    port: int = 0,
+    lease: float = 15.0,
+    lost_after: float = 30.0,
+    **pace: float,
 ) -> ServerProcess:
     env = {
+        "TRAINVITALS_LOST_AFTER": str(lost_after),
         "TRAINVITALS_NOTIFY": str(channels_file(tmp_path, receiver, **pace)),
         "TRAINVITALS_PUBLIC_URL": PUBLIC_URL,
         "TRAINVITALS_NOTIFY_LEASE": str(lease),

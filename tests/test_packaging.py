@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import urllib.request
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from harness.processes import ROOT, ServerProcess
+from trainvitals.server.migrations import head_revision
 
 
 def test_wheel_in_a_fresh_virtualenv_serves_the_dashboard(tmp_path: Path) -> None:
@@ -41,6 +43,10 @@ def test_wheel_in_a_fresh_virtualenv_serves_the_dashboard(tmp_path: Path) -> Non
     top_level = {name.split("/")[0] for name in names}
     assert {n for n in top_level if not n.endswith(".dist-info")} == {"trainvitals"}
     assert "trainvitals/web/index.html" in names and "trainvitals/server/app.py" in names
+    assert {  # the schema migrations travel with the server: no alembic.ini needed
+        "trainvitals/server/migrations/env.py",
+        "trainvitals/server/migrations/versions/0001_baseline.py",
+    } <= set(names)
     plain = [
         line
         for line in metadata.splitlines()
@@ -84,9 +90,13 @@ def test_wheel_in_a_fresh_virtualenv_serves_the_dashboard(tmp_path: Path) -> Non
             assert len(body) > 1_000_000 and b"plotly" in body[:2000].lower()
     finally:
         server.stop()
+    # The server migrated its database with the revisions in the wheel.
+    with sqlite3.connect(tmp_path / "wheel.db") as db:
+        stamped = db.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert stamped == [(head_revision(),)]
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["demo"]])
+@pytest.mark.parametrize("command", [[], ["serve"], ["demo"], ["db", "upgrade"]])
 def test_every_command_has_help(command: list[str]) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "trainvitals", *command, "--help"],

@@ -237,3 +237,43 @@ def test_an_alert_storm_becomes_one_grouped_message(tmp_path: Path, receiver: Re
         for ws in connections:
             ws.close()
         server.stop()
+
+
+def test_a_flood_of_lost_runs_pages_each_channel_a_few_times(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """200 agents say hello and vanish: 200 critical `crash` alerts in one sweep. Without the
+    digest, 20 alerts a message at one message a second would be ten messages per channel;
+    the digest sends the first at once and the rest together."""
+    runs = 200
+    server = notifying_server(
+        tmp_path, receiver, lost_after=2.0, group_window=1.0, group_max=20, rate=1.0, burst=1
+    )
+    try:
+        connections = [agent(server, f"flood-{index}") for index in range(runs)]
+        for ws in connections:  # all at once: one sweep finds them lost together
+            ws.close()
+
+        def all_told() -> list[Any] | None:
+            hooks = receiver.at(HOOK_PATH, accepted_only=True)
+            told = {i["alert"]["run_id"] for r in hooks for i in items(r)}
+            return hooks if len(told) == runs else None
+
+        hooks = wait_for(all_told, timeout=60, what="every lost run's crash alert")
+        assert {i["alert"]["rule"] for r in hooks for i in items(r)} == {"crash"}
+        assert len(hooks) <= 3
+        slacks = receiver.wait(SLACK_PATH, len(hooks))
+        assert len(slacks) <= 3
+        digest = slacks[-1].json()
+        assert "CRITICAL `crash`" in digest["blocks"][1]["text"]["text"]
+        assert digest["blocks"][-1]["text"]["text"].startswith("… and ")
+
+        def settled() -> list[dict[str, Any]] | None:
+            channels: list[dict[str, Any]] = server.get("/api/v1/notify/channels")["channels"]
+            return channels if all(c["pending"] == 0 for c in channels) else None
+
+        channels = wait_for(settled, what="the outbox emptied")
+        assert [c["delivered"] for c in channels] == [runs, runs]
+        assert [c["failed"] for c in channels] == [0, 0]
+    finally:
+        server.stop()

@@ -1,5 +1,6 @@
 """The ``trainvitals`` command: ``serve`` runs the server, ``demo`` a real training run,
-``notify-test`` checks a notification channel, ``export`` writes a run's series to a file.
+``token`` manages access tokens, ``db upgrade`` migrates the database, ``notify-test`` checks
+a notification channel, ``export`` writes a run's series to a file.
 
 This module only builds the parser; each command lives beside it (:mod:`.server`,
 :mod:`.demo`) and imports what it needs when it runs."""
@@ -81,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     token = commands.add_parser(
         "token",
         help="create, list and revoke access tokens",
-        description="Access tokens of a server's database: a role (ingest, read or admin) on "
+        description="Access tokens of a server's database: a role (ingest, read, admin or "
+        "metrics) on "
         "one project, or on every project with --project '*'. Agents send theirs as "
         "$TRAINVITALS_TOKEN; a browser signs in with one.",
     )
@@ -91,13 +93,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     create.add_argument("--project", required=True, help="its project, or '*' for every project")
     create.add_argument(
-        "--role", required=True, choices=["ingest", "read", "admin"], help="what it may do"
+        "--role",
+        required=True,
+        choices=["ingest", "read", "admin", "metrics"],
+        help="what it may do (metrics: scrape GET /metrics only, with --project '*')",
     )
     create.add_argument("--name", default=None, help="who holds it (default: role@project)")
     token_list = token_commands.add_parser("list", help="list tokens (never their secrets)")
     revoke = token_commands.add_parser("revoke", help="revoke a token and end its sessions")
     revoke.add_argument("id", help="the token's id (trainvitals token list)")
-    for sub in (create, token_list, revoke):
+
+    db = commands.add_parser(
+        "db",
+        help="bring a server's database to the current schema",
+        description="Database maintenance. The server also upgrades its database when it starts.",
+    )
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    upgrade = db_commands.add_parser(
+        "upgrade",
+        help="apply the schema migrations the database lacks and print its revision",
+        description="Apply the schema migrations (Alembic) the database lacks, including to a "
+        "database made before migrations; safe to run again, and while replicas start.",
+    )
+    for sub in (create, token_list, revoke, upgrade):
         sub.add_argument(
             "--db", default=None, help="the server's database (default $TRAINVITALS_DB)"
         )
@@ -199,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainvitals.cli.tokens import token_command
 
         return token_command(args)
+    if args.command == "db":
+        from trainvitals.cli.database import db_command
+
+        return db_command(args)
     if args.command == "notify-test":
         from trainvitals.cli.server import notify_test_command
 

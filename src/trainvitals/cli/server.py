@@ -39,18 +39,18 @@ def serve_command(args: argparse.Namespace) -> int:
         "auth": args.auth,
     }
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    refusal = _auth_refusal(settings)
-    if refusal:
-        print(f"trainvitals serve: {refusal}", file=sys.stderr)
-        return 2
     try:
         database_url(settings.db)
         if settings.rules:
             load_rules(settings.rules)
         if settings.notify:
             load_notify(settings.notify)
+        refusal = _refusal(settings)
     except ConfigurationError as exc:
         print(f"trainvitals serve: {exc}", file=sys.stderr)
+        return 2
+    if refusal:
+        print(f"trainvitals serve: {refusal}", file=sys.stderr)
         return 2
     # Bind first, so --port 0 can print the port it got before anyone needs it.
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
@@ -114,9 +114,10 @@ def notify_test_command(args: argparse.Namespace) -> int:
     return 1
 
 
-def _auth_refusal(settings: Settings) -> str | None:
+def _refusal(settings: Settings) -> str | None:
     """Why the server must not start as configured: open to the network, or asking for
-    tokens nobody has."""
+    tokens nobody has. Migrates the database first: one this version can't use (a
+    ``StorageError``) stops the command before it listens."""
     from trainvitals.server.guard import is_loopback
     from trainvitals.server.store import Store
 
@@ -125,12 +126,10 @@ def _auth_refusal(settings: Settings) -> str | None:
             f"--auth off is allowed on a loopback address only, not {settings.host}: create "
             "tokens (trainvitals token create) and serve with --auth required"
         )
-    if not settings.auth_required:
-        return None
     store = Store(settings.db)
     try:
         store.create_schema()
-        if store.tokens.live_count() == 0:
+        if settings.auth_required and store.tokens.live_count() == 0:
             return (
                 "auth is required but the database has no tokens: create one with "
                 "trainvitals token create --db ... --project '*' --role admin"

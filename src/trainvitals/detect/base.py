@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from trainvitals.detect.types import Finding, Record, Severity
 from trainvitals.protocol import ArrayColumns
-from trainvitals.series import GRAD_NORM_PREFIX, is_system
+from trainvitals.series import GRAD_NORM_PREFIX, STEP_TIME, is_system
 
 #: Prefixes of per-second system series; everything else is a per-step vital.
 
@@ -32,6 +32,8 @@ class Context:
         self.env: Mapping[str, Any] = env or {}
         self.latest: dict[str, float] = {}
         self.latest_time = 0.0
+        #: The last step's time (seconds), or None before the first.
+        self.step_time: float | None = None
         self.step = 0
         self._variable_order: dict[str, int] = {}
         self._steps: deque[tuple[float, int]] = deque(maxlen=64)
@@ -59,6 +61,9 @@ class Context:
         if len(steps) and int(steps[-1]) > self.step:
             self.step = int(steps[-1])
             self._steps.append((float(times[-1]), self.step))
+        step_time = dense.get(STEP_TIME)
+        if step_time is not None and len(step_time[2]):
+            self.step_time = float(step_time[2][-1])
 
     def in_model_order(self, names: Iterable[str]) -> list[str]:
         order = self._variable_order

@@ -25,6 +25,7 @@ from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, Rule
 from trainvitals.detect.types import jsonable
 from trainvitals.protocol import Columns, SeqColumns
 from trainvitals.server.live import Hub
+from trainvitals.server.metrics import RunVitals
 from trainvitals.server.notify import Notifier
 from trainvitals.server.notify.messages import Notice
 from trainvitals.server.storage import AlertRow, Silence
@@ -121,6 +122,23 @@ class AlertEngine:
         resolved = state.book.resolve_all(when, keep=("crash",))
         await self._publish(state, [("resolved", alert) for alert in resolved])
         self._runs.pop(run_id, None)
+
+    def vitals(self, limit: int) -> tuple[list[RunVitals], int]:
+        """The latest system readings of the ``limit`` runs opened last whose detectors this
+        process holds, and how many others it holds (for ``GET /metrics``). On the event loop:
+        copies, taken between two frames."""
+        held = list(self._runs.values())
+        shown = held[-limit:] if limit > 0 else []
+        return [
+            RunVitals(
+                s.run_id,
+                s.project,
+                s.name,
+                dict(s.detector.context.latest),
+                s.detector.context.step_time,
+            )
+            for s in reversed(shown)
+        ], len(held) - len(shown)
 
     # -- people ------------------------------------------------------------------------------
 

@@ -65,3 +65,24 @@ class ChannelsAnswer(TypedDict):
 
 class NotificationsAnswer(TypedDict):
     notifications: list[NoticeRow]
+
+
+class ErrorAnswer(TypedDict):
+    """Every refusal: a reason a person can read, never the secret parts of the input."""
+
+    detail: str
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorAnswer, "description": description}
+
+
+#: What any ``/api/v1`` route may answer besides its own, so ``/openapi.json`` says so.
+API_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("The Host header names no address this server answers to"),
+    401: _error("No valid token or session"),
+    403: _error("A request from another site, or a role that does not allow this"),
+    404: _error("No such run or alert, or one of another project"),
+    413: _error("A body over the limit (1 MiB unless configured)"),
+    415: _error("A write whose body is not JSON"),
+}

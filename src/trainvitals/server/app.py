@@ -17,9 +17,10 @@ from trainvitals.server.deps import AppState
 from trainvitals.server.guard import RequestGuard, allowed_hosts
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
+from trainvitals.server.metrics import Metrics
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
 from trainvitals.server.quotas import Caps, Quotas
-from trainvitals.server.routes import api, notify, session, streams, web
+from trainvitals.server.routes import api, metrics, notify, session, streams, web
 from trainvitals.server.settings import Settings
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
@@ -45,8 +46,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store(settings.db)
         store.create_schema()
-        writer = Writer(store)
+        gauges = Metrics()
+        writer = Writer(store, on_commit=gauges.transaction_seconds.observe)
         hub = Hub(settings.live_queue_size, settings.runs_push_interval, settings.live_queue_bytes)
+        gauges.queue_depth.set_function(lambda: writer.queue_depth)
+        gauges.browsers.set_function(lambda: hub.browsers)
         hub.start()
         notifier = None
         if channels.channels:
@@ -84,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     settings.max_bytes_per_day,
                 )
             ),
+            metrics=gauges,
         )
         try:
             yield
@@ -106,6 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_body_bytes=settings.max_body_bytes,
     )
     app.include_router(api.router)
+    app.include_router(metrics.router)
     app.include_router(notify.router)
     app.include_router(session.router)
     app.include_router(streams.router)

@@ -78,6 +78,19 @@ Reader = Annotated[Principal, _requiring(Role.READ)]
 Admin = Annotated[Principal, _requiring(Role.ADMIN)]
 
 
+def _scraper(who: PrincipalDep) -> Principal:
+    # The metrics count every project's runs and name them: a token of one project is refused.
+    if not who.may(Role.METRICS) or who.projects is not None:
+        raise HTTPException(
+            403, "metrics need a token of every project (--project '*') with role metrics or read"
+        )
+    return who
+
+
+#: ``GET /metrics``: a token of every project with role ``metrics``, ``read`` or ``admin``.
+Scraper = Annotated[Principal, Depends(_scraper)]
+
+
 def check_project(who: Principal, role: Role, project: str, missing: HTTPException) -> None:
     """Answer ``missing`` (a 404) when ``who`` does not see ``project``, so a token learns
     nothing of other projects; 403 when it sees it without ``role``."""

@@ -11,6 +11,7 @@ from starlette.requests import HTTPConnection
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
+from trainvitals.server.metrics import Metrics
 from trainvitals.server.notify import NotifyConfig
 from trainvitals.server.quotas import Quotas
 from trainvitals.server.settings import Settings
@@ -28,6 +29,7 @@ class AppState:
     alerts: AlertEngine
     notify: NotifyConfig
     quotas: Quotas
+    metrics: Metrics
 
 
 def get_state(connection: HTTPConnection) -> AppState:

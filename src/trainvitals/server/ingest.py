@@ -29,6 +29,7 @@ from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.auth import LOCAL
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
+from trainvitals.server.metrics import Metrics
 from trainvitals.server.quotas import Caps, Quotas
 from trainvitals.server.schemas import (
     MAX_SEQ_AHEAD,
@@ -62,8 +63,10 @@ class IngestSession:
         max_frame_bytes: int,
         who: Principal = LOCAL,
         quotas: Quotas | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._store = store
+        self._metrics = metrics
         self._who = who
         self._quotas = quotas or Quotas(Caps())
         self._series: set[str] = set()  # the run's series names, for the cap
@@ -94,6 +97,8 @@ class IngestSession:
             )
         except FrameError as exc:
             raise IngestRejected(CLOSE_INVALID_PAYLOAD, str(exc)) from None
+        if self._metrics is not None:
+            self._metrics.frame(frame.type)
         if isinstance(frame, Hello):
             return await self._hello(frame)
         if self.run is None:
@@ -175,6 +180,8 @@ class IngestSession:
             )
         )
         self._last_seq = frame.seq
+        if self._metrics is not None:
+            self._metrics.points.inc(sum(len(column.step) for column in frame.series.values()))
         self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
         if self._liveness.revive(run_id):  # given up as lost while it was streaming
             await self._revive(now)

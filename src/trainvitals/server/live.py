@@ -71,6 +71,11 @@ class Hub:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    @property
+    def browsers(self) -> int:
+        """Browser connections subscribed to live updates."""
+        return len(self._subscribers)
+
     def subscribe(self, project: str | None = None) -> Subscriber:
         subscriber = Subscriber(self._queue_size, project, self._queue_bytes)
         self._subscribers.add(subscriber)

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     #: Seconds a server holds undelivered notifications without renewing its claim before
     #: another server (or this one, restarted after a kill) takes them over.
     notify_lease: float = 15.0
+    #: Running runs whose latest vitals ``GET /metrics`` exports, newest first (each adds a
+    #: few series to Prometheus; the rest are counted in ``trainvitals_run_vitals_omitted``).
+    metrics_max_runs: int = 100
     #: Seconds between the compactor's sweeps, which rewrite stored frames as compact blocks
     #: (see docs/contract.md#storage); 0: never.
     compact_interval: float = 30.0

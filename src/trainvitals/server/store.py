@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from sqlalchemy import Connection
 
+from trainvitals.server.migrations import upgrade
 from trainvitals.server.notify.store import OutboxStore
 from trainvitals.server.storage.alerts import AlertStore
 from trainvitals.server.storage.runs import RunStore
-from trainvitals.server.storage.schema import connect, create_schema, database_url
+from trainvitals.server.storage.schema import connect, database_url
 from trainvitals.server.storage.series import SeriesStore
 from trainvitals.server.storage.tokens import TokenStore
 
@@ -44,9 +45,10 @@ class Store:
         self.outbox = OutboxStore(self.engine)
         self.tokens = TokenStore(self.engine)
 
-    def create_schema(self) -> None:
-        """Make the tables, or bring those of an older database up to date."""
-        create_schema(self.engine)
+    def create_schema(self) -> str:
+        """Make the tables, or bring those of an older database up to date (the Alembic
+        migrations, as ``trainvitals db upgrade``); returns the revision it is at."""
+        return upgrade(self.engine)
 
     def dispose(self) -> None:
         self.engine.dispose()

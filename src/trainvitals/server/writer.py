@@ -12,6 +12,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -36,8 +37,10 @@ MAX_BATCH = 512
 class Writer:
     """Serialises writes onto a thread named ``trainvitals-writer``."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, on_commit: Callable[[float], None] | None = None) -> None:
         self._store = store
+        #: Told the seconds each committed transaction took (``GET /metrics``).
+        self._on_commit = on_commit
         # The thread's own connection, kept between transactions: taking one from the pool
         # for each would add a ping and a rollback on return to every commit.
         self._conn: Connection | None = None
@@ -54,6 +57,11 @@ class Writer:
         future: asyncio.Future[T] = loop.create_future()
         self._queue.put((operation, future, loop))
         return await future
+
+    @property
+    def queue_depth(self) -> int:
+        """Writes waiting for the thread."""
+        return self._queue.qsize()
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish what is queued, then stop the thread."""
@@ -102,8 +110,11 @@ class Writer:
         conn = None
         try:
             conn = self._connection()
+            started = time.perf_counter()
             with conn.begin():
                 results = [operation(conn) for operation, _, _ in batch]
+            if self._on_commit is not None:
+                self._on_commit(time.perf_counter() - started)
             self._store.committed(conn)
         except Exception as exc:
             if conn is not None:

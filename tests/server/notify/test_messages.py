@@ -62,6 +62,28 @@ def test_a_group_lists_every_change_under_one_header() -> None:
     assert "*CRITICAL*" in lines[2] and "at step 1200" in lines[2]
 
 
+def test_a_storm_past_group_max_is_one_digest_within_slacks_limits() -> None:
+    storm = [
+        notice(id=str(i), run_id=f"run-{i}", project=f"team-{i % 9}", rule="crash",
+               severity="critical")
+        for i in range(3000)
+    ] + [notice(id="n", rule="nonfinite", severity="critical")]  # fmt: skip
+    digest = slack(*storm)
+    assert digest["text"] == "3,001 alert changes in trainvitals (3,001 fired)"
+    blocks = digest["blocks"]
+    assert len(blocks) == 1 + 1 + SLACK.group_max + 1 <= 50  # Slack's limit on blocks
+    summary = blocks[1]["text"]["text"]
+    assert "3,000 CRITICAL `crash`" in summary and "1 CRITICAL `nonfinite`" in summary
+    assert "3,001 runs · projects: team-0 (334), team-1" in summary
+    assert summary.endswith("and 4 more")  # ten projects, six named
+    assert blocks[-1]["text"]["text"] == (
+        "… and 2,981 more on <https://tv.example.org/#/alerts|the alerts page>"
+    )
+    assert all(len(json.dumps(b)) < 3100 for b in blocks)
+    # Up to group_max, the group lists every change as before.
+    assert len(slack(*storm[: SLACK.group_max])["blocks"]) == 1 + SLACK.group_max
+
+
 def test_the_webhook_body_and_delivery_keys() -> None:
     single = render(HOOK, [notice()], None)
     body = json.loads(single.body)

@@ -56,8 +56,12 @@ def test_a_database_url_is_shown_without_its_password() -> None:
     assert shown_database("runs.db") == "runs.db"
 
 
-def test_a_database_from_before_the_codec_reads_and_compacts(db_url: str) -> None:
+def test_a_database_from_before_the_codec_is_migrated_reads_and_compacts(db_url: str) -> None:
+    from alembic import command
+    from sqlalchemy import inspect
+
     from trainvitals.protocol import Columns
+    from trainvitals.server.migrations import alembic_config, head_revision
     from trainvitals.server.storage.runs import RunEnd
 
     old = Store(db_url)
@@ -69,14 +73,15 @@ def test_a_database_from_before_the_codec_reads_and_compacts(db_url: str) -> Non
                 points = {"loss": Columns([seq], [float(seq)], [float("nan") if seq == 2 else 0.5])}
                 old.series.add_points(conn, "old", seq, points, now=1.0)
             old.runs.end_run(conn, "old", 3, RunEnd("completed", 2.0, None))
-        with old.engine.begin() as conn:  # and the tables as they were
-            conn.exec_driver_sql("ALTER TABLE chunks DROP COLUMN encoding")
-            conn.exec_driver_sql("ALTER TABLE runs DROP COLUMN compacted_seq")
+        with old.engine.connect() as conn:  # and the tables as they were (revision 0002's down)
+            command.downgrade(alembic_config(conn), "0001")
+            conn.commit()
+            assert "encoding" not in {c["name"] for c in inspect(conn).get_columns("chunks")}
     finally:
         old.dispose()
     store = Store(db_url)
     try:
-        store.create_schema()
+        assert store.create_schema() == head_revision()
         steps, _, values = store.series.read_series("old", "loss")
         assert steps.tolist() == [1, 2] and values[0] == 0.5 and values[1] != values[1]
         (due,) = store.series.runs_to_compact(live_margin=10, live_after=100)

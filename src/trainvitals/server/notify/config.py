@@ -60,6 +60,9 @@ class _Pace(BaseModel):
     group_window: Annotated[float, Field(ge=0)] = 2.0
     #: Most alerts in one grouped message; more wait for the next one.
     group_max: Annotated[int, Field(ge=1, le=40)] = 20
+    #: When a storm leaves more than ``group_max`` alerts waiting, one digest message takes up
+    #: to this many of them (Slack: counts by rule and project, the first ``group_max`` lines).
+    flood_max: Annotated[int, Field(ge=1, le=5000)] = 500
     #: Messages per second, with bursts of up to ``burst`` (a token bucket).
     rate: Annotated[float, Field(gt=0)] = 1.0
     burst: Annotated[int, Field(ge=1)] = 3
@@ -100,6 +103,7 @@ class ChannelDescription(TypedDict):
     min_severity: str
     group_window: float
     group_max: int
+    flood_max: int
     rate: float
     burst: int
 
@@ -117,6 +121,7 @@ class Channel:
     min_severity: Severity = "warning"
     group_window: float = 2.0
     group_max: int = 20
+    flood_max: int = 500
     rate: float = 1.0
     burst: int = 3
     timeout: float = 5.0
@@ -145,6 +150,7 @@ class Channel:
             "min_severity": self.min_severity,
             "group_window": self.group_window,
             "group_max": self.group_max,
+            "flood_max": self.flood_max,
             "rate": self.rate,
             "burst": self.burst,
         }

@@ -7,7 +7,7 @@ backoff, the same message with the same delivery key each time; any other answer
 up. Between messages the channel keeps its pace: notices that arrive within
 ``group_window`` seconds of its last message wait for the window to end, and the token
 bucket (``rate``, ``burst``) holds back the next message; whatever piled up meanwhile goes
-out as one grouped message.
+out as one grouped message, or, past ``group_max``, as one digest of up to ``flood_max``.
 """
 
 from __future__ import annotations
@@ -263,12 +263,20 @@ class ChannelSender:
             if hold > 0:  # what arrives meanwhile joins this message
                 await self._pause(hold)
                 continue
-            batch = self._pending[: self.channel.group_max]
+            batch = self._pending[: self._batch_size()]
             try:
                 await self._deliver(batch)
             except Exception:  # the database or a bug: keep the channel alive
                 log.exception("notification channel %s: delivery failed", self.channel.name)
                 await self._pause(1.0)
+
+    def _batch_size(self) -> int:
+        """A group, or when a storm left more than a group waiting, a digest of up to
+        ``flood_max``: a flood of runs pages a channel a few times, not once per run."""
+        channel = self.channel
+        if len(self._pending) <= channel.group_max:
+            return channel.group_max
+        return max(channel.group_max, channel.flood_max)
 
     async def _deliver(self, batch: list[Notice]) -> None:
         channel = self.channel

@@ -14,6 +14,7 @@ import hmac
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -41,6 +42,8 @@ _SECTION_CHARS = 2900
 _EVIDENCE_ITEMS = 8
 _EVIDENCE_VALUE_CHARS = 160
 _GROUP_LINE_CHARS = 280
+#: Rules and projects a digest counts by name; the rest are summed.
+_DIGEST_KINDS = 6
 
 _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
 
@@ -70,7 +73,7 @@ def render(channel: Channel, notices: Sequence[Notice], public_url: str | None) 
         raise ConfigurationError("Expected at least one notice to render, but got none")
     key = notices[0].id if len(notices) == 1 else _group_key(notices)
     if channel.kind == "slack":
-        payload = _slack(notices, public_url)
+        payload = _slack(notices, public_url, channel.group_max)
     else:
         payload = {
             "version": WEBHOOK_VERSION,
@@ -167,7 +170,9 @@ def run_url(public_url: str | None, run_id: str) -> str | None:
 # -- Slack ---------------------------------------------------------------------------------
 
 
-def _slack(notices: Sequence[Notice], public_url: str | None) -> dict[str, Any]:
+def _slack(notices: Sequence[Notice], public_url: str | None, lines: int) -> dict[str, Any]:
+    if len(notices) > lines:
+        return _slack_digest(notices, public_url, lines)
     if len(notices) > 1:
         return _slack_group(notices, public_url)
     notice = notices[0]
@@ -223,15 +228,48 @@ def _slack_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
 
 
 def _slack_group(notices: Sequence[Notice], public_url: str | None) -> dict[str, Any]:
-    fired = sum(n.change == "fired" for n in notices)
-    resolved = len(notices) - fired
-    counts = ", ".join(f"{n} {word}" for n, word in ((fired, "fired"), (resolved, "resolved")) if n)
-    title = f"{len(notices)} alert changes in trainvitals ({counts})"
+    title = _group_title(notices)
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": _cut(title, _HEADER_CHARS)}}
     ]
     blocks += [_section(_one_line(n, public_url)) for n in notices]
     return {"text": title, "blocks": blocks}
+
+
+def _slack_digest(notices: Sequence[Notice], public_url: str | None, lines: int) -> dict[str, Any]:
+    """A storm in one message: counts by rule and by project, the first ``lines`` changes,
+    and where to see the rest (a flood of runs must not page a channel once per run)."""
+    title = _group_title(notices)
+    rules = Counter((n.alert.severity, n.alert.rule, n.change) for n in notices)
+    by_rule = " · ".join(
+        f"{count:,} {severity.upper()} `{rule}`" + (" resolved" if change == "resolved" else "")
+        for (severity, rule, change), count in rules.most_common(_DIGEST_KINDS)
+    )
+    projects = Counter(n.alert.project for n in notices)
+    runs = len({n.alert.run_id for n in notices})
+    where = ", ".join(
+        f"{_escape(project)} ({count:,})" for project, count in projects.most_common(_DIGEST_KINDS)
+    )
+    if len(projects) > _DIGEST_KINDS:
+        where += f" and {len(projects) - _DIGEST_KINDS:,} more"
+    rest = len(notices) - lines
+    alerts_page = f"{public_url.rstrip('/')}/#/alerts" if public_url else None
+    more = f"… and {rest:,} more" + (f" on <{alerts_page}|the alerts page>" if alerts_page else "")
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": _cut(title, _HEADER_CHARS)}},
+        _section(f"*{by_rule}*\n{runs:,} runs · projects: {where}"),
+        *(_section(_one_line(n, public_url)) for n in notices[:lines]),
+        _section(more),
+    ]
+    return {"text": title, "blocks": blocks}
+
+
+def _group_title(notices: Sequence[Notice]) -> str:
+    fired = sum(n.change == "fired" for n in notices)
+    resolved = len(notices) - fired
+    pairs = ((fired, "fired"), (resolved, "resolved"))
+    counts = ", ".join(f"{n:,} {word}" for n, word in pairs if n)
+    return f"{len(notices):,} alert changes in trainvitals ({counts})"
 
 
 def _one_line(notice: Notice, public_url: str | None) -> str:

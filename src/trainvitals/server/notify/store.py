@@ -207,6 +207,17 @@ class OutboxStore:
                 ).scalar()
         return out
 
+    def open_counts(self) -> dict[tuple[str, str], int]:
+        """``{(channel, state): notices}`` of the pending and failed ones (for ``GET
+        /metrics``; unlike :meth:`notice_summary` it leaves the delivered rows unread)."""
+        query = (
+            select(outbox.c.channel, outbox.c.state, func.count())
+            .where(outbox.c.state.in_(("pending", "failed")))
+            .group_by(outbox.c.channel, outbox.c.state)
+        )
+        with self._engine.connect() as conn:
+            return {(channel, state): int(n) for channel, state, n in conn.execute(query)}
+
     def list_notices(self, alert_id: str) -> list[NoticeRow]:
         """The notices of one alert, oldest first (what was sent where, and how it went)."""
         query = (

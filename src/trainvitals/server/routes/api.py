@@ -12,6 +12,7 @@ from trainvitals.lifecycle import ALIVE
 from trainvitals.protocol import RunStatus
 from trainvitals.series import HOST_PREFIX
 from trainvitals.server.answers import (
+    API_ERRORS,
     AlertsAnswer,
     RulesAnswer,
     RunAnswer,
@@ -42,7 +43,7 @@ from trainvitals.server.live import finite_or_none
 from trainvitals.server.storage import AlertRow
 from trainvitals.server.storage.tokens import Principal, Role
 
-router = APIRouter(prefix="/api/v1")
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
 MAX_POINTS_LIMIT = 100_000
 #: Series one request may read: a run with thousands of series must not hold a worker.

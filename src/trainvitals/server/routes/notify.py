@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from trainvitals.server.answers import ChannelsAnswer, NotificationsAnswer
+from trainvitals.server.answers import API_ERRORS, ChannelsAnswer, NotificationsAnswer
 from trainvitals.server.auth import Reader, alert_for
 from trainvitals.server.deps import StateDep, StoreDep
 from trainvitals.server.notify.store import no_notices
 from trainvitals.server.storage.tokens import Role
 
-router = APIRouter(prefix="/api/v1")
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
 
 @router.get("/notify/channels")

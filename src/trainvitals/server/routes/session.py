@@ -10,11 +10,12 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
+from trainvitals.server.answers import API_ERRORS
 from trainvitals.server.auth import SESSION_COOKIE, PrincipalDep
 from trainvitals.server.deps import StateDep
 from trainvitals.server.storage.tokens import Principal
 
-router = APIRouter(prefix="/api/v1")
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
 
 class SignIn(BaseModel):

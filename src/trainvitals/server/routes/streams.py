@@ -59,7 +59,9 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         state.settings.max_frame_bytes,
         who,
         state.quotas,
+        state.metrics,
     )
+    state.metrics.agents.inc()
     try:
         while True:
             if session.run is None:  # a connection that never says hello holds nothing
@@ -91,6 +93,7 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
     except WebSocketDisconnect:
         return
     finally:
+        state.metrics.agents.dec()
         state.quotas.disconnect(who.token_id)
 
 

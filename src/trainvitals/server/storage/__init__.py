@@ -1,7 +1,7 @@
 """Storage of runs, their series and alerts, on SQLite or PostgreSQL through SQLAlchemy Core.
 
-- :mod:`~trainvitals.server.storage.schema`: the tables, the database URL and engine, and
-  the upgrade of older databases;
+- :mod:`~trainvitals.server.storage.schema`: the tables, the database URL and engine (their
+  migrations: :mod:`trainvitals.server.migrations`);
 - :mod:`~trainvitals.server.storage.runs`: runs, their jobs and events;
 - :mod:`~trainvitals.server.storage.series`: the points of their series;
 - :mod:`~trainvitals.server.storage.alerts`: alerts and silences.

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, RowMapping, select, update
+from sqlalchemy import Connection, Engine, RowMapping, func, select, update
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.server.storage.schema import alerts, dialect_insert, silences
@@ -112,6 +112,16 @@ class AlertStore:
                 query = query.where(column == value)
         with self._engine.connect() as conn:
             return [_alert(row) for row in conn.execute(query).mappings()]
+
+    def firing_counts(self) -> dict[tuple[str, str], int]:
+        """``{(rule, severity): alerts firing}`` (for ``GET /metrics``)."""
+        query = (
+            select(alerts.c.rule, alerts.c.severity, func.count())
+            .where(alerts.c.state == "firing")
+            .group_by(alerts.c.rule, alerts.c.severity)
+        )
+        with self._engine.connect() as conn:
+            return {(rule, severity): int(n) for rule, severity, n in conn.execute(query)}
 
     def get_alert(self, alert_id: str) -> AlertRow | None:
         with self._engine.connect() as conn:

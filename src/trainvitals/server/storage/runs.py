@@ -70,6 +70,11 @@ class RunRow(_RunEnding):
     env: str  # JSON
 
 
+#: A run's row as this module reads it: the storage's own columns (the secret's hash, how far
+#: the compactor has gone) are left out.
+_ROW = [runs.c[field] for field in RunRow.__annotations__]
+
+
 class OpenedRun(RunRow):
     """The row of a run that said hello."""
 
@@ -158,7 +163,7 @@ class RunStore:
         ).first()
         if stored is not None and stored[0] is not None:
             if not claimed or not hmac.compare_digest(stored[0], _digest(claimed)):
-                theirs = conn.execute(select(runs).where(runs.c.id == hello["run_id"]))
+                theirs = conn.execute(select(*_ROW).where(runs.c.id == hello["run_id"]))
                 refused = {**theirs.mappings().one(), "created": False, "owned": False}
                 return cast(OpenedRun, {**refused, "secret": None})
         bound = stored is not None and stored[0] is not None
@@ -198,7 +203,7 @@ class RunStore:
         )
         if created and hello.get("job"):
             _join_job(conn, hello)
-        row = conn.execute(select(runs).where(runs.c.id == hello["run_id"])).mappings().one()
+        row = conn.execute(select(*_ROW).where(runs.c.id == hello["run_id"])).mappings().one()
         return cast(OpenedRun, {**row, "created": bool(created), "owned": True, "secret": issued})
 
     def revive(self, conn: Connection, run_id: str, now: float) -> bool:
@@ -297,6 +302,12 @@ class RunStore:
         with self._engine.connect() as conn:
             return {run_id: last_seen for run_id, last_seen in conn.execute(query)}
 
+    def count_by_status(self) -> dict[str, int]:
+        """``{status: runs}`` (for ``GET /metrics``)."""
+        query = select(runs.c.status, func.count()).group_by(runs.c.status)
+        with self._engine.connect() as conn:
+            return {status: int(count) for status, count in conn.execute(query)}
+
     def list_runs(
         self,
         limit: int = 500,
@@ -319,7 +330,7 @@ class RunStore:
     def get_run(self, run_id: str, job: bool = True) -> RunDetail | None:
         """One run with its series names and (``job``) its job's runs."""
         with self._engine.connect() as conn:
-            row = conn.execute(select(runs).where(runs.c.id == run_id)).mappings().first()
+            row = conn.execute(select(*_ROW).where(runs.c.id == run_id)).mappings().first()
             if row is None:
                 return None
             names = conn.execute(
@@ -332,7 +343,6 @@ class RunStore:
         run["config"] = json.loads(run["config"])
         run["env"] = json.loads(run["env"])
         run.pop("last_seq")
-        run.pop("secret_hash", None)
         return cast(RunDetail, run)
 
     def run_events(self, run_id: str) -> list[RunEvent]:

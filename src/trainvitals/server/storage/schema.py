@@ -1,4 +1,4 @@
-"""The database's tables, its URL and engine, and the upgrade of older databases.
+"""The database's tables, its URL and engine (migrations: :mod:`trainvitals.server.migrations`).
 
 Points are stored for volume: each agent frame becomes one row of ``chunks`` per series,
 holding that frame's points as packed arrays (int64 steps, float64 times and values).
@@ -18,7 +18,6 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Column,
-    Connection,
     Engine,
     Float,
     Index,
@@ -31,8 +30,6 @@ from sqlalchemy import (
     Text,
     create_engine,
     event,
-    inspect,
-    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -181,44 +178,10 @@ def connect(url: str) -> Engine:
     return engine
 
 
-def create_schema(engine: Engine) -> None:
-    """Make the tables that are missing, and the columns an older database lacks."""
-    metadata.create_all(engine)
-    with engine.begin() as conn:
-        _add_missing_columns(conn)
-
-
 def dialect_insert(engine: Engine, table: Table) -> postgresql.Insert | sqlite.Insert:
     """An ``INSERT`` with the dialect's ``ON CONFLICT`` clauses (both dialects have them)."""
     insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
     return insert(table)
-
-
-def _add_missing_columns(conn: Connection) -> None:
-    """Add the nullable columns a database made by an older version lacks (``create_all``
-    makes missing tables, never missing columns)."""
-    inspector = inspect(conn)
-    preparer = conn.dialect.identifier_preparer
-    for table in metadata.sorted_tables:
-        have = {column["name"] for column in inspector.get_columns(table.name)}
-        for column in table.columns:
-            if column.name in have:
-                continue
-            if not column.nullable:
-                raise StorageError(
-                    f"the database's table {table.name!r} lacks the column {column.name!r}, "
-                    "which cannot be added to existing rows: use a new database"
-                )
-            kind = column.type.compile(dialect=conn.dialect)
-            conn.execute(
-                text(
-                    f"ALTER TABLE {preparer.format_table(table)} "
-                    f"ADD COLUMN {preparer.format_column(column)} {kind}"
-                )
-            )
-        for index in table.indexes:
-            if index.name not in {i["name"] for i in inspector.get_indexes(table.name)}:
-                index.create(conn)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -55,9 +55,14 @@ class Role(enum.StrEnum):
     READ = "read"
     #: Acknowledge and silence alerts, as well as read and ingest.
     ADMIN = "admin"
+    #: Prometheus: scrape ``GET /metrics`` and nothing else (a token of every project).
+    METRICS = "metrics"
 
     def allows(self, needed: Role) -> bool:
-        return self is needed or self is Role.ADMIN
+        # Reading sees more than the metrics show, so a reader may scrape too.
+        return (
+            self is needed or self is Role.ADMIN or (needed is Role.METRICS and self is Role.READ)
+        )
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,10 @@ class TokenStore:
             raise ConfigurationError(f"Expected a role among {roles}, but got {role!r}") from None
         if not name or not project:
             raise ConfigurationError("A token needs a name and a project (or '*' for all)")
+        if granted is Role.METRICS and project != ALL_PROJECTS:
+            raise ConfigurationError(
+                f"The metrics role covers every project: expected project '*', got {project!r}"
+            )
         token_id = secrets.token_hex(6)
         token = f"{_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
         with self._engine.begin() as conn:

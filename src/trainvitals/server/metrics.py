@@ -1,0 +1,184 @@
+"""Prometheus metrics of one server process, for ``GET /metrics``.
+
+Two kinds, in one exposition:
+
+- what this process counts as it works: points and frames ingested, the writer's queue and
+  transaction times, open agent and browser connections. With several replicas, sum them.
+- what is read when Prometheus scrapes: runs by status, alerts firing, the notification
+  backlog (from the database, so every replica reports the same numbers: take ``max``), and
+  the latest system vitals of the running runs whose detector this process holds (each run
+  is on one replica).
+
+Each app has its own :class:`CollectorRegistry` (not ``prometheus_client``'s global one), so
+several apps can live in one process.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from trainvitals.protocol import RunStatus
+from trainvitals.series import GPU_MEM_TOTAL, GPU_MEM_USED, GPU_TEMP, HOST_LIMIT, HOST_RSS
+
+#: The labels of a run's vitals: few, and bounded by ``metrics_max_runs``.
+RUN_LABELS = ("run_id", "run", "project")
+#: GPUs per run whose readings are exported (``gpu0`` ... ``gpu15``).
+MAX_GPUS = 16
+_GPU_READING = re.compile(r"gpu(\d{1,2})/(\w+)")
+_GPU_GAUGES = {
+    GPU_TEMP: ("trainvitals_run_gpu_temperature_celsius", "GPU temperature (°C)"),
+    GPU_MEM_USED: ("trainvitals_run_gpu_memory_used_bytes", "GPU memory in use (NVML)"),
+    GPU_MEM_TOTAL: ("trainvitals_run_gpu_memory_total_bytes", "GPU memory in all (NVML)"),
+}
+_HOST_GAUGES = {
+    HOST_RSS: ("trainvitals_run_host_memory_rss_bytes", "the training process's resident memory"),
+    HOST_LIMIT: (
+        "trainvitals_run_host_memory_limit_bytes",
+        "the memory the process may use (its cgroup's limit, else the host's memory)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class RunVitals:
+    """A running run's latest system readings, as its detector last saw them."""
+
+    run_id: str
+    project: str
+    name: str
+    readings: Mapping[str, float]
+    step_time: float | None
+
+
+@dataclass
+class TeamCounts:
+    """What the database says when Prometheus scrapes (read on a worker thread)."""
+
+    runs: Mapping[str, int] = field(default_factory=dict)  # status -> runs
+    firing: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (rule, severity)
+    notices: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (channel, state)
+
+
+class Metrics:
+    """This process's counters and gauges, and the exposition of a scrape.
+
+    Example:
+        ```python
+        metrics = Metrics()
+        metrics.points.inc(512)
+        text = metrics.exposition(TeamCounts(), vitals=[], omitted=0)
+        ```
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.points = Counter(
+            "trainvitals_points_ingested", "points stored from agents", registry=registry
+        )
+        self._frames = Counter(
+            "trainvitals_frames_ingested",
+            "agent frames received, by type (points, heartbeat, hello, end, ...)",
+            ["type"],
+            registry=registry,
+        )
+        self._frame_kinds: dict[str, Counter] = {}
+        self.transaction_seconds = Histogram(
+            "trainvitals_writer_commit_seconds",
+            "seconds per writer transaction (its writes and the commit)",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "trainvitals_writer_queue_depth", "writes waiting for the writer", registry=registry
+        )
+        self.agents = Gauge(
+            "trainvitals_agent_connections", "open agent connections", registry=registry
+        )
+        self.browsers = Gauge(
+            "trainvitals_browser_connections", "open browser live connections", registry=registry
+        )
+
+    def frame(self, kind: str) -> None:
+        """One agent frame of ``kind`` arrived (a valid one: the type is from the protocol)."""
+        child = self._frame_kinds.get(kind)
+        if child is None:
+            child = self._frame_kinds[kind] = self._frames.labels(kind)
+        child.inc()
+
+    def exposition(self, team: TeamCounts, vitals: Iterable[RunVitals], omitted: int) -> bytes:
+        """The text format of this process's metrics and of a scrape's readings."""
+        scrape = CollectorRegistry()
+        scrape.register(_Families(_team_families(team, vitals, omitted)))
+        return generate_latest(self.registry) + generate_latest(scrape)
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def _team_families(team: TeamCounts, vitals: Iterable[RunVitals], omitted: int) -> list[Metric]:
+    runs = GaugeMetricFamily("trainvitals_runs", "runs by status", labels=["status"])
+    for status in RunStatus:
+        runs.add_metric([status.value], team.runs.get(status.value, 0))
+    firing = GaugeMetricFamily(
+        "trainvitals_alerts_firing",
+        "alerts firing, by rule and severity",
+        labels=["rule", "severity"],
+    )
+    for (rule, severity), count in sorted(team.firing.items()):
+        firing.add_metric([rule, severity], count)
+    pending = GaugeMetricFamily(
+        "trainvitals_notifications_pending",
+        "notifications waiting for delivery, by channel",
+        labels=["channel"],
+    )
+    failed = GaugeMetricFamily(
+        "trainvitals_notifications_failed",
+        "notifications given up after their retries, by channel",
+        labels=["channel"],
+    )
+    for (channel, state), count in sorted(team.notices.items()):
+        (failed if state == "failed" else pending).add_metric([channel], count)
+    left_out = GaugeMetricFamily(
+        "trainvitals_run_vitals_omitted",
+        "running runs of this process whose vitals are not exported (beyond metrics_max_runs)",
+        value=omitted,
+    )
+    return [runs, firing, pending, failed, left_out, *_vitals_families(vitals)]
+
+
+def _vitals_families(vitals: Iterable[RunVitals]) -> list[Metric]:
+    gpu = {
+        field: GaugeMetricFamily(name, doc, labels=[*RUN_LABELS, "gpu"])
+        for field, (name, doc) in _GPU_GAUGES.items()
+    }
+    host = {
+        series: GaugeMetricFamily(name, doc, labels=list(RUN_LABELS))
+        for series, (name, doc) in _HOST_GAUGES.items()
+    }
+    step = GaugeMetricFamily(
+        "trainvitals_run_step_seconds", "the last step's time (seconds)", labels=list(RUN_LABELS)
+    )
+    for run in vitals:
+        labels = [run.run_id, run.name, run.project]
+        for name, value in run.readings.items():
+            if name in host:
+                host[name].add_metric(labels, value)
+                continue
+            match = _GPU_READING.fullmatch(name)
+            if match and match[2] in gpu and int(match[1]) < MAX_GPUS:
+                gpu[match[2]].add_metric([*labels, match[1]], value)
+        if run.step_time is not None:
+            step.add_metric(labels, run.step_time)
+    return [*gpu.values(), *host.values(), step]

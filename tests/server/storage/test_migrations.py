@@ -1,0 +1,134 @@
+"""Schema migrations (Alembic): a fresh database, one made by release 0.1.0 before
+migrations, replicas starting together, and ``trainvitals db upgrade``."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Column, Engine, MetaData, String, Table, text
+
+from harness.processes import trainvitals
+from tests.server.storage.rows import hello
+from trainvitals.exceptions import StorageError
+from trainvitals.server.migrations import (
+    current_revision,
+    head_revision,
+    target_metadata,
+    upgrade,
+)
+from trainvitals.server.store import Store
+
+RELEASE_0_1_0 = Path(__file__).with_name("release_0_1_0.sql")
+
+
+def differences(engine: Engine, metadata: MetaData = target_metadata) -> list[Any]:
+    """What autogenerate would write: the models against the migrated database."""
+    with engine.connect() as conn:
+        return list(compare_metadata(MigrationContext.configure(conn), metadata))
+
+
+def make_release_0_1_0(store: Store) -> None:
+    """The database 0.1.0's ``create_schema`` made, with a run and a token in it."""
+    ddl = RELEASE_0_1_0.read_text()
+    if store.dialect == "postgresql":
+        ddl = ddl.replace(" BLOB ", " BYTEA ")
+    statements = [line for line in ddl.splitlines() if line and not line.startswith("--")]
+    with store.engine.begin() as conn:
+        for statement in statements:
+            conn.exec_driver_sql(statement)
+        store.runs.open_run(conn, hello("old"), 3.0)
+    store.tokens.create("ci", "*", "read")
+
+
+def test_a_fresh_database_migrates_to_the_models_exactly(db_url: str) -> None:
+    store = Store(db_url)
+    try:
+        assert store.create_schema() == head_revision()
+        assert differences(store.engine) == []
+        # The comparison sees a column a model has and no revision made (a forgotten one).
+        forgotten = MetaData()
+        for table in target_metadata.sorted_tables:
+            table.to_metadata(forgotten)
+        Table("runs", forgotten, Column("notes", String(10)), extend_existing=True)
+        assert [d[0] for d in differences(store.engine, forgotten)] == ["add_column"]
+    finally:
+        store.dispose()
+
+
+def test_a_database_of_release_0_1_0_is_adopted_and_upgraded(db_url: str) -> None:
+    store = Store(db_url)
+    try:
+        make_release_0_1_0(store)
+        with store.engine.connect() as conn:
+            assert current_revision(conn) is None
+        assert store.create_schema() == head_revision()
+        assert store.create_schema() == head_revision()  # and again: nothing to do
+        assert differences(store.engine) == []
+        run = store.runs.get_run("old")
+        assert run is not None and run["name"] == "name-old" and run["config"] == {"lr": 0.1}
+        assert [t.name for t in store.tokens.list()] == ["ci"]
+    finally:
+        store.dispose()
+
+
+def test_replicas_starting_together_migrate_once(postgres_url: str) -> None:
+    stores = [Store(postgres_url) for _ in range(4)]
+    start = threading.Barrier(len(stores))
+    revisions: list[str] = []
+    errors: list[BaseException] = []
+
+    def replica(store: Store) -> None:
+        start.wait()
+        try:
+            revisions.append(upgrade(store.engine))
+        except BaseException as exc:  # reported below, with the others'
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replica, args=(s,)) for s in stores]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == [] and revisions == [head_revision()] * len(stores)
+        with stores[0].engine.connect() as conn:
+            versions = conn.execute(text("SELECT version_num FROM alembic_version")).all()
+        assert versions == [(head_revision(),)]
+    finally:
+        for store in stores:
+            store.dispose()
+
+
+def test_db_upgrade_prints_the_revision_and_hides_the_password(postgres_url: str) -> None:
+    # The test server trusts local connections, so any password is accepted (and must not show).
+    url = postgres_url.replace("postgres@", "postgres:hunter2@", 1)
+    assert "hunter2" in url
+    for _ in range(2):  # the second run finds nothing to do
+        done = trainvitals("db", "upgrade", "--db", url)
+        assert done.returncode == 0, done.stderr
+        assert "hunter2" not in done.stdout + done.stderr
+        assert done.stdout.strip().endswith(f"at revision {head_revision()} (head)")
+        assert "postgres:***@" in done.stdout
+    refused = trainvitals("db", "upgrade", "--db", url.rsplit("/", 1)[0] + "/no_such_db")
+    assert refused.returncode == 1 and "no_such_db" in refused.stderr
+    assert "hunter2" not in refused.stdout + refused.stderr
+
+
+def test_a_database_of_a_newer_version_is_refused(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "newer.db"))
+    try:
+        store.create_schema()
+        with store.engine.begin() as conn:  # as if a later trainvitals had migrated it
+            conn.execute(text("UPDATE alembic_version SET version_num = '9999'"))
+        with pytest.raises(StorageError, match=r"cannot migrate the database.*'9999'"):
+            store.create_schema()
+    finally:
+        store.dispose()
+    # serve stops before it listens, saying why.
+    refused = trainvitals("serve", "--port", "0", "--db", str(tmp_path / "newer.db"))
+    assert refused.returncode == 2 and "cannot migrate the database" in refused.stderr

@@ -1,0 +1,195 @@
+"""``GET /metrics``: a real server, a real agent streaming, scraped and read back with
+``prometheus_client``'s own parser."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.sync.client import connect
+
+from harness.processes import ROOT, ServerProcess, create_token, wait_for
+from trainvitals import Run, resolve
+from trainvitals.agent.gpu import SimulatedGpu
+from trainvitals.exceptions import ConfigurationError
+from trainvitals.protocol import LIVE_PATH
+from trainvitals.server.metrics import Metrics, RunVitals, TeamCounts
+from trainvitals.server.store import Store
+
+GRAFANA_BOARD = ROOT / "docs" / "grafana-dashboard.json"
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> Samples:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def scrape(server: ServerProcess, token: str | None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(server.url + "/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture
+def team(tmp_path: Path) -> Iterator[tuple[ServerProcess, dict[str, str]]]:
+    db = str(tmp_path / "team.db")
+    tokens = {
+        "scrape": create_token(db, "*", "metrics", "prometheus"),
+        "ingest": create_token(db, "p", "ingest", "agents"),
+        "read_p": create_token(db, "p", "read", "viewer-p"),
+        "read_all": create_token(db, "*", "read", "viewer"),
+    }
+    server = ServerProcess(db, args=["--auth", "required"])
+    try:
+        yield server, tokens
+    finally:
+        server.stop()
+
+
+def test_metrics_of_a_streaming_run(team: tuple[ServerProcess, dict[str, str]]) -> None:
+    server, tokens = team
+    run = Run(
+        resolve(server=server.url, project="p", run_name="r1", token=tokens["ingest"]),
+        system_metrics=0.1,
+        gpu=SimulatedGpu(mem_total=16e9, mem_start=3e9, temp_start=71.0),
+        watchdog=False,
+    )
+    run.start()
+    browser = connect(
+        server.url.replace("http", "ws", 1) + LIVE_PATH,
+        additional_headers={"Authorization": f"Bearer {tokens['read_all']}"},
+    )
+    try:
+        steps = 40
+        for step in range(1, steps + 1):
+            loss = float("nan") if step == steps else 1.0 / step
+            run.log(step, {"loss": loss, "step_time": 0.01 * step})
+        labels = {"run_id": run.id, "run": "r1", "project": "p"}
+
+        def vitals_in() -> Samples | None:
+            status, text = scrape(server, tokens["scrape"])
+            assert status == 200, text
+            samples = parse(text)
+            points = value(samples, "trainvitals_points_ingested_total") or 0
+            temp = value(samples, "trainvitals_run_gpu_temperature_celsius", **labels, gpu="0")
+            stepped = value(samples, "trainvitals_run_step_seconds", **labels)
+            return samples if points >= 2 * steps and temp and stepped == 0.01 * steps else None
+
+        samples = wait_for(vitals_in, timeout=30, what="the run's vitals in /metrics")
+        assert value(samples, "trainvitals_run_gpu_temperature_celsius", **labels, gpu="0") == 71
+        assert value(samples, "trainvitals_run_gpu_memory_used_bytes", **labels, gpu="0") == 3e9
+        assert value(samples, "trainvitals_run_gpu_memory_total_bytes", **labels, gpu="0") == 16e9
+        limit = value(samples, "trainvitals_run_host_memory_limit_bytes", **labels)
+        rss = value(samples, "trainvitals_run_host_memory_rss_bytes", **labels)
+        assert limit and rss and 0 < rss < limit
+        assert value(samples, "trainvitals_runs", status="running") == 1
+        assert value(samples, "trainvitals_runs", status="finished") == 0
+        firing = value(samples, "trainvitals_alerts_firing", rule="nonfinite", severity="critical")
+        assert firing == 1
+        assert value(samples, "trainvitals_agent_connections") == 1
+        assert (value(samples, "trainvitals_frames_ingested_total", type="hello") or 0) >= 1
+        assert (value(samples, "trainvitals_frames_ingested_total", type="points") or 0) >= 1
+        assert (value(samples, "trainvitals_writer_commit_seconds_count") or 0) >= 2
+        assert value(samples, "trainvitals_writer_queue_depth") is not None
+        assert value(samples, "trainvitals_browser_connections") == 1
+        assert value(samples, "trainvitals_run_vitals_omitted") == 0
+    finally:
+        browser.close()
+        assert run.finish()
+
+    def ended() -> Samples | None:
+        samples = parse(scrape(server, tokens["read_all"])[1])  # a reader of every project
+        done = value(samples, "trainvitals_runs", status="finished") == 1
+        return samples if done else None
+
+    samples = wait_for(ended, what="the finished run in /metrics")
+    assert not any(name.startswith("trainvitals_run_") and name != "trainvitals_run_vitals_omitted"
+                   for name, _ in samples)  # fmt: skip
+    assert (
+        value(samples, "trainvitals_alerts_firing", rule="nonfinite", severity="critical") is None
+    )
+
+
+def test_metrics_need_a_token_of_every_project(team: tuple[ServerProcess, dict[str, str]]) -> None:
+    server, tokens = team
+    assert scrape(server, None)[0] == 401
+    assert scrape(server, "tv_0000_not-a-token")[0] == 401
+    assert scrape(server, tokens["read_p"])[0] == 403  # it would see other projects' runs
+    assert scrape(server, tokens["ingest"])[0] == 403
+    # And the scrape token reads nothing else.
+    assert server.get_status("/api/v1/runs")[0] == 401
+    server.token = tokens["scrape"]
+    assert server.get_status("/api/v1/runs")[0] == 403
+
+
+def test_metrics_are_open_when_auth_is_off(server: ServerProcess) -> None:
+    status, text = scrape(server, None)
+    assert status == 200
+    assert value(parse(text), "trainvitals_runs", status="running") == 0
+
+
+def test_a_metrics_token_covers_every_project(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "t.db"))
+    try:
+        store.create_schema()
+        with pytest.raises(ConfigurationError, match="expected project '\\*'"):
+            store.tokens.create("prometheus", "p", "metrics")
+    finally:
+        store.dispose()
+
+
+def test_run_vitals_are_bounded() -> None:
+    readings = {"gpu0/temp": 60.0, "gpu15/temp": 61.0, "gpu16/temp": 62.0, "gpu0/util": 90.0}
+    vitals = [RunVitals("a", "p", 'say "hi"\n', readings, None)]
+    samples = parse(Metrics().exposition(TeamCounts(), vitals, omitted=3).decode())
+    temps = {dict(labels)["gpu"]: v for (name, labels), v in samples.items()
+             if name == "trainvitals_run_gpu_temperature_celsius"}  # fmt: skip
+    assert temps == {"0": 60.0, "15": 61.0}  # at most 16 GPUs a run; only the listed readings
+    assert value(samples, "trainvitals_run_vitals_omitted") == 3
+    labels = {"run_id": "a", "run": 'say "hi"\n', "project": "p", "gpu": "0"}
+    assert value(samples, "trainvitals_run_gpu_temperature_celsius", **labels) == 60.0
+
+
+def test_the_grafana_board_uses_only_exported_metrics() -> None:
+    board = json.loads(GRAFANA_BOARD.read_text(encoding="utf-8"))
+    used = {
+        re.sub(r"_(total|bucket|count|sum)$", "", name)
+        for panel in board["panels"]
+        for target in panel.get("targets", [])
+        for name in re.findall(r"trainvitals_\w+", target["expr"])
+    }
+    readings = {"gpu0/temp": 1.0, "gpu0/mem_used": 1.0, "gpu0/mem_total": 2.0,
+                "host/rss": 1.0, "host/limit": 2.0}  # fmt: skip
+    metrics = Metrics()
+    metrics.points.inc(1)
+    metrics.frame("points")
+    team = TeamCounts(firing={("nonfinite", "critical"): 1}, notices={("ops", "failed"): 1,
+                      ("ops", "pending"): 2})  # fmt: skip
+    text = metrics.exposition(team, [RunVitals("a", "p", "r", readings, 0.1)], 0).decode()
+    exported = {
+        family.name
+        for family in text_string_to_metric_families(text)
+        if not family.name.endswith("_created")  # prometheus_client's, beside each counter
+    }
+    assert used and used <= exported, sorted(used - exported)
+    documented = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert [name for name in sorted(exported) if f"`{name}" not in documented] == []
