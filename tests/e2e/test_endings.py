@@ -325,7 +325,11 @@ def test_a_run_given_up_as_lost_comes_back_when_its_points_arrive(
         lambda: (r := only_run(quick_server))["status"] == "running" and r, what="running again"
     )
     assert back["end_reason"] is None and back["ended_at"] is None
-    alerts = quick_server.get(f"/api/v1/runs/{run.id}/alerts")["alerts"]
-    assert [a["state"] for a in alerts if a["rule"] == "crash"] == ["resolved"]
+    # The run's status and its alert's resolution are two writes: wait for the second.
+    wait_for(
+        lambda: [a["state"] for a in quick_server.get(f"/api/v1/runs/{run.id}/alerts")["alerts"]
+                 if a["rule"] == "crash"] == ["resolved"],
+        what="the crash alert resolved",
+    )  # fmt: skip
     assert run.finish()
     assert only_run(quick_server)["status"] == "finished"
