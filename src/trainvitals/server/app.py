@@ -12,8 +12,10 @@ from trainvitals import __version__
 from trainvitals.detect import RulesConfig, load_rules
 from trainvitals.protocol import EndReason
 from trainvitals.server.alerts import AlertEngine
+from trainvitals.server.broker import Broker
 from trainvitals.server.deps import AppState
 from trainvitals.server.guard import RequestGuard, allowed_hosts
+from trainvitals.server.leases import Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
@@ -45,7 +47,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = Store(settings.db)
         store.create_schema()
         writer = Writer(store)
-        hub = Hub(settings.live_queue_size, settings.runs_push_interval, settings.live_queue_bytes)
+        broker = Broker(settings.broker) if settings.broker else None
+        hub = Hub(
+            settings.live_queue_size,
+            settings.runs_push_interval,
+            settings.live_queue_bytes,
+            broker,
+        )
         hub.start()
         notifier = None
         if channels.channels:
@@ -53,7 +61,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 channels, store.outbox, writer, settings.public_url, settings.notify_lease
             )
             await notifier.start()
-        alerts = AlertEngine(store, writer, hub, rules, notifier)
+        leases = Leases(store.leases, writer, settings.lease)
+        alerts = AlertEngine(store, writer, hub, rules, leases, notifier)
         await alerts.start()
         liveness = Liveness(
             store.runs,
@@ -61,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             hub,
             settings.lost_after,
             on_lost=lambda run_id, when: alerts.ended(run_id, EndReason.HEARTBEAT_LOST, when),
+            leases=leases,
         )
         await liveness.start()
         app.state.trainvitals = AppState(
@@ -84,6 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await liveness.stop()
+            await alerts.stop()
             if notifier is not None:
                 await notifier.stop()
             await hub.stop()

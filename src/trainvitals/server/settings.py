@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     #: Seconds a server holds undelivered notifications without renewing its claim before
     #: another server (or this one, restarted after a kill) takes them over.
     notify_lease: float = 15.0
+    #: A Redis URL (``redis://host:6379/0``) through which replicas share live updates: a
+    #: browser on any replica sees every run. Unset: live updates stay in this process.
+    broker: str | None = None
+    #: Seconds a replica holds a run's detector, or the lost-run sweep, without renewing its
+    #: lease (a row in the database) before another replica may take it over.
+    lease: float = 15.0
 
     @property
     def auth_required(self) -> bool:

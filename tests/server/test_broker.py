@@ -1,0 +1,122 @@
+"""Live fan-out through a real Redis: what one hub publishes, every hub's browsers get, each
+filtered as without a broker; a broker that can't be reached is retried, its password never
+shown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from trainvitals.exceptions import ConfigurationError
+from trainvitals.server.broker import Broker, check_broker_url
+from trainvitals.server.live import Hub, Subscriber
+from trainvitals.server.storage import RunSummary
+
+REDIS = "redis://127.0.0.1:6379"
+
+
+def redis_url() -> str:
+    """A database number of its own: tests running at once don't see each other's messages."""
+    return f"{REDIS}/{random.randrange(1, 16)}"
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+def messages(subscriber: Subscriber) -> list[dict[str, object]]:
+    taken = []
+    while not subscriber.queue.empty():
+        taken.append(json.loads(subscriber.queue.get_nowait()))
+    return taken
+
+
+def run(run_id: str, project: str) -> RunSummary:
+    summary = {"id": run_id, "project": project, "name": run_id, "status": "running"}
+    return summary  # type: ignore[return-value]
+
+
+def on_two_replicas(scenario: Callable[[Hub, Hub], Awaitable[None]]) -> None:
+    async def main() -> None:
+        url = redis_url()
+        one, two = Hub(broker=Broker(url)), Hub(broker=Broker(url))
+        one.start()
+        two.start()
+        try:
+            await scenario(one, two)
+        finally:
+            await one.stop()
+            await two.stop()
+
+    asyncio.run(main())
+
+
+def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered() -> None:
+    async def scenario(one: Hub, two: Hub) -> None:
+        everyone, mnist_only = one.subscribe(), one.subscribe(project="mnist")
+        one.watch(everyone, "r1")
+        here = two.subscribe()
+        # Both replicas' subscriptions are in place once a probe alert reaches both.
+        await until(lambda: one._broker is not None and one._broker._pubsub is not None)
+        two.alert({"id": "probe", "project": "probe"})
+        await until(lambda: not everyone.queue.empty() and not here.queue.empty())
+        messages(everyone), messages(here)
+
+        two.points("r1", [("loss", [1, 2], [10.0, 11.0], [0.5, float("nan")])])
+        two.points("r2", [("loss", [1], [10.0], [0.5])])  # nobody watches r2
+        two.alert({"id": "a1", "project": "gan"})
+        two.run_changed(run("r1", "mnist"))
+        two.run_changed(run("r2", "gan"))
+        two.flush_runs()
+        await until(lambda: everyone.queue.qsize() >= 3 and mnist_only.queue.qsize() >= 1)
+        got = messages(everyone)
+        assert [m["type"] for m in got] == ["points", "alert", "runs"]
+        assert got[0]["run_id"] == "r1"
+        assert got[0]["series"] == {"loss": {"step": [1, 2], "time": [10.0, 11.0],
+                                             "value": [0.5, None]}}  # fmt: skip
+        assert [r["id"] for r in got[2]["runs"]] == ["r1", "r2"]  # type: ignore[attr-defined]
+        # The mnist browser sees no gan alert and only mnist's runs; the publisher's own
+        # browser gets what it published, through the broker like the others.
+        only = messages(mnist_only)
+        assert [m["type"] for m in only] == ["runs"]
+        assert [r["id"] for r in only[0]["runs"]] == ["r1"]  # type: ignore[attr-defined]
+        await until(lambda: here.queue.qsize() >= 2)
+        assert [m["type"] for m in messages(here)] == ["alert", "runs"]
+
+        one.unsubscribe(everyone)  # nobody on `one` watches r1 now: its points stop coming
+        assert one._watched == {}
+
+    on_two_replicas(scenario)
+
+
+def test_an_unreachable_broker_is_retried_and_its_password_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        hub = Hub(broker=Broker("redis://:hunter2@127.0.0.1:1/0"))
+        hub.start()
+        subscriber = hub.subscribe()
+        hub.alert({"id": "a", "project": "p"})  # dropped: at most once
+        await until(lambda: sum("live broker" in r.message for r in caplog.records) >= 3)
+        await hub.stop()
+        assert subscriber.queue.empty()
+
+    with caplog.at_level(logging.WARNING, logger="trainvitals.server"):
+        asyncio.run(main())
+    text = caplog.text
+    assert "redis://:***@127.0.0.1:1/0" in text and "hunter2" not in text
+
+
+def test_the_broker_url_must_name_redis() -> None:
+    assert check_broker_url("redis://h:6379/0") == "redis://h:6379/0"
+    with pytest.raises(ConfigurationError, match=r"redis://host:6379/0.*nats://u:\*\*\*@h"):
+        check_broker_url("nats://u:secret@h:4222")
