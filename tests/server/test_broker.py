@@ -7,22 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from collections.abc import Awaitable, Callable
 
 import pytest
 
+from harness.balancer import redis_url
 from trainvitals.exceptions import ConfigurationError
 from trainvitals.server.broker import Broker, check_broker_url
 from trainvitals.server.live import Hub, Subscriber
 from trainvitals.server.storage import RunSummary
-
-REDIS = "redis://127.0.0.1:6379"
-
-
-def redis_url() -> str:
-    """A database number of its own: tests running at once don't see each other's messages."""
-    return f"{REDIS}/{random.randrange(1, 16)}"
 
 
 async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -33,10 +26,19 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     await asyncio.wait_for(poll(), timeout)
 
 
+def gathered(subscriber: Subscriber, into: list[dict[str, object]]) -> int:
+    """Add what ``subscriber`` got since to ``into``; how many ``into`` holds now."""
+    into.extend(messages(subscriber))
+    return len(into)
+
+
 def messages(subscriber: Subscriber) -> list[dict[str, object]]:
+    """What ``subscriber`` got, but the probes."""
     taken = []
     while not subscriber.queue.empty():
-        taken.append(json.loads(subscriber.queue.get_nowait()))
+        message = json.loads(subscriber.queue.get_nowait())
+        if message.get("alert", {}).get("id") != "probe":
+            taken.append(message)
     return taken
 
 
@@ -65,11 +67,13 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         everyone, mnist_only = one.subscribe(), one.subscribe(project="mnist")
         one.watch(everyone, "r1")
         here = two.subscribe()
-        # Both replicas' subscriptions are in place once a probe alert reaches both.
-        await until(lambda: one._broker is not None and one._broker._pubsub is not None)
-        two.alert({"id": "probe", "project": "probe"})
-        await until(lambda: not everyone.queue.empty() and not here.queue.empty())
-        messages(everyone), messages(here)
+
+        # Both replicas listen once a probe reaches both (subscribing takes a moment).
+        def probed() -> bool:
+            two.alert({"id": "probe", "project": "probe"})
+            return not everyone.queue.empty() and not here.queue.empty()
+
+        await until(probed)
 
         two.points("r1", [("loss", [1, 2], [10.0, 11.0], [0.5, float("nan")])])
         two.points("r2", [("loss", [1], [10.0], [0.5])])  # nobody watches r2
@@ -77,8 +81,9 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         two.run_changed(run("r1", "mnist"))
         two.run_changed(run("r2", "gan"))
         two.flush_runs()
-        await until(lambda: everyone.queue.qsize() >= 3 and mnist_only.queue.qsize() >= 1)
-        got = messages(everyone)
+        got: list[dict[str, object]] = []
+        await until(lambda: gathered(everyone, got) >= 3)
+        await until(lambda: not mnist_only.queue.empty())
         assert [m["type"] for m in got] == ["points", "alert", "runs"]
         assert got[0]["run_id"] == "r1"
         assert got[0]["series"] == {"loss": {"step": [1, 2], "time": [10.0, 11.0],
@@ -89,8 +94,9 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         only = messages(mnist_only)
         assert [m["type"] for m in only] == ["runs"]
         assert [r["id"] for r in only[0]["runs"]] == ["r1"]  # type: ignore[attr-defined]
-        await until(lambda: here.queue.qsize() >= 2)
-        assert [m["type"] for m in messages(here)] == ["alert", "runs"]
+        theirs: list[dict[str, object]] = []
+        await until(lambda: gathered(here, theirs) >= 2)
+        assert [m["type"] for m in theirs] == ["alert", "runs"]
 
         one.unsubscribe(everyone)  # nobody on `one` watches r1 now: its points stop coming
         assert one._watched == {}
