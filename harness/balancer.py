@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.processes import ServerProcess, create_token, free_port, wait_for
+from harness.processes import ServerProcess, create_token, free_port, terminate, wait_for
 
 NGINX = "/usr/sbin/nginx"
 REDIS = os.environ.get("TRAINVITALS_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -117,13 +117,7 @@ class Balancer:
         return log.read_text() if log.exists() else ""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         if self.process.stderr:
             self.process.stderr.close()
         shutil.rmtree(self.directory, ignore_errors=True)
