@@ -16,6 +16,7 @@ from trainvitals.server.storage.schema import chunks, dialect_insert, runs, seri
 _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
 _PENDING_CHUNKS = "trainvitals.pending_chunks"  # in Connection.info: [chunk row]
 _CHUNK_COLUMNS = ("run_id", "series", "seq", "n", "steps", "times", "vals")
+_CHUNK_TYPES = ["text", "text", "int8", "int4", "bytea", "bytea", "bytea"]
 
 
 class SeriesStore:
@@ -92,7 +93,8 @@ class SeriesStore:
                 "CREATE TEMP TABLE IF NOT EXISTS chunks_in (LIKE chunks) ON COMMIT DELETE ROWS"
             )
             columns = ", ".join(_CHUNK_COLUMNS)
-            with cursor.copy(f"COPY chunks_in ({columns}) FROM STDIN") as copy:
+            with cursor.copy(f"COPY chunks_in ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(_CHUNK_TYPES)  # the blobs as they are, not hex text
                 for row in rows:
                     copy.write_row([row[c] for c in _CHUNK_COLUMNS])
             cursor.execute(
