@@ -121,6 +121,36 @@ async def browser(
                 latencies.append(received - sent)
 
 
+async def handover_ms(running: Team, frames: int) -> float:
+    """A run streams ``frames`` frames to one replica, then its agent reconnects to the
+    other: milliseconds from that hello to the welcome, which the new replica sends once it
+    holds the run's lease and has rebuilt its detector from storage."""
+    assert running.token is not None
+    headers = bearer(running.token)
+    run_id = uuid.uuid4().hex
+    hello = json.dumps({"type": "hello", "v": 1, "run_id": run_id, "project": "handover",
+                        "name": "handover", "started_at": time.time(),
+                        "run_secret": run_id})  # fmt: skip
+    first, second = (r.url.replace("http", "ws") + "/api/v1/ingest" for r in running.replicas)
+    async with connect(first, additional_headers=headers, compression=None) as ws:
+        await ws.send(hello)
+        await ws.recv()
+        for seq in range(1, frames + 1):
+            steps = list(range(seq * STEPS_PER_FRAME, (seq + 1) * STEPS_PER_FRAME))
+            column = {"step": steps, "time": [1.8e9 + s for s in steps], "value": [0.5] * 10}
+            frame = {"type": "points", "v": 1, "seq": seq,
+                     "series": {name: column for name in SERIES}}  # fmt: skip
+            await ws.send(json.dumps(frame))
+            if seq % 50 == 0 or seq == frames:
+                while json.loads(await ws.recv())["seq"] < seq:
+                    pass
+    async with connect(second, additional_headers=headers, compression=None) as ws:
+        started = time.perf_counter()
+        await ws.send(hello)
+        await ws.recv()
+        return 1000 * (time.perf_counter() - started)
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -184,6 +214,7 @@ def main() -> None:
         for loader in loaders:
             loader.join()
         busy = sum(rss_bytes(pid) for pid in pids)
+        handovers = [asyncio.run(handover_ms(running, 3000)) for _ in range(3)]
     points = sum(r[0] for r in results)
     acks = [a for r in results for a in r[1]]
     firsts = [a for r in results for a in r[2]]
@@ -214,6 +245,10 @@ def main() -> None:
         f"replicas' memory: {idle / 2**20:.0f} MiB idle, {connected / 2**20:.0f} MiB with "
         f"every agent connected, {busy / 2**20:.0f} MiB after the run: "
         f"{(connected - idle) / args.agents / 1024:.0f} KiB per agent connection"
+    )
+    print(
+        "handover of a run with 3000 frames of history to the other replica (hello -> "
+        f"welcome, detector rebuilt): {', '.join(f'{ms:.0f}' for ms in handovers)} ms"
     )
 
 
