@@ -13,7 +13,7 @@ import pytest
 
 from harness.balancer import redis_url
 from trainvitals.exceptions import ConfigurationError
-from trainvitals.server.broker import Broker, check_broker_url
+from trainvitals.server.broker import POINTS, QUIET, Broker, check_broker_url
 from trainvitals.server.live import Hub, Subscriber
 from trainvitals.server.storage import RunSummary
 
@@ -47,10 +47,10 @@ def run(run_id: str, project: str) -> RunSummary:
     return summary  # type: ignore[return-value]
 
 
-def on_two_replicas(scenario: Callable[[Hub, Hub], Awaitable[None]]) -> None:
+def on_two_replicas(scenario: Callable[[Hub, Hub], Awaitable[None]], quiet: float = QUIET) -> None:
     async def main() -> None:
         url = redis_url()
-        one, two = Hub(broker=Broker(url)), Hub(broker=Broker(url))
+        one, two = Hub(broker=Broker(url, quiet)), Hub(broker=Broker(url, quiet))
         one.start()
         two.start()
         try:
@@ -126,3 +126,25 @@ def test_the_broker_url_must_name_redis() -> None:
     assert check_broker_url("redis://h:6379/0") == "redis://h:6379/0"
     with pytest.raises(ConfigurationError, match=r"redis://host:6379/0.*nats://u:\*\*\*@h"):
         check_broker_url("nats://u:secret@h:4222")
+
+
+def test_points_nobody_watches_are_not_made_until_a_replica_asks_for_them() -> None:
+    loss = [("loss", [1], [10.0], [0.5])]
+
+    async def scenario(one: Hub, two: Hub) -> None:
+        broker = two._broker
+        assert broker is not None
+        browser = one.subscribe()
+        two.points("r9", loss)  # Redis answers that nobody listens
+        await until(lambda: not broker.heard(POINTS + "r9"))
+        two.points("r9", loss)  # not even made into a message now
+        one.watch(browser, "r9")  # ... until a browser anywhere asks for the run
+        await until(lambda: broker.heard(POINTS + "r9"))
+
+        def arrived() -> bool:
+            two.points("r9", loss)  # until the new subscription holds
+            return any(m["type"] == "points" for m in messages(browser))
+
+        await until(arrived)
+
+    on_two_replicas(scenario, quiet=3600.0)  # only the ask can bring them back

@@ -11,7 +11,10 @@ Channels (all under ``trainvitals:<db>:``, where ``<db>`` is the URL's database 
 since Redis pub/sub ignores it: two deployments on one Redis server use two numbers):
 ``runs`` (coalesced run-list changes), ``alerts``, and ``points:<run id>``, to which a
 replica subscribes only while one of its browsers watches that run, so points travel only
-where they are shown.
+where they are shown. A run's points that no replica listens to (Redis says so: a publish
+reaches nobody) are not even serialised for ``quiet`` seconds, unless a replica says, on
+``watching``, that one of its browsers has just asked for them: turning a frame into a
+browser message costs as much as judging it.
 
 Ingest never waits on Redis: messages go through a bounded queue to one publisher task
 (pipelined), and are dropped, with a warning, while Redis is unreachable. Both the
@@ -24,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -37,8 +41,11 @@ from trainvitals.server.storage import shown_database
 
 log = logging.getLogger("trainvitals.server")
 
-#: The channels, after the prefix: run-list changes, alerts, and a run's points.
-RUNS, ALERTS, POINTS = "runs", "alerts", "points:"
+#: The channels, after the prefix: run-list changes, alerts, a run's points, and the runs
+#: a replica has just begun to watch.
+RUNS, ALERTS, POINTS, WATCHING = "runs", "alerts", "points:", "watching"
+#: Seconds a channel that reached nobody is not published to (unless someone asks for it).
+QUIET = 2.0
 #: Messages waiting for the publisher; beyond, new ones are dropped (Redis is down or slow).
 MAX_PENDING = 50_000
 #: Messages sent to Redis in one pipeline.
@@ -72,14 +79,17 @@ class Broker:
         ```
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, quiet: float = QUIET) -> None:
         self.url = check_broker_url(url)
         self.shown_url = shown_database(url)
         self._secret = urlsplit(url).password
         self._redis: Redis = Redis.from_url(url, health_check_interval=10)
         self.prefix = f"trainvitals:{self._redis.connection_pool.connection_kwargs.get('db', 0)}:"
         self._outgoing: asyncio.Queue[tuple[str, str]] = asyncio.Queue(MAX_PENDING)
-        self._channels: set[str] = {self.prefix + RUNS, self.prefix + ALERTS}
+        self._channels = {self.prefix + RUNS, self.prefix + ALERTS, self.prefix + WATCHING}
+        self._quiet = quiet
+        #: Channel (without the prefix) -> when a publish to it last reached nobody.
+        self._unheard: dict[str, float] = {}
         self._pubsub: PubSub | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.dropped = 0
@@ -109,10 +119,16 @@ class Broker:
                     "live broker %s is behind: %d message(s) dropped", self.shown_url, self.dropped
                 )
 
+    def heard(self, channel: str) -> bool:
+        """Whether a message on ``channel`` may reach anyone (else it need not be made)."""
+        since = self._unheard.get(channel)
+        return since is None or time.monotonic() - since > self._quiet
+
     def watch(self, channel: str) -> None:
         """Receive ``channel`` from now on (kept across reconnects)."""
         self._channels.add(self.prefix + channel)
         self._command("subscribe", self.prefix + channel)
+        self.publish(WATCHING, channel)  # every replica publishes it again at once
 
     def unwatch(self, channel: str) -> None:
         self._channels.discard(self.prefix + channel)
@@ -144,7 +160,7 @@ class Broker:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for channel, message in batch:
                         pipe.publish(channel, message)
-                    await pipe.execute()
+                    receivers = await pipe.execute()
             except (RedisError, OSError) as exc:
                 # At most once: what could not be sent is gone; browsers reload from the API.
                 self.dropped += len(batch)
@@ -152,6 +168,20 @@ class Broker:
                 await asyncio.sleep(next(delays))
             else:
                 delays = backoff_delays()
+                self._count(batch, receivers)
+
+    def _count(self, batch: list[tuple[str, str]], receivers: list[int]) -> None:
+        now = time.monotonic()
+        if len(self._unheard) > 10_000:  # those older than ``quiet`` count for nothing
+            self._unheard = {c: t for c, t in self._unheard.items() if now - t <= self._quiet}
+        for (channel, _), count in zip(batch, receivers, strict=True):
+            name = channel[len(self.prefix) :]
+            if not name.startswith(POINTS):
+                continue
+            if count:
+                self._unheard.pop(name, None)
+            else:
+                self._unheard[name] = now
 
     async def _receive_forever(self, deliver: Deliver) -> None:
         delays = backoff_delays()
@@ -162,8 +192,12 @@ class Broker:
                 await pubsub.subscribe(*set(self._channels))
                 delays = backoff_delays()
                 async for message in pubsub.listen():
-                    if message["type"] == "message":
-                        channel = message["channel"].decode()[len(self.prefix) :]
+                    if message["type"] != "message":
+                        continue
+                    channel = message["channel"].decode()[len(self.prefix) :]
+                    if channel == WATCHING:
+                        self._unheard.pop(message["data"].decode(), None)
+                    else:
                         deliver(channel, message["data"].decode())
             except (RedisError, OSError) as exc:
                 self._warn("listening to", exc)

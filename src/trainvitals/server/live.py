@@ -141,6 +141,8 @@ class Hub:
         """Push new points of ``run_id`` to the browsers that watch it."""
         if self._broker is None and run_id not in self._watched:
             return
+        if self._broker is not None and not self._broker.heard(POINTS + run_id):
+            return
         message = json.dumps(
             {
                 "type": "points",
