@@ -17,6 +17,8 @@ _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, 
 _PENDING_CHUNKS = "trainvitals.pending_chunks"  # in Connection.info: [chunk row]
 _CHUNK_COLUMNS = ("run_id", "series", "seq", "n", "steps", "times", "vals")
 _CHUNK_TYPES = ["text", "text", "int8", "int4", "bytea", "bytea", "bytea"]
+#: Chunks in one transaction from which COPY is worth its extra round trips.
+_COPY_FROM_ROWS = 200
 
 
 class SeriesStore:
@@ -73,30 +75,37 @@ class SeriesStore:
 
     def _flush(self, conn: Connection) -> None:
         """Insert the chunks of every frame of the transaction at once, as it commits (the
-        writer groups hundreds of frames in one). On PostgreSQL through ``COPY``, into a
-        temporary table and then on with an insert that skips the frames stored already:
-        a few round trips for the lot, not one a frame."""
+        writer groups hundreds of frames in one). On PostgreSQL, many rows go through
+        ``COPY``, into a temporary table and then on with an insert that skips the frames
+        stored already: three round trips for the lot, not one a frame; a few rows go in one
+        pipelined ``executemany``, which is one round trip."""
         rows = conn.info.pop(_PENDING_CHUNKS, None)
         if not rows:
             return
         # On the driver's connection: SQLAlchemy's is committing.
         raw: Any = conn.connection.driver_connection
+        columns = ", ".join(_CHUNK_COLUMNS)
+        values = [[row[c] for c in _CHUNK_COLUMNS] for row in rows]
         if conn.dialect.name != "postgresql":
             marks = ", ".join("?" for _ in _CHUNK_COLUMNS)
-            raw.executemany(
-                f"INSERT OR IGNORE INTO chunks ({', '.join(_CHUNK_COLUMNS)}) VALUES ({marks})",
-                [[row[c] for c in _CHUNK_COLUMNS] for row in rows],
-            )
+            raw.executemany(f"INSERT OR IGNORE INTO chunks ({columns}) VALUES ({marks})", values)
+            return
+        if len(rows) < _COPY_FROM_ROWS:
+            marks = ", ".join("%s" for _ in _CHUNK_COLUMNS)
+            with raw.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO chunks ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING",
+                    values,
+                )
             return
         with raw.cursor() as cursor:
             cursor.execute(
                 "CREATE TEMP TABLE IF NOT EXISTS chunks_in (LIKE chunks) ON COMMIT DELETE ROWS"
             )
-            columns = ", ".join(_CHUNK_COLUMNS)
             with cursor.copy(f"COPY chunks_in ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(_CHUNK_TYPES)  # the blobs as they are, not hex text
-                for row in rows:
-                    copy.write_row([row[c] for c in _CHUNK_COLUMNS])
+                for row in values:
+                    copy.write_row(row)
             cursor.execute(
                 f"INSERT INTO chunks ({columns}) SELECT {columns} FROM chunks_in "
                 "ON CONFLICT DO NOTHING"
