@@ -164,7 +164,20 @@ def test_the_compose_nginx_configuration_is_valid_and_balances_both_replicas(
     assert checked.returncode == 0, checked.stderr
 
 
-def test_serve_prints_the_database_url_without_its_password() -> None:
+def test_serve_refuses_a_broker_that_is_not_redis() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "serve", "--port", "0", "--broker",
+         "nats://user:hunter2@127.0.0.1:4222"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--broker expects a redis://host:6379/0 URL" in result.stderr
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_serve_prints_the_database_and_broker_urls_without_their_passwords() -> None:
     server = subprocess.Popen(
         [
             sys.executable,
@@ -175,6 +188,8 @@ def test_serve_prints_the_database_url_without_its_password() -> None:
             "0",
             "--db",
             "postgresql://postgres:hunter2@127.0.0.1:5432/postgres",
+            "--broker",
+            "redis://:hunter3@127.0.0.1:6379/0",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -187,3 +202,4 @@ def test_serve_prints_the_database_url_without_its_password() -> None:
         server.kill()
         server.wait(30)
     assert "serving on" in first and "postgres:***@127.0.0.1" in first and "hunter2" not in first
+    assert "broker: redis://:***@127.0.0.1:6379/0" in first and "hunter3" not in first
