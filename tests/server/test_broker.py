@@ -8,8 +8,11 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from harness.balancer import redis_url
 from trainvitals.exceptions import ConfigurationError
@@ -26,18 +29,18 @@ async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     await asyncio.wait_for(poll(), timeout)
 
 
-def gathered(subscriber: Subscriber, into: list[dict[str, object]]) -> int:
+def gathered(subscriber: Subscriber, into: list[dict[str, Any]]) -> int:
     """Add what ``subscriber`` got since to ``into``; how many ``into`` holds now."""
     into.extend(messages(subscriber))
     return len(into)
 
 
-def messages(subscriber: Subscriber) -> list[dict[str, object]]:
-    """What ``subscriber`` got, but the probes."""
+def messages(subscriber: Subscriber, probes: bool = False) -> list[dict[str, Any]]:
+    """What ``subscriber`` got, but the probes (unless asked for)."""
     taken = []
     while not subscriber.queue.empty():
         message = json.loads(subscriber.queue.get_nowait())
-        if message.get("alert", {}).get("id") != "probe":
+        if probes or message.get("alert", {}).get("id") != "probe":
             taken.append(message)
     return taken
 
@@ -81,20 +84,20 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         two.run_changed(run("r1", "mnist"))
         two.run_changed(run("r2", "gan"))
         two.flush_runs()
-        got: list[dict[str, object]] = []
+        got: list[dict[str, Any]] = []
         await until(lambda: gathered(everyone, got) >= 3)
         await until(lambda: not mnist_only.queue.empty())
         assert [m["type"] for m in got] == ["points", "alert", "runs"]
         assert got[0]["run_id"] == "r1"
         assert got[0]["series"] == {"loss": {"step": [1, 2], "time": [10.0, 11.0],
                                              "value": [0.5, None]}}  # fmt: skip
-        assert [r["id"] for r in got[2]["runs"]] == ["r1", "r2"]  # type: ignore[attr-defined]
+        assert [r["id"] for r in got[2]["runs"]] == ["r1", "r2"]
         # The mnist browser sees no gan alert and only mnist's runs; the publisher's own
         # browser gets what it published, through the broker like the others.
         only = messages(mnist_only)
         assert [m["type"] for m in only] == ["runs"]
-        assert [r["id"] for r in only[0]["runs"]] == ["r1"]  # type: ignore[attr-defined]
-        theirs: list[dict[str, object]] = []
+        assert [r["id"] for r in only[0]["runs"]] == ["r1"]
+        theirs: list[dict[str, Any]] = []
         await until(lambda: gathered(here, theirs) >= 2)
         assert [m["type"] for m in theirs] == ["alert", "runs"]
 
@@ -148,3 +151,29 @@ def test_points_nobody_watches_are_not_made_until_a_replica_asks_for_them() -> N
         await until(arrived)
 
     on_two_replicas(scenario, quiet=3600.0)  # only the ask can bring them back
+
+
+def test_a_malformed_message_on_the_broker_is_dropped_and_the_next_ones_still_go(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario(one: Hub, two: Hub) -> None:
+        assert one._broker is not None
+        browser = one.subscribe()
+        prefix = one._broker.prefix
+        stranger = Redis.from_url(one._broker.url)
+
+        def arrived(alert_id: str) -> bool:
+            two.alert({"id": alert_id, "project": "p"})
+            return any(m["alert"]["id"] == alert_id for m in messages(browser, probes=True))
+
+        try:
+            await until(partial(arrived, "before"))  # listening
+            for channel in ("alerts", "runs", "watching"):
+                await stranger.publish(prefix + channel, b"\xff not json")
+            await until(partial(arrived, "after"))
+        finally:
+            await stranger.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="trainvitals.server"):
+        on_two_replicas(scenario)
+    assert "a malformed message on 'alerts' dropped" in caplog.text

@@ -195,10 +195,13 @@ class Broker:
                     if message["type"] != "message":
                         continue
                     channel = message["channel"].decode()[len(self.prefix) :]
-                    if channel == WATCHING:
-                        self._unheard.pop(message["data"].decode(), None)
-                    else:
-                        deliver(channel, message["data"].decode())
+                    try:
+                        if channel == WATCHING:
+                            self._unheard.pop(message["data"].decode(), None)
+                        else:
+                            deliver(channel, message["data"].decode())
+                    except Exception:  # a message no replica sent: the next ones still go
+                        log.warning("live broker: a malformed message on %r dropped", channel)
             except (RedisError, OSError) as exc:
                 self._warn("listening to", exc)
             finally:
