@@ -177,3 +177,31 @@ def test_a_malformed_message_on_the_broker_is_dropped_and_the_next_ones_still_go
     with caplog.at_level(logging.WARNING, logger="trainvitals.server"):
         on_two_replicas(scenario)
     assert "a malformed message on 'alerts' dropped" in caplog.text
+
+
+def test_a_replica_cut_off_from_the_broker_reconnects_and_hears_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario(one: Hub, two: Hub) -> None:
+        assert one._broker is not None
+        browser = one.subscribe()
+        admin = Redis.from_url(one._broker.url)
+
+        def arrived(alert_id: str) -> bool:
+            two.alert({"id": alert_id, "project": "p"})
+            return any(m["alert"]["id"] == alert_id for m in messages(browser, probes=True))
+
+        try:
+            await until(partial(arrived, "before"))
+            clients = await admin.client_list()
+            ours = [c["id"] for c in clients if c["name"] == one._broker.client_name]
+            assert ours
+            for client in ours:  # as when Redis restarts, or a network cut
+                await admin.client_kill_filter(_id=client)
+            await until(partial(arrived, "after"))
+        finally:
+            await admin.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="trainvitals.server"):
+        on_two_replicas(scenario)
+    assert "live broker: listening to" in caplog.text

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -83,7 +84,11 @@ class Broker:
         self.url = check_broker_url(url)
         self.shown_url = shown_database(url)
         self._secret = urlsplit(url).password
-        self._redis: Redis = Redis.from_url(url, health_check_interval=10)
+        #: What ``CLIENT LIST`` shows of this replica's connections.
+        self.client_name = f"trainvitals-{uuid.uuid4().hex[:12]}"
+        self._redis: Redis = Redis.from_url(
+            url, health_check_interval=10, client_name=self.client_name
+        )
         self.prefix = f"trainvitals:{self._redis.connection_pool.connection_kwargs.get('db', 0)}:"
         self._outgoing: asyncio.Queue[tuple[str, str]] = asyncio.Queue(MAX_PENDING)
         self._channels = {self.prefix + RUNS, self.prefix + ALERTS, self.prefix + WATCHING}
