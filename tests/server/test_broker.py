@@ -45,6 +45,12 @@ def messages(subscriber: Subscriber, probes: bool = False) -> list[dict[str, Any
     return taken
 
 
+def alert_arrives(sender: Hub, browser: Subscriber, alert_id: str) -> bool:
+    """Publish an alert from ``sender``; whether ``browser`` (of another hub) has it yet."""
+    sender.alert({"id": alert_id, "project": "p"})
+    return any(m["alert"]["id"] == alert_id for m in messages(browser, probes=True))
+
+
 def run(run_id: str, project: str) -> RunSummary:
     summary = {"id": run_id, "project": project, "name": run_id, "status": "running"}
     return summary  # type: ignore[return-value]
@@ -162,15 +168,11 @@ def test_a_malformed_message_on_the_broker_is_dropped_and_the_next_ones_still_go
         prefix = one._broker.prefix
         stranger = Redis.from_url(one._broker.url)
 
-        def arrived(alert_id: str) -> bool:
-            two.alert({"id": alert_id, "project": "p"})
-            return any(m["alert"]["id"] == alert_id for m in messages(browser, probes=True))
-
         try:
-            await until(partial(arrived, "before"))  # listening
+            await until(partial(alert_arrives, two, browser, "before"))  # listening
             for channel in ("alerts", "runs", "watching"):
                 await stranger.publish(prefix + channel, b"\xff not json")
-            await until(partial(arrived, "after"))
+            await until(partial(alert_arrives, two, browser, "after"))
         finally:
             await stranger.aclose()
 
@@ -187,18 +189,14 @@ def test_a_replica_cut_off_from_the_broker_reconnects_and_hears_again(
         browser = one.subscribe()
         admin = Redis.from_url(one._broker.url)
 
-        def arrived(alert_id: str) -> bool:
-            two.alert({"id": alert_id, "project": "p"})
-            return any(m["alert"]["id"] == alert_id for m in messages(browser, probes=True))
-
         try:
-            await until(partial(arrived, "before"))
+            await until(partial(alert_arrives, two, browser, "before"))
             clients = await admin.client_list()
             ours = [c["id"] for c in clients if c["name"] == one._broker.client_name]
             assert ours
             for client in ours:  # as when Redis restarts, or a network cut
                 await admin.client_kill_filter(_id=client)
-            await until(partial(arrived, "after"))
+            await until(partial(alert_arrives, two, browser, "after"))
         finally:
             await admin.aclose()
 
