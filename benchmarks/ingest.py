@@ -1,14 +1,16 @@
-"""Points per second ingested into SQLite by one server process from N concurrent agents.
+"""Points per second ingested by one server process from N concurrent agents, into SQLite
+and PostgreSQL side by side, then by two replicas behind nginx (PostgreSQL and Redis).
 
 Each agent is a real websocket connection speaking the agent protocol (hello, then numbered
 ``points`` frames, acknowledged by the server after commit), with up to WINDOW frames in
 flight, as the agent's sender does after an outage. The load generator runs in its own
-process so the server process has one core to itself on a 2-core machine.
+process so the server process has one core to itself on a 2-core machine (the replicas,
+nginx and PostgreSQL share the same two cores: their aggregate is a lower bound).
 
-    python benchmarks/ingest.py [--agents 1 10 50 200] [--seconds 8]
+    python benchmarks/ingest.py [--agents 1 10 200] [--seconds 6] [--no-replicas]
 
-Prints points/s and the ratio to the 500k points/s budget, and then how long the series
-route takes to open a 1M-point series (budget: under 1 s).
+Prints points/s against the budgets (500k on SQLite, 300k on PostgreSQL), and then how long
+the series route takes to open a 1M-point series (budget: under 1 s).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from harness.processes import ServerProcess
+from harness.balancer import redis_url, team
+from harness.processes import ServerProcess, postgres_database
 
 BUDGET_POINTS_PER_S = 500_000
+BUDGET_POSTGRES_POINTS_PER_S = 300_000
 SERIES = ["loss", "accuracy", "grad/global_norm", "step_time", "host/rss"]
 STEPS_PER_FRAME = 200  # 5 series x 200 steps = 1000 points a frame
 WINDOW = 8
@@ -50,6 +54,10 @@ def frame_body(first_step: int) -> str:
     )
 
 
+def bearer(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 async def say_hello(ws: ClientConnection, run_id: str, name: str) -> None:
     """Open the run as an agent does: ``hello``, then wait for ``welcome``."""
     hello = {
@@ -65,10 +73,11 @@ async def say_hello(ws: ClientConnection, run_id: str, name: str) -> None:
     await ws.recv()
 
 
-async def agent(url: str, deadline: float, counts: list[int]) -> None:
+async def agent(url: str, deadline: float, counts: list[int], token: str | None) -> None:
     run_id = uuid.uuid4().hex
     points_per_frame = STEPS_PER_FRAME * len(SERIES)
-    async with connect(url, max_size=None, compression=None) as ws:
+    headers = bearer(token)
+    async with connect(url, max_size=None, compression=None, additional_headers=headers) as ws:
         await say_hello(ws, run_id, run_id[:8])
         seq = acked = 0
         while time.monotonic() < deadline:
@@ -84,20 +93,27 @@ async def agent(url: str, deadline: float, counts: list[int]) -> None:
             acked = json.loads(await ws.recv())["seq"]
 
 
-async def load(url: str, agents: int, seconds: float) -> tuple[int, float]:
+async def load(url: str, agents: int, seconds: float, token: str | None) -> tuple[int, float]:
     counts = [0]
     start = time.monotonic()
-    await asyncio.gather(*(agent(url, start + seconds, counts) for _ in range(agents)))
+    await asyncio.gather(*(agent(url, start + seconds, counts, token) for _ in range(agents)))
     return counts[0], time.monotonic() - start
 
 
-def load_process(url: str, agents: int, seconds: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    out.put(asyncio.run(load(url, agents, seconds)))
+def load_process(
+    url: str,
+    agents: int,
+    seconds: float,
+    token: str | None,
+    out: multiprocessing.Queue,  # type: ignore[type-arg]
+) -> None:
+    out.put(asyncio.run(load(url, agents, seconds, token)))
 
 
-def measure(url: str, agents: int, seconds: float) -> float:
+def measure(url: str, agents: int, seconds: float, token: str | None = None) -> float:
     out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-    process = multiprocessing.Process(target=load_process, args=(url, agents, seconds, out))
+    arguments = (url, agents, seconds, token, out)
+    process = multiprocessing.Process(target=load_process, args=arguments)
     process.start()
     points, elapsed = out.get()
     process.join()
@@ -143,33 +159,55 @@ async def one_million(url: str) -> str:
     return run_id
 
 
+def one_process(db: str, agents: list[int], seconds: float) -> list[float]:
+    """Points/s into ``db`` by one server process, for each number of agents."""
+    server = ServerProcess(db)
+    try:
+        url = server.url.replace("http", "ws") + "/api/v1/ingest"
+        return [measure(url, count, seconds) for count in agents]
+    finally:
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agents", type=int, nargs="+", default=[1, 10, 50, 200])
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--agents", type=int, nargs="+", default=[1, 10, 200])
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--no-replicas", action="store_true", help="skip the two replicas")
     args = parser.parse_args()
+    print(
+        f"ingest by one server process, {len(SERIES) * STEPS_PER_FRAME} points a frame, "
+        f"{WINDOW} frames in flight per agent, every alert rule judging"
+    )
+    with tempfile.TemporaryDirectory() as tmp, postgres_database() as postgres:
+        sqlite = one_process(str(Path(tmp) / "bench.db"), args.agents, args.seconds)
+        postgresql = one_process(postgres, args.agents, args.seconds)
+    print(f"{'agents':>7} {'SQLite':>12} {'vs 500k':>8} {'PostgreSQL':>12} {'vs 300k':>8}")
+    for count, lite, pg in zip(args.agents, sqlite, postgresql, strict=True):
+        print(
+            f"{count:>7} {lite:>12,.0f} {lite / BUDGET_POINTS_PER_S:>7.2f}x "
+            f"{pg:>12,.0f} {pg / BUDGET_POSTGRES_POINTS_PER_S:>7.2f}x",
+            flush=True,
+        )
+    if not args.no_replicas:
+        with postgres_database() as postgres, team(postgres, redis_url()) as running:
+            url = running.url.replace("http", "ws") + "/api/v1/ingest"
+            print("two replicas behind nginx, PostgreSQL and Redis (--broker), all on 2 cores")
+            for count in args.agents:
+                rate = measure(url, count, args.seconds, running.token)
+                print(f"{count:>7} {rate:>12,.0f} points/s in all", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "bench.db"))
-        url = server.url.replace("http", "ws") + "/api/v1/ingest"
         try:
-            print(
-                f"ingest into SQLite, one server process, {len(SERIES) * STEPS_PER_FRAME} "
-                f"points a frame, {WINDOW} frames in flight per agent"
-            )
-            print(f"{'agents':>7} {'points/s':>12} {'vs 500k budget':>15}")
-            for agents in args.agents:
-                rate = measure(url, agents, args.seconds)
-                print(
-                    f"{agents:>7} {rate:>12,.0f} {rate / BUDGET_POINTS_PER_S:>14.2f}x", flush=True
-                )
+            url = server.url.replace("http", "ws") + "/api/v1/ingest"
             run_id = asyncio.run(one_million(url))
             ms = series_open_ms(server, run_id)
-            print(
-                f"open a 1M-point series (max_points=2000): {ms:.0f} ms median "
-                f"= {ms / 1000:.2f}x of the 1 s budget"
-            )
         finally:
             server.stop()
+    print(
+        f"open a 1M-point series (max_points=2000): {ms:.0f} ms median "
+        f"= {ms / 1000:.2f}x of the 1 s budget"
+    )
 
 
 if __name__ == "__main__":

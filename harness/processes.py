@@ -130,16 +130,21 @@ class ServerProcess:
             return exc.code, json.loads(exc.read())
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        terminate(self.process)
         self._drain.join(timeout=10)
         if self.process.stdout:
             self.process.stdout.close()
+
+
+def terminate(process: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """SIGTERM ``process`` unless it ended; SIGKILL it when it outlives ``timeout``."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @contextmanager

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.balancer import NGINX
 from harness.processes import ROOT, ServerProcess
 from trainvitals.server.migrations import head_revision
 
@@ -119,7 +120,7 @@ def test_serve_reports_a_bad_database_url(tmp_path: Path) -> None:
     assert "Expected a SQLite path or a postgresql:// URL" in result.stdout + result.stderr
 
 
-def test_compose_file_runs_the_server_on_postgres() -> None:
+def test_compose_file_runs_two_replicas_behind_nginx_on_postgres_and_redis() -> None:
     compose = ROOT / "docker-compose.yml"
     docker = shutil.which("docker")
     if (
@@ -132,20 +133,62 @@ def test_compose_file_runs_the_server_on_postgres() -> None:
             env={**os.environ, "POSTGRES_PASSWORD": "from-the-environment"},
         )
     spec = yaml.safe_load(compose.read_text())
-    server, postgres = spec["services"]["server"], spec["services"]["postgres"]
-    assert server["build"] == "." and (ROOT / "Dockerfile").is_file()
-    assert server["environment"]["TRAINVITALS_DB"].startswith("postgresql://")
-    # No credentials in the file (#15), and published on loopback unless told otherwise.
-    assert "${POSTGRES_PASSWORD:?" in server["environment"]["TRAINVITALS_DB"]
+    services = spec["services"]
+    replicas = [services["server-1"], services["server-2"]]
+    postgres, redis, balancer = services["postgres"], services["redis"], services["balancer"]
+    for server in replicas:
+        assert server["build"] == "." and (ROOT / "Dockerfile").is_file()
+        environment = server["environment"]
+        assert environment["TRAINVITALS_DB"].startswith("postgresql://")
+        # No credentials in the file (#15).
+        assert "${POSTGRES_PASSWORD:?" in environment["TRAINVITALS_DB"]
+        assert environment["TRAINVITALS_BROKER"] == "redis://redis:6379/0"
+        assert "ports" not in server  # reached through the balancer only
+        assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
+        assert server["depends_on"]["redis"]["condition"] == "service_healthy"
     assert postgres["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
-    assert server["ports"] == ["${TRAINVITALS_BIND:-127.0.0.1}:8600:8600"]
-    assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert postgres["image"].startswith("postgres:")
+    assert postgres["image"].startswith("postgres:") and redis["image"].startswith("redis:")
+    assert "ports" not in redis
     volume = postgres["volumes"][0].split(":")[0]
     assert volume in spec["volumes"]
+    # Published on loopback unless told otherwise, with the repository's nginx configuration.
+    assert balancer["image"].startswith("nginx:")
+    assert balancer["ports"] == ["${TRAINVITALS_BIND:-127.0.0.1}:8600:8600"]
+    assert balancer["volumes"] == ["./deploy/nginx.conf:/etc/nginx/nginx.conf:ro"]
 
 
-def test_serve_prints_the_database_url_without_its_password() -> None:
+def test_the_compose_nginx_configuration_is_valid_and_balances_both_replicas(
+    tmp_path: Path,
+) -> None:
+    config = (ROOT / "deploy" / "nginx.conf").read_text()
+    assert "server server-1:8600" in config and "server server-2:8600" in config
+    assert "proxy_set_header Upgrade $http_upgrade;" in config
+    # Names only Docker resolves, pointed at this host for nginx's own check.
+    local = tmp_path / "nginx.conf"
+    local.write_text(config.replace("server-1:", "127.0.0.1:").replace("server-2:", "127.0.0.2:"))
+    checked = subprocess.run(
+        [NGINX, "-t", "-p", str(tmp_path), "-e", str(tmp_path / "error.log"), "-c", str(local)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_serve_refuses_a_broker_that_is_not_redis() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainvitals", "serve", "--port", "0", "--broker",
+         "nats://user:hunter2@127.0.0.1:4222"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--broker expects a redis://host:6379/0 URL" in result.stderr
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_serve_prints_the_database_and_broker_urls_without_their_passwords() -> None:
     server = subprocess.Popen(
         [
             sys.executable,
@@ -156,6 +199,8 @@ def test_serve_prints_the_database_url_without_its_password() -> None:
             "0",
             "--db",
             "postgresql://postgres:hunter2@127.0.0.1:5432/postgres",
+            "--broker",
+            "redis://:hunter3@127.0.0.1:6379/0",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -168,3 +213,4 @@ def test_serve_prints_the_database_url_without_its_password() -> None:
         server.kill()
         server.wait(30)
     assert "serving on" in first and "postgres:***@127.0.0.1" in first and "hunter2" not in first
+    assert "broker: redis://:***@127.0.0.1:6379/0" in first and "hunter3" not in first

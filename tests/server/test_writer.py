@@ -32,6 +32,10 @@ def backend_pid(conn: Connection) -> int:
     return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
 
 
+def synchronous_commit(conn: Connection) -> str:
+    return str(conn.execute(text("SHOW synchronous_commit")).scalar_one())
+
+
 def test_writes_share_one_connection_and_survive_its_loss(postgres_url: str) -> None:
     store = Store(postgres_url)
     store.create_schema()
@@ -43,6 +47,8 @@ def test_writes_share_one_connection_and_survive_its_loss(postgres_url: str) -> 
             await writer.submit(partial(store.runs.open_run, hello=HELLO, now=1.0))
             first, second = [await writer.submit(backend_pid) for _ in range(2)]
             assert first == second  # no checkout (a ping and a rollback) per transaction
+            # Durable across a server process's crash, not a WAL flush per commit.
+            assert await writer.submit(synchronous_commit) == "off"
             with admin.connect() as conn:  # the database drops it (a restart, a proxy timeout)
                 conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
             points = {"loss": Columns([1], [1.0], [0.5])}
@@ -53,6 +59,7 @@ def test_writes_share_one_connection_and_survive_its_loss(postgres_url: str) -> 
                 == 1
             )
             assert await writer.submit(backend_pid) != first
+            assert await writer.submit(synchronous_commit) == "off"  # on the new one too
 
         asyncio.run(scenario())
         run = store.runs.get_run("r1")

@@ -64,6 +64,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "see docs/notifications.md",
     )
     serve.add_argument(
+        "--broker",
+        default=None,
+        metavar="URL",
+        help="redis://host:6379/0: share live updates with the other replicas behind a load "
+        "balancer (default: none, live updates stay in this process)",
+    )
+    serve.add_argument(
         "--public-url",
         default=None,
         metavar="URL",

@@ -37,6 +37,7 @@ def serve_command(args: argparse.Namespace) -> int:
         "notify": args.notify,
         "public_url": args.public_url,
         "auth": args.auth,
+        "broker": args.broker,
     }
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     try:
@@ -45,6 +46,10 @@ def serve_command(args: argparse.Namespace) -> int:
             load_rules(settings.rules)
         if settings.notify:
             load_notify(settings.notify)
+        if settings.broker:
+            from trainvitals.server.broker import check_broker_url
+
+            check_broker_url(settings.broker)
         refusal = _refusal(settings)
     except ConfigurationError as exc:
         print(f"trainvitals serve: {exc}", file=sys.stderr)
@@ -67,7 +72,8 @@ def serve_command(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     print(
         f"trainvitals {__version__} serving on http://{settings.host}:{port}/ "
-        f"(db: {shown_database(settings.db)})",
+        f"(db: {shown_database(settings.db)}"
+        + (f", broker: {shown_database(settings.broker)})" if settings.broker else ")"),
         flush=True,
     )
     config = uvicorn.Config(

@@ -6,11 +6,18 @@ notifications (one transaction: the outbox) and pushes it to browsers. A run's s
 rebuilt when it is first needed after a restart: its stored alerts are taken up and its last
 frames replayed through a fresh detector, whose findings are discarded, so baselines are
 warm and nothing fires twice.
+
+Replicas sharing one database judge each run in one place: the process its agent said hello
+to takes the run's lease (:mod:`~trainvitals.server.leases`), and one that held the run
+before drops what it knew once its renewal finds the lease gone. A process that takes a run
+it did not hold without a break rebuilds it from storage, as after a restart: the alerts the
+other raised are taken up, not raised again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -23,7 +30,9 @@ from sqlalchemy import Connection
 
 from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, RulesConfig
 from trainvitals.detect.types import jsonable
+from trainvitals.exceptions import WriterClosed
 from trainvitals.protocol import Columns, SeqColumns
+from trainvitals.server.leases import RUN, Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.metrics import RunVitals
 from trainvitals.server.notify import Notifier
@@ -46,6 +55,8 @@ class _RunAlerts:
     detector: Detector
     book: AlertBook
     autopsy: dict[str, Any] | None = None
+    #: ``time.monotonic()`` when its lease was taken (a renewal older than that can't see it).
+    leased_at: float = 0.0
 
 
 class AlertEngine:
@@ -57,17 +68,30 @@ class AlertEngine:
         writer: Writer,
         hub: Hub,
         rules: RulesConfig,
+        leases: Leases,
         notifier: Notifier | None = None,
     ) -> None:
         self._store, self._writer, self._hub = store, writer, hub
+        self._leases = leases
         self._notifier = notifier
         self.rules = rules
         self._runs: dict[str, _RunAlerts] = {}
         self._loading: dict[str, asyncio.Task[_RunAlerts | None]] = {}
-        self._silences: list[Silence] = []
+        self._renewer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._silences = await asyncio.to_thread(self._store.alerts.active_silences, time.time())
+        self._renewer = asyncio.create_task(self._renew_forever(), name="trainvitals-leases")
+
+    async def stop(self) -> None:
+        """Stop renewing, and give the runs judged here up to whichever replica hears of
+        them next."""
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        if self._runs:
+            with contextlib.suppress(WriterClosed):
+                await self._leases.release(*(RUN + run_id for run_id in self._runs))
 
     # -- events from ingest and liveness ----------------------------------------------------
 
@@ -76,9 +100,16 @@ class AlertEngine:
     ) -> None:
         """A run's agent said hello: a ``new`` run, or one reconnecting (whose state may
         have to be rebuilt from storage)."""
-        if new and run["id"] not in self._runs:  # nothing stored to rebuild from
-            self._runs[run["id"]] = self._fresh(run["id"], run["project"], run["name"], env)
-        state = await self._state(run["id"])
+        run_id = run["id"]
+        if new or run_id in self._runs:
+            leased_at = time.monotonic()
+            if not await self._leases.take(RUN + run_id):
+                # Another replica judged it since (or nobody did): what is here is stale.
+                self._runs.pop(run_id, None)
+            if new and run_id not in self._runs:  # nothing stored to rebuild from
+                self._runs[run_id] = self._fresh(run_id, run["project"], run["name"], env)
+                self._runs[run_id].leased_at = leased_at
+        state = await self._state(run_id)
         if state is None:
             return
         findings = state.detector.hello(int(run.get("last_step") or 0), now)
@@ -121,7 +152,8 @@ class AlertEngine:
         await self._apply(state, state.detector.ended(reason, when, traceback))
         resolved = state.book.resolve_all(when, keep=("crash",))
         await self._publish(state, [("resolved", alert) for alert in resolved])
-        self._runs.pop(run_id, None)
+        if self._runs.pop(run_id, None) is not None:
+            await self._leases.release(RUN + run_id)
 
     def vitals(self, limit: int) -> tuple[list[RunVitals], int]:
         """The latest system readings of the ``limit`` runs opened last whose detectors this
@@ -173,7 +205,6 @@ class AlertEngine:
             created_by=by,
         )
         await self._writer.submit(partial(self._store.alerts.add_silence, silence=silence))
-        self._silences.append(silence)
         stored["silenced_until"] = silence["until"]
         alert = self._held(stored)
         if alert is not None:
@@ -208,7 +239,12 @@ class AlertEngine:
         run = await asyncio.to_thread(self._store.runs.get_run, run_id)
         if run is None:
             return None
+        leased_at = time.monotonic()
+        # Taken before reading: whatever the previous holder stores from now on, it stores
+        # before its renewal tells it to stop, and a write that races this read is stored.
+        await self._leases.take(RUN + run_id)
         state = self._fresh(run_id, run["project"], run["name"], run["env"])
+        state.leased_at = leased_at
         history = await asyncio.to_thread(self._store.series.recent_points, run_id, REPLAY_FRAMES)
         if history:
             columns = {
@@ -233,16 +269,35 @@ class AlertEngine:
         if changes:
             await self._publish(state, changes)
 
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._leases.ttl / 3)
+            started = time.monotonic()
+            try:
+                held = await self._leases.renew(RUN)
+            except WriterClosed:
+                return
+            except Exception:  # a database hiccup must not end the renewals
+                log.exception("renewing the runs' leases failed")
+                continue
+            for run_id, state in list(self._runs.items()):
+                if state.leased_at < started and RUN + run_id not in held:
+                    log.info("run %s is judged by another server now", state.name)
+                    self._runs.pop(run_id, None)
+
     async def _publish(self, state: _RunAlerts, changes: list[tuple[Change, Alert]]) -> None:
         if not changes:
             return
+        silences = None
+        if any(kind == "fired" for kind, _ in changes):  # made on any replica: stored
+            silences = await asyncio.to_thread(self._store.alerts.active_silences, time.time())
         published: list[tuple[Change, Alert]] = []
         for kind, alert in changes:
             alert.run_id, alert.project, alert.run_name = state.run_id, state.project, state.name
             if alert.rule == "nonfinite" and state.autopsy is not None:
                 alert.evidence["autopsy"] = jsonable(state.autopsy)
             if kind == "fired":
-                alert.silenced_until = self._silenced_until(alert)
+                alert.silenced_until = _silenced_until(alert, silences or [])
             # A snapshot: the book goes on changing its alerts while these are written and sent.
             published.append((kind, Alert.from_dict(alert.as_dict())))
         notices = await self._writer.submit(
@@ -255,15 +310,14 @@ class AlertEngine:
                 log.warning("alert %s on run %s: %s", alert.rule, alert.run_name, alert.message)
             self._hub.alert(alert.as_dict())
 
-    def _silenced_until(self, alert: Alert) -> float | None:
-        now = time.time()
-        self._silences = [s for s in self._silences if s["until"] > now]
-        untils = [
-            s["until"]
-            for s in self._silences
-            if (s["run_id"], s["rule"], s["subject"]) == (alert.run_id, alert.rule, alert.subject)
-        ]
-        return max(untils) if untils else None
+
+def _silenced_until(alert: Alert, silences: list[Silence]) -> float | None:
+    untils = [
+        s["until"]
+        for s in silences
+        if (s["run_id"], s["rule"], s["subject"]) == (alert.run_id, alert.rule, alert.subject)
+    ]
+    return max(untils) if untils else None
 
 
 def _save_all(

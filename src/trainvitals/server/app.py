@@ -12,9 +12,11 @@ from trainvitals import __version__
 from trainvitals.detect import RulesConfig, load_rules
 from trainvitals.protocol import EndReason
 from trainvitals.server.alerts import AlertEngine
+from trainvitals.server.broker import Broker
 from trainvitals.server.compactor import Compactor
 from trainvitals.server.deps import AppState
 from trainvitals.server.guard import RequestGuard, allowed_hosts
+from trainvitals.server.leases import Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.metrics import Metrics
@@ -48,7 +50,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store.create_schema()
         gauges = Metrics()
         writer = Writer(store, on_commit=gauges.transaction_seconds.observe)
-        hub = Hub(settings.live_queue_size, settings.runs_push_interval, settings.live_queue_bytes)
+        broker = Broker(settings.broker) if settings.broker else None
+        hub = Hub(
+            settings.live_queue_size,
+            settings.runs_push_interval,
+            settings.live_queue_bytes,
+            broker,
+        )
         gauges.queue_depth.set_function(lambda: writer.queue_depth)
         gauges.browsers.set_function(lambda: hub.browsers)
         hub.start()
@@ -58,7 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 channels, store.outbox, writer, settings.public_url, settings.notify_lease
             )
             await notifier.start()
-        alerts = AlertEngine(store, writer, hub, rules, notifier)
+        leases = Leases(store.leases, writer, settings.lease)
+        alerts = AlertEngine(store, writer, hub, rules, leases, notifier)
         await alerts.start()
         liveness = Liveness(
             store.runs,
@@ -66,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             hub,
             settings.lost_after,
             on_lost=lambda run_id, when: alerts.ended(run_id, EndReason.HEARTBEAT_LOST, when),
+            leases=leases,
         )
         await liveness.start()
         compactor = Compactor(
@@ -95,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await compactor.stop()
             await liveness.stop()
+            await alerts.stop()
             if notifier is not None:
                 await notifier.stop()
             await hub.stop()

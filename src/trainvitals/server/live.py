@@ -4,6 +4,10 @@ Ingest never waits on a browser: each browser has a bounded queue drained by its
 and a browser that falls that far behind is disconnected (1013) and reloads from the API.
 Run-list changes are coalesced and pushed every ``runs_push_interval`` seconds; points go
 at once, and only to the browsers that subscribed to that run.
+
+With a :class:`~trainvitals.server.broker.Broker` (``serve --broker``), every message goes
+through it, so the browsers of every replica get it, this one's included; without, it goes
+straight to this process's browsers.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from trainvitals.server.broker import ALERTS, POINTS, RUNS, Broker
 from trainvitals.server.storage import RunSummary
 
 
@@ -53,8 +58,15 @@ class Hub:
     """Routes run and point updates to subscribed browsers."""
 
     def __init__(
-        self, queue_size: int = 2000, runs_push_interval: float = 0.5, queue_bytes: int = 64 * 2**20
+        self,
+        queue_size: int = 2000,
+        runs_push_interval: float = 0.5,
+        queue_bytes: int = 64 * 2**20,
+        broker: Broker | None = None,
     ) -> None:
+        self._broker = broker
+        #: Browsers here watching each run (with a broker: the runs whose points it receives).
+        self._watched: dict[str, int] = {}
         self._queue_bytes = queue_bytes
         self._subscribers: set[Subscriber] = set()
         self._queue_size = queue_size
@@ -64,12 +76,16 @@ class Hub:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._push_runs_forever(), name="trainvitals-live-runs")
+        if self._broker is not None:
+            self._broker.start(self.received)
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._broker is not None:
+            await self._broker.stop()
 
     @property
     def browsers(self) -> int:
@@ -83,6 +99,27 @@ class Hub:
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.discard(subscriber)
+        for run_id in list(subscriber.runs):
+            self.unwatch(subscriber, run_id)
+
+    def watch(self, subscriber: Subscriber, run_id: str) -> None:
+        """``subscriber`` gets the points of ``run_id`` from now on."""
+        if run_id in subscriber.runs:
+            return
+        subscriber.runs.add(run_id)
+        self._watched[run_id] = self._watched.get(run_id, 0) + 1
+        if self._watched[run_id] == 1 and self._broker is not None:
+            self._broker.watch(POINTS + run_id)
+
+    def unwatch(self, subscriber: Subscriber, run_id: str) -> None:
+        if run_id not in subscriber.runs:
+            return
+        subscriber.runs.discard(run_id)
+        self._watched[run_id] -= 1
+        if not self._watched[run_id]:
+            del self._watched[run_id]
+            if self._broker is not None:
+                self._broker.unwatch(POINTS + run_id)
 
     def run_changed(self, run: RunSummary) -> None:
         """Queue a run summary for the next coalesced push to every browser."""
@@ -91,8 +128,14 @@ class Hub:
     def alert(self, alert: Mapping[str, Any]) -> None:
         """Push an alert change to every browser (alerts are few; every page shows them)."""
         message = json.dumps({"type": "alert", "alert": alert})
+        if self._broker is not None:
+            self._broker.publish(ALERTS, message)
+        else:
+            self._offer_alert(message, alert.get("project"))
+
+    def _offer_alert(self, message: str, project: str | None) -> None:
         for subscriber in self._subscribers:
-            if subscriber.project in (None, alert.get("project")):
+            if subscriber.project in (None, project):
                 subscriber.offer(message)
 
     def points(
@@ -101,8 +144,9 @@ class Hub:
         series: Iterable[tuple[str, Sequence[int], Sequence[float], Sequence[float]]],
     ) -> None:
         """Push new points of ``run_id`` to the browsers that watch it."""
-        watchers = [s for s in self._subscribers if run_id in s.runs]
-        if not watchers:
+        if self._broker is None and run_id not in self._watched:
+            return
+        if self._broker is not None and not self._broker.heard(POINTS + run_id):
             return
         message = json.dumps(
             {
@@ -118,8 +162,17 @@ class Hub:
                 },
             }
         )
-        for subscriber in watchers:
-            subscriber.offer(message)
+        if self._broker is not None:
+            self._broker.publish(POINTS + run_id, message)
+        else:
+            self._offer_points(run_id, message)
+
+    def _offer_points(self, run_id: str, message: str) -> None:
+        if run_id not in self._watched:
+            return
+        for subscriber in self._subscribers:
+            if run_id in subscriber.runs:
+                subscriber.offer(message)
 
     async def _push_runs_forever(self) -> None:
         while True:
@@ -130,6 +183,22 @@ class Hub:
         if not self._dirty_runs:
             return
         runs, self._dirty_runs = list(self._dirty_runs.values()), {}
+        if self._broker is not None:
+            self._broker.publish(RUNS, json.dumps(runs))
+        else:
+            self._offer_runs(runs)
+
+    def received(self, channel: str, message: str) -> None:
+        """A message from the broker (published by any replica, this one included)."""
+        if channel.startswith(POINTS):
+            self._offer_points(channel[len(POINTS) :], message)
+        elif channel == ALERTS:
+            alert = json.loads(message)["alert"]
+            self._offer_alert(message, alert.get("project"))
+        elif channel == RUNS:
+            self._offer_runs(json.loads(message))
+
+    def _offer_runs(self, runs: list[RunSummary]) -> None:
         messages: dict[str | None, str | None] = {}  # one message per project seen
         for subscriber in self._subscribers:
             project = subscriber.project

@@ -4,6 +4,10 @@ A host that dies or a network that is cut leaves no ending; the run becomes ``lo
 ``end_reason: heartbeat_lost``. The state is rebuilt from storage when the server starts, so
 runs that were running before a restart are judged by their stored ``last_seen`` and come back
 to ``running`` as soon as their agent reconnects.
+
+Replicas sharing one database sweep one at a time, under a lease
+(:mod:`~trainvitals.server.leases`): the one that holds it judges every run by the last-seen
+time stored by whichever replica hears it, so a run streaming to another replica is not lost.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+from trainvitals.exceptions import WriterClosed
+from trainvitals.server.leases import SWEEP, Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.storage import RunStore
 from trainvitals.server.writer import Writer
@@ -32,8 +38,10 @@ class Liveness:
         hub: Hub,
         lost_after: float,
         on_lost: Callable[[str, float], Awaitable[None]] | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self._runs, self._writer, self._hub = runs, writer, hub
+        self._leases = leases
         self._on_lost = on_lost
         self.lost_after = lost_after
         self._seen: dict[str, float] = {}
@@ -72,6 +80,23 @@ class Liveness:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._leases is not None:  # the next replica sweeps at once
+            with contextlib.suppress(WriterClosed):
+                await self._leases.release(SWEEP)
+
+    async def sweeping(self) -> bool:
+        """Whether this process sweeps now (it holds the lease, or there is none): if so,
+        what every replica stored of the running runs is taken up first."""
+        if self._leases is None:
+            return True
+        if not await self._leases.claim(SWEEP):
+            return False
+        stored = await asyncio.to_thread(self._runs.running_runs)
+        for run_id in self._seen.keys() - stored.keys():  # ended, or lost, elsewhere
+            self._seen.pop(run_id, None)
+        for run_id, last_seen in stored.items():
+            self._seen[run_id] = max(self._seen.get(run_id, last_seen), last_seen)
+        return True
 
     async def check(self, now: float) -> list[str]:
         """Mark every run silent for longer than ``lost_after`` as lost; returns their ids."""
@@ -106,6 +131,7 @@ class Liveness:
                     log.warning("the server was paused %.1f s; no run is judged lost for it", gap)
                     self.resume(time.time())
                     continue
-                await self.check(time.time())
+                if await self.sweeping():
+                    await self.check(time.time())
             except Exception:  # a database hiccup must not end the watch
                 log.exception("liveness check failed")

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     def retention(self) -> Retention:
         """``thin_after_days``, read."""
         return Retention.parse(self.thin_after_days)
+    #: A Redis URL (``redis://host:6379/0``) through which replicas share live updates: a
+    #: browser on any replica sees every run. Unset: live updates stay in this process.
+    broker: str | None = None
+    #: Seconds a replica holds a run's detector, or the lost-run sweep, without renewing its
+    #: lease (a row in the database) before another replica may take it over.
+    lease: float = 15.0
 
     @property
     def auth_required(self) -> bool:

@@ -4,7 +4,8 @@
 - ``store.series``: the points of their series (:mod:`~trainvitals.server.storage.series`);
 - ``store.alerts``: alerts and silences (:mod:`~trainvitals.server.storage.alerts`);
 - ``store.outbox``: the notifications queued for delivery (:mod:`~trainvitals.server.notify.store`);
-- ``store.tokens``: access tokens and browser sessions (:mod:`~trainvitals.server.storage.tokens`).
+- ``store.tokens``: access tokens and browser sessions (:mod:`~trainvitals.server.storage.tokens`);
+- ``store.leases``: which replica does what (:mod:`~trainvitals.server.storage.leases`).
 
 Every method is synchronous. Those that take a ``conn`` write, in the transaction the
 :class:`~trainvitals.server.writer.Writer` thread gives them; the others read, on a
@@ -18,6 +19,7 @@ from sqlalchemy import Connection
 from trainvitals.server.migrations import upgrade
 from trainvitals.server.notify.store import OutboxStore
 from trainvitals.server.storage.alerts import AlertStore
+from trainvitals.server.storage.leases import LeaseStore
 from trainvitals.server.storage.runs import RunStore
 from trainvitals.server.storage.schema import connect, database_url
 from trainvitals.server.storage.series import SeriesStore
@@ -44,6 +46,7 @@ class Store:
         self.alerts = AlertStore(self.engine)
         self.outbox = OutboxStore(self.engine)
         self.tokens = TokenStore(self.engine)
+        self.leases = LeaseStore(self.engine)
 
     def create_schema(self) -> str:
         """Make the tables, or bring those of an older database up to date (the Alembic

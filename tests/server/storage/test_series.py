@@ -22,6 +22,30 @@ def test_replayed_frames_are_stored_once(store: Store) -> None:
     assert steps.tolist() == [1, 2, 3] and values.tolist() == [3.0, 2.0, 1.0]
 
 
+def test_many_frames_in_one_transaction_are_stored_once_each(store: Store) -> None:
+    """Hundreds of frames committed together (on PostgreSQL: through COPY), a replayed one
+    among them, and one stored already: each is stored once, and a rolled-back one not."""
+    frame = {f"s{i}": Columns([1], [1.0], [float(i)]) for i in range(10)}
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(conn, "r1", 1, frame, now=1.0)
+    with store.engine.begin() as conn:
+        for seq in range(1, 41):  # 400 chunks, seq 1 stored already
+            store.series.add_points(conn, "r1", seq, frame, now=2.0)
+        store.series.add_points(conn, "r1", 40, frame, now=2.0)  # replayed in the same one
+    try:
+        with store.engine.begin() as conn:
+            store.series.add_points(conn, "r1", 41, frame, now=3.0)
+            raise RuntimeError("the transaction fails")
+    except RuntimeError:
+        pass
+    with store.engine.begin() as conn:
+        store.series.add_points(conn, "r1", 42, {"s0": Columns([1], [1.0], [0.0])}, now=4.0)
+    steps, _, values = store.series.read_series("r1", "s3")
+    assert steps.tolist() == [1] * 40 and set(values.tolist()) == {3.0}
+    assert store.series.read_series("r1", "s0")[0].tolist() == [1] * 41
+
+
 def test_series_reads_in_step_order_and_keeps_nan(store: Store) -> None:
     with store.engine.begin() as conn:
         store.runs.open_run(conn, hello("r1"), now=1.0)

@@ -132,9 +132,9 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
                     run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
                     if run is None or run["project"] != who.projects:
                         continue
-                subscriber.runs.add(run_id)
+                state.hub.watch(subscriber, run_id)
             elif kind == "unsubscribe":
-                subscriber.runs.discard(run_id)
+                state.hub.unwatch(subscriber, run_id)
     except (WebSocketDisconnect, RuntimeError):
         return
     finally:

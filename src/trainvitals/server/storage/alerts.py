@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, RowMapping, func, select, update
+from sqlalchemy import Connection, Engine, RowMapping, case, func, select, update
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.server.storage.schema import alerts, dialect_insert, silences
@@ -63,7 +63,18 @@ class AlertStore:
         row = {f: alert[f] for f in ALERT_FIELDS}
         row["evidence"] = json.dumps(alert["evidence"], allow_nan=False)
         statement = dialect_insert(self._engine, alerts).values(**row)
-        changed = {f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"}
+        changed: dict[str, Any] = {f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"}
+        # People act on alerts through any replica; the one that judges the run may not know
+        # yet: what they did is kept, unless the alert fired again since (the later silence
+        # wins).
+        same_firing = statement.excluded["count"] == alerts.c["count"]
+        for field in ("acknowledged_at", "acknowledged_by"):
+            ours = statement.excluded[field]
+            changed[field] = case((ours.is_(None) & same_firing, alerts.c[field]), else_=ours)
+        theirs, ours = alerts.c.silenced_until, statement.excluded.silenced_until
+        changed["silenced_until"] = case(
+            (theirs.is_(None), ours), (ours > theirs, ours), else_=theirs
+        )
         conn.execute(statement.on_conflict_do_update(index_elements=["id"], set_=changed))
 
     def acknowledge(

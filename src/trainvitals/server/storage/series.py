@@ -8,7 +8,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Engine, Row, and_, delete, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Row,
+    and_,
+    delete,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainvitals.lifecycle import ALIVE
@@ -20,6 +32,11 @@ from trainvitals.server.storage.runs import record_progress
 from trainvitals.server.storage.schema import chunks, dialect_insert, runs, series
 
 _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
+_PENDING_CHUNKS = "trainvitals.pending_chunks"  # in Connection.info: [chunk row]
+_CHUNK_COLUMNS = ("run_id", "series", "seq", "n", "steps", "times", "vals")
+_CHUNK_TYPES = ["text", "text", "int8", "int4", "bytea", "bytea", "bytea"]
+#: Chunks in one transaction from which COPY is worth its extra round trips.
+_COPY_FROM_ROWS = 200
 #: A chunk row's points as :func:`codec.decode` takes them.
 _POINTS = (chunks.c.encoding, chunks.c.n, chunks.c.steps, chunks.c.times, chunks.c.vals)
 #: Chunk rows (agent frames of one series) read at a time by :meth:`SeriesStore.iter_series`.
@@ -44,12 +61,13 @@ class SeriesStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._insert_chunks = dialect_insert(engine, chunks).on_conflict_do_nothing()
         self._insert_series = dialect_insert(engine, series).on_conflict_do_nothing()
         # Run id -> the series names this process has committed for it: a frame's known
         # series need no insert. Forgotten when the run ends (a run that speaks again only
         # costs inserts that are ignored).
         self._known: dict[str, set[str]] = {}
+        event.listen(engine, "commit", self._flush)
+        event.listen(engine, "rollback", self._drop)
 
     # -- writes (writer thread) --------------------------------------------------------------
 
@@ -74,7 +92,8 @@ class SeriesStore:
             top = int(step_array.max())
             last_step = top if last_step is None else max(last_step, top)
         if rows:
-            conn.execute(self._insert_chunks, rows)
+            # Stored as the transaction commits, with its other frames (``_flush``).
+            conn.info.setdefault(_PENDING_CHUNKS, []).extend(rows)
             known = self._known.get(run_id, ())
             new = [r["series"] for r in rows if r["series"] not in known]
             if new:
@@ -85,6 +104,44 @@ class SeriesStore:
         record_progress(conn, run_id, seq, now, last_step)
         return last_step
 
+    def _flush(self, conn: Connection) -> None:
+        """Insert the chunks of every frame of the transaction at once, as it commits (the
+        writer groups hundreds of frames in one). On PostgreSQL, many rows go through
+        ``COPY``, into a temporary table and then on with an insert that skips the frames
+        stored already: three round trips for the lot, not one a frame; a few rows go in one
+        pipelined ``executemany``, which is one round trip."""
+        rows = conn.info.pop(_PENDING_CHUNKS, None)
+        if not rows:
+            return
+        # On the driver's connection: SQLAlchemy's is committing.
+        raw: Any = conn.connection.driver_connection
+        columns = ", ".join(_CHUNK_COLUMNS)
+        values = [[row[c] for c in _CHUNK_COLUMNS] for row in rows]
+        if conn.dialect.name != "postgresql":
+            marks = ", ".join("?" for _ in _CHUNK_COLUMNS)
+            raw.executemany(f"INSERT OR IGNORE INTO chunks ({columns}) VALUES ({marks})", values)
+            return
+        if len(rows) < _COPY_FROM_ROWS:
+            marks = ", ".join("%s" for _ in _CHUNK_COLUMNS)
+            with raw.cursor() as cursor:
+                cursor.executemany(
+                    f"INSERT INTO chunks ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING",
+                    values,
+                )
+            return
+        with raw.cursor() as cursor:
+            cursor.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS chunks_in (LIKE chunks) ON COMMIT DELETE ROWS"
+            )
+            with cursor.copy(f"COPY chunks_in ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+                copy.set_types(_CHUNK_TYPES)  # the blobs as they are, not hex text
+                for row in values:
+                    copy.write_row(row)
+            cursor.execute(
+                f"INSERT INTO chunks ({columns}) SELECT {columns} FROM chunks_in "
+                "ON CONFLICT DO NOTHING"
+            )
+
     def committed(self, conn: Connection) -> None:
         """The transaction on ``conn`` was committed: remember the series it stored."""
         for run_id, names in conn.info.pop(_PENDING_SERIES, ()):
@@ -93,6 +150,12 @@ class SeriesStore:
     def rolled_back(self, conn: Connection) -> None:
         """The transaction on ``conn`` failed: what it stored is not there."""
         conn.info.pop(_PENDING_SERIES, None)
+        conn.info.pop(_PENDING_CHUNKS, None)
+
+    def _drop(self, conn: Connection) -> None:
+        """The transaction rolls back: its held chunks are not to be stored."""
+        if not conn.invalidated:  # else they go with the connection (``rolled_back``)
+            conn.info.pop(_PENDING_CHUNKS, None)
 
     def forget(self, run_id: str) -> None:
         """The run ended: stop remembering its series."""

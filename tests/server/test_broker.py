@@ -1,0 +1,205 @@
+"""Live fan-out through a real Redis: what one hub publishes, every hub's browsers get, each
+filtered as without a broker; a broker that can't be reached is retried, its password never
+shown."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from harness.balancer import redis_url
+from trainvitals.exceptions import ConfigurationError
+from trainvitals.server.broker import POINTS, QUIET, Broker, check_broker_url
+from trainvitals.server.live import Hub, Subscriber
+from trainvitals.server.storage import RunSummary
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+def gathered(subscriber: Subscriber, into: list[dict[str, Any]]) -> int:
+    """Add what ``subscriber`` got since to ``into``; how many ``into`` holds now."""
+    into.extend(messages(subscriber))
+    return len(into)
+
+
+def messages(subscriber: Subscriber, probes: bool = False) -> list[dict[str, Any]]:
+    """What ``subscriber`` got, but the probes (unless asked for)."""
+    taken = []
+    while not subscriber.queue.empty():
+        message = json.loads(subscriber.queue.get_nowait())
+        if probes or message.get("alert", {}).get("id") != "probe":
+            taken.append(message)
+    return taken
+
+
+def alert_arrives(sender: Hub, browser: Subscriber, alert_id: str) -> bool:
+    """Publish an alert from ``sender``; whether ``browser`` (of another hub) has it yet."""
+    sender.alert({"id": alert_id, "project": "p"})
+    return any(m["alert"]["id"] == alert_id for m in messages(browser, probes=True))
+
+
+def run(run_id: str, project: str) -> RunSummary:
+    summary = {"id": run_id, "project": project, "name": run_id, "status": "running"}
+    return summary  # type: ignore[return-value]
+
+
+def on_two_replicas(scenario: Callable[[Hub, Hub], Awaitable[None]], quiet: float = QUIET) -> None:
+    async def main() -> None:
+        url = redis_url()
+        one, two = Hub(broker=Broker(url, quiet)), Hub(broker=Broker(url, quiet))
+        one.start()
+        two.start()
+        try:
+            await scenario(one, two)
+        finally:
+            await one.stop()
+            await two.stop()
+
+    asyncio.run(main())
+
+
+def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered() -> None:
+    async def scenario(one: Hub, two: Hub) -> None:
+        everyone, mnist_only = one.subscribe(), one.subscribe(project="mnist")
+        one.watch(everyone, "r1")
+        here = two.subscribe()
+
+        # Both replicas listen once a probe reaches both (subscribing takes a moment).
+        def probed() -> bool:
+            two.alert({"id": "probe", "project": "probe"})
+            return not everyone.queue.empty() and not here.queue.empty()
+
+        await until(probed)
+
+        two.points("r1", [("loss", [1, 2], [10.0, 11.0], [0.5, float("nan")])])
+        two.points("r2", [("loss", [1], [10.0], [0.5])])  # nobody watches r2
+        two.alert({"id": "a1", "project": "gan"})
+        two.run_changed(run("r1", "mnist"))
+        two.run_changed(run("r2", "gan"))
+        two.flush_runs()
+        got: list[dict[str, Any]] = []
+        await until(lambda: gathered(everyone, got) >= 3)
+        await until(lambda: not mnist_only.queue.empty())
+        assert [m["type"] for m in got] == ["points", "alert", "runs"]
+        assert got[0]["run_id"] == "r1"
+        assert got[0]["series"] == {"loss": {"step": [1, 2], "time": [10.0, 11.0],
+                                             "value": [0.5, None]}}  # fmt: skip
+        assert [r["id"] for r in got[2]["runs"]] == ["r1", "r2"]
+        # The mnist browser sees no gan alert and only mnist's runs; the publisher's own
+        # browser gets what it published, through the broker like the others.
+        only = messages(mnist_only)
+        assert [m["type"] for m in only] == ["runs"]
+        assert [r["id"] for r in only[0]["runs"]] == ["r1"]
+        theirs: list[dict[str, Any]] = []
+        await until(lambda: gathered(here, theirs) >= 2)
+        assert [m["type"] for m in theirs] == ["alert", "runs"]
+
+        one.unsubscribe(everyone)  # nobody on `one` watches r1 now: its points stop coming
+        assert one._watched == {}
+
+    on_two_replicas(scenario)
+
+
+def test_an_unreachable_broker_is_retried_and_its_password_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        hub = Hub(broker=Broker("redis://:hunter2@127.0.0.1:1/0"))
+        hub.start()
+        subscriber = hub.subscribe()
+        hub.alert({"id": "a", "project": "p"})  # dropped: at most once
+        await until(lambda: sum("live broker" in r.message for r in caplog.records) >= 3)
+        await hub.stop()
+        assert subscriber.queue.empty()
+
+    with caplog.at_level(logging.WARNING, logger="trainvitals.server"):
+        asyncio.run(main())
+    text = caplog.text
+    assert "redis://:***@127.0.0.1:1/0" in text and "hunter2" not in text
+
+
+def test_the_broker_url_must_name_redis() -> None:
+    assert check_broker_url("redis://h:6379/0") == "redis://h:6379/0"
+    with pytest.raises(ConfigurationError, match=r"redis://host:6379/0.*nats://u:\*\*\*@h"):
+        check_broker_url("nats://u:secret@h:4222")
+
+
+def test_points_nobody_watches_are_not_made_until_a_replica_asks_for_them() -> None:
+    loss = [("loss", [1], [10.0], [0.5])]
+
+    async def scenario(one: Hub, two: Hub) -> None:
+        broker = two._broker
+        assert broker is not None
+        browser = one.subscribe()
+        two.points("r9", loss)  # Redis answers that nobody listens
+        await until(lambda: not broker.heard(POINTS + "r9"))
+        two.points("r9", loss)  # not even made into a message now
+        one.watch(browser, "r9")  # ... until a browser anywhere asks for the run
+        await until(lambda: broker.heard(POINTS + "r9"))
+
+        def arrived() -> bool:
+            two.points("r9", loss)  # until the new subscription holds
+            return any(m["type"] == "points" for m in messages(browser))
+
+        await until(arrived)
+
+    on_two_replicas(scenario, quiet=3600.0)  # only the ask can bring them back
+
+
+def test_a_malformed_message_on_the_broker_is_dropped_and_the_next_ones_still_go(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario(one: Hub, two: Hub) -> None:
+        assert one._broker is not None
+        browser = one.subscribe()
+        prefix = one._broker.prefix
+        stranger = Redis.from_url(one._broker.url)
+
+        try:
+            await until(partial(alert_arrives, two, browser, "before"))  # listening
+            for channel in ("alerts", "runs", "watching"):
+                await stranger.publish(prefix + channel, b"\xff not json")
+            await until(partial(alert_arrives, two, browser, "after"))
+        finally:
+            await stranger.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="trainvitals.server"):
+        on_two_replicas(scenario)
+    assert "a malformed message on 'alerts' dropped" in caplog.text
+
+
+def test_a_replica_cut_off_from_the_broker_reconnects_and_hears_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario(one: Hub, two: Hub) -> None:
+        assert one._broker is not None
+        browser = one.subscribe()
+        admin = Redis.from_url(one._broker.url)
+
+        try:
+            await until(partial(alert_arrives, two, browser, "before"))
+            clients = await admin.client_list()
+            ours = [c["id"] for c in clients if c["name"] == one._broker.client_name]
+            assert ours
+            for client in ours:  # as when Redis restarts, or a network cut
+                await admin.client_kill_filter(_id=client)
+            await until(partial(alert_arrives, two, browser, "after"))
+        finally:
+            await admin.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="trainvitals.server"):
+        on_two_replicas(scenario)
+    assert "live broker: listening to" in caplog.text
