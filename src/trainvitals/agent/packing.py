@@ -24,6 +24,7 @@ from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
     LOSS,
+    LR,
     NONFINITE_GRADS,
     NONFINITE_INPUTS,
     NONFINITE_LOSS,
@@ -33,12 +34,12 @@ from trainvitals.series import (
 #: The NaN/Inf counts, in the order the step stacks them (one ``tf.cond`` computes all three).
 COUNTS = (NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS)
 #: The scalars at the head of the packed vector; one gradient norm per variable follows.
-HEAD = (LOSS, *COUNTS, GRAD_GLOBAL_NORM)
+HEAD = (LOSS, *COUNTS, GRAD_GLOBAL_NORM, LR)
 
 # Positions in the head, by name: the only place the layout is read by position.
-_LOSS, _NONFINITE_LOSS, _NONFINITE_INPUTS, _NONFINITE_GRADS, _NORM = (
+_LOSS, _NONFINITE_LOSS, _NONFINITE_INPUTS, _NONFINITE_GRADS, _NORM, _LR = (
     HEAD.index(name)
-    for name in (LOSS, NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS, GRAD_GLOBAL_NORM)
+    for name in (LOSS, NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS, GRAD_GLOBAL_NORM, LR)
 )
 
 #: One fetched vector (float32 as fetched, float64 once stacked).
@@ -59,12 +60,15 @@ class Measured:
         inputs: the step saw its batch.
         grads: the step saw the gradients (else the norms are NaN, and not recorded).
         names: the variables' paths, in the order of the per-variable norms.
+        lr: the step read the optimizer's learning rate (else the head's is NaN, and not
+            recorded).
     """
 
     loss: bool = False
     inputs: bool = True
     grads: bool = False
     names: tuple[str, ...] = ()
+    lr: bool = False
 
 
 class Decoded(NamedTuple):
@@ -124,6 +128,8 @@ def decode(
         columns[NONFINITE_LOSS] = Columns(steps, times, by_series[_NONFINITE_LOSS])
     if measured.inputs:
         columns[NONFINITE_INPUTS] = Columns(steps, times, by_series[_NONFINITE_INPUTS])
+    if measured.lr:
+        columns[LR] = Columns(steps, times, by_series[_LR])
     if not measured.grads:
         return Decoded(columns, sick_rows, None)
     norm, nonfinite = by_series[_NORM], by_series[_NONFINITE_GRADS]

@@ -273,6 +273,7 @@ class GradExplosionRule(Rule):
                 {"variable": name.removeprefix(GRAD_NORM_PREFIX), "norm": n, "ratio": r}
                 for name, (n, r) in layers
             ],
+            **self.context.lr_evidence(record.step),
         }
         message = (
             f"Gradient norm {number(norm)} is {ratio:.0f}x its recent baseline {number(baseline)}"
@@ -557,6 +558,7 @@ class LossDivergenceRule(Rule):
                     "start": start,
                     "given_back": gave_back,
                     "steps_rising": self._above,
+                    **self.context.lr_evidence(record.step),
                 }
                 out.append(self.fire("", record, severity, message, LOSS_DIVERGENCE_HINT, evidence))
         elif "" in self.firing and self._calm >= cfg.sustain:
