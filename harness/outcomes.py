@@ -248,6 +248,32 @@ def gru_regression(server: ServerProcess, name: str) -> None:
     _fit(server, name, model, x[..., 0], y.astype("float32"), batch_size=32, epochs=40)
 
 
+def mixed_float16(server: ServerProcess, name: str) -> None:
+    """An MLP under the ``mixed_float16`` policy whose ``LossScaleOptimizer`` starts at a scale
+    of 2^30: its first steps overflow and are skipped while the scale comes down, and it
+    overflows again now and then as the scale grows back. Skips are normal, not NaNs."""
+    import keras
+
+    x, y = _digits_flat()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+            keras.layers.Activation("linear", dtype="float32"),  # logits in float32
+        ])  # fmt: skip
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.Adam(1e-3), initial_scale=2.0**30
+        )
+        model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        _fit(server, name, model, x, y, batch_size=32, epochs=15)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
 def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None:
     """The demo's CNN trained for a while, saved, and a new run that loads the checkpoint
     and carries on from its epoch (its loss starts low: no baseline to lean on)."""
@@ -279,6 +305,7 @@ HEALTHY: dict[str, Callable[..., None]] = {
     "tiny-noisy-batches": tiny_noisy_batches,
     "batchnorm-cnn": batchnorm_cnn,
     "gru-regression": gru_regression,
+    "mixed-float16": mixed_float16,
     "resumed-from-checkpoint": resumed_from_checkpoint,
 }
 

@@ -19,7 +19,11 @@ ALL = Measured(loss=True, inputs=True, grads=True, names=NAMES)
 
 
 def vector(
-    loss: float = 0.5, norms: tuple[float, float] = (3.0, 4.0), lr: float = 0.01, **counts: float
+    loss: float = 0.5,
+    norms: tuple[float, float] = (3.0, 4.0),
+    lr: float = 0.01,
+    scale: float = math.nan,
+    **counts: float,
 ) -> np.ndarray:
     """A packed vector built by name, in :data:`packing.HEAD`'s order."""
     head = {
@@ -29,6 +33,7 @@ def vector(
         "nonfinite/grads": counts.get("grads", 0.0),
         "grad/global_norm": math.hypot(*norms),
         "lr": lr,
+        "loss_scale": scale,
     }
     return np.array([head[name] for name in packing.HEAD] + list(norms), np.float32)
 
@@ -99,6 +104,17 @@ def test_pivot_sorts_steps_and_names_the_sick_ones() -> None:
     # Due: step 2 (every 2nd); the healthy norms are those of the last due step before step 3.
     assert columns["grad/norm/dense/kernel"] == Columns([2], [1e9 + 2], [30.0])
     assert pivot.healthy_norms == {"dense/kernel": 30.0, "dense/bias": 40.0}
+
+
+def test_a_step_the_loss_scale_skips_is_recorded_but_not_sick() -> None:
+    scaled = Measured(loss=True, inputs=True, grads=True, names=NAMES, loss_scale=True)
+    skip = vector(norms=(math.inf, 1.0), grads=3.0, scale=2.0**15)
+    assert not packing.sick(skip, scaled)  # no autopsy, no protective stop
+    assert packing.sick(skip, ALL)  # a run without loss scaling: a real overflow
+    assert packing.sick(vector(norms=(math.inf, 1.0), grads=3.0, scale=1.0), scaled)
+    assert packing.sick(vector(loss=math.inf, grads=3.0, scale=2.0**15), scaled)  # the loss too
+    values, _ = packing.decode_one(skip, 5, scaled, StepVitals(10))
+    assert (values["loss_scale"], values["nonfinite/grads"]) == (2.0**15, 3.0)
 
 
 def test_only_what_the_step_measured_is_decoded_and_judged() -> None:

@@ -73,6 +73,29 @@ def test_loss_scaling_skips_under_mixed_precision_are_not_alerts() -> None:
     assert [f.step for f in fired(detector.feed(collapse), "nonfinite")] == [209]
 
 
+@FRAMINGS
+def test_steps_the_loss_scale_skips_are_not_alerts_however_many(framing: int | None) -> None:
+    """With the loss scale recorded, a gradient overflow under a scale above 1 is a step the
+    optimizer skips, however many come in a row (a scale that starts high halves on each);
+    one under a scale of 1 or less is the gradients' own, critical at once."""
+
+    def scale(s: int) -> float:
+        return 2.0 ** max(30 - s, 15) if s < 300 else 0.5
+
+    columns = stream(
+        range(1, 320),
+        0.01,
+        loss=lambda s: 1.0,
+        loss_scale=scale,
+        **{
+            "nonfinite/grads": lambda s: 5.0 if s <= 15 or s >= 300 else 0.0,
+            "grad/global_norm": lambda s: math.inf if s <= 15 or s >= 300 else 1.0,
+        },
+    )
+    nonfinite = fired(feed(Detector(), columns, framing), "nonfinite")
+    assert [(f.step, f.evidence["origin"]) for f in nonfinite] == [(300, "grads")]
+
+
 # -- gradients -----------------------------------------------------------------------------
 
 

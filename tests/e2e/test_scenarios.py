@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import outcomes as sc
-from harness.processes import ServerProcess, in_cgroup, memory_cgroup
+from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series
 from trainvitals.cli import SCENARIO_NAMES
 from trainvitals.demo.scenarios import HANG_STEP, NAN_STEP, SCENARIOS
 
@@ -118,5 +118,11 @@ def test_healthy_training_raises_no_warning(
     for result in outcomes:
         assert result.run["status"] == "finished"
         assert result.alarms() == [], [(a["rule"], a["message"]) for a in result.alarms()]
+    if shape == "mixed-float16":  # the overflows were there, and were the scale's
+        series = run_series(server, outcomes[0].run["id"], "nonfinite/grads", "loss_scale")
+        skips = [s for s, n in zip(*(series["nonfinite/grads"][k] for k in ("step", "value")),
+                                   strict=True) if n]  # fmt: skip
+        scale = dict(zip(series["loss_scale"]["step"], series["loss_scale"]["value"], strict=True))
+        assert len(skips) >= 10 and all(scale[s] > 1 for s in skips), (skips, scale)
     infos = sum(len(r.alerts) for r in outcomes)
     sc.REPORT.append(f"healthy {shape}: 0 warnings ({infos} info)")

@@ -86,6 +86,7 @@ class TrainStepTap:
                     grads=has_grads,
                     names=captured.names if has_grads else (),
                     lr=captured.lr is not None,
+                    loss_scale=captured.scale is not None,
                 )
                 if isinstance(logs, dict):
                     vitals = tf_vitals.step_vitals(

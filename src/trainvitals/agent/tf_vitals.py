@@ -166,9 +166,11 @@ def step_vitals(
     if loss_scale is not None:
         squares = squares / tf.square(tf.cast(loss_scale, tf.float32))
     norm = tf.sqrt(tf.reduce_sum(squares)) if grads is not None else tf.constant(float("nan"))
-    rate = tf.constant(float("nan")) if lr is None else _float32(tf.convert_to_tensor(lr))
-    one = [1]  # the layout of packing.HEAD: loss, counts, global norm, lr; then the norms
-    head = [tf.reshape(loss32, one), counts, tf.reshape(norm, one), tf.reshape(rate, one)]
+    nan = tf.constant(float("nan"))
+    rate = nan if lr is None else _float32(tf.convert_to_tensor(lr))
+    scale = nan if loss_scale is None else _float32(tf.convert_to_tensor(loss_scale))
+    one = [1]  # the layout of packing.HEAD: loss, counts, global norm, lr, scale; the norms
+    head = [tf.reshape(loss32, one), counts, *(tf.reshape(v, one) for v in (norm, rate, scale))]
     return tf.concat([*head, tf.sqrt(squares)], 0)
 
 
