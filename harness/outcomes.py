@@ -161,11 +161,19 @@ def _digits_flat() -> tuple[Any, Any]:
     return x.reshape(len(x), -1), y
 
 
-def _fit(server: ServerProcess, name: str, model: Any, x: Any, y: Any, **fit: Any) -> None:
+def _fit(
+    server: ServerProcess,
+    name: str,
+    model: Any,
+    x: Any,
+    y: Any,
+    callbacks_before: list[Any] | None = None,
+    **fit: Any,
+) -> None:
     import trainvitals
 
     vitals = trainvitals.VitalsCallback(server=server.url, project="healthy", run_name=name)
-    model.fit(x, y, callbacks=[vitals], verbose=0, **fit)
+    model.fit(x, y, callbacks=[*(callbacks_before or []), vitals], verbose=0, **fit)
 
 
 def warmup_cosine_mlp(server: ServerProcess, name: str) -> None:
@@ -274,9 +282,80 @@ def mixed_float16(server: ServerProcess, name: str) -> None:
         keras.mixed_precision.set_global_policy("float32")
 
 
+def _classifier(optimizer: Any, seed: int) -> Any:
+    """A one-hidden-layer MLP classifying the flattened digits, compiled with ``optimizer``."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])  # fmt: skip
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def reduce_on_plateau(server: ServerProcess, name: str) -> None:
+    """An MLP, SGD with momentum at a high rate that ``ReduceLROnPlateau`` cuts by 0.3 each
+    time the validation loss stalls for two epochs."""
+    import keras
+
+    from trainvitals.demo.scenarios import digits
+
+    (x, y), (vx, vy) = digits()
+    model = _classifier(keras.optimizers.SGD(0.05, momentum=0.9), seed=2)
+    cut = keras.callbacks.ReduceLROnPlateau("val_loss", factor=0.3, patience=2, min_lr=1e-5)
+    flat, vflat = x.reshape(len(x), -1), vx.reshape(len(vx), -1)
+    _fit(server, name, model, flat, y, batch_size=32, epochs=40, validation_data=(vflat, vy),
+         callbacks_before=[cut])  # fmt: skip
+
+
+def imbalanced_noisy_labels(server: ServerProcess, name: str) -> None:
+    """Two classes make most of the data and a fifth of the labels are wrong: a loss that
+    stays high and noisy."""
+    import keras
+
+    x, y = _digits_flat()
+    rng = np.random.default_rng(3)
+    keep = (y < 2) | (rng.random(len(y)) < 0.1)
+    x, y = x[keep], y[keep].copy()
+    wrong = rng.random(len(y)) < 0.2
+    y[wrong] = rng.integers(0, 10, int(wrong.sum()))
+    model = _classifier(keras.optimizers.Adam(1e-3), seed=3)
+    _fit(server, name, model, x, y, batch_size=32, epochs=40)
+
+
+def transformer_warmup_adamw(server: ServerProcess, name: str) -> None:
+    """A one-block Transformer encoder reading the image's rows as eight tokens, AdamW with
+    a linear warm-up from 0 into a cosine decay."""
+    import keras
+
+    from trainvitals.demo.scenarios import digits
+
+    (x, y), _ = digits()
+    keras.utils.set_random_seed(4)
+    tokens = keras.Input((8, 8))
+    h = keras.layers.Dense(32)(tokens)
+    h = keras.layers.LayerNormalization()(h + keras.layers.MultiHeadAttention(4, 8)(h, h))
+    feed = keras.layers.Dense(32)(keras.layers.Dense(64, activation="gelu")(h))
+    h = keras.layers.LayerNormalization()(h + feed)
+    logits = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(h))
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=2000, warmup_target=1e-3, warmup_steps=300
+    )
+    model = keras.Model(tokens, logits)
+    model.compile(
+        keras.optimizers.AdamW(schedule, weight_decay=1e-2),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    _fit(server, name, model, x[..., 0], y, batch_size=32, epochs=40)
+
+
 def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None:
     """The demo's CNN trained for a while, saved, and a new run that loads the checkpoint
-    and carries on from its epoch (its loss starts low: no baseline to lean on)."""
+    and carries on from its epoch at three times the learning rate (its loss starts low: no
+    baseline to lean on)."""
     import keras
 
     from trainvitals.demo.scenarios import build_model, digits
@@ -287,6 +366,7 @@ def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None
     checkpoint = tmp / "resume.keras"
     first.save(checkpoint)  # weights and the optimizer's state
     second = keras.models.load_model(checkpoint)
+    second.optimizer.learning_rate = 3e-3  # resumed at another rate than it was saved with
     _fit(
         server,
         name,
@@ -306,6 +386,9 @@ HEALTHY: dict[str, Callable[..., None]] = {
     "batchnorm-cnn": batchnorm_cnn,
     "gru-regression": gru_regression,
     "mixed-float16": mixed_float16,
+    "reduce-on-plateau": reduce_on_plateau,
+    "imbalanced-noisy-labels": imbalanced_noisy_labels,
+    "transformer-warmup-adamw": transformer_warmup_adamw,
     "resumed-from-checkpoint": resumed_from_checkpoint,
 }
 
