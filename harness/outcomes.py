@@ -352,6 +352,54 @@ def transformer_warmup_adamw(server: ServerProcess, name: str) -> None:
     _fit(server, name, model, x[..., 0], y, batch_size=32, epochs=40)
 
 
+#: ``finetune-unfrozen``: the step its backbone is unfrozen.
+UNFREEZE = 150
+
+
+def finetune_unfrozen(server: ServerProcess, name: str) -> None:
+    """A small pre-trained convolutional backbone under a new head, in one custom loop
+    (``Monitor``): the head alone for its first steps, then the backbone unfrozen at a tenth of
+    the rate: its variables' gradients join the run's mid-way."""
+    import keras
+    import tensorflow as tf
+
+    import trainvitals
+    from trainvitals.demo.scenarios import digits
+
+    (x, y), _ = digits()
+    keras.utils.set_random_seed(5)
+    backbone = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+    ])  # fmt: skip
+    lossfn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    pretrain = keras.Sequential([backbone, keras.layers.Dense(10)])
+    pretrain.compile(keras.optimizers.Adam(1e-3), lossfn)
+    pretrain.fit(x[y < 5], y[y < 5], batch_size=32, epochs=10, verbose=0)  # another task
+    model = keras.Sequential([backbone, keras.layers.Dense(10)])
+    model.build((None, 8, 8, 1))
+    rng = np.random.default_rng(5)
+    head, tuned = keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-4)
+    backbone.trainable = False
+    with trainvitals.Monitor(
+        server=server.url, project="healthy", run_name=name, model=model, system_metrics=False
+    ) as mon:
+        for step in range(1, 1201):
+            if step == UNFREEZE:
+                backbone.trainable = True
+            optimizer = head if step < UNFREEZE else tuned
+            pick = rng.integers(0, len(x), 32)
+            xb, yb = tf.constant(x[pick]), tf.constant(y[pick])
+            variables = model.trainable_variables
+            with tf.GradientTape() as tape:
+                loss = lossfn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, variables)
+            mon.log(step, loss=loss, grads=grads, inputs=xb)
+            optimizer.apply_gradients(zip(grads, variables, strict=True))
+
+
 def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None:
     """The demo's CNN trained for a while, saved, and a new run that loads the checkpoint
     and carries on from its epoch at three times the learning rate (its loss starts low: no
@@ -389,6 +437,7 @@ HEALTHY: dict[str, Callable[..., None]] = {
     "reduce-on-plateau": reduce_on_plateau,
     "imbalanced-noisy-labels": imbalanced_noisy_labels,
     "transformer-warmup-adamw": transformer_warmup_adamw,
+    "finetune-unfrozen": finetune_unfrozen,
     "resumed-from-checkpoint": resumed_from_checkpoint,
 }
 
