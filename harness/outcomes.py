@@ -400,6 +400,52 @@ def finetune_unfrozen(server: ServerProcess, name: str) -> None:
             optimizer.apply_gradients(zip(grads, variables, strict=True))
 
 
+def gan(server: ServerProcess, name: str) -> None:
+    """A small GAN on the digits in a custom loop (``Monitor``): the discriminator's gradients
+    judged, both losses recorded as metrics, since neither player's loss is meant to fall (the
+    discriminator's climbs back as the generator learns; as ``loss`` it would read as
+    divergence)."""
+    import keras
+    import tensorflow as tf
+
+    import trainvitals
+    from trainvitals.demo.scenarios import digits
+
+    (x, _), _ = digits()
+    real = (x.reshape(len(x), -1) / 8.0 - 1.0).astype("float32")
+    keras.utils.set_random_seed(6)
+    gen = keras.Sequential([
+        keras.Input((16,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(64, activation="tanh"),
+    ])  # fmt: skip
+    disc = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(64),
+        keras.layers.LeakyReLU(0.2),
+        keras.layers.Dense(1),
+    ])  # fmt: skip
+    g_opt, d_opt = (keras.optimizers.Adam(2e-4, beta_1=0.5) for _ in range(2))
+    bce = keras.losses.BinaryCrossentropy(from_logits=True)
+    rng = np.random.default_rng(6)
+    with trainvitals.Monitor(
+        server=server.url, project="healthy", run_name=name, model=disc, optimizer=d_opt,
+        system_metrics=False,
+    ) as mon:  # fmt: skip
+        for step in range(1, 1001):
+            batch = tf.constant(real[rng.integers(0, len(real), 32)])
+            with tf.GradientTape() as d_tape, tf.GradientTape() as g_tape:
+                fake = gen(tf.random.normal((32, 16)), training=True)
+                d_real, d_fake = disc(batch, training=True), disc(fake, training=True)
+                d_loss = bce(tf.ones_like(d_real), d_real) + bce(tf.zeros_like(d_fake), d_fake)
+                g_loss = bce(tf.ones_like(d_fake), d_fake)
+            d_grads = d_tape.gradient(d_loss, disc.trainable_variables)
+            g_grads = g_tape.gradient(g_loss, gen.trainable_variables)
+            mon.log(step, grads=d_grads, inputs=batch, metrics={"d_loss": d_loss, "g_loss": g_loss})
+            d_opt.apply_gradients(zip(d_grads, disc.trainable_variables, strict=True))
+            g_opt.apply_gradients(zip(g_grads, gen.trainable_variables, strict=True))
+
+
 def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None:
     """The demo's CNN trained for a while, saved, and a new run that loads the checkpoint
     and carries on from its epoch at three times the learning rate (its loss starts low: no
@@ -438,6 +484,7 @@ HEALTHY: dict[str, Callable[..., None]] = {
     "imbalanced-noisy-labels": imbalanced_noisy_labels,
     "transformer-warmup-adamw": transformer_warmup_adamw,
     "finetune-unfrozen": finetune_unfrozen,
+    "gan": gan,
     "resumed-from-checkpoint": resumed_from_checkpoint,
 }
 
