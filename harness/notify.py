@@ -207,3 +207,16 @@ def send(ws: ClientConnection, frame: dict[str, Any]) -> None:
 def nan_loss(ws: ClientConnection, seq: int = 1, step: int = 1) -> None:
     series = {"loss": {"step": [step], "time": [time.time()], "value": [math.nan]}}
     send(ws, {"type": "points", "seq": seq, "series": series})
+
+
+def clean_loss(ws: ClientConnection, seq: int, steps: range) -> None:
+    """One frame of finite losses over ``steps``: enough of them resolve a ``nonfinite``."""
+    now = time.time()
+    series = {
+        "loss": {
+            "step": list(steps),
+            "time": [now] * len(steps),
+            "value": [1.0 / step for step in steps],
+        }
+    }
+    send(ws, {"type": "points", "seq": seq, "series": series})

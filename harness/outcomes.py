@@ -161,11 +161,19 @@ def _digits_flat() -> tuple[Any, Any]:
     return x.reshape(len(x), -1), y
 
 
-def _fit(server: ServerProcess, name: str, model: Any, x: Any, y: Any, **fit: Any) -> None:
+def _fit(
+    server: ServerProcess,
+    name: str,
+    model: Any,
+    x: Any,
+    y: Any,
+    callbacks_before: list[Any] | None = None,
+    **fit: Any,
+) -> None:
     import trainvitals
 
     vitals = trainvitals.VitalsCallback(server=server.url, project="healthy", run_name=name)
-    model.fit(x, y, callbacks=[vitals], verbose=0, **fit)
+    model.fit(x, y, callbacks=[*(callbacks_before or []), vitals], verbose=0, **fit)
 
 
 def warmup_cosine_mlp(server: ServerProcess, name: str) -> None:
@@ -248,9 +256,200 @@ def gru_regression(server: ServerProcess, name: str) -> None:
     _fit(server, name, model, x[..., 0], y.astype("float32"), batch_size=32, epochs=40)
 
 
+def mixed_float16(server: ServerProcess, name: str) -> None:
+    """An MLP under the ``mixed_float16`` policy whose ``LossScaleOptimizer`` starts at a scale
+    of 2^30: its first steps overflow and are skipped while the scale comes down, and it
+    overflows again now and then as the scale grows back. Skips are normal, not NaNs."""
+    import keras
+
+    x, y = _digits_flat()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([
+            keras.Input((64,)),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+            keras.layers.Activation("linear", dtype="float32"),  # logits in float32
+        ])  # fmt: skip
+        optimizer = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.Adam(1e-3), initial_scale=2.0**30
+        )
+        model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        _fit(server, name, model, x, y, batch_size=32, epochs=15)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _classifier(optimizer: Any, seed: int) -> Any:
+    """A one-hidden-layer MLP classifying the flattened digits, compiled with ``optimizer``."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])  # fmt: skip
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def reduce_on_plateau(server: ServerProcess, name: str) -> None:
+    """An MLP, SGD with momentum at a high rate that ``ReduceLROnPlateau`` cuts by 0.3 each
+    time the validation loss stalls for two epochs."""
+    import keras
+
+    from trainvitals.demo.scenarios import digits
+
+    (x, y), (vx, vy) = digits()
+    model = _classifier(keras.optimizers.SGD(0.05, momentum=0.9), seed=2)
+    cut = keras.callbacks.ReduceLROnPlateau("val_loss", factor=0.3, patience=2, min_lr=1e-5)
+    flat, vflat = x.reshape(len(x), -1), vx.reshape(len(vx), -1)
+    _fit(server, name, model, flat, y, batch_size=32, epochs=40, validation_data=(vflat, vy),
+         callbacks_before=[cut])  # fmt: skip
+
+
+def imbalanced_noisy_labels(server: ServerProcess, name: str) -> None:
+    """Two classes make most of the data and a fifth of the labels are wrong: a loss that
+    stays high and noisy."""
+    import keras
+
+    x, y = _digits_flat()
+    rng = np.random.default_rng(3)
+    keep = (y < 2) | (rng.random(len(y)) < 0.1)
+    x, y = x[keep], y[keep].copy()
+    wrong = rng.random(len(y)) < 0.2
+    y[wrong] = rng.integers(0, 10, int(wrong.sum()))
+    model = _classifier(keras.optimizers.Adam(1e-3), seed=3)
+    _fit(server, name, model, x, y, batch_size=32, epochs=40)
+
+
+def transformer_warmup_adamw(server: ServerProcess, name: str) -> None:
+    """A one-block Transformer encoder reading the image's rows as eight tokens, AdamW with
+    a linear warm-up from 0 into a cosine decay."""
+    import keras
+
+    from trainvitals.demo.scenarios import digits
+
+    (x, y), _ = digits()
+    keras.utils.set_random_seed(4)
+    tokens = keras.Input((8, 8))
+    h = keras.layers.Dense(32)(tokens)
+    h = keras.layers.LayerNormalization()(h + keras.layers.MultiHeadAttention(4, 8)(h, h))
+    feed = keras.layers.Dense(32)(keras.layers.Dense(64, activation="gelu")(h))
+    h = keras.layers.LayerNormalization()(h + feed)
+    logits = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling1D()(h))
+    schedule = keras.optimizers.schedules.CosineDecay(
+        0.0, decay_steps=2000, warmup_target=1e-3, warmup_steps=300
+    )
+    model = keras.Model(tokens, logits)
+    model.compile(
+        keras.optimizers.AdamW(schedule, weight_decay=1e-2),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    _fit(server, name, model, x[..., 0], y, batch_size=32, epochs=40)
+
+
+#: ``finetune-unfrozen``: the step its backbone is unfrozen.
+UNFREEZE = 150
+
+
+def finetune_unfrozen(server: ServerProcess, name: str) -> None:
+    """A small pre-trained convolutional backbone under a new head, in one custom loop
+    (``Monitor``): the head alone for its first steps, then the backbone unfrozen at a tenth of
+    the rate: its variables' gradients join the run's mid-way."""
+    import keras
+    import tensorflow as tf
+
+    import trainvitals
+    from trainvitals.demo.scenarios import digits
+
+    (x, y), _ = digits()
+    keras.utils.set_random_seed(5)
+    backbone = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.GlobalAveragePooling2D(),
+    ])  # fmt: skip
+    lossfn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    pretrain = keras.Sequential([backbone, keras.layers.Dense(10)])
+    pretrain.compile(keras.optimizers.Adam(1e-3), lossfn)
+    pretrain.fit(x[y < 5], y[y < 5], batch_size=32, epochs=10, verbose=0)  # another task
+    model = keras.Sequential([backbone, keras.layers.Dense(10)])
+    model.build((None, 8, 8, 1))
+    rng = np.random.default_rng(5)
+    head, tuned = keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-4)
+    backbone.trainable = False
+    with trainvitals.Monitor(
+        server=server.url, project="healthy", run_name=name, model=model, system_metrics=False
+    ) as mon:
+        for step in range(1, 1201):
+            if step == UNFREEZE:
+                backbone.trainable = True
+            optimizer = head if step < UNFREEZE else tuned
+            pick = rng.integers(0, len(x), 32)
+            xb, yb = tf.constant(x[pick]), tf.constant(y[pick])
+            variables = model.trainable_variables
+            with tf.GradientTape() as tape:
+                loss = lossfn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, variables)
+            mon.log(step, loss=loss, grads=grads, inputs=xb)
+            optimizer.apply_gradients(zip(grads, variables, strict=True))
+
+
+def gan(server: ServerProcess, name: str) -> None:
+    """A small GAN on the digits in a custom loop (``Monitor``): the discriminator's gradients
+    judged, both losses recorded as metrics, since neither player's loss is meant to fall (the
+    discriminator's climbs back as the generator learns; as ``loss`` it would read as
+    divergence)."""
+    import keras
+    import tensorflow as tf
+
+    import trainvitals
+    from trainvitals.demo.scenarios import digits
+
+    (x, _), _ = digits()
+    real = (x.reshape(len(x), -1) / 8.0 - 1.0).astype("float32")
+    keras.utils.set_random_seed(6)
+    gen = keras.Sequential([
+        keras.Input((16,)),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(64, activation="tanh"),
+    ])  # fmt: skip
+    disc = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(64),
+        keras.layers.LeakyReLU(0.2),
+        keras.layers.Dense(1),
+    ])  # fmt: skip
+    g_opt, d_opt = (keras.optimizers.Adam(2e-4, beta_1=0.5) for _ in range(2))
+    bce = keras.losses.BinaryCrossentropy(from_logits=True)
+    rng = np.random.default_rng(6)
+    with trainvitals.Monitor(
+        server=server.url, project="healthy", run_name=name, model=disc, optimizer=d_opt,
+        system_metrics=False,
+    ) as mon:  # fmt: skip
+        for step in range(1, 1001):
+            batch = tf.constant(real[rng.integers(0, len(real), 32)])
+            with tf.GradientTape() as d_tape, tf.GradientTape() as g_tape:
+                fake = gen(tf.random.normal((32, 16)), training=True)
+                d_real, d_fake = disc(batch, training=True), disc(fake, training=True)
+                d_loss = bce(tf.ones_like(d_real), d_real) + bce(tf.zeros_like(d_fake), d_fake)
+                g_loss = bce(tf.ones_like(d_fake), d_fake)
+            d_grads = d_tape.gradient(d_loss, disc.trainable_variables)
+            g_grads = g_tape.gradient(g_loss, gen.trainable_variables)
+            mon.log(step, grads=d_grads, inputs=batch, metrics={"d_loss": d_loss, "g_loss": g_loss})
+            d_opt.apply_gradients(zip(d_grads, disc.trainable_variables, strict=True))
+            g_opt.apply_gradients(zip(g_grads, gen.trainable_variables, strict=True))
+
+
 def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None:
     """The demo's CNN trained for a while, saved, and a new run that loads the checkpoint
-    and carries on from its epoch (its loss starts low: no baseline to lean on)."""
+    and carries on from its epoch at three times the learning rate (its loss starts low: no
+    baseline to lean on)."""
     import keras
 
     from trainvitals.demo.scenarios import build_model, digits
@@ -261,6 +460,7 @@ def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None
     checkpoint = tmp / "resume.keras"
     first.save(checkpoint)  # weights and the optimizer's state
     second = keras.models.load_model(checkpoint)
+    second.optimizer.learning_rate = 3e-3  # resumed at another rate than it was saved with
     _fit(
         server,
         name,
@@ -279,6 +479,12 @@ HEALTHY: dict[str, Callable[..., None]] = {
     "tiny-noisy-batches": tiny_noisy_batches,
     "batchnorm-cnn": batchnorm_cnn,
     "gru-regression": gru_regression,
+    "mixed-float16": mixed_float16,
+    "reduce-on-plateau": reduce_on_plateau,
+    "imbalanced-noisy-labels": imbalanced_noisy_labels,
+    "transformer-warmup-adamw": transformer_warmup_adamw,
+    "finetune-unfrozen": finetune_unfrozen,
+    "gan": gan,
     "resumed-from-checkpoint": resumed_from_checkpoint,
 }
 

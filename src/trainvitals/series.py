@@ -16,6 +16,8 @@ LOSS: Final = "loss"
 STEP_TIME: Final = "step_time"
 #: The optimizer's learning rate, when it exposes one.
 LR: Final = "lr"
+#: The dynamic loss scale of a ``LossScaleOptimizer`` (mixed float16), at that step.
+LOSS_SCALE: Final = "loss_scale"
 #: The epoch (1-based), recorded at each epoch's last step, beside ``epoch/<key>`` (Keras's
 #: epoch means) and the validation metrics Keras names ``val_<key>``.
 EPOCH: Final = "epoch"

@@ -102,6 +102,23 @@ def test_learning_run_and_steps_per_execution(server: ServerProcess) -> None:
     assert set(again.history) == {"loss", "mae"}
 
 
+def test_the_learning_rate_of_each_step_is_recorded(server: ServerProcess) -> None:
+    """A schedule's rate, read in the train step before the update: the rate that very step
+    used (step 1 used the schedule at iteration 0), with no output added to Keras's logs."""
+    x, y = regression_data()
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.9)
+    model.compile(optimizer=keras.optimizers.SGD(schedule), loss="mse")
+    vitals = trainvitals.VitalsCallback(server=server.url, run_name="schedule")
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    lr = run_series(server, vitals.run.id, "lr")["lr"]
+    assert lr["step"] == list(range(1, 13))
+    np.testing.assert_allclose(lr["value"], [0.1 * 0.9**i for i in range(12)], rtol=1e-5)
+    assert set(history.history) == {"loss"}
+
+
 def test_training_carries_on_with_one_warning_when_the_server_is_down(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

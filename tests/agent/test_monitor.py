@@ -3,6 +3,8 @@ TensorFlow loop, and how a loop that raises ends its run."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from harness.processes import ServerProcess
@@ -38,13 +40,20 @@ def test_a_loop_that_raises_ends_its_run_with_the_traceback() -> None:
     assert "ZeroDivisionError" in end["traceback"]
 
 
+def batch_step(model: Any, x: np.ndarray, y: np.ndarray, step: int) -> tuple[Any, Any, Any]:
+    """Batch ``step``'s inputs, loss and gradients (mean squared error)."""
+    xb, yb = x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
+    with tf.GradientTape() as tape:
+        loss = keras.losses.MeanSquaredError()(yb, model(xb, training=True))
+    return xb, loss, tape.gradient(loss, model.trainable_variables)
+
+
 @pytest.mark.usefixtures("weights_checked_every_time")
 def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> None:
     x, y = data()
     x[BATCH * 2 + 3, 1] = np.nan  # step 2 carries one NaN
     model = mlp()
     optimizer = keras.optimizers.SGD(0.01)
-    loss_fn = keras.losses.MeanSquaredError()
     with trainvitals.Monitor(
         server=server.url,
         run_name="custom",
@@ -54,10 +63,7 @@ def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> Non
         system_metrics=0.1,
     ) as mon:
         for step in range(6):
-            xb, yb = x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
+            xb, loss, grads = batch_step(model, x, y, step)
             if step < 2:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             mon.log(step, loss=loss, grads=grads, inputs=xb, metrics={"acc": 0.5 + step / 100})
@@ -73,3 +79,21 @@ def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> Non
     assert per_variable == {f"grad/norm/{v.path}" for v in model.trainable_variables}
     assert {"host/rss", "host/limit"} <= set(series)
     assert server.get(f"/api/v1/runs/{mon.run.id}")["status"] == "finished"
+
+
+def test_the_optimizers_learning_rate_is_recorded_with_each_step(server: ServerProcess) -> None:
+    x, y = data()
+    model = mlp()
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=1, decay_rate=0.5)
+    optimizer = keras.optimizers.SGD(schedule)
+    with trainvitals.Monitor(
+        server=server.url, run_name="lr", optimizer=optimizer, system_metrics=False
+    ) as mon:
+        for step in range(4):
+            _, loss, grads = batch_step(model, x, y, step)
+            mon.log(step, loss=loss, grads=grads)  # before the update: this step's rate
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        mon.log(4, metrics={"acc": 1.0})  # no tensors: nothing is read from the optimizer
+    lr = all_series(server, mon.run.id)["lr"]
+    assert lr["step"] == [0, 1, 2, 3]
+    np.testing.assert_allclose(lr["value"], [0.01, 0.005, 0.0025, 0.00125], rtol=1e-6)

@@ -19,7 +19,11 @@ ALL = Measured(loss=True, inputs=True, grads=True, names=NAMES)
 
 
 def vector(
-    loss: float = 0.5, norms: tuple[float, float] = (3.0, 4.0), **counts: float
+    loss: float = 0.5,
+    norms: tuple[float, float] = (3.0, 4.0),
+    lr: float = 0.01,
+    scale: float = math.nan,
+    **counts: float,
 ) -> np.ndarray:
     """A packed vector built by name, in :data:`packing.HEAD`'s order."""
     head = {
@@ -28,6 +32,8 @@ def vector(
         "nonfinite/inputs": counts.get("inputs", 0.0),
         "nonfinite/grads": counts.get("grads", 0.0),
         "grad/global_norm": math.hypot(*norms),
+        "lr": lr,
+        "loss_scale": scale,
     }
     return np.array([head[name] for name in packing.HEAD] + list(norms), np.float32)
 
@@ -46,10 +52,13 @@ def test_step_vitals_packs_what_packing_decodes() -> None:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(tf.matmul(x, kernel) + bias))
         grads = tape.gradient(loss, [kernel, bias])
-        return loss, grads, step_vitals(loss, x, grads)
+        return loss, grads, step_vitals(loss, x, grads, lr=tf.constant(0.125))
 
     loss, grads, packed = step(tf.ones((4, 3)))
     values, norms = packing.decode_one(packed.numpy(), 10, ALL, StepVitals(10))
+    assert "lr" not in values  # not measured: not decoded
+    with_lr = Measured(loss=True, inputs=True, grads=True, names=NAMES, lr=True)
+    assert packing.decode_one(packed.numpy(), 10, with_lr, StepVitals(10))[0]["lr"] == 0.125
     assert math.isclose(values["loss"], float(loss), rel_tol=1e-6)
     assert [values[f"nonfinite/{n}"] for n in ("loss", "inputs", "grads")] == [0, 0, 0]
     expected = [float(tf.norm(g)) for g in grads]
@@ -97,6 +106,17 @@ def test_pivot_sorts_steps_and_names_the_sick_ones() -> None:
     assert pivot.healthy_norms == {"dense/kernel": 30.0, "dense/bias": 40.0}
 
 
+def test_a_step_the_loss_scale_skips_is_recorded_but_not_sick() -> None:
+    scaled = Measured(loss=True, inputs=True, grads=True, names=NAMES, loss_scale=True)
+    skip = vector(norms=(math.inf, 1.0), grads=3.0, scale=2.0**15)
+    assert not packing.sick(skip, scaled)  # no autopsy, no protective stop
+    assert packing.sick(skip, ALL)  # a run without loss scaling: a real overflow
+    assert packing.sick(vector(norms=(math.inf, 1.0), grads=3.0, scale=1.0), scaled)
+    assert packing.sick(vector(loss=math.inf, grads=3.0, scale=2.0**15), scaled)  # the loss too
+    values, _ = packing.decode_one(skip, 5, scaled, StepVitals(10))
+    assert (values["loss_scale"], values["nonfinite/grads"]) == (2.0**15, 3.0)
+
+
 def test_only_what_the_step_measured_is_decoded_and_judged() -> None:
     nan_loss = vector(loss=math.nan)
     without_loss = Measured(loss=False, inputs=True, grads=True, names=NAMES)
@@ -110,3 +130,14 @@ def test_only_what_the_step_measured_is_decoded_and_judged() -> None:
         vector(), 1, Measured(grads=True, names=("one",)), StepVitals(1)
     )
     assert not any(name.startswith("grad/norm/") for name in values) and norms is None
+
+
+def test_the_learning_rate_is_read_where_the_optimizer_has_one() -> None:
+    pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    from trainvitals.agent.tf_vitals import learning_rate_of
+
+    assert float(learning_rate_of(keras.optimizers.SGD(0.5))) == 0.5
+    schedule = keras.optimizers.schedules.ExponentialDecay(1.0, decay_steps=1, decay_rate=0.5)
+    assert float(learning_rate_of(keras.optimizers.SGD(schedule))) == 1.0  # at iteration 0
+    assert learning_rate_of(object()) is None  # an optimizer of its own: nothing, no error

@@ -13,8 +13,10 @@ NAMES = ("dense/kernel", "dense/bias")
 
 
 def vector(norm: float, nonfinite_grads: float = 0.0) -> np.ndarray:
-    """A packed vector: loss, NaN/Inf in the loss, the inputs, the grads, global norm; norms."""
-    return np.array([0.5, 0.0, 0.0, nonfinite_grads, norm, norm, 0.1], np.float32)
+    """A packed vector: loss, NaN/Inf in the loss, the inputs, the grads, global norm, the
+    learning rate and the loss scale (none); norms."""
+    head = [0.5, 0.0, 0.0, nonfinite_grads, norm, math.nan, math.nan]
+    return np.array([*head, norm, 0.1], np.float32)
 
 
 def recorded(vitals: StepVitals, step: int, norm: float, nonfinite: float = 0.0) -> bool:

@@ -8,6 +8,7 @@ from trainvitals.detect import (
     Finding,
     Severity,
 )
+from trainvitals.detect.lifecycle import RUN_ENDED
 from trainvitals.detect.settings import Lifecycle
 
 # -- lifecycle ----------------------------------------------------------------------------
@@ -37,13 +38,18 @@ def test_one_alert_per_subject_updates_at_most_every_interval() -> None:
     assert fresh is not None and (fresh[1].id, fresh[1].count) == ("b", 1)
 
 
-def test_resolve_all_keeps_the_crash() -> None:
+def test_a_run_end_closes_its_firing_alerts_but_the_crash() -> None:
     book = AlertBook()
     book.apply(finding(True, 0))
     book.apply(Finding("crash", "", True, 9, 1.0, "critical", "m", "h"))
-    resolved = book.resolve_all(2.0, keep=("crash",))
-    assert [a.rule for a in resolved] == ["oom_forecast"]
+    closed = book.close_all(2.0, keep=("crash",))
+    assert [a.rule for a in closed] == ["oom_forecast"]
+    alert = closed[0]
+    assert (alert.state, alert.closed_time, alert.closed_reason) == ("closed", 2.0, RUN_ENDED)
+    assert (alert.resolved_time, alert.updated_time) == (None, 2.0)  # closed, not resolved
     assert book.alerts[("crash", "")].state == "firing"
+    assert book.apply(finding(False, 3)) is None  # nothing left to resolve
+    assert book.close_all(4.0, keep=("crash",)) == []  # closed once only
     restored = AlertBook()
     restored.load([Alert.from_dict(a.as_dict()) for a in book.alerts.values()])
     assert restored.apply(Finding("crash", "", True, 9, 3.0, "critical", "m", "h")) is None

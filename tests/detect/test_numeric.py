@@ -73,6 +73,29 @@ def test_loss_scaling_skips_under_mixed_precision_are_not_alerts() -> None:
     assert [f.step for f in fired(detector.feed(collapse), "nonfinite")] == [209]
 
 
+@FRAMINGS
+def test_steps_the_loss_scale_skips_are_not_alerts_however_many(framing: int | None) -> None:
+    """With the loss scale recorded, a gradient overflow under a scale above 1 is a step the
+    optimizer skips, however many come in a row (a scale that starts high halves on each);
+    one under a scale of 1 or less is the gradients' own, critical at once."""
+
+    def scale(s: int) -> float:
+        return 2.0 ** max(30 - s, 15) if s < 300 else 0.5
+
+    columns = stream(
+        range(1, 320),
+        0.01,
+        loss=lambda s: 1.0,
+        loss_scale=scale,
+        **{
+            "nonfinite/grads": lambda s: 5.0 if s <= 15 or s >= 300 else 0.0,
+            "grad/global_norm": lambda s: math.inf if s <= 15 or s >= 300 else 1.0,
+        },
+    )
+    nonfinite = fired(feed(Detector(), columns, framing), "nonfinite")
+    assert [(f.step, f.evidence["origin"]) for f in nonfinite] == [(300, "grads")]
+
+
 # -- gradients -----------------------------------------------------------------------------
 
 
@@ -90,7 +113,12 @@ def test_exploding_gradients_warn_orders_of_magnitude_before_the_nan(framing: in
     def norm(s: int) -> float:
         return 1.0 if s < 200 else (math.nan if s >= 260 else 1.0 * 1.2 ** (s - 200))
 
-    columns = stream(range(1, 300), 0.01, **{"grad/global_norm": norm, "loss": lambda s: 1.0})
+    def lr(s: int) -> float:
+        return 0.01 * 1.01**s
+
+    columns = stream(
+        range(1, 300), 0.01, **{"grad/global_norm": norm, "loss": lambda s: 1.0, "lr": lr}
+    )
     columns.update(
         stream(
             range(10, 300, 10),
@@ -107,6 +135,9 @@ def test_exploding_gradients_warn_orders_of_magnitude_before_the_nan(framing: in
     assert ("updated", "grad_explosion", "critical") == explosion[1][:3]
     alert = book.alerts[("grad_explosion", "")]
     assert alert.evidence["layers"][0]["variable"] == "dense_1/kernel"
+    # The learning rate of the very step it fired (escalated) at, whatever the framing.
+    assert alert.evidence["lr"] == pytest.approx(lr(explosion[1][3]))
+    assert alert.evidence["lr_first"] == pytest.approx(lr(1))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -157,6 +188,7 @@ def test_a_loss_that_climbs_back_warns_then_turns_critical(framing: int | None) 
         return level * math.exp(noise.gauss(0, 0.2))
 
     book, changes = run_through(Detector(), stream(range(1, 700), 0.01, loss=loss), framing)
+    assert "lr" not in book.alerts[("loss_divergence", "")].evidence  # none recorded
     divergence = [c for c in changes if c[1] == "loss_divergence"]
     assert divergence[0][:3] == ("fired", "loss_divergence", "warning")
     assert 400 < divergence[0][3] < 520

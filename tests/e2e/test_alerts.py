@@ -85,14 +85,19 @@ def test_a_nan_batch_raises_one_alert_that_people_can_acknowledge_and_silence(
     assert [a["rule"] for a in alerts_of(server, run.id)] == ["nonfinite"]  # completed: no crash
 
 
-def test_a_crashed_run_gets_a_crash_alert_and_its_other_alerts_resolve(
+def test_a_crashed_run_gets_a_crash_alert_and_its_other_alerts_close(
     server: ServerProcess,
 ) -> None:
     run = Run(resolve(server=server.url, run_name="boom"), system_metrics=False, watchdog=False)
     run.start()
     healthy_steps(run, range(1, 20))
+    (quiet,) = wait_for(lambda: server.get("/api/v1/runs")["runs"], what="the run")
+    assert quiet["health"] == {"worst": None, "rules": [], "firing": []}
     run.log(20, {"loss": math.inf})
     wait_for(lambda: alerts_of(server, run.id, "nonfinite"), what="the nonfinite alert")
+    listed = server.get("/api/v1/runs")["runs"][0]
+    assert listed["health"] == {"worst": "critical", "rules": ["nonfinite"],
+                                "firing": ["nonfinite"]}  # fmt: skip
     trace = "Traceback (most recent call last):\n  ...\nResourceExhaustedError: OOM when allocating"
     assert run.finish("exception", trace)
     wait_for(lambda: alerts_of(server, run.id, "crash"), what="the crash alert")
@@ -100,7 +105,20 @@ def test_a_crashed_run_gets_a_crash_alert_and_its_other_alerts_resolve(
     assert crash["state"] == "firing" and crash["severity"] == "critical"
     assert "ResourceExhaustedError" in crash["message"]
     assert "smaller batch" in crash["hint"]
-    assert alerts_of(server, run.id, "nonfinite")[0]["state"] == "resolved"
+    # The NaN alert did not go away: its run ended. Closed, not resolved.
+    nonfinite = alerts_of(server, run.id, "nonfinite")[0]
+    ended_at = server.get(f"/api/v1/runs/{run.id}")["ended_at"]
+    assert (nonfinite["state"], nonfinite["closed_reason"]) == ("closed", "run ended")
+    assert nonfinite["closed_time"] == ended_at and nonfinite["resolved_time"] is None
+    assert server.get(f"/api/v1/runs/{run.id}/alerts?state=resolved")["alerts"] == []
+    closed = server.get(f"/api/v1/runs/{run.id}/alerts?state=closed")["alerts"]
+    assert [a["rule"] for a in closed] == ["nonfinite"]
+    health = {"worst": "critical", "rules": ["crash", "nonfinite"], "firing": ["crash"]}
+    assert server.get(f"/api/v1/runs/{run.id}")["health"] == health
+    assert server.get("/api/v1/runs")["runs"][0]["health"] == health
+    schema = server.get("/openapi.json")["components"]["schemas"]
+    assert set(schema["RunHealth"]["properties"]) == {"worst", "rules", "firing"}
+    assert server.get_status(f"/api/v1/runs/{run.id}/alerts?state=gone")[0] == 422
 
 
 def test_a_silent_run_is_lost_with_a_crash_alert_that_resolves_when_it_returns(

@@ -114,5 +114,7 @@ def test_openapi_describes_every_answer(server: ServerProcess) -> None:
             assert (schema["type"] == "object" and schema.get("properties")) or schema.get(
                 "additionalProperties"
             ), f"{method.upper()} {path}"
-    run = schemas["RunSummary"]["properties"]
-    assert {"id", "project", "name", "status", "started_at", "end_reason"} <= set(run)
+    run = schemas["ListedRun"]["properties"]
+    assert {"id", "project", "name", "status", "started_at", "end_reason", "health"} <= set(run)
+    assert set(schemas["RunHealth"]["properties"]) == {"worst", "rules", "firing"}
+    assert "health" in schemas["RunAnswer"]["properties"]

@@ -151,12 +151,13 @@ def test_unknown_run_page_says_so(server: ServerProcess, browser: Any) -> None:
     page.get_by_text("No run with id 'does-not-exist'").wait_for(timeout=10_000)
 
 
-def test_a_crashed_run_shows_its_traceback_and_its_last_readings(
+def test_a_crashed_run_shows_its_traceback_its_last_readings_and_its_closed_alert(
     server: ServerProcess, browser: Any
 ) -> None:
     run = Run(resolve(server=server.url, run_name="died"), system_metrics=False, watchdog=False)
     run.start()
     run.log(1, {"loss": 2.0, "host/rss": 3.5 * 2**30, "host/limit": 4 * 2**30, "gpu0/temp": 91.0})
+    run.log(2, {"loss": math.nan})  # fires nonfinite, which the run's end closes
     run.finish("exception", "Traceback (most recent call last):\nMemoryError: out of memory")
     page = browser.new_page()
     page.goto(f"{server.url}/#/runs/{run.id}")
@@ -167,6 +168,10 @@ def test_a_crashed_run_shows_its_traceback_and_its_last_readings(
     assert panel.locator('[data-reading="host/rss"]').inner_text() == "3.5 GiB"
     assert panel.locator('[data-reading="gpu0/temp"]').inner_text() == "91 °C"
     expect(page.locator('[data-chart="gpu0_temp"] h3')).to_have_text("gpu0 temperature (°C)")
+    closed = page.locator("#run-alert-list .alert-item[data-rule='nonfinite']")
+    expect(closed).to_have_attribute("data-state", "closed")
+    expect(closed.locator(".alert-standing")).to_contain_text("Closed at run end")
+    expect(closed.locator(".alert-standing")).not_to_contain_text("Resolved")
 
 
 def test_the_run_page_shows_the_status_the_server_sends(

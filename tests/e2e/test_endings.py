@@ -246,14 +246,17 @@ def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
 
 HANGING = textwrap.dedent(
     """
-    import sys, time, numpy as np, keras, trainvitals
+    import os, sys, time, numpy as np, keras, trainvitals
 
     def batches():
         rng = np.random.default_rng(0)
         for i in range(10**6):
             if i == 30:
                 print("hanging", flush=True)
-                time.sleep(float(sys.argv[2]))  # the input pipeline hangs for a while
+                while not os.path.exists(sys.argv[2]):  # the input pipeline hangs
+                    time.sleep(0.05)
+            if i > 30:
+                time.sleep(0.1)  # then slow steps: running, long enough to be seen so
             yield rng.normal(size=(16, 4)).astype("float32"), np.ones((16, 1), "float32")
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
@@ -264,13 +267,17 @@ HANGING = textwrap.dedent(
 )
 
 
-def test_a_hung_input_generator_is_stalled_with_its_stack_then_running_again(
-    server: ServerProcess, tmp_path: Path
+def test_a_hung_run_stays_stalled_while_samples_arrive_and_runs_again_on_a_new_step(
+    db_url: str, tmp_path: Path
 ) -> None:
-    script = tmp_path / "hang.py"
+    """The once-a-second host samples carry the step the run hangs at: no progress, so the
+    run stays ``stalled`` while they arrive, and is ``running`` only once a newer step comes
+    (on SQLite and PostgreSQL, whose guarded updates differ)."""
+    server = ServerProcess(db_url)
+    script, release = tmp_path / "hang.py", tmp_path / "release"
     script.write_text(HANGING)
     training = subprocess.Popen(
-        [sys.executable, str(script), server.url, "12"],
+        [sys.executable, str(script), server.url, str(release)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "TRAINVITALS_STALL_FLOOR": "2"},
@@ -279,28 +286,38 @@ def test_a_hung_input_generator_is_stalled_with_its_stack_then_running_again(
         assert training.stdout is not None and training.stdout.readline().strip() == "hanging"
         stalled = wait_for(
             lambda: (run := only_run(server))["status"] == "stalled" and run,
-            timeout=10,
+            timeout=15,
             what="the run to be stalled",
         )
         report = stalled["stall_stacks"]
         assert report.startswith("No training step for")
         assert "in batches" in report and "time.sleep" in report  # where it hangs
 
-        # The host samples keep coming once a second, filed under the step it hangs at: they
-        # are no progress, so the run stays stalled while they arrive.
         def samples() -> int:
             series = run_series(server, stalled["id"], "host/rss")
             return len(series.get("host/rss", {}).get("step", []))
 
         seen = samples()
-        wait_for(lambda: samples() >= seen + 2, timeout=10, what="two more host samples")
-        assert only_run(server)["status"] == "stalled"
-        assert training.wait(120) == 0  # the generator wakes up and training completes
+        wait_for(lambda: samples() >= seen + 3, timeout=10, what="three more host samples")
+        run = only_run(server)
+        assert (run["status"], run["last_step"]) == ("stalled", stalled["last_step"])
+        rss = run_series(server, stalled["id"], "host/rss")["host/rss"]["step"]
+        assert rss[-1] == stalled["last_step"]  # the samples are filed under the hung step
+
+        release.touch()  # the generator wakes up: a newer step ends the stall
+        resumed = wait_for(
+            lambda: (r := only_run(server))["status"] == "running" and r,
+            timeout=15,
+            what="the run to be running again",
+        )
+        assert resumed["last_step"] > stalled["last_step"]
+        assert training.wait(120) == 0
+        ended = wait_for(lambda: (r := only_run(server))["status"] == "finished" and r)
+        assert ended["last_step"] == 60
     finally:
         training.kill()
         training.wait()
-    run = only_run(server)
-    assert (run["status"], run["last_step"]) == ("finished", 60)
+        server.stop()
 
 
 def test_a_run_given_up_as_lost_comes_back_when_its_points_arrive(

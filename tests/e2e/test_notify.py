@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.sync.client import ClientConnection
 
 from harness.notify import (
     HMAC_KEY,
@@ -23,6 +22,7 @@ from harness.notify import (
     Receiver,
     Reply,
     agent,
+    clean_loss,
     nan_loss,
     notifying_server,
     receiving,
@@ -36,10 +36,6 @@ from trainvitals.server.notify import verify_signature
 def receiver() -> Iterator[Receiver]:
     with receiving() as receiver:
         yield receiver
-
-
-def completed(ws: ClientConnection, seq: int) -> None:
-    send(ws, {"type": "end", "seq": seq, "reason": "completed", "time": time.time()})
 
 
 def kill(server: ServerProcess) -> None:
@@ -68,7 +64,7 @@ def test_slack_and_a_signed_webhook_hear_an_alert_and_its_resolution(
             nan_loss(ws)
             (slack,) = receiver.wait(SLACK_PATH, 1)
             (hook,) = receiver.wait(HOOK_PATH, 1)
-            completed(ws, 2)  # the run ends: its firing alert resolves
+            clean_loss(ws, 2, range(2, 202))  # clean steps resolve the alert
             slack_resolved = receiver.wait(SLACK_PATH, 2)[1]
             hook_resolved = receiver.wait(HOOK_PATH, 2)[1]
 
@@ -135,6 +131,44 @@ def test_slack_and_a_signed_webhook_hear_an_alert_and_its_resolution(
         api = json.dumps([server.get("/api/v1/notify/channels"), notices])
         assert "SECRET" not in api and str(receiver.port) not in api
         assert "SECRET" not in output_of(server)
+    finally:
+        server.stop()
+
+
+def test_an_alert_closed_by_its_run_ending_is_not_reported_as_resolved(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A run that ends while its alert fires closes that alert: no channel hears that the
+    problem went away; the crash of a run that did not complete is news, and is told."""
+    server = notifying_server(tmp_path, receiver)
+    try:
+        with agent(server, "run-1") as ws:
+            nan_loss(ws)
+            receiver.wait(HOOK_PATH, 1)
+            send(ws, {"type": "end", "seq": 2, "reason": "exception", "time": time.time()})
+            hook = receiver.wait(HOOK_PATH, 2)
+        alerts = {a["rule"]: a for a in server.get("/api/v1/runs/run-1/alerts")["alerts"]}
+        nonfinite, crash = alerts["nonfinite"], alerts["crash"]
+        assert (nonfinite["state"], nonfinite["closed_reason"]) == ("closed", "run ended")
+        assert nonfinite["closed_time"] is not None and nonfinite["resolved_time"] is None
+        assert crash["state"] == "firing"
+        told = [(i["change"], i["alert"]["rule"]) for r in hook for i in items(r)]
+        assert told == [("fired", "nonfinite"), ("fired", "crash")]
+
+        def settled() -> list[Any] | None:
+            # Nothing left pending, and nothing ever queued but the two firings per channel.
+            listed = server.get("/api/v1/notify/channels")["channels"]
+            return listed if all(c["delivered"] == 2 for c in listed) else None
+
+        wait_for(settled, timeout=10, what="the deliveries recorded")
+        notices = server.get(f"/api/v1/alerts/{nonfinite['id']}/notifications")["notifications"]
+        assert sorted((n["channel"], n["change"]) for n in notices) == [
+            ("ops", "fired"),
+            ("team", "fired"),
+        ]
+        assert len(receiver.at(HOOK_PATH)) == 2 and len(receiver.at(SLACK_PATH)) == 2
+        closed = server.get("/api/v1/alerts?state=closed")["alerts"]
+        assert [a["id"] for a in closed] == [nonfinite["id"]]
     finally:
         server.stop()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import outcomes as sc
-from harness.processes import ServerProcess, in_cgroup, memory_cgroup
+from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series
 from trainvitals.cli import SCENARIO_NAMES
 from trainvitals.demo.scenarios import HANG_STEP, NAN_STEP, SCENARIOS
 
@@ -110,6 +110,26 @@ def test_the_healthy_demo_raises_nothing(server: ServerProcess) -> None:
     assert result.alarms() == []
 
 
+def _skipped_steps(server: ServerProcess, run_id: str) -> None:
+    series = run_series(server, run_id, "nonfinite/grads", "loss_scale")
+    counts, scales = series["nonfinite/grads"], series["loss_scale"]
+    skips = [s for s, n in zip(counts["step"], counts["value"], strict=True) if n]
+    scale = dict(zip(scales["step"], scales["value"], strict=True))
+    assert len(skips) >= 10 and all(scale[s] > 1 for s in skips), (skips, scale)
+
+
+def _backbone_joins_at_the_unfreeze(server: ServerProcess, run_id: str) -> None:
+    run = server.get(f"/api/v1/runs/{run_id}")
+    norms = [n for n in run["series"] if n.startswith("grad/norm/")]
+    first = {n: s[n]["step"][0] for n in norms for s in [run_series(server, run_id, n)]}
+    late = {n for n, step in first.items() if step >= sc.UNFREEZE}
+    assert late and late != set(norms), first  # new variables mid-run, beside the head's
+
+
+#: Per shape, a check that its difficulty really occurred (loss-scale skips, new variables).
+SHOWN = {"mixed-float16": _skipped_steps, "finetune-unfrozen": _backbone_joins_at_the_unfreeze}
+
+
 @pytest.mark.parametrize("shape", sorted(sc.HEALTHY))
 def test_healthy_training_raises_no_warning(
     server: ServerProcess, shape: str, tmp_path: Path
@@ -118,5 +138,8 @@ def test_healthy_training_raises_no_warning(
     for result in outcomes:
         assert result.run["status"] == "finished"
         assert result.alarms() == [], [(a["rule"], a["message"]) for a in result.alarms()]
+    shown = SHOWN.get(shape)
+    if shown is not None:  # what makes the shape hard was there: the silence means something
+        shown(server, outcomes[-1].run["id"])
     infos = sum(len(r.alerts) for r in outcomes)
     sc.REPORT.append(f"healthy {shape}: 0 warnings ({infos} info)")

@@ -36,13 +36,17 @@ class Monitor:
             (:func:`trainvitals.agent.autopsy.replay`).
             Call ``log`` before ``apply_gradients`` for the replay to see the weights that step
             used.
+        optimizer: records its learning rate as the series ``lr`` at each ``log``, fetched
+            with the step's other vitals (a ``LearningRateSchedule`` is evaluated at the
+            optimizer's iteration: after ``apply_gradients``, the rate of the next update).
         grad_norms_every: steps between per-variable gradient norms (default 10); they are
             also recorded on any step with non-finite gradients.
         system_metrics, gpu, watchdog: as for :class:`VitalsCallback`.
 
     Example:
         ```python
-        with trainvitals.Monitor(project="gan", run_name="try-7", model=model) as mon:
+        with trainvitals.Monitor(project="gan", run_name="try-7", model=model,
+                                 optimizer=optimizer) as mon:
             for step, (x, y) in enumerate(dataset):
                 with tf.GradientTape() as tape:
                     loss = loss_fn(y, model(x, training=True))
@@ -61,6 +65,7 @@ class Monitor:
         config: dict[str, Any] | None = None,
         *,
         model: Any = None,
+        optimizer: Any = None,
         flush_interval: float = 0.2,
         grad_norms_every: int = 10,
         weights_every: int = 50,
@@ -70,6 +75,7 @@ class Monitor:
     ) -> None:
         settings = resolve(server, project, run_name, token, config, flush_interval)
         self._model = model
+        self._optimizer = optimizer
         self._vitals = StepVitals(grad_norms_every)
         self._names: tuple[str, ...] = ()
         self._weights_every = int(weights_every)
@@ -123,12 +129,14 @@ class Monitor:
             from trainvitals.agent import packing, tf_vitals
 
             grad_list = None if grads is None else list(grads)
-            vector = tf_vitals.step_vitals_now(loss, inputs, grad_list).numpy()
+            lr = None if self._optimizer is None else tf_vitals.learning_rate_of(self._optimizer)
+            vector = tf_vitals.step_vitals_now(loss, inputs, grad_list, lr).numpy()
             measured = packing.Measured(
                 loss=loss is not None,
                 inputs=inputs is not None,
                 grads=grad_list is not None,
                 names=self._variable_names(len(vector) - len(packing.HEAD)),
+                lr=lr is not None,
             )
             step_values, norms = packing.decode_one(vector, step, measured, self._vitals)
             values.update(step_values)

@@ -19,11 +19,14 @@ import numpy as np
 import numpy.typing as npt
 
 from trainvitals.agent.vitals import StepVitals
+from trainvitals.detect.numeric import loss_scale_skip
 from trainvitals.protocol import Columns, ListColumns
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
     LOSS,
+    LOSS_SCALE,
+    LR,
     NONFINITE_GRADS,
     NONFINITE_INPUTS,
     NONFINITE_LOSS,
@@ -33,13 +36,15 @@ from trainvitals.series import (
 #: The NaN/Inf counts, in the order the step stacks them (one ``tf.cond`` computes all three).
 COUNTS = (NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS)
 #: The scalars at the head of the packed vector; one gradient norm per variable follows.
-HEAD = (LOSS, *COUNTS, GRAD_GLOBAL_NORM)
+HEAD = (LOSS, *COUNTS, GRAD_GLOBAL_NORM, LR, LOSS_SCALE)
 
 # Positions in the head, by name: the only place the layout is read by position.
-_LOSS, _NONFINITE_LOSS, _NONFINITE_INPUTS, _NONFINITE_GRADS, _NORM = (
+_LOSS, _NONFINITE_LOSS, _NONFINITE_INPUTS, _NONFINITE_GRADS, _NORM, _LR, _SCALE = (
     HEAD.index(name)
-    for name in (LOSS, NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS, GRAD_GLOBAL_NORM)
-)
+    for name in (
+        LOSS, NONFINITE_LOSS, NONFINITE_INPUTS, NONFINITE_GRADS, GRAD_GLOBAL_NORM, LR, LOSS_SCALE
+    )
+)  # fmt: skip
 
 #: One fetched vector (float32 as fetched, float64 once stacked).
 Vector: TypeAlias = npt.NDArray[np.floating[Any]]
@@ -59,12 +64,17 @@ class Measured:
         inputs: the step saw its batch.
         grads: the step saw the gradients (else the norms are NaN, and not recorded).
         names: the variables' paths, in the order of the per-variable norms.
+        lr: the step read the optimizer's learning rate (else the head's is NaN, and not
+            recorded).
+        loss_scale: the step ran under a ``LossScaleOptimizer`` and read its scale.
     """
 
     loss: bool = False
     inputs: bool = True
     grads: bool = False
     names: tuple[str, ...] = ()
+    lr: bool = False
+    loss_scale: bool = False
 
 
 class Decoded(NamedTuple):
@@ -95,13 +105,15 @@ def sick(vector: Vector, measured: Measured) -> bool:
 
 
 def _sick(head: list[float], measured: Measured) -> bool:
-    return bool(
+    forward = bool(
         head[_NONFINITE_LOSS]
         or head[_NONFINITE_INPUTS]
-        or head[_NONFINITE_GRADS]
         or (measured.loss and not math.isfinite(head[_LOSS]))
-        or (measured.grads and not math.isfinite(head[_NORM]))
     )
+    backward = bool(head[_NONFINITE_GRADS] or (measured.grads and not math.isfinite(head[_NORM])))
+    if backward and not forward and measured.loss_scale and loss_scale_skip(head[_SCALE]):
+        return False  # the loss scale at work: the optimizer skips the step and lowers it
+    return forward or backward
 
 
 def decode(
@@ -124,6 +136,10 @@ def decode(
         columns[NONFINITE_LOSS] = Columns(steps, times, by_series[_NONFINITE_LOSS])
     if measured.inputs:
         columns[NONFINITE_INPUTS] = Columns(steps, times, by_series[_NONFINITE_INPUTS])
+    if measured.lr:
+        columns[LR] = Columns(steps, times, by_series[_LR])
+    if measured.loss_scale:
+        columns[LOSS_SCALE] = Columns(steps, times, by_series[_SCALE])
     if not measured.grads:
         return Decoded(columns, sick_rows, None)
     norm, nonfinite = by_series[_NORM], by_series[_NONFINITE_GRADS]

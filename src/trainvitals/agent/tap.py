@@ -2,10 +2,11 @@
 
 ``model.fit`` runs its steps inside a compiled function the callback cannot enter. So, before
 that function is traced, the tap wraps three methods on the instances: ``compute_loss`` (to
-capture the loss tensor), the optimizer's ``apply`` (to see the gradients and the loss scale)
-and ``train_step`` (to add one more output, the packed vector of ``tf_vitals.step_vitals``).
-The vector then comes back with the logs Keras fetches from the device anyway: no extra
-transfer per step. :meth:`TrainStepTap.remove` puts the model back as it was.
+capture the loss tensor), the optimizer's ``apply`` (to see the gradients, the loss scale and
+the learning rate) and ``train_step`` (to add one more output, the packed vector of
+``tf_vitals.step_vitals``). The vector then comes back with the logs Keras fetches from the
+device anyway: no extra transfer per step. :meth:`TrainStepTap.remove` puts the model back
+as it was.
 
 Imports TensorFlow (through ``tf_vitals``): load it lazily.
 """
@@ -35,6 +36,7 @@ class _Captured:
     loss: Any = None
     grads: list[Any] | None = None
     scale: Any = None
+    lr: Any = None
     names: tuple[str, ...] = field(default=())
 
 
@@ -83,10 +85,12 @@ class TrainStepTap:
                     loss=captured.loss is not None,
                     grads=has_grads,
                     names=captured.names if has_grads else (),
+                    lr=captured.lr is not None,
+                    loss_scale=captured.scale is not None,
                 )
                 if isinstance(logs, dict):
                     vitals = tf_vitals.step_vitals(
-                        captured.loss, data, captured.grads, captured.scale
+                        captured.loss, data, captured.grads, captured.scale, captured.lr
                     )
                     logs = {**logs, VITALS_KEY: vitals}
                 return logs
@@ -111,6 +115,8 @@ class TrainStepTap:
                     )
                     captured.grads = grads
                     captured.scale = tf_vitals.loss_scale_of(optimizer)
+                    # Read before the update moves the iteration: this step's rate.
+                    captured.lr = tf_vitals.learning_rate_of(optimizer)
                     return apply(grads, trainable_variables)
 
                 undo.append(_wrap(optimizer, "apply", measuring_apply))

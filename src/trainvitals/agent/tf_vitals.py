@@ -116,11 +116,18 @@ def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:
 
 
 def step_vitals(
-    loss: Any, inputs: Any, grads: Sequence[Any] | None, loss_scale: Any = None
+    loss: Any,
+    inputs: Any,
+    grads: Sequence[Any] | None,
+    loss_scale: Any = None,
+    lr: Any = None,
 ) -> tf.Tensor:
     """Everything a step reports, packed into one float32 vector so that fetching it costs one
     transfer: the scalars named in :data:`packing.HEAD <trainvitals.agent.packing.HEAD>`, then
-    the per-variable gradient norms (:mod:`~trainvitals.agent.packing` decodes it).
+    the per-variable gradient norms (:mod:`~trainvitals.agent.packing` decodes it). ``lr``,
+    the optimizer's learning rate for this step (:func:`learning_rate_of`), rides along: a
+    scalar more in the vector costs nothing measurable, where a separate read would be a
+    host-device round trip.
 
     Counting NaN/Inf element by element costs more than the norms themselves, and NaN/Inf
     always make a sum of squares non-finite. So the sums of squares (which the norms need
@@ -159,8 +166,12 @@ def step_vitals(
     if loss_scale is not None:
         squares = squares / tf.square(tf.cast(loss_scale, tf.float32))
     norm = tf.sqrt(tf.reduce_sum(squares)) if grads is not None else tf.constant(float("nan"))
-    one = [1]  # the layout of packing.HEAD: the loss, the counts, the global norm; the norms
-    return tf.concat([tf.reshape(loss32, one), counts, tf.reshape(norm, one), tf.sqrt(squares)], 0)
+    nan = tf.constant(float("nan"))
+    rate = nan if lr is None else _float32(tf.convert_to_tensor(lr))
+    scale = nan if loss_scale is None else _float32(tf.convert_to_tensor(loss_scale))
+    one = [1]  # the layout of packing.HEAD: loss, counts, global norm, lr, scale; the norms
+    head = [tf.reshape(loss32, one), counts, *(tf.reshape(v, one) for v in (norm, rate, scale))]
+    return tf.concat([*head, tf.sqrt(squares)], 0)
 
 
 def _float32(tensor: Any) -> Any:
@@ -198,7 +209,9 @@ def _conditional(output: tf.Tensor) -> tf.Tensor:
 _compiled_step_vitals = tf.function(step_vitals, reduce_retracing=True, autograph=False)
 
 
-def step_vitals_now(loss: Any, inputs: Any, grads: Sequence[Any] | None) -> tf.Tensor:
+def step_vitals_now(
+    loss: Any, inputs: Any, grads: Sequence[Any] | None, lr: Any = None
+) -> tf.Tensor:
     """:func:`step_vitals` for tensors a custom loop hands over: compiled, so one call instead
     of some thirty eagerly dispatched operations (numbers become tensors first, so that a new
     loss value is not a new trace)."""
@@ -212,7 +225,23 @@ def step_vitals_now(loss: Any, inputs: Any, grads: Sequence[Any] | None) -> tf.T
         tensor(loss),
         tf.nest.map_structure(tensor, inputs),
         None if grads is None else [tensor(g) for g in grads],
+        lr=None if lr is None else tf.cast(tensor(lr), tf.float32),
     )
+
+
+def learning_rate_of(optimizer: Any) -> Any:
+    """The learning rate ``optimizer`` applies at its current iteration, as a tensor (a
+    ``LearningRateSchedule`` evaluated at ``optimizer.iterations``), or None when it has
+    none that is a number. Inside a traced train step this is a few graph operations, and
+    read before the update, so it is the rate that very step used."""
+    try:
+        rate = getattr(optimizer, "learning_rate", None)
+        if rate is None:
+            return None
+        rate = tf.convert_to_tensor(rate)
+        return rate if rate.dtype.is_floating and rate.shape.rank == 0 else None
+    except Exception:  # an optimizer of its own kind: no learning rate, no warning needed
+        return None
 
 
 def loss_scale_of(optimizer: Any) -> Any:

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from trainvitals.detect.engine import Detector, records, watched
-from trainvitals.detect.lifecycle import Alert, AlertBook, Change
+from trainvitals.detect.lifecycle import RUN_ENDED, Alert, AlertBook, AlertState, Change
 from trainvitals.detect.settings import RulesConfig, RuleSet, load_rules
 from trainvitals.detect.types import SEVERITIES, Finding, Record, Severity
 from trainvitals.exceptions import RulesError
@@ -29,9 +29,11 @@ RULES = (
 
 __all__ = [
     "RULES",
+    "RUN_ENDED",
     "SEVERITIES",
     "Alert",
     "AlertBook",
+    "AlertState",
     "Change",
     "Detector",
     "Finding",

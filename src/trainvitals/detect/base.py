@@ -7,9 +7,11 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
+import numpy as np
+
 from trainvitals.detect.types import Finding, Record, Severity
 from trainvitals.protocol import ArrayColumns
-from trainvitals.series import GRAD_NORM_PREFIX, STEP_TIME, is_system
+from trainvitals.series import GRAD_NORM_PREFIX, LR, STEP_TIME, is_system
 
 #: Prefixes of per-second system series; everything else is a per-step vital.
 
@@ -26,7 +28,8 @@ def last_record(dense: Mapping[str, ArrayColumns], name: str) -> Record:
 
 class Context:
     """Facts about the run that several rules read: environment, latest system readings,
-    the order variables first appeared in (model order), and the step rate."""
+    the order variables first appeared in (model order), the step rate and the learning
+    rate."""
 
     def __init__(self, env: Mapping[str, Any] | None = None) -> None:
         self.env: Mapping[str, Any] = env or {}
@@ -37,6 +40,11 @@ class Context:
         self.step = 0
         self._variable_order: dict[str, int] = {}
         self._steps: deque[tuple[float, int]] = deque(maxlen=64)
+        #: The optimizer's first recorded learning rate; None until the agent records ``lr``.
+        self.lr_first: float | None = None
+        # The rates of the frame being judged, and the last one of the frames before it.
+        self._lr: tuple[Any, Any] | None = None
+        self._lr_before: float | None = None
 
     @property
     def mixed_precision(self) -> bool:
@@ -57,6 +65,16 @@ class Context:
             self._steps.append((record.time, record.step))
 
     def note_dense(self, dense: Mapping[str, ArrayColumns]) -> None:
+        rates = dense.get(LR)
+        if rates is not None:
+            steps, _, values = rates
+            keep = np.isfinite(values)
+            if keep.any():
+                if self._lr is not None:
+                    self._lr_before = float(self._lr[1][-1])
+                self._lr = (steps[keep], values[keep])
+                if self.lr_first is None:
+                    self.lr_first = float(values[keep][0])
         steps, times, _ = max(dense.values(), key=lambda column: len(column[0]))
         if len(steps) and int(steps[-1]) > self.step:
             self.step = int(steps[-1])
@@ -75,6 +93,22 @@ class Context:
             return 0.0
         (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
         return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def lr_at(self, step: int) -> float | None:
+        """The learning rate recorded at ``step`` or the last step before it."""
+        if self._lr is None:
+            return None
+        steps, values = self._lr
+        i = int(np.searchsorted(steps, step, side="right")) - 1
+        return float(values[i]) if i >= 0 else self._lr_before
+
+    def lr_evidence(self, step: int) -> dict[str, float]:
+        """The learning rate at ``step`` and at the start, for the evidence of the rules a
+        rate too high sets off (explosion, divergence); empty when the run records none."""
+        lr = self.lr_at(step)
+        if lr is None or self.lr_first is None:
+            return {}
+        return {"lr": lr, "lr_first": self.lr_first}
 
     def memory_readings(self) -> dict[str, float]:
         """The latest host and GPU memory readings: evidence of how a run ended."""

@@ -25,6 +25,8 @@ from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     HOST_PREFIX,
     LOSS,
+    LOSS_SCALE,
+    LR,
     NONFINITE_PREFIX,
     STEP_TIME,
     is_system,
@@ -32,8 +34,8 @@ from trainvitals.series import (
 
 #: Series the rules read; the rest of a frame (accuracy, epoch values...) is skipped unseen.
 _PREFIXES = ("grad/", NONFINITE_PREFIX, HOST_PREFIX, GPU_PREFIX)
-_NAMES = frozenset((LOSS, STEP_TIME))
-_PER_STEP = frozenset((LOSS, STEP_TIME, GRAD_GLOBAL_NORM))
+_NAMES = frozenset((LOSS, STEP_TIME, LR, LOSS_SCALE))
+_PER_STEP = frozenset((LOSS, STEP_TIME, GRAD_GLOBAL_NORM, LR, LOSS_SCALE))
 
 #: A frame's points: series name -> (steps, times, values).
 

@@ -1,10 +1,12 @@
-"""From findings to alerts: one alert per (rule, subject), firing until resolved.
+"""From findings to alerts: one alert per (rule, subject), firing until resolved or closed.
 
 A rule says "firing" or "clear" for a subject; the book keeps one :class:`Alert` per
 (rule, subject) of a run. A finding for a subject already firing updates its alert only when
 the severity changes or, for moving evidence such as an ETA, at most every
 ``update_interval`` seconds. A subject that fires again within ``cooldown`` seconds of
-resolving reopens the same alert (its ``count`` goes up) instead of raising a new one.
+resolving reopens the same alert (its ``count`` goes up) instead of raising a new one. An
+alert still firing when its run ends is ``closed`` (the run ended), not ``resolved``: nobody
+saw the problem go away.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from trainvitals.detect.settings import Lifecycle
-from trainvitals.detect.types import SEVERITIES, Finding, Severity, jsonable
+from trainvitals.detect.types import Finding, Severity, jsonable, worse
 
-Change = Literal["fired", "updated", "resolved"]
+Change = Literal["fired", "updated", "resolved", "closed"]
+AlertState = Literal["firing", "resolved", "closed"]
+#: Why an alert was closed: the only reason today.
+RUN_ENDED = "run ended"
 
 
 @dataclass
@@ -29,7 +34,7 @@ class Alert:
     rule: str
     subject: str
     severity: Severity
-    state: Literal["firing", "resolved"]
+    state: AlertState
     message: str
     hint: str
     step: int
@@ -44,6 +49,9 @@ class Alert:
     acknowledged_at: float | None = None
     acknowledged_by: str | None = None
     silenced_until: float | None = None
+    #: When and why it stopped firing other than by resolving (its run ended).
+    closed_time: float | None = None
+    closed_reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +95,7 @@ class AlertBook:
             if not escalated and not due:
                 return None
             alert.severity = (
-                _worse(alert.severity, finding.severity) if not escalated else (finding.severity)
+                worse(alert.severity, finding.severity) if not escalated else (finding.severity)
             )
             alert.message, alert.hint, alert.evidence = finding.message, finding.hint, evidence
             alert.updated_time = finding.time
@@ -118,19 +126,17 @@ class AlertBook:
         alert.evidence, alert.step, alert.updated_time = evidence, finding.step, finding.time
         return "fired", alert
 
-    def resolve_all(self, time: float, keep: Iterable[str] = ()) -> list[Alert]:
-        """The run ended: every firing alert but those of the ``keep`` rules resolves."""
+    def close_all(self, time: float, keep: Iterable[str] = ()) -> list[Alert]:
+        """The run ended: every firing alert but those of the ``keep`` rules is closed (with
+        the reason :data:`RUN_ENDED`), not resolved, since nothing says its cause went away."""
         kept = set(keep)
-        resolved = []
+        closed = []
         for (rule, _), alert in self.alerts.items():
             if alert.state == "firing" and rule not in kept:
-                alert.state, alert.resolved_time, alert.updated_time = "resolved", time, time
-                resolved.append(alert)
-        return resolved
+                alert.state, alert.updated_time = "closed", time
+                alert.closed_time, alert.closed_reason = time, RUN_ENDED
+                closed.append(alert)
+        return closed
 
     def find(self, alert_id: str) -> Alert | None:
         return next((a for a in self.alerts.values() if a.id == alert_id), None)
-
-
-def _worse(a: Severity, b: Severity) -> Severity:
-    return a if SEVERITIES.index(a) >= SEVERITIES.index(b) else b

@@ -19,6 +19,7 @@ from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
     LOSS,
+    LOSS_SCALE,
     NONFINITE_PREFIX,
     NONFINITE_WEIGHTS,
 )
@@ -53,11 +54,18 @@ NONFINITE_HINTS = {
 }
 
 
+def loss_scale_skip(scale: float | None) -> bool:
+    """Whether gradients that overflow under this loss scale make a step the
+    ``LossScaleOptimizer`` skips while it lowers the scale (normal under float16), rather
+    than gradients that overflow by themselves: a scale above 1 still magnifies them."""
+    return scale is not None and math.isfinite(scale) and scale > 1
+
+
 class NonfiniteRule(Rule):
     """NaN/Inf anywhere, critical in the very step it appears, naming where it came from."""
 
     id = "nonfinite"
-    watches = (LOSS, GRAD_GLOBAL_NORM, NONFINITE_PREFIX, GRAD_NORM_PREFIX)
+    watches = (LOSS, GRAD_GLOBAL_NORM, NONFINITE_PREFIX, GRAD_NORM_PREFIX, LOSS_SCALE)
 
     def __init__(self, context: Context, settings: s.Nonfinite) -> None:
         super().__init__(context)
@@ -121,7 +129,14 @@ class NonfiniteRule(Rule):
                     return [self.resolve("", record)]
             return []
         self._clean = 0
-        if where == {"grads"} and self.context.mixed_precision:
+        scale = values.get(LOSS_SCALE)
+        if where == {"grads"} and scale is not None:
+            # The agent says under which loss scale: above 1, the optimizer skips the step and
+            # lowers the scale (nothing is lost); at 1 or less, the gradients overflow by
+            # themselves.
+            if loss_scale_skip(scale):
+                return []
+        elif where == {"grads"} and self.context.mixed_precision:
             self._skips += 1  # the loss scale at work, unless it keeps happening
             if self._skips < self.settings.mixed_precision_skips:
                 return []
@@ -273,6 +288,7 @@ class GradExplosionRule(Rule):
                 {"variable": name.removeprefix(GRAD_NORM_PREFIX), "norm": n, "ratio": r}
                 for name, (n, r) in layers
             ],
+            **self.context.lr_evidence(record.step),
         }
         message = (
             f"Gradient norm {number(norm)} is {ratio:.0f}x its recent baseline {number(baseline)}"
@@ -557,6 +573,7 @@ class LossDivergenceRule(Rule):
                     "start": start,
                     "given_back": gave_back,
                     "steps_rising": self._above,
+                    **self.context.lr_evidence(record.step),
                 }
                 out.append(self.fire("", record, severity, message, LOSS_DIVERGENCE_HINT, evidence))
         elif "" in self.firing and self._calm >= cfg.sustain:

@@ -10,6 +10,11 @@ Severity = Literal["info", "warning", "critical"]
 SEVERITIES: tuple[Severity, ...] = ("info", "warning", "critical")
 
 
+def worse(a: Severity, b: Severity) -> Severity:
+    """The more severe of two severities."""
+    return a if SEVERITIES.index(a) >= SEVERITIES.index(b) else b
+
+
 @dataclass
 class Record:
     """The values recorded together at one moment: one training step's vitals, or one

@@ -145,13 +145,13 @@ class AlertEngine:
         self, run_id: str, reason: str, when: float, traceback: str | None = None
     ) -> None:
         """The run ended (or was given up as lost): a crash alert unless it completed, and
-        every other firing alert resolves."""
+        every other firing alert is closed (not resolved: no channel hears of it)."""
         state = await self._state(run_id)
         if state is None:
             return
         await self._apply(state, state.detector.ended(reason, when, traceback))
-        resolved = state.book.resolve_all(when, keep=("crash",))
-        await self._publish(state, [("resolved", alert) for alert in resolved])
+        closed = state.book.close_all(when, keep=("crash",))
+        await self._publish(state, [("closed", alert) for alert in closed])
         if self._runs.pop(run_id, None) is not None:
             await self._leases.release(RUN + run_id)
 

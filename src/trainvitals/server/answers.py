@@ -11,16 +11,37 @@ from typing import (
 
 from typing_extensions import TypedDict
 
+from trainvitals.detect.types import Severity
 from trainvitals.server.notify.config import ChannelDescription
 from trainvitals.server.notify.store import ChannelSummary, NoticeRow
 from trainvitals.server.storage import AlertRow, RunDetail, RunEvent, RunSummary, Silence
 
 
+class RunHealth(TypedDict):
+    """A run's health at a glance, from every alert it raised (firing, resolved or closed).
+
+    Example: ``{"worst": "critical", "rules": ["crash", "nonfinite"], "firing": ["crash"]}``;
+    a run that raised nothing: ``{"worst": null, "rules": [], "firing": []}``.
+    """
+
+    #: The worst severity any of its alerts reached (``info``, ``warning``, ``critical``).
+    worst: Severity | None
+    #: The rules that raised an alert on it, sorted.
+    rules: list[str]
+    #: Those of them with an alert firing now, sorted.
+    firing: list[str]
+
+
+class ListedRun(RunSummary):
+    health: RunHealth
+
+
 class RunsAnswer(TypedDict):
-    runs: list[RunSummary]
+    runs: list[ListedRun]
 
 
 class RunAnswer(RunDetail):
+    health: RunHealth
     events: list[RunEvent]
     #: The last host and GPU readings, for the ending panel of a run that ended.
     last_readings: NotRequired[dict[str, float]]

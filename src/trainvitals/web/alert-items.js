@@ -72,10 +72,12 @@ function controls(alert) {
   return `<div class="alert-actions">${ack}${silence}<span class="alert-status" role="status"></span></div>`;
 }
 
-// Resolved, acknowledged, silenced: in absolute times, so an item only changes when its alert does.
+// Resolved, closed, acknowledged, silenced: in absolute times, so an item only changes when its
+// alert does. Closed: its run ended while it fired, which says nothing of the problem.
 function standing(alert) {
   const parts = [];
   if (alert.state === "resolved") parts.push(`Resolved ${formatTime(alert.resolved_time)}`);
+  if (alert.state === "closed") parts.push(`Closed at run end ${formatTime(alert.closed_time)}`);
   if (alert.acknowledged_at != null) {
     parts.push(`Acknowledged${alert.acknowledged_by ? ` by ${alert.acknowledged_by}` : ""} ${formatTime(alert.acknowledged_at)}`);
   }

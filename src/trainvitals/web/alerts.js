@@ -8,7 +8,7 @@ import { escapeHTML } from "./format.js";
 
 const LIMIT = 500;
 const CHOICES = {
-  state: [["firing", "Firing"], ["resolved", "Resolved"], ["", "Any state"]],
+  state: [["firing", "Firing"], ["resolved", "Resolved"], ["closed", "Closed at run end"], ["", "Any state"]],
   severity: [["", "Any severity"], ["critical", "Critical"], ["warning", "Warning"], ["info", "Info"]],
 };
 

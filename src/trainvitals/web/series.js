@@ -9,6 +9,8 @@ export const LOSS = "loss";
 export const STEP_TIME = "step_time";
 // The optimizer's learning rate, when it exposes one.
 export const LR = "lr";
+// The dynamic loss scale of a LossScaleOptimizer (mixed float16), at that step.
+export const LOSS_SCALE = "loss_scale";
 
 export const GRAD_GLOBAL_NORM = "grad/global_norm";
 // grad/norm/<variable path>: one variable's gradient norm.

@@ -69,6 +69,19 @@ def test_changes_are_routed_by_project_severity_and_silence(
     ]  # fmt: skip
 
 
+def test_an_alert_closed_by_its_run_ending_is_sent_nowhere(
+    store: Store, notifier: Notifier
+) -> None:
+    closed = alert("a7", severity="critical", state="closed", closed_reason="run ended")
+    assert enqueue(store, notifier, ("fired", alert("a7", severity="critical"))) == [
+        "team:fired", "pager:fired",
+    ]  # fmt: skip
+    assert enqueue(store, notifier, ("closed", closed)) == []  # told it fired, not that it ended
+    # Not even to a channel never told of it (an escalation would have been sent as firing).
+    assert enqueue(store, notifier, ("fired", alert("a8"))) == ["team:fired"]
+    assert enqueue(store, notifier, ("closed", alert("a8", severity="critical"))) == []
+
+
 def test_a_dead_servers_notices_are_taken_over_once_its_lease_runs_out(store: Store) -> None:
     def notice(id: str, created_at: float, channel: str = "team") -> Notice:
         return Notice(id, channel, "fired", alert(), created_at)

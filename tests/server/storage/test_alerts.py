@@ -54,3 +54,39 @@ def test_alerts_are_upserted_filtered_acknowledged_and_silenced(store: Store) ->
     assert store.alerts.get_alert(alert.id)["silenced_until"] == 2000.0  # type: ignore[index]
     assert [s["id"] for s in store.alerts.active_silences(now=1500.0)] == ["s1"]
     assert store.alerts.active_silences(now=2500.0) == []
+
+
+def test_standings_give_each_runs_rules_their_worst_severity_in_one_query(
+    store: Store,
+) -> None:
+    from trainvitals.detect import AlertBook, Finding
+    from trainvitals.server.storage import RuleStanding
+
+    books = {"r1": AlertBook(), "r2": AlertBook()}
+    findings = [
+        ("r1", Finding("grad_explosion", "", True, 5, 1.0, "warning", "m", "h")),
+        ("r1", Finding("grad_explosion", "", True, 6, 99.0, "critical", "m", "h")),
+        ("r1", Finding("slowdown", "", True, 7, 3.0, "warning", "m", "h")),
+        ("r1", Finding("slowdown", "", False, 8, 4.0)),  # resolved
+        ("r1", Finding("slowdown", "", True, 9, 900.0, "info", "m", "h")),  # a new one
+        ("r2", Finding("thermal", "gpu0", True, 5, 1.0, "warning", "m", "h")),
+    ]
+    with store.engine.begin() as conn:
+        for run_id in ("r1", "r2", "r3"):
+            store.runs.open_run(conn, hello(run_id), now=1.0)
+        for run_id, finding in findings:
+            change = books[run_id].apply(finding)
+            assert change is not None
+            alert = change[1]
+            alert.run_id, alert.project, alert.run_name = run_id, "proj", run_id
+            store.alerts.save_alert(conn, alert.as_dict())
+        closed = books["r2"].close_all(10.0)
+        store.alerts.save_alert(conn, {**closed[0].as_dict(), "run_id": "r2",
+                                       "project": "proj", "run_name": "r2"})  # fmt: skip
+    assert sorted(store.alerts.standings(["r1", "r2", "r3"])) == [
+        RuleStanding("r1", "grad_explosion", "critical", True),
+        RuleStanding("r1", "slowdown", "warning", True),  # the resolved warning counts
+        RuleStanding("r2", "thermal", "warning", False),  # closed
+    ]
+    assert store.alerts.standings([]) == []
+    assert [a["state"] for a in store.alerts.list_alerts(state="closed")] == ["closed"]

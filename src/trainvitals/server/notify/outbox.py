@@ -68,7 +68,9 @@ class Notifier:
         """Store a notice for each channel that wants each change; returns them.
 
         A firing alert goes to the channels routed for its project and severity unless it
-        is silenced; its resolution goes to the channels that were told it fired. Updates
+        is silenced; its resolution goes to the channels that were told it fired. An alert
+        closed because its run ended is sent nowhere: the end is the ``crash`` alert's news
+        (or good news), and the problem was not seen to go away. Updates
         (moving evidence) are not sent, except to a channel the alert now reaches that was
         never told of it (a warning escalated to critical, for a critical-only channel): for
         that channel it fires now."""
@@ -82,7 +84,7 @@ class Notifier:
             return told[key]
 
         for change, alert in changes:
-            if (alert.silenced_until or 0) > now:
+            if change == "closed" or (alert.silenced_until or 0) > now:
                 continue
             for channel in self.config.channels:
                 key = (alert.id, channel.name)

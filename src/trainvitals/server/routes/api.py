@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, cast
+from typing import Annotated, cast
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from trainvitals.detect import AlertState, Severity
+from trainvitals.detect.types import worse
 from trainvitals.lifecycle import ALIVE
 from trainvitals.protocol import RunStatus
 from trainvitals.series import HOST_PREFIX
@@ -16,6 +18,7 @@ from trainvitals.server.answers import (
     AlertsAnswer,
     RulesAnswer,
     RunAnswer,
+    RunHealth,
     RunsAnswer,
     SeriesAnswer,
     SeriesPoints,
@@ -42,6 +45,7 @@ from trainvitals.server.export import (
 from trainvitals.server.live import finite_or_none
 from trainvitals.server.storage import AlertRow
 from trainvitals.server.storage.tokens import Principal, Role
+from trainvitals.server.store import Store
 
 router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
@@ -64,7 +68,9 @@ def list_runs(
     seen = scoped(who, project)
     if isinstance(seen, NoProject):
         return {"runs": []}
-    return {"runs": store.runs.list_runs(limit=limit, project=seen, job=job, status=status)}
+    runs = store.runs.list_runs(limit=limit, project=seen, job=job, status=status)
+    health = _health(store, [run["id"] for run in runs])
+    return {"runs": [{**run, "health": health[run["id"]]} for run in runs]}
 
 
 @router.get("/runs/{run_id}")
@@ -76,10 +82,29 @@ def get_run(run_id: str, store: StoreDep, who: Reader) -> RunAnswer:
     check_project(who, Role.READ, run["project"], run_not_found(run_id))
     # The detail row plus what this route adds (mypy can't follow ** into a TypedDict with
     # a key that is not required).
-    out = cast(RunAnswer, {**run, "events": store.runs.run_events(run_id)})
+    out = cast(
+        RunAnswer,
+        {
+            **run,
+            "health": _health(store, [run_id])[run_id],
+            "events": store.runs.run_events(run_id),
+        },
+    )
     if run["status"] not in ALIVE:  # evidence for the ending panel
         out["last_readings"] = store.series.last_values(run_id, (HOST_PREFIX, "gpu"))
     return out
+
+
+def _health(store: Store, run_ids: list[str]) -> dict[str, RunHealth]:
+    """Each run's :class:`RunHealth`, from one grouped query for them all."""
+    health = {run_id: RunHealth(worst=None, rules=[], firing=[]) for run_id in run_ids}
+    for standing in sorted(store.alerts.standings(run_ids), key=lambda s: s.rule):
+        of = health[standing.run_id]
+        of["rules"].append(standing.rule)
+        if standing.firing:
+            of["firing"].append(standing.rule)
+        of["worst"] = standing.worst if of["worst"] is None else worse(of["worst"], standing.worst)
+    return health
 
 
 @router.get("/runs/{run_id}/series")
@@ -142,14 +167,12 @@ def export_series(
     )
 
 
-State = Literal["firing", "resolved"]
-SeverityParam = Literal["info", "warning", "critical"]
 Limit = Annotated[int, Query(ge=1, le=10_000)]
 
 
 @router.get("/runs/{run_id}/alerts")
 def run_alerts(
-    run_id: str, store: StoreDep, who: Reader, state: State | None = None, limit: Limit = 1000
+    run_id: str, store: StoreDep, who: Reader, state: AlertState | None = None, limit: Limit = 1000
 ) -> AlertsAnswer:
     """Alerts of one run, newest first."""
     run = store.runs.get_run(run_id, job=False)
@@ -163,12 +186,13 @@ def run_alerts(
 def list_alerts(
     store: StoreDep,
     who: Reader,
-    state: State | None = None,
+    state: AlertState | None = None,
     project: str | None = None,
-    severity: SeverityParam | None = None,
+    severity: Severity | None = None,
     limit: Limit = 500,
 ) -> AlertsAnswer:
-    """Alerts across runs, newest first, optionally only ``firing`` or ``resolved`` ones."""
+    """Alerts across runs, newest first, optionally only those ``firing``, ``resolved`` or
+    ``closed`` (when their run ended)."""
     seen = scoped(who, project)
     if isinstance(seen, NoProject):
         return {"alerts": []}

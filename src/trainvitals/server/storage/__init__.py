@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from trainvitals.server.storage.alerts import AlertRow, AlertStore, Silence
+from trainvitals.server.storage.alerts import AlertRow, AlertStore, RuleStanding, Silence
 from trainvitals.server.storage.runs import (
     Job,
     JobMember,
@@ -33,6 +33,7 @@ __all__ = [
     "Job",
     "JobMember",
     "OpenedRun",
+    "RuleStanding",
     "RunDetail",
     "RunEnd",
     "RunEvent",

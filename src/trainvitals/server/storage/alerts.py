@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Collection, Mapping
+from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Connection, Engine, RowMapping, case, func, select, update
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
+from trainvitals.detect.types import SEVERITIES, Severity
 from trainvitals.server.storage.schema import alerts, dialect_insert, silences
 
 ALERT_FIELDS = tuple(c.name for c in alerts.columns)
@@ -24,7 +25,7 @@ class AlertRow(TypedDict):
     rule: str
     subject: str
     severity: str
-    state: str  # firing or resolved
+    state: str  # firing, resolved or closed
     message: str
     hint: str
     evidence: dict[str, Any]
@@ -36,6 +37,8 @@ class AlertRow(TypedDict):
     acknowledged_at: float | None
     acknowledged_by: str | None
     silenced_until: float | None
+    closed_time: float | None
+    closed_reason: str | None
 
 
 class Silence(TypedDict):
@@ -48,6 +51,15 @@ class Silence(TypedDict):
     until: float
     created_at: float
     created_by: str | None
+
+
+class RuleStanding(NamedTuple):
+    """What one rule raised on one run: its worst severity, and whether it fires now."""
+
+    run_id: str
+    rule: str
+    worst: Severity
+    firing: bool
 
 
 class AlertStore:
@@ -133,6 +145,25 @@ class AlertStore:
         )
         with self._engine.connect() as conn:
             return {(rule, severity): int(n) for rule, severity, n in conn.execute(query)}
+
+    def standings(self, run_ids: Collection[str]) -> list[RuleStanding]:
+        """Per run and rule, the worst severity its alerts raised and whether one fires now,
+        in one grouped query for a whole page of runs."""
+        if not run_ids:
+            return []
+        rank = case({severity: i for i, severity in enumerate(SEVERITIES)}, value=alerts.c.severity)
+        firing = case((alerts.c.state == "firing", 1), else_=0)
+        query = (
+            select(alerts.c.run_id, alerts.c.rule, func.max(rank), func.max(firing))
+            .where(alerts.c.run_id.in_(list(run_ids)))
+            .group_by(alerts.c.run_id, alerts.c.rule)
+        )
+        with self._engine.connect() as conn:
+            return [
+                RuleStanding(run_id, rule, SEVERITIES[worst], bool(fires))
+                for run_id, rule, worst, fires in conn.execute(query)
+                if worst is not None  # a severity this version does not know
+            ]
 
     def get_alert(self, alert_id: str) -> AlertRow | None:
         with self._engine.connect() as conn:

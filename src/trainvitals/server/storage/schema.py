@@ -119,6 +119,9 @@ alerts = Table(
     Column("acknowledged_at", Float),
     Column("acknowledged_by", String(200)),
     Column("silenced_until", Float),
+    # Set when the alert stopped firing because its run ended (state "closed").
+    Column("closed_time", Float),
+    Column("closed_reason", String(64)),
     Index("ix_alerts_run", "run_id"),
     Index("ix_alerts_state_time", "state", "time"),
 )
