@@ -13,11 +13,18 @@ from typing_extensions import TypedDict
 
 from trainvitals.server.notify.config import ChannelDescription
 from trainvitals.server.notify.store import ChannelSummary, NoticeRow
-from trainvitals.server.storage import AlertRow, RunDetail, RunEvent, RunSummary, Silence
+from trainvitals.server.storage import AlertRow, ListedRun, RunDetail, RunEvent, Silence
 
 
 class RunsAnswer(TypedDict):
-    runs: list[RunSummary]
+    runs: list[ListedRun]
+    #: How many runs match the filters, over all pages.
+    total: int
+
+
+class DeletedAnswer(TypedDict):
+    #: The id of the run deleted.
+    deleted: str
 
 
 class RunAnswer(RunDetail):

@@ -13,9 +13,12 @@ import contextlib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from trainvitals.server.storage import RunSummary
+
+#: The fields of a run people change from the dashboard (``PATCH /api/v1/runs/{id}``).
+EDITABLE = frozenset({"name", "tags", "notes", "archived"})
 
 
 class Subscriber:
@@ -79,9 +82,19 @@ class Hub:
     def unsubscribe(self, subscriber: Subscriber) -> None:
         self._subscribers.discard(subscriber)
 
-    def run_changed(self, run: RunSummary) -> None:
-        """Queue a run summary for the next coalesced push to every browser."""
-        self._dirty_runs[run["id"]] = run
+    def run_changed(self, run: RunSummary, *, fresh: bool = False) -> None:
+        """Queue a run summary for the next coalesced push to every browser.
+
+        What people edit of a run (:data:`EDITABLE`) is pushed only from a ``fresh`` summary,
+        read from the database just now: an ingest session's copy of a run renamed since
+        would undo the rename in every browser. Browsers keep what they had of those fields."""
+        if fresh:
+            self._dirty_runs[run["id"]] = run
+            return
+        update = {k: v for k, v in run.items() if k not in EDITABLE}
+        self._dirty_runs[run["id"]] = cast(
+            RunSummary, {**self._dirty_runs.get(run["id"], {}), **update}
+        )
 
     def alert(self, alert: Mapping[str, Any]) -> None:
         """Push an alert change to every browser (alerts are few; every page shows them)."""

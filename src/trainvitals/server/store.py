@@ -13,12 +13,22 @@ connection of their own (in FastAPI's thread pool).
 
 from __future__ import annotations
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, delete, select
 
-from trainvitals.server.notify.store import OutboxStore
+from trainvitals.server.notify.store import OutboxStore, outbox
 from trainvitals.server.storage.alerts import AlertStore
 from trainvitals.server.storage.runs import RunStore
-from trainvitals.server.storage.schema import connect, create_schema, database_url
+from trainvitals.server.storage.schema import (
+    alerts,
+    chunks,
+    connect,
+    create_schema,
+    database_url,
+    events,
+    runs,
+    series,
+    silences,
+)
 from trainvitals.server.storage.series import SeriesStore
 from trainvitals.server.storage.tokens import TokenStore
 
@@ -47,6 +57,16 @@ class Store:
     def create_schema(self) -> None:
         """Make the tables, or bring those of an older database up to date."""
         create_schema(self.engine)
+
+    def delete_run(self, conn: Connection, run_id: str) -> bool:
+        """Delete a run and everything of it: its points, events, alerts, silences and
+        notices. Returns whether there was such a run."""
+        alert_ids = select(alerts.c.id).where(alerts.c.run_id == run_id)
+        conn.execute(delete(outbox).where(outbox.c.alert_id.in_(alert_ids)))
+        for table in (alerts, silences, chunks, series, events):
+            conn.execute(delete(table).where(table.c.run_id == run_id))
+        self.series.forget(run_id)
+        return bool(conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
+from functools import partial
 from typing import Annotated, Literal, cast
 
-from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
+import numpy as np
+from fastapi import APIRouter, HTTPException, Query, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from trainvitals.lifecycle import ALIVE
+from trainvitals.protocol import RunStatus
 from trainvitals.series import HOST_PREFIX
 from trainvitals.server.answers import (
     AlertsAnswer,
+    DeletedAnswer,
     RulesAnswer,
     RunAnswer,
     RunsAnswer,
@@ -27,10 +33,16 @@ from trainvitals.server.auth import (
     check_project,
     scoped,
 )
-from trainvitals.server.deps import AlertsDep, StoreDep, alert_not_found, run_not_found
+from trainvitals.server.deps import (
+    AlertsDep,
+    StateDep,
+    StoreDep,
+    alert_not_found,
+    run_not_found,
+)
 from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.live import finite_or_none
-from trainvitals.server.storage import AlertRow
+from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.tokens import Principal, Role
 
 router = APIRouter(prefix="/api/v1")
@@ -40,20 +52,52 @@ MAX_POINTS_LIMIT = 100_000
 MAX_SERIES_PER_REQUEST = 200
 
 
+SortParam = Literal[
+    "started_at", "name", "project", "status", "last_step", "last_seen", "host", "ended_at"
+]
+ArchivedParam = Literal["hide", "only", "include"]
+#: Config values one list request may add to each run.
+MAX_CONFIG_KEYS = 20
+
+
 @router.get("/runs")
 def list_runs(
     store: StoreDep,
     who: Reader,
+    response: Response,
     project: str | None = None,
     job: str | None = None,
+    q: Annotated[str | None, Query(max_length=200)] = None,
+    status: Annotated[list[RunStatus] | None, Query(max_length=5)] = None,
+    tag: Annotated[str | None, Query(max_length=64)] = None,
+    archived: ArchivedParam = "hide",
+    sort: SortParam = "started_at",
+    order: Literal["asc", "desc"] = "desc",
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    config: Annotated[list[str] | None, Query(max_length=MAX_CONFIG_KEYS)] = None,
 ) -> RunsAnswer:
-    """Runs, newest first; ``job``: only the runs (workers) of that job. A token of one
-    project sees that project's runs only."""
+    """A page of runs, newest first unless ``sort`` and ``order`` say otherwise, with the
+    number of runs that match in ``total`` (and the ``X-Total-Count`` header). Filters:
+    ``project``, ``job`` (its workers), ``q`` (part of the name), ``status``, ``tag``,
+    ``archived``. A token of one project sees that project's runs only."""
     seen = scoped(who, project)
     if isinstance(seen, NoProject):
-        return {"runs": []}
-    return {"runs": store.runs.list_runs(limit=limit, project=seen, job=job)}
+        response.headers["X-Total-Count"] = "0"
+        return {"runs": [], "total": 0}
+    which = RunFilter(
+        project=seen,
+        job=job,
+        q=q or None,
+        status=tuple(s.value for s in status or ()),
+        tag=tag or None,
+        archived=archived,
+        sort=sort,
+        descending=order == "desc",
+    )
+    page = store.runs.find_runs(which, limit, offset, tuple(config or ()))
+    response.headers["X-Total-Count"] = str(page["total"])
+    return {"runs": page["runs"], "total": page["total"]}
 
 
 @router.get("/runs/{run_id}")
@@ -71,6 +115,86 @@ def get_run(run_id: str, store: StoreDep, who: Reader) -> RunAnswer:
     return out
 
 
+#: Control characters a run's name, tags and notes may not hold (notes keep \t and \n).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class RunEditRequest(BaseModel):
+    """``PATCH /api/v1/runs/{id}``: the fields to change, each optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    tags: list[str] | None = Field(default=None, max_length=32)
+    notes: str | None = Field(default=None, max_length=10_000)
+    archived: StrictBool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str | None) -> str | None:
+        if name is not None and (_CONTROL.search(name) or not name.strip()):
+            raise ValueError("a run's name must be visible text without control characters")
+        return name.strip() if name is not None else None
+
+    @field_validator("tags")
+    @classmethod
+    def _plain_tags(cls, tags: list[str] | None) -> list[str] | None:
+        if tags is None:
+            return None
+        kept: list[str] = []
+        for tag in (t.strip() for t in tags):
+            if not 1 <= len(tag) <= 64 or _CONTROL.search(tag) or set(tag) & set('"\\,'):
+                raise ValueError(
+                    f"a tag is 1-64 characters without control characters, quotes, "
+                    f"backslashes or commas, but got {tag[:80]!r}"
+                )
+            if tag not in kept:
+                kept.append(tag)
+        return kept
+
+    @field_validator("notes")
+    @classmethod
+    def _plain_notes(cls, notes: str | None) -> str | None:
+        if notes is not None and _CONTROL_BUT_LINES.search(notes):
+            raise ValueError("notes may hold tabs and line breaks but no other control characters")
+        return notes
+
+
+@router.patch("/runs/{run_id}")
+async def edit_run(run_id: str, body: RunEditRequest, state: StateDep, who: Admin) -> RunSummary:
+    """Rename, tag, note or archive a run (``admin`` on its project). Returns its summary."""
+    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
+    if run is None:
+        raise run_not_found(run_id)
+    check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))
+    edit = cast(RunEdit, body.model_dump(exclude_none=True))
+    summary = await state.writer.submit(
+        partial(state.store.runs.edit_run, run_id=run_id, edit=edit)
+    )
+    if summary is None:
+        raise run_not_found(run_id)
+    state.hub.run_changed(summary, fresh=True)
+    return summary
+
+
+@router.delete("/runs/{run_id}")
+async def delete_run(run_id: str, state: StateDep, who: Admin) -> DeletedAnswer:
+    """Delete a run that has ended, with its points, alerts and notices (``admin`` on its
+    project). A run still running or stalled is ``409``: its agent would write it again."""
+    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
+    if run is None:
+        raise run_not_found(run_id)
+    check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))
+    if RunStatus(run["status"]) in ALIVE:
+        raise HTTPException(
+            409, f"run {run_id!r} is {run['status']}: stop it (or wait until it is lost) first"
+        )
+    if not await state.writer.submit(partial(state.store.delete_run, run_id=run_id)):
+        raise run_not_found(run_id)
+    return {"deleted": run_id}
+
+
 @router.get("/runs/{run_id}/series")
 def get_series(
     run_id: str,
@@ -78,9 +202,15 @@ def get_series(
     who: Reader,
     name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT)] = 2000,
+    min_step: int | None = None,
+    max_step: int | None = None,
 ) -> SeriesAnswer:
     """Series of a run (all of them when no ``name`` is given), each downsampled to at most
-    ``max_points`` with every bucket's min and max kept. NaN/Inf values come back as null."""
+    ``max_points`` with every bucket's min and max kept; ``min_step`` and ``max_step``
+    (inclusive): only the points in that range, so a zoom gets full detail. NaN/Inf values
+    come back as null; ``count`` is the points stored in the range."""
+    if min_step is not None and max_step is not None and min_step > max_step:
+        raise HTTPException(422, f"min_step ({min_step}) is above max_step ({max_step})")
     run = store.runs.get_run(run_id, job=False)
     if run is None:
         raise run_not_found(run_id)
@@ -89,6 +219,10 @@ def get_series(
     out: dict[str, SeriesPoints] = {}
     for series_name in names:
         steps, times, values = store.series.read_series(run_id, series_name)
+        # Steps come sorted: the range is one slice.
+        lo = 0 if min_step is None else int(np.searchsorted(steps, min_step, side="left"))
+        hi = steps.size if max_step is None else int(np.searchsorted(steps, max_step, side="right"))
+        steps, times, values = steps[lo:hi], times[lo:hi], values[lo:hi]
         keep = downsample_indices(values, max_points)
         out[series_name] = {
             "step": steps[keep].tolist(),

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Connection,
     Engine,
@@ -64,7 +65,17 @@ runs = Table(
     # that holds it may speak for the run again (see ``RunStore.open_run``).
     Column("secret_hash", String(64)),
     Column("worker", String(64)),
+    # What people say of a run from the dashboard (null in rows from before them): a JSON
+    # list of tags, free notes, and whether it is archived (hidden from the list by default).
+    Column("tags", Text),
+    Column("notes", Text),
+    Column("archived", Boolean),
     Index("ix_runs_started_at", "started_at"),
+    # The runs list's filters and sort orders (GET /api/v1/runs).
+    Index("ix_runs_project_started", "project", "started_at"),
+    Index("ix_runs_status_started", "status", "started_at"),
+    Index("ix_runs_name", "name"),
+    Index("ix_runs_last_seen", "last_seen"),
     Index("ix_runs_job_key", "project", "job_key"),
     Index("ix_runs_job_id", "job_id"),
 )
