@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,29 +22,6 @@ from trainvitals import Run, resolve
 playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
 expect.set_options(timeout=15_000)  # the 2-core test machine is shared and can be slow
-
-CHROMIUM = os.environ.get("TRAINVITALS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-# No background networking: this machine's network is closed, and the test must not wait on it.
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: `make test` installs Debian's chromium")
-    with playwright_api.sync_playwright() as p:
-        instance = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield instance
-        instance.close()
 
 
 @pytest.fixture

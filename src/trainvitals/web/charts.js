@@ -122,6 +122,9 @@ const CONFIG = {
   responsive: true, displaylogo: false, showSendToCloud: false, showEditInChartStudio: false, plotlyServerURL: "",
 };
 
+// The compare view's plots look like these.
+export { LAYOUT as PLOT_LAYOUT, CONFIG as PLOT_CONFIG };
+
 // One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it.
 export class Chart {
   constructor(container, spec, { onTooLong } = {}) {

@@ -65,3 +65,26 @@ export function workerOrder(a, b) {
   const [ra, ka, ia] = key(a), [rb, kb, ib] = key(b);
   return ra - rb || ka.localeCompare(kb) || ia - ib || (a ?? "").localeCompare(b ?? "");
 }
+
+// The tab's title: the page, then the product.
+export function setTitle(page) {
+  document.title = page ? `${page} · trainvitals` : "trainvitals";
+}
+
+// A run's health (the worst alert it raised, firing or not) beside how it ended, so that a run
+// that blew up never looks like a clean finish. health: { worst, rules: [rule or {rule}, ...] },
+// absent on servers that do not report it.
+export function healthBadge(health) {
+  if (!health?.worst) return "";
+  const rules = (health.rules ?? []).map((rule) => (typeof rule === "string" ? rule : rule?.rule ?? rule?.id ?? ""))
+    .filter(Boolean);
+  const more = rules.length > 1 ? ` +${rules.length - 1}` : "";
+  const text = rules.length ? `${health.worst}: ${rules[0]}${more}` : health.worst;
+  return ` <span class="badge health sev-${escapeHTML(health.worst)}" data-health="${escapeHTML(health.worst)}"
+    title="${escapeHTML(`raised: ${rules.join(", ") || health.worst}`)}">${escapeHTML(text)}</span>`;
+}
+
+export function tagList(tags) {
+  if (!tags?.length) return "";
+  return ` <span class="tags">${tags.map((tag) => `<span class="tag" data-tag="${escapeHTML(tag)}">${escapeHTML(tag)}</span>`).join("")}</span>`;
+}

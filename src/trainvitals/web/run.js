@@ -4,7 +4,7 @@
 import { AlertList, alertItem } from "./alert-items.js";
 import { getRun, getRunAlerts, getSeries } from "./api.js";
 import { Chart, alertChartIds, chartOf, chartOrder } from "./charts.js";
-import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, statusBadge } from "./format.js";
+import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
 import { JobPanel } from "./job.js";
 import { withSummary } from "./live.js";
 import { HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
@@ -48,6 +48,7 @@ export class RunPage {
     try {
       this.run = await getRun(this.runId);
     } catch (error) {
+      setTitle("Run not found");
       this.root.innerHTML = `<div class="page-head"><h1>Run not found</h1></div>
         <p class="error">${escapeHTML(error.message)}</p><p><a href="#/">Back to runs</a></p>`;
       return;
@@ -135,8 +136,9 @@ export class RunPage {
 
   drawHeader() {
     const run = this.run;
+    setTitle(run.name);
     this.root.querySelector("#run-name").textContent = run.name;
-    this.root.querySelector("#run-status").innerHTML = statusBadge(run.status);
+    this.root.querySelector("#run-status").innerHTML = statusBadge(run.status) + healthBadge(run.health) + tagList(run.tags);
     const elapsed = (run.ended_at ?? run.last_seen) - run.started_at;
     this.root.querySelector("#run-facts").innerHTML = [
       ["Project", run.project], ["Started", formatTime(run.started_at)],
