@@ -159,3 +159,44 @@ def test_nothing_from_a_run_is_run_as_html_in_the_list_or_compare(
     assert (
         seeded.send("PATCH", "/api/v1/runs/seed000001", {"name": "run-00001", "tags": []})[0] == 200
     )
+
+
+def test_a_run_is_renamed_tagged_noted_archived_and_deleted_from_its_page(
+    server: ServerProcess, browser: Any
+) -> None:
+    seed_runs(server.db, 2, steps=5)
+    page = open_page(server, browser, "/#/runs/seed000001")
+    expect(page).to_have_title("run-00001 · trainvitals")
+    page.locator("#run-edit summary").click()
+    page.locator(".edit-form input[name=name]").fill("lr 3e-4, warm-up")
+    page.locator(".edit-form input[name=tags]").fill("baseline,  sweep-2 ,")
+    page.locator(".edit-form textarea[name=notes]").fill("diverged after the warm-up\nretry lower")
+    page.locator(".edit-form button[type=submit]").click()
+    expect(page.locator(".edit-status")).to_have_text("Saved.")
+    expect(page.locator("#run-name")).to_have_text("lr 3e-4, warm-up")
+    expect(page).to_have_title("lr 3e-4, warm-up · trainvitals")
+    expect(page.locator("#run-status .tag")).to_have_text(["baseline", "sweep-2"])
+    expect(page.locator("#run-notes")).to_have_text("diverged after the warm-up\nretry lower")
+    run = server.get("/api/v1/runs/seed000001")
+    assert (run["name"], run["tags"]) == ("lr 3e-4, warm-up", ["baseline", "sweep-2"])
+
+    page.locator(".edit-form input[name=tags]").fill('say "hi"')
+    page.locator(".edit-form button[type=submit]").click()
+    expect(page.locator(".edit-status")).to_contain_text("422")  # the server's reason, shown
+
+    page.locator('[data-action="archive"]').click()
+    expect(page.locator(".archived-badge")).to_have_count(1)
+    page.goto(server.url + "/#/")
+    expect(page.locator("tr.run-row")).to_have_count(1)
+    page.locator("select[name=archived]").select_option("only")
+    expect(page.locator("tr.run-row")).to_have_count(1)
+    expect(page.locator("tr.run-row.archived")).to_contain_text("lr 3e-4, warm-up")
+
+    page.goto(server.url + "/#/runs/seed000001")
+    page.locator("#run-edit summary").click()
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator('[data-action="delete"]').click()
+    expect(page).to_have_title("Runs · trainvitals")
+    assert server.get_status("/api/v1/runs/seed000001")[0] == 404
+    assert server.get("/api/v1/runs?archived=include")["total"] == 1
+    assert not page.errors

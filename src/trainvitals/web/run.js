@@ -2,7 +2,7 @@
 // marked at their steps.
 
 import { AlertList, alertItem } from "./alert-items.js";
-import { getRun, getRunAlerts, getSeries } from "./api.js";
+import { deleteRun, editRun, getRun, getRunAlerts, getSeries } from "./api.js";
 import { Chart, alertChartIds, chartOf, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
 import { JobPanel } from "./job.js";
@@ -14,6 +14,20 @@ const LAYOUT = `
     <h1 id="run-name"></h1><span id="run-status"></span>
   </div>
   <dl class="facts" id="run-facts"></dl>
+  <p class="run-notes" id="run-notes" hidden></p>
+  <details class="panel run-edit" id="run-edit"><summary>Name, tags, notes</summary>
+    <form class="edit-form" autocomplete="off">
+      <label>Name <input name="name" required maxlength="200"></label>
+      <label>Tags <input name="tags" placeholder="baseline, lr-sweep" maxlength="2200"></label>
+      <label class="wide">Notes <textarea name="notes" rows="3" maxlength="10000"></textarea></label>
+      <div class="edit-actions">
+        <button type="submit">Save</button>
+        <button type="button" data-action="archive"></button>
+        <button type="button" data-action="delete" class="danger">Delete run…</button>
+        <span class="edit-status" role="status"></span>
+      </div>
+    </form>
+  </details>
   <section id="run-ending"></section>
   <section class="run-alerts" aria-labelledby="run-alerts-title">
     <h2 id="run-alerts-title">Alerts <span class="muted" id="run-alert-count"></span></h2>
@@ -77,6 +91,7 @@ export class RunPage {
     }));
 
     this.drawHeader();
+    this.mountEditor();
     this.root.querySelector("#run-config").innerHTML = kvRows(this.run.config);
     this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
     await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
@@ -138,7 +153,11 @@ export class RunPage {
     const run = this.run;
     setTitle(run.name);
     this.root.querySelector("#run-name").textContent = run.name;
-    this.root.querySelector("#run-status").innerHTML = statusBadge(run.status) + healthBadge(run.health) + tagList(run.tags);
+    this.root.querySelector("#run-status").innerHTML = statusBadge(run.status) + healthBadge(run.health) + tagList(run.tags)
+      + (run.archived ? ' <span class="badge archived-badge">archived</span>' : "");
+    const notes = this.root.querySelector("#run-notes");
+    notes.textContent = run.notes ?? "";
+    notes.hidden = !run.notes;
     const elapsed = (run.ended_at ?? run.last_seen) - run.started_at;
     this.root.querySelector("#run-facts").innerHTML = [
       ["Project", run.project], ["Started", formatTime(run.started_at)],
@@ -159,6 +178,46 @@ export class RunPage {
     } else {
       ending.replaceChildren(); // running (again, after a stall)
     }
+  }
+
+  // Rename, tag, note, archive or delete the run (the server asks for the admin role).
+  mountEditor() {
+    const form = this.root.querySelector(".edit-form");
+    const status = form.querySelector(".edit-status");
+    const fill = () => {
+      form.elements.name.value = this.run.name;
+      form.elements.tags.value = (this.run.tags ?? []).join(", ");
+      form.elements.notes.value = this.run.notes ?? "";
+      form.querySelector('[data-action="archive"]').textContent = this.run.archived ? "Unarchive" : "Archive";
+    };
+    const save = async (changes, done) => {
+      status.textContent = "Saving…";
+      try {
+        this.run = withSummary(this.run, await editRun(this.runId, changes));
+        this.drawHeader();
+        fill();
+        status.textContent = done;
+      } catch (error) {
+        status.textContent = error.message;
+      }
+    };
+    fill();
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const tags = form.elements.tags.value.split(",").map((tag) => tag.trim()).filter(Boolean);
+      save({ name: form.elements.name.value.trim(), tags, notes: form.elements.notes.value }, "Saved.");
+    });
+    form.querySelector('[data-action="archive"]').addEventListener("click", () =>
+      save({ archived: !this.run.archived }, this.run.archived ? "Back in the list." : "Archived: hidden from the list."));
+    form.querySelector('[data-action="delete"]').addEventListener("click", async () => {
+      if (!confirm(`Delete the run "${this.run.name}" with all its points and alerts? This cannot be undone.`)) return;
+      try {
+        await deleteRun(this.runId);
+        location.hash = "#/";
+      } catch (error) {
+        status.textContent = error.message;
+      }
+    });
   }
 
   // Each alert on the charts of the series it is about, or on the loss chart when those are
