@@ -59,11 +59,12 @@ def test_run_page_draws_the_live_run(
     )
     assert grown > first
     # Appended in place: the plot holds the same number of points as the chart reports.
-    drawn = page.evaluate(
-        """() => document.querySelector('[data-chart="loss"] .plot').data
-                 .reduce((n, trace) => n + trace.x.length, 0)"""
+    # Drawn in the next animation frame: the plot holds what the chart reports.
+    page.wait_for_function(
+        """(grown) => document.querySelector('[data-chart="loss"] .plot').data
+                 .reduce((n, trace) => n + trace.x.length, 0) >= grown""",
+        arg=grown,
     )
-    assert drawn >= grown
     assert page.locator('[data-chart="accuracy"]').count() == 1
     # Charts are found by their ids; their titles are for people.
     titles = {

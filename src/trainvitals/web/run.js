@@ -3,7 +3,7 @@
 
 import { AlertList, alertItem } from "./alert-items.js";
 import { deleteRun, editRun, getRun, getRunAlerts, getSeries } from "./api.js";
-import { Chart, alertChartIds, chartOf, chartOrder } from "./charts.js";
+import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
 import { JobPanel } from "./job.js";
 import { withSummary } from "./live.js";
@@ -33,6 +33,14 @@ const LAYOUT = `
     <h2 id="run-alerts-title">Alerts <span class="muted" id="run-alert-count"></span></h2>
     <div class="alert-list" id="run-alert-list"><p class="muted">Loading alerts…</p></div>
   </section>
+  <form class="chart-controls" aria-label="How the charts draw">
+    <label>Smoothing <input type="range" name="smoothing" min="0" max="0.99" step="0.01" value="0">
+      <output name="smoothing-value">0</output></label>
+    <label>X axis <select name="xaxis"><option value="step">step</option>
+      <option value="relative">time since start</option><option value="wall">wall-clock time</option></select></label>
+    <label><input type="checkbox" name="clip" checked> Leave outliers out of the y-range</label>
+    <button type="button" name="reset-zoom" hidden>Zoom out</button>
+  </form>
   <div class="charts" id="charts"></div>
   <div id="run-job"></div>
   <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
@@ -55,6 +63,9 @@ export class RunPage {
     this.reloading = null;
     this.ticker = null;
     this.off = [];
+    this.view = { ...DEFAULT_VIEW, smoothing: Number(localStorage.getItem("trainvitals.smoothing")) || 0 };
+    this.zoom = null; // { xrange, steps } of the page's charts, all zoomed together
+    this.zooms = 0;
   }
 
   async load() {
@@ -90,8 +101,10 @@ export class RunPage {
       else if (alert.run_id === this.runId) this.alertList.upsert(alert);
     }));
 
+    this.view.start = this.run.started_at;
     this.drawHeader();
     this.mountEditor();
+    this.mountChartControls();
     this.root.querySelector("#run-config").innerHTML = kvRows(this.run.config);
     this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
     await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
@@ -180,6 +193,50 @@ export class RunPage {
     }
   }
 
+  // Smoothing, x-axis and clipping for every chart of the page.
+  mountChartControls() {
+    const form = this.root.querySelector(".chart-controls");
+    form.elements.smoothing.value = String(this.view.smoothing);
+    form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
+    form.addEventListener("input", () => {
+      const xaxis = form.elements.xaxis.value;
+      if (xaxis !== this.view.xaxis) this.zoomTo(null); // a zoom in steps is no zoom in time
+      this.view = { ...this.view, smoothing: Number(form.elements.smoothing.value), xaxis, clip: form.elements.clip.checked };
+      form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
+      localStorage.setItem("trainvitals.smoothing", String(this.view.smoothing));
+      for (const chart of this.charts.values()) chart.setView(this.view);
+    });
+    form.elements["reset-zoom"].addEventListener("click", () => this.zoomTo(null));
+  }
+
+  // A zoom on one chart zooms them all, and reads the steps in view again at full detail.
+  async zoomTo(xrange, source = null) {
+    const current = ++this.zooms;
+    for (const chart of this.charts.values()) if (chart !== source) chart.setXRange(xrange);
+    this.root.querySelector('.chart-controls [name="reset-zoom"]').hidden = !xrange;
+    const steps = xrange ? (source ?? [...this.charts.values()][0])?.stepRange() : null;
+    this.zoom = xrange ? { xrange, steps } : null;
+    if (!steps) return;
+    const names = [...this.charts.values()].flatMap((chart) => [...chart.series.keys()]);
+    const { series } = await getSeries(this.runId, names, 2000, steps);
+    if (current !== this.zooms) return; // zoomed again meanwhile
+    for (const chart of this.charts.values()) chart.setDetail({ ...steps, series });
+    this.root.querySelector("#charts").dataset.detail = `${steps.min}-${steps.max}`;
+  }
+
+  // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file.
+  async download(format, chart) {
+    const names = [...chart.series.keys()];
+    const { series } = await getSeries(this.runId, names, 100000, chart.stepRange());
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(Chart.file(series, format));
+    link.download = `${this.run.name}-${chart.id}.${format}`.replace(/[^\w.-]+/g, "_");
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+  }
+
   // Rename, tag, note, archive or delete the run (the server asks for the admin role).
   mountEditor() {
     const form = this.root.querySelector(".edit-form");
@@ -255,7 +312,13 @@ export class RunPage {
     if (spec == null) return null;
     let chart = this.charts.get(spec.id);
     if (!chart) {
-      chart = new Chart(this.chartsRoot, spec, { onTooLong: (trace) => this.reloadLater(trace) });
+      chart = new Chart(this.chartsRoot, spec, {
+        view: this.view,
+        onTooLong: (trace) => this.reloadLater(trace),
+        onZoom: (xrange, source) => this.zoomTo(xrange, source),
+        onDownload: (format, source) => this.download(format, source),
+      });
+      if (this.zoom) chart.setXRange(this.zoom.xrange);
       this.charts.set(spec.id, chart);
       const ordered = [...this.charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
       this.chartsRoot.replaceChildren(...ordered.map((c) => c.card));
