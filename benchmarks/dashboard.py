@@ -1,11 +1,13 @@
-"""How fast the runs list opens with many runs (#17): the list route's time for page 1 and for
-a search, a sort and a far page, and the page's load time in Chromium until the first page of
-runs is drawn.
+"""The dashboard's speed (#17), in two parts.
 
-The runs are written straight into a fresh SQLite file through the server's storage (see
-``harness.seed``), then ``trainvitals serve`` reads them like any others.
+1. The runs list with many runs: the list route's time for page 1 and for a search, a sort
+   and a far page, and the page's load time in Chromium until the first page of runs is
+   drawn. The runs are written straight into a fresh SQLite file through the server's storage
+   (see ``harness.seed``), then ``trainvitals serve`` reads them like any others.
+2. A run page while a run streams ``--rate`` steps a second with 30 series: the long tasks
+   (PerformanceObserver ``longtask``, main-thread tasks over 50 ms) in a ``--seconds`` trace.
 
-    python benchmarks/dashboard.py [--runs 10000] [--repeat 20]
+    python benchmarks/dashboard.py [--runs 10000] [--repeat 20] [--rate 250] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -20,6 +23,66 @@ from pathlib import Path
 from harness.browser import chromium
 from harness.processes import ServerProcess
 from harness.seed import seed_runs
+from trainvitals import Run, resolve
+
+LAYERS = 26  # with loss, accuracy, grad/global_norm and step_time: 30 series
+
+LONG_TASKS = """
+window.longTasks = [];
+new PerformanceObserver((list) => {
+  for (const entry of list.getEntries()) window.longTasks.push(entry.duration);
+}).observe({ type: "longtask", buffered: true });
+"""
+
+
+def stream(server: ServerProcess, rate: float, stop: threading.Event, started: list[str]) -> None:
+    """A run logging ``rate`` steps a second, 30 series a step, until ``stop``."""
+    run = Run(resolve(server=server.url, project="bench", run_name="streaming"),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    started.append(run.id)
+    step, begin = 0, time.monotonic()
+    while not stop.is_set():
+        step += 1
+        values = {"loss": 1.0 / step, "accuracy": 1 - 1.0 / step, "grad/global_norm": 1.0,
+                  "step_time": 1 / rate}  # fmt: skip
+        values.update({f"grad/norm/layer_{i}/kernel": 0.1 * (i + 1) for i in range(LAYERS)})
+        run.log(step, values)
+        ahead = begin + step / rate - time.monotonic()
+        if ahead > 0:
+            stop.wait(ahead)  # pacing the producer, not synchronising a test
+    run.finish()
+
+
+def live_page(rate: float, seconds: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ServerProcess(str(Path(tmp) / "live.db"))
+        stop = threading.Event()
+        started: list[str] = []
+        producer = threading.Thread(target=stream, args=(server, rate, stop, started))
+        producer.start()
+        try:
+            while not started:
+                time.sleep(0.05)
+            with chromium() as browser:
+                page = browser.new_page(viewport={"width": 1440, "height": 900})
+                page.add_init_script(LONG_TASKS)
+                page.goto(f"{server.url}/#/runs/{started[0]}")
+                page.locator('[data-chart="grad_norm"]').wait_for(timeout=30_000)
+                page.evaluate("window.longTasks = []")
+                first = int(page.locator('[data-chart="loss"]').get_attribute("data-points") or 0)
+                time.sleep(seconds)  # the trace's window
+                tasks = page.evaluate("window.longTasks")
+                last = int(page.locator('[data-chart="loss"]').get_attribute("data-points") or 0)
+        finally:
+            stop.set()
+            producer.join()
+            server.stop()
+    print(
+        f"Chromium: run page streaming {rate:.0f} steps/s x 30 series for {seconds:.0f} s: "
+        f"{last - first} loss points drawn, {len(tasks)} long tasks, longest "
+        f"{max(tasks, default=0):.0f} ms, {sum(tasks):.0f} ms blocked in all"
+    )
 
 
 def timed_get(url: str, repeat: int) -> tuple[float, float]:
@@ -37,6 +100,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--rate", type=float, default=250.0)
+    parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "runs.db")
@@ -72,6 +137,7 @@ def main() -> None:
                 )
         finally:
             server.stop()
+    live_page(args.rate, args.seconds)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import { AlertFeed } from "./alert-feed.js";
 import { renderCompare } from "./compare.js";
 import { renderAlerts } from "./alerts.js";
 import { signIn, signOut, whoami } from "./api.js";
-import { mountBanner } from "./banner.js";
+import { mountBanner, setBannerScope } from "./banner.js";
 import { escapeHTML } from "./format.js";
 import { LiveSocket } from "./live.js";
 import { RunPage } from "./run.js";
@@ -47,6 +47,7 @@ async function route() {
   const current = ++navigation;
   cleanup();
   cleanup = () => {};
+  setBannerScope(null); // a page about one project narrows it
   markCurrentNav();
   const [match, render] = VIEWS.map(([pattern, view]) => [location.hash.match(pattern), view]).find(([m]) => m);
   let done;

@@ -141,6 +141,15 @@ const CONFIG = {
   responsive: true, displaylogo: false, showSendToCloud: false, showEditInChartStudio: false, plotlyServerURL: "",
 };
 
+// The layout in the page's colours (light or dark, as the system prefers).
+export function themed(layout) {
+  const style = getComputedStyle(document.documentElement);
+  const ink = style.getPropertyValue("--ink").trim(), line = style.getPropertyValue("--line").trim();
+  if (ink) layout.font = { ...layout.font, color: ink };
+  if (line) for (const axis of [layout.xaxis, layout.yaxis]) Object.assign(axis, { gridcolor: line, linecolor: line });
+  return layout;
+}
+
 // The compare view's plots look like these.
 export { LAYOUT as PLOT_LAYOUT, CONFIG as PLOT_CONFIG };
 
@@ -387,7 +396,7 @@ export class Chart {
   }
 
   layout(traces) {
-    const layout = { ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height };
+    const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height });
     layout.xaxis.title.text = X_TITLES[this.view.xaxis];
     if (this.view.xaxis === "wall") layout.xaxis.type = "date";
     if (this.xrange) Object.assign(layout.xaxis, { range: [...this.xrange], autorange: false });

@@ -3,7 +3,7 @@
 // configs marks the keys whose values differ.
 
 import { getRun, getSeries } from "./api.js";
-import { PLOT_CONFIG, PLOT_LAYOUT, chartOf, chartOrder } from "./charts.js";
+import { PLOT_CONFIG, PLOT_LAYOUT, chartOf, chartOrder, themed } from "./charts.js";
 import { escapeHTML, runPath, setTitle, statusBadge, healthBadge } from "./format.js";
 
 // Colour-blind-friendly (Okabe–Ito), then more: a run's colour is its place in the address.
@@ -70,7 +70,7 @@ export async function renderCompare(root, params) {
     card.querySelector("h3").textContent = spec.title;
     card.querySelector(".plot").setAttribute("aria-label", `${spec.title} of ${runs.map((run) => run.name).join(", ")}`);
     container.appendChild(card);
-    const layout = { ...structuredClone(PLOT_LAYOUT), height: spec.height ?? PLOT_LAYOUT.height, showlegend: false };
+    const layout = themed({ ...structuredClone(PLOT_LAYOUT), height: spec.height ?? PLOT_LAYOUT.height, showlegend: false });
     if (spec.log) layout.yaxis.type = "log";
     if (spec.bytes) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
     const plot = card.querySelector(".plot");

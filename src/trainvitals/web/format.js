@@ -46,10 +46,12 @@ export function formatBytes(bytes) {
   return `${bytes < 0 ? "-" : ""}${value.toFixed(digits)} ${units[unit]}`;
 }
 
-// Numbers as people read them: integers whole, others to four significant digits.
-export function formatNumber(value) {
-  if (!isFinite(value) || Number.isInteger(value)) return String(value);
-  return String(Number(value.toPrecision(4)));
+// Numbers as people read them: integers whole (large ones in exponent form), others to
+// `digits` significant digits.
+export function formatNumber(value, digits = 4) {
+  if (!isFinite(value)) return String(value);
+  if (Number.isInteger(value) && Math.abs(value) < 1e15) return String(value);
+  return String(Number(value.toPrecision(digits)));
 }
 
 // Order of worker names as the server sorts them: chief (or master) first, then by type, then

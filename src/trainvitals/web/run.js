@@ -3,6 +3,7 @@
 
 import { AlertList, alertItem } from "./alert-items.js";
 import { deleteRun, editRun, getRun, getRunAlerts, getSeries } from "./api.js";
+import { setBannerScope } from "./banner.js";
 import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
 import { JobPanel } from "./job.js";
@@ -102,6 +103,7 @@ export class RunPage {
     }));
 
     this.view.start = this.run.started_at;
+    setBannerScope(this.run.project);
     this.drawHeader();
     this.mountEditor();
     this.mountChartControls();

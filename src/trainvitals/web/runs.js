@@ -4,6 +4,7 @@
 
 import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
+import { setBannerScope } from "./banner.js";
 import { comparePath } from "./compare.js";
 import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, tagList, workerOrder } from "./format.js";
 
@@ -203,6 +204,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
 
   const load = async () => {
     const current = ++loads;
+    setBannerScope(state.project || null);
     const query = {
       q: state.q, project: state.project, status: state.status, tag: state.tag, archived: state.archived,
       sort: state.sort, order: state.order, limit: PAGE_SIZE, offset: Number(state.page) * PAGE_SIZE || 0,
