@@ -96,30 +96,24 @@ def timed_get(url: str, repeat: int) -> tuple[float, float]:
     return statistics.median(times), max(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10_000)
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--rate", type=float, default=250.0)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
+def runs_list(count: int, repeat: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = str(Path(tmp) / "runs.db")
         start = time.perf_counter()
-        seed_runs(db, args.runs)
-        print(f"seeded {args.runs} runs in {time.perf_counter() - start:.1f} s")
+        seed_runs(db, count)
+        print(f"seeded {count} runs in {time.perf_counter() - start:.1f} s")
         server = ServerProcess(db)
         try:
             routes = {
                 "page 1 (50 runs)": "/api/v1/runs?limit=50",
                 "search q=run-01": "/api/v1/runs?limit=50&q=run-01",
                 "sort by name": "/api/v1/runs?limit=50&sort=name&order=asc",
-                "last page": f"/api/v1/runs?limit=50&offset={max(0, args.runs - 50)}",
+                "last page": f"/api/v1/runs?limit=50&offset={max(0, count - 50)}",
                 "status + config columns": "/api/v1/runs?limit=50&status=crashed&config=lr",
                 "500 runs (the old default)": "/api/v1/runs?limit=500",
             }
             for label, path in routes.items():
-                median, worst = timed_get(server.url + path, args.repeat)
+                median, worst = timed_get(server.url + path, repeat)
                 print(f"GET {label:28} median {median:7.1f} ms  max {worst:7.1f} ms")
             with chromium() as browser:
                 loads = []
@@ -131,12 +125,23 @@ def main() -> None:
                     loads.append((time.perf_counter() - start) * 1000)
                     page.close()
                 print(
-                    f"Chromium: runs page drawn (page 1 of {args.runs}) median "
+                    f"Chromium: runs page drawn (page 1 of {count}) median "
                     f"{statistics.median(loads):.0f} ms, max {max(loads):.0f} ms "
                     "(navigation until the first page is in the table)"
                 )
         finally:
             server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--rate", type=float, default=250.0)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    if args.runs:  # --runs 0: the live part only
+        runs_list(args.runs, args.repeat)
     live_page(args.rate, args.seconds)
 
 

@@ -14,6 +14,7 @@ import {
 } from "./series.js";
 
 const REFETCH_AT = 20000; // points in a trace before it is reloaded downsampled from the server
+const LIVE_REDRAW_MS = 250; // the shortest time between two redraws for live points
 
 // A chart is found by its id, which never changes: the page's data-chart="<id>", the key that
 // alerts are marked by. Its title is for people only. Charts sort by rank, then by title.
@@ -153,6 +154,26 @@ export function themed(layout) {
 // The compare view's plots look like these.
 export { LAYOUT as PLOT_LAYOUT, CONFIG as PLOT_CONFIG };
 
+// Charts waiting to redraw, drawn in animation frames: as many in one frame as fit in
+// FRAME_BUDGET_MS (at least one), the rest in the next, so redraws never add up to a long task.
+const pending = new Set();
+const FRAME_BUDGET_MS = 12;
+
+function drawSoon(chart) {
+  if (!pending.size) requestAnimationFrame(drawPending);
+  pending.add(chart);
+}
+
+function drawPending() {
+  const start = performance.now();
+  for (const chart of pending) {
+    pending.delete(chart);
+    chart.draw();
+    if (performance.now() - start > FRAME_BUDGET_MS) break;
+  }
+  if (pending.size) requestAnimationFrame(drawPending);
+}
+
 // How every chart of a page draws: smoothing weight (0 to 0.99), the x-axis (step, time since
 // the run started, or wall-clock time) and whether outliers are left out of the y-range.
 export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
@@ -187,6 +208,8 @@ export class Chart {
     this.drawnAlerts = JSON.stringify([]);
     this.traceNames = [];
     this.frame = null;
+    this.timer = null;
+    this.lastDraw = -Infinity;
     this.onScreen = true;
     this.stale = false;
     this.card.querySelector('[data-tool="log"]').addEventListener("click", () => { this.log = !this.log; this.schedule(); });
@@ -202,6 +225,7 @@ export class Chart {
         const value = Array.isArray(update.visible) ? update.visible[i] : update.visible;
         if (name != null) this.visible.set(name, value);
       });
+      this.schedule(); // a series shown from the legend gets its points
     });
     this.observer = new IntersectionObserver(([entry]) => {
       this.onScreen = entry.isIntersecting;
@@ -239,7 +263,7 @@ export class Chart {
     }
     if (!added) return;
     this.updateCount();
-    this.schedule();
+    this.schedule({ live: true });
     if (series.step.length > REFETCH_AT && this.onTooLong) this.onTooLong(name);
   }
 
@@ -365,11 +389,19 @@ export class Chart {
   }
 
   // One redraw in the next animation frame, however many changes come before it; none while
-  // the chart is off screen (it redraws when it comes back).
-  schedule() {
+  // the chart is off screen (it redraws when it comes back). Live points redraw at most every
+  // LIVE_REDRAW_MS: a stream of hundreds of steps a second would otherwise hold the page.
+  schedule({ live = false } = {}) {
     if (!this.onScreen) { this.stale = true; return; }
     if (this.frame != null) return;
-    this.frame = requestAnimationFrame(() => { this.frame = null; this.draw(); });
+    if (this.timer != null) {
+      if (live) return;
+      clearTimeout(this.timer); // people wait for nobody
+      this.timer = null;
+    }
+    const wait = live ? this.lastDraw + LIVE_REDRAW_MS - performance.now() : 0;
+    const queue = () => { this.timer = null; this.frame = true; drawSoon(this); };
+    if (wait > 0) this.timer = setTimeout(queue, wait); else queue();
   }
 
   traces() {
@@ -378,15 +410,17 @@ export class Chart {
     const weight = this.view.smoothing;
     for (const name of this.series.keys()) {
       const data = this.shown(name);
-      const x = data.step.map((step, i) => this.xOf(step, data.time[i]));
       const style = traceStyle(name);
       const visible = this.visible.get(name) ?? style.visible ?? true;
+      const x = visible === true ? data.step.map((step, i) => this.xOf(step, data.time[i])) : [];
       // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
-      const trace = { ...style, name: escapeHTML(name), x, y: data.value, type: "scatter", visible, legendgroup: name };
+      // A hidden series is drawn without its points until it is shown (a legend click).
+      const y = visible === true ? data.value : [];
+      const trace = { ...style, name: escapeHTML(name), x, y, type: "scatter", visible, legendgroup: name };
       if (weight > 0 && smoothable(name)) {
         traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
         this.traceNames.push(name);
-        traces.push({ ...trace, y: debiasedEma(data.value, weight), meta: "smoothed" });
+        traces.push({ ...trace, y: visible === true ? debiasedEma(y, weight) : [], meta: "smoothed" });
       } else {
         traces.push(trace);
       }
@@ -433,7 +467,9 @@ export class Chart {
   }
 
   draw() {
+    this.frame = null;
     this.stale = false;
+    this.lastDraw = performance.now();
     const traces = this.traces();
     Plotly.react(this.plot, traces, this.layout(traces), CONFIG);
     this.card.querySelector('[data-tool="log"]').setAttribute("aria-pressed", String(this.log));
@@ -452,7 +488,8 @@ export class Chart {
   }
 
   destroy() {
-    if (this.frame != null) cancelAnimationFrame(this.frame);
+    pending.delete(this);
+    clearTimeout(this.timer);
     this.observer.disconnect();
     Plotly.purge(this.plot);
     this.card.remove();
