@@ -168,3 +168,42 @@ def test_a_chart_downloads_its_series_at_full_resolution(
     )
     assert any("png" in title.lower() for title in titles)
     assert not [title for title in titles if "Share" in title or "Chart Studio" in title]
+
+
+def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
+    server: ServerProcess, browser: Any
+) -> None:
+    layers = [f"dense_{i}/kernel" for i in range(26)] + ["sigmoid_0/kernel"]
+    run = Run(resolve(server=server.url, project="charts", run_name="deep"),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    for step in range(1, 201):
+        norms = {f"grad/norm/{name}": 10.0 ** -(i % 9) for i, name in enumerate(layers)}
+        norms["grad/norm/sigmoid_0/kernel"] = 1e-12  # the layer that vanishes
+        run.log(step, {"loss": 1.0 / step, "grad/global_norm": 1.0, **norms})
+    assert run.finish()
+    vanishing = {
+        "id": "v1", "run_id": run.id, "project": "charts", "run_name": "deep",
+        "rule": "grad_vanishing", "subject": "", "severity": "warning", "state": "firing",
+        "message": "Gradients vanish in the early layers", "hint": "", "step": 150,
+        "time": 1.7e9, "resolved_time": None, "count": 1, "updated_time": 1.7e9,
+        "evidence": {"early_variable": "sigmoid_0/kernel", "ratio": 1e-12},
+    }  # fmt: skip
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    # The detection issue's alert, as the server will send it for this run.
+    page.route(f"**/api/v1/runs/{run.id}/alerts*",
+               lambda route: route.fulfill(json={"alerts": [vanishing]}))  # fmt: skip
+    page.goto(f"{server.url}/#/runs/{run.id}")
+    heatmap = page.locator('[data-chart="grad_heatmap"]')
+    expect(heatmap).to_have_attribute("data-layers", "27")
+    expect(heatmap).to_have_attribute("data-marked", "sigmoid_0/kernel")
+    rows = plot(page, "grad_heatmap", "plot.data[0].y")
+    assert rows == layers
+    assert plot(page, "grad_heatmap", "plot.data[0].z.length") == 27
+    ticks = plot(page, "grad_heatmap", "plot.layout.yaxis.ticktext")
+    assert ticks[-1] == "<b>▶ sigmoid_0/kernel</b>" and ticks[0] == "dense_0/kernel"
+    # On the line chart, the named layer is shown although its norm ranks last.
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="grad_norm"] .plot').data
+                 .some((t) => t.name === 'grad/norm/sigmoid_0/kernel' && t.visible === true)"""
+    )

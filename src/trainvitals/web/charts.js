@@ -181,12 +181,13 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 
 // One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it. Options:
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
-// when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON.
+// when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON;
+// onDrawn(chart) after each redraw.
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
-  constructor(container, spec, { onTooLong, onZoom, onDownload, view } = {}) {
+  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, view } = {}) {
     const { id, title, log = false, height = LAYOUT.height } = spec;
-    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload });
+    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn });
     this.view = { ...DEFAULT_VIEW, ...view };
     this.log = log;
     this.card = document.createElement("section");
@@ -340,6 +341,13 @@ export class Chart {
     this.schedule();
   }
 
+  // Series that must be seen (the layers an alert names), whatever their rank.
+  showVariables(names) {
+    const hidden = names.filter((name) => this.series.has(name) && this.visible.get(name) !== true);
+    for (const name of hidden) this.visible.set(name, true);
+    if (hidden.length) this.schedule();
+  }
+
   // A vertical line at each alert's step in its severity's colour (dotted once resolved) and,
   // while an oom_forecast about a series of this chart fires, its projection up to the limit
   // labelled with the time left. Redrawn only when something changed.
@@ -474,6 +482,7 @@ export class Chart {
     Plotly.react(this.plot, traces, this.layout(traces), CONFIG);
     this.card.querySelector('[data-tool="log"]').setAttribute("aria-pressed", String(this.log));
     this.card.dataset.drawn = String(traces.reduce((n, t) => n + (t.meta === "raw" ? 0 : t.x.length), 0));
+    this.onDrawn?.(this);
   }
 
   // The series as a file: CSV (series,step,time,value) or JSON ({series: {name: points}}).

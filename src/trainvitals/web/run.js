@@ -6,9 +6,10 @@ import { deleteRun, editRun, getRun, getRunAlerts, getSeries } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
+import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
 import { withSummary } from "./live.js";
-import { HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
+import { GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
 
 const LAYOUT = `
   <div class="page-head">
@@ -111,6 +112,7 @@ export class RunPage {
     this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
     await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
     this.charts.get("grad_norm")?.showTopVariables();
+    this.drawMarkers(); // the layers an alert names stay shown, whatever their rank
     this.loaded = true;
     for (const message of this.buffered) this.onLive(message);
     this.buffered = [];
@@ -162,6 +164,7 @@ export class RunPage {
     this.job?.destroy();
     if (this.run) this.live.unsubscribe(this.runId);
     for (const chart of this.charts.values()) chart.destroy();
+    this.heatmap?.destroy();
   }
 
   drawHeader() {
@@ -209,6 +212,16 @@ export class RunPage {
       for (const chart of this.charts.values()) chart.setView(this.view);
     });
     form.elements["reset-zoom"].addEventListener("click", () => this.zoomTo(null));
+  }
+
+  // Every layer's gradient norm, under the gradient norm chart, once there are per-layer norms.
+  drawHeatmap(gradients) {
+    if (!this.heatmap) {
+      if ([...gradients.series.keys()].filter((name) => name !== GRAD_GLOBAL_NORM).length < 2) return;
+      this.heatmap = new GradHeatmap(this.chartsRoot, gradients.card);
+      this.heatmap.setAlerts([...(this.alertList?.alerts.values() ?? [])]);
+    }
+    this.heatmap.draw(gradients.series, this.view.xaxis === "step" ? gradients.xrange : null);
   }
 
   // A zoom on one chart zooms them all, and reads the steps in view again at full detail.
@@ -289,6 +302,10 @@ export class RunPage {
       for (const id of drawn.length ? drawn : [LOSS]) byChart.set(id, [...(byChart.get(id) ?? []), alert]);
     }
     for (const [id, chart] of this.charts) chart.setAlerts(byChart.get(id) ?? []);
+    // The layers an alert names are never hidden: shown on the gradient chart, marked on the map.
+    const alerts = [...this.alertList.alerts.values()];
+    this.charts.get("grad_norm")?.showVariables(alerts.flatMap(alertLayers).map((v) => GRAD_NORM_PREFIX + v));
+    this.heatmap?.setAlerts(alerts);
   }
 
   // Alerts merge by version, so live updates and fetched lists can arrive in any order.
@@ -319,11 +336,12 @@ export class RunPage {
         onTooLong: (trace) => this.reloadLater(trace),
         onZoom: (xrange, source) => this.zoomTo(xrange, source),
         onDownload: (format, source) => this.download(format, source),
+        onDrawn: spec.id === "grad_norm" ? (drawn) => this.drawHeatmap(drawn) : undefined,
       });
       if (this.zoom) chart.setXRange(this.zoom.xrange);
       this.charts.set(spec.id, chart);
       const ordered = [...this.charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
-      this.chartsRoot.replaceChildren(...ordered.map((c) => c.card));
+      this.chartsRoot.replaceChildren(...ordered.flatMap((c) => (c.id === "grad_norm" && this.heatmap ? [c.card, this.heatmap.card] : [c.card])));
       this.drawMarkers();
     }
     return chart;
