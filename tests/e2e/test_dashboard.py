@@ -115,10 +115,22 @@ def test_run_page_draws_the_live_run(
         wait_for(lambda: points() >= 400, timeout=120, what="a few epochs for the screenshot")
     screenshot = Path(wanted or tmp_path / "dashboard.png")
     screenshot.parent.mkdir(parents=True, exist_ok=True)
+    # Every chart on screen, so that none waits to redraw (charts off screen do).
+    height = page.evaluate("document.documentElement.scrollHeight")
+    page.set_viewport_size({"width": 1400, "height": height + 200})
+    themed = """(ink) => [...document.querySelectorAll('[data-chart] .plot')]
+                 .every((plot) => plot.layout?.font?.color === ink)"""
+    page.wait_for_function(themed, arg="#1d2330")
     # The run keeps streaming meanwhile: on a loaded 2-core machine the renderer can take a
     # while to settle a full-page frame of a dozen live charts.
     page.screenshot(path=str(screenshot), full_page=True, animations="disabled", timeout=120_000)
     assert screenshot.stat().st_size > 10_000
+    # Dark mode follows the system's, the charts included.
+    page.emulate_media(color_scheme="dark")
+    page.wait_for_function(themed, arg="#e5e7eb")
+    if wanted:
+        dark = screenshot.with_name(f"{screenshot.stem}-dark{screenshot.suffix}")
+        page.screenshot(path=str(dark), full_page=True, animations="disabled", timeout=120_000)
     assert not errors, errors
 
 

@@ -4,6 +4,7 @@ beside how a run ended, tab titles, and runs compared on one page (#17)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,10 @@ def test_selected_runs_are_compared_one_colour_each_on_every_chart(
         "(rows) => rows.map((r) => r.dataset.configKey)"
     )
     assert differs == ["batch", "lr"]
+    wanted = os.environ.get("TRAINVITALS_SCREENSHOT")
+    if wanted:  # the README's picture of the compare view
+        shot = Path(wanted).with_name("compare.png")
+        page.screenshot(path=str(shot), full_page=True, animations="disabled", timeout=120_000)
     # A shared link opens the same view.
     again = open_page(seeded, browser, "/#/compare?runs=seed000003,seed000005")
     expect(again.locator('[data-chart="loss"]')).to_have_attribute("data-traces", "2")

@@ -61,7 +61,9 @@ export function chartOf(name) {
   if (base.startsWith(VAL_PREFIX)) base = base.slice(VAL_PREFIX.length);
   else if (base.startsWith(EPOCH_PREFIX)) base = base.slice(EPOCH_PREFIX.length);
   if (base === STEP_TIME) return { id: STEP_TIME, title: "step time (s)", rank: RANK.stepTime, log: true };
-  return { id: base, title: base, rank: base === LOSS ? RANK.loss : RANK.metric };
+  if (base === LOSS) return { id: base, title: base, rank: RANK.loss };
+  // Keras reports its metrics at each batch as the running mean since the epoch began.
+  return { id: base, title: base, rank: RANK.metric, note: "per step: Keras's running mean over the epoch" };
 }
 
 // The ids of the charts an alert is marked on: the series it is about. The run page puts an
@@ -197,8 +199,9 @@ export class Chart {
         <button type="button" data-tool="log" aria-pressed="false" title="logarithmic y-axis">log</button>
         ${onDownload ? `<button type="button" data-tool="csv" title="download the series as CSV">CSV</button>
         <button type="button" data-tool="json" title="download the series as JSON">JSON</button>` : ""}
-      </div></div><div class="plot" role="img"></div>`;
+      </div></div>${spec.note ? '<p class="chart-note muted"></p>' : ""}<div class="plot" role="img"></div>`;
     this.card.querySelector("h3").textContent = title;
+    if (spec.note) this.card.querySelector(".chart-note").textContent = spec.note;
     container.appendChild(this.card);
     this.plot = this.card.querySelector(".plot");
     this.series = new Map(); // series name -> { step, time, value }, as fetched and streamed
@@ -233,6 +236,10 @@ export class Chart {
       if (this.onScreen && this.stale) this.schedule();
     });
     this.observer.observe(this.card);
+    // The system switched between light and dark: the plot takes the page's new colours.
+    this.scheme = matchMedia("(prefers-color-scheme: dark)");
+    this.rethemed = () => this.schedule();
+    this.scheme.addEventListener("change", this.rethemed);
     this.updateCount();
   }
 
@@ -499,6 +506,7 @@ export class Chart {
   destroy() {
     pending.delete(this);
     clearTimeout(this.timer);
+    this.scheme.removeEventListener("change", this.rethemed);
     this.observer.disconnect();
     Plotly.purge(this.plot);
     this.card.remove();

@@ -24,6 +24,9 @@ export function alertLayers(alert) {
 
 // z[layer][bucket]: log10 of the largest finite positive norm in the bucket, null for none.
 export function heatmapCells(layers, first, last, columns = COLUMNS) {
+  // No more columns than the best-sampled layer has points: norms taken every few steps would
+  // otherwise leave stripes of empty cells.
+  columns = Math.max(1, Math.min(columns, ...layers.map(({ step }) => step.length)));
   const width = Math.max(1, Math.ceil((last - first + 1) / columns));
   const count = Math.max(1, Math.ceil((last - first + 1) / width));
   const z = layers.map(({ step, value }) => {
