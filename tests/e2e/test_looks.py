@@ -60,6 +60,14 @@ def test_the_banner_keeps_to_the_project_in_view(
     )
     page.goto(server.url + "/#/?project=nlp")
     expect(banner.locator(".banner-item .alert-run")).to_have_text("nlp / nan-nlp")
+    # The runs that raised a critical alert, whatever their status, are one filter away.
+    page.locator("input[name=project]").fill("")
+    page.locator("select[name=health]").select_option("critical")
+    expect(page.locator("tr.run-row")).to_have_count(2)
+    assert sorted(page.locator("tr.run-row td:nth-child(2) a").all_inner_texts()) == [
+        "nan-nlp",
+        "nan-vision",
+    ]
     page.goto(server.url + "/#/alerts")
     expect(banner.locator(".banner-item")).to_have_count(2)
     expect(banner.locator(".banner-elsewhere")).to_be_hidden()

@@ -16,7 +16,7 @@ const COLUMNS = [
   ["started_at", "Started", ""], ["last_step", "Last step", "num"], ["last_seen", "Last seen", ""],
   ["host", "Host", ""],
 ];
-const DEFAULTS = { q: "", project: "", status: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "" };
+const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "" };
 
 // "2 firing" in the colour of the most severe of them.
 function firingBadge(alerts) {
@@ -88,6 +88,9 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       <label>Project <input type="text" name="project" maxlength="200" size="10"></label>
       <label>Status <select name="status"><option value="">any</option>
         ${STATUSES.map((s) => `<option>${escapeHTML(s)}</option>`).join("")}</select></label>
+      <label>Health <select name="health" title="the worst alert a run raised, firing or not">
+        <option value="">any</option><option value="critical">critical</option>
+        <option value="warning">warning</option><option value="healthy">healthy</option></select></label>
       <label>Tag <input type="text" name="tag" maxlength="64" size="8"></label>
       <label>Archived <select name="archived"><option value="hide">hidden</option>
         <option value="only">only</option><option value="include">shown</option></select></label>
@@ -104,7 +107,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     </nav>`;
   const body = root.querySelector("#runs-body");
   const form = root.querySelector("form");
-  for (const key of ["q", "project", "status", "tag", "archived", "cols"]) form.elements[key].value = state[key];
+  for (const key of ["q", "project", "status", "health", "tag", "archived", "cols"]) form.elements[key].value = state[key];
   const selected = new Set();
   let runs = new Map(); // this page's runs, in the server's order
   let total = 0;
@@ -188,6 +191,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     && (!state.q || run.name.toLowerCase().includes(state.q.toLowerCase()))
     && (!state.project || run.project === state.project)
     && (!state.status || run.status === state.status)
+    && !state.health // a new run's alerts are not known here
     && (!state.tag || (run.tags ?? []).includes(state.tag))
     && state.archived !== "only";
   const apply = (summaries) => {
@@ -206,7 +210,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     const current = ++loads;
     setBannerScope(state.project || null);
     const query = {
-      q: state.q, project: state.project, status: state.status, tag: state.tag, archived: state.archived,
+      q: state.q, project: state.project, status: state.status, health: state.health, tag: state.tag, archived: state.archived,
       sort: state.sort, order: state.order, limit: PAGE_SIZE, offset: Number(state.page) * PAGE_SIZE || 0,
       config: configKeys(state),
     };
@@ -226,11 +230,14 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     history.replaceState(null, "", `#/${query.size ? `?${query}` : ""}`);
     load().catch((error) => { body.innerHTML = `<tr><td class="error">${escapeHTML(error.message)}</td></tr>`; });
   };
-  let typing;
+  // Typing waits for a pause; every field changed meanwhile goes with it.
+  let typing, typed = {};
   form.addEventListener("input", (event) => {
     clearTimeout(typing);
     const { name, value } = event.target;
-    typing = setTimeout(() => change({ [name]: value.trim(), page: "0" }), event.target.tagName === "SELECT" ? 0 : 250);
+    typed[name] = value.trim();
+    typing = setTimeout(() => { const changes = typed; typed = {}; change({ ...changes, page: "0" }); },
+      event.target.tagName === "SELECT" ? 0 : 250);
   });
   form.addEventListener("submit", (event) => event.preventDefault());
   root.querySelector("#runs-head").addEventListener("click", (event) => {

@@ -173,6 +173,16 @@ def test_runs_are_found_by_name_status_and_tag_sorted_and_paged(store: Store) ->
     assert store.runs.find_runs(RunFilter(archived="include"))["total"] == 12
     by_name = store.runs.find_runs(RunFilter(sort="name", descending=False), limit=2)["runs"]
     assert [r["name"] for r in by_name] == ["lr_100%", "name-r00"]
+    with store.engine.begin() as conn:
+        store.alerts.save_alert(conn, alert_row("a1", "r02"))  # critical, firing
+        store.alerts.save_alert(conn, {**alert_row("a2", "r04"), "severity": "warning",
+                                       "state": "resolved"})  # fmt: skip
+        store.alerts.save_alert(conn, {**alert_row("a3", "r02"), "severity": "warning"})
+        store.alerts.save_alert(conn, {**alert_row("a4", "r08"), "severity": "info"})
+    health = {h: [r["id"] for r in store.runs.find_runs(RunFilter(health=h))["runs"]]
+              for h in ("critical", "warning")}  # fmt: skip
+    assert health == {"critical": ["r02"], "warning": ["r04"]}
+    assert store.runs.find_runs(RunFilter(health="healthy"))["total"] == 9  # info is healthy
     tagged = store.runs.find_runs(RunFilter(q="lr"), config_keys=("lr", "missing"))["runs"][0]
     assert tagged["tags"] == ["base", "sweep-1"] and tagged["config"] == {"lr": 0.1}
 

@@ -71,6 +71,7 @@ def list_runs(
     status: Annotated[list[RunStatus] | None, Query(max_length=5)] = None,
     tag: Annotated[str | None, Query(max_length=64)] = None,
     archived: ArchivedParam = "hide",
+    health: Literal["critical", "warning", "healthy"] | None = None,
     sort: SortParam = "started_at",
     order: Literal["asc", "desc"] = "desc",
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
@@ -80,7 +81,8 @@ def list_runs(
     """A page of runs, newest first unless ``sort`` and ``order`` say otherwise, with the
     number of runs that match in ``total`` (and the ``X-Total-Count`` header). Filters:
     ``project``, ``job`` (its workers), ``q`` (part of the name), ``status``, ``tag``,
-    ``archived``. A token of one project sees that project's runs only."""
+    ``archived``, ``health`` (the worst alert it raised, firing or not). A token of one
+    project sees that project's runs only."""
     seen = scoped(who, project)
     if isinstance(seen, NoProject):
         response.headers["X-Total-Count"] = "0"
@@ -92,6 +94,7 @@ def list_runs(
         status=tuple(s.value for s in status or ()),
         tag=tag or None,
         archived=archived,
+        health=health,
         sort=sort,
         descending=order == "desc",
     )

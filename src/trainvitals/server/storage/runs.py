@@ -67,6 +67,8 @@ class RunFilter:
         project: only that project's runs; job: only that job's workers.
         q: part of the name (case-insensitive); status: one of them; tag: runs with that tag.
         archived: ``hide`` (the default), ``only`` or ``include`` the archived runs.
+        health: the worst alert the run raised, firing or not: ``critical``, ``warning``, or
+            ``healthy`` (no warning or critical alert).
         sort: one of :data:`SORTS`; descending: its order.
     """
 
@@ -76,6 +78,7 @@ class RunFilter:
     status: tuple[str, ...] = ()
     tag: str | None = None
     archived: str = "hide"
+    health: str | None = None
     sort: str = "started_at"
     descending: bool = True
 
@@ -483,6 +486,8 @@ def _conditions(which: RunFilter) -> list[ColumnElement[bool]]:
     if which.tag:
         # Tags are stored as a JSON list of strings that hold no quote or backslash.
         where.append(runs.c.tags.contains(json.dumps(which.tag), autoescape=True))
+    if which.health is not None:
+        where.append(_raised(which.health))
     archived = func.coalesce(runs.c.archived, false())
     if which.archived == "hide":
         where.append(archived == false())
@@ -522,6 +527,24 @@ def _join_job(conn: Connection, hello: Mapping[str, Any]) -> None:
         .where(runs.c.id == hello["run_id"])
         .values(job_id=job_id, job_key=job["key"], worker=job["worker"])
     )
+
+
+def _raised(health: str) -> ColumnElement[bool]:
+    """Runs whose worst alert, firing or not, is ``health`` (``healthy``: no warning or
+    critical alert)."""
+
+    def any_of(*severities: str) -> ColumnElement[bool]:
+        return (
+            select(alerts.c.id)
+            .where(alerts.c.run_id == runs.c.id, alerts.c.severity.in_(severities))
+            .exists()
+        )
+
+    if health == "critical":
+        return any_of("critical")
+    if health == "warning":
+        return and_(any_of("warning"), ~any_of("critical"))
+    return ~any_of("warning", "critical")
 
 
 def _job(conn: Connection, job_id: str) -> Job:
