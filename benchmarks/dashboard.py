@@ -6,8 +6,11 @@
    (see ``harness.seed``), then ``trainvitals serve`` reads them like any others.
 2. A run page while a run streams ``--rate`` steps a second with 30 series: the long tasks
    (PerformanceObserver ``longtask``, main-thread tasks over 50 ms) in a ``--seconds`` trace.
+3. A run of ``--points`` points (a million by default) opened: the time until its loss chart
+   is drawn.
 
     python benchmarks/dashboard.py [--runs 10000] [--repeat 20] [--rate 250] [--seconds 10]
+                                   [--points 1000000]
 """
 
 from __future__ import annotations
@@ -52,6 +55,33 @@ def stream(server: ServerProcess, rate: float, stop: threading.Event, started: l
         if ahead > 0:
             stop.wait(ahead)  # pacing the producer, not synchronising a test
     run.finish()
+
+
+def long_run(points: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        db = str(Path(tmp) / "long.db")
+        (run_id,) = seed_runs(db, 1, steps=points)
+        server = ServerProcess(db)
+        try:
+            with chromium() as browser:
+                loads = []
+                for _ in range(3):
+                    page = browser.new_page(viewport={"width": 1440, "height": 900})
+                    start = time.perf_counter()
+                    page.goto(f"{server.url}/#/runs/{run_id}")
+                    drawn = """() => document.querySelector('[data-chart="loss"]')
+                               ?.dataset.drawn > 0"""
+                    page.wait_for_function(drawn, timeout=60_000)
+                    loads.append((time.perf_counter() - start) * 1000)
+                    page.close()
+            route, _ = timed_get(f"{server.url}/api/v1/runs/{run_id}/series", 5)
+        finally:
+            server.stop()
+    print(f"GET the series of a run of {points} points (every series, 2000 each): {route:.0f} ms")
+    print(
+        f"Chromium: a run of {points} points opened, its loss chart drawn: median "
+        f"{statistics.median(loads):.0f} ms, max {max(loads):.0f} ms"
+    )
 
 
 def live_page(rate: float, seconds: float) -> None:
@@ -139,10 +169,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--rate", type=float, default=250.0)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--points", type=int, default=1_000_000)
     args = parser.parse_args()
     if args.runs:  # --runs 0: the live part only
         runs_list(args.runs, args.repeat)
     live_page(args.rate, args.seconds)
+    if args.points:
+        long_run(args.points)
 
 
 if __name__ == "__main__":

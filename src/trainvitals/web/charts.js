@@ -144,6 +144,21 @@ const CONFIG = {
   responsive: true, displaylogo: false, showSendToCloud: false, showEditInChartStudio: false, plotlyServerURL: "",
 };
 
+// plotly.js, loaded the first time a page draws charts: the runs list opens without parsing
+// its 3.5 MB.
+let plotly = null;
+export function plotlyReady() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  plotly ??= new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.src = "/static/vendor/plotly.min.js";
+    script.onload = () => resolve(window.Plotly);
+    script.onerror = () => { plotly = null; reject(new Error("could not load /static/vendor/plotly.min.js")); };
+    document.head.appendChild(script);
+  });
+  return plotly;
+}
+
 // The layout in the page's colours (light or dark, as the system prefers).
 export function themed(layout) {
   const style = getComputedStyle(document.documentElement);

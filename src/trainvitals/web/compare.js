@@ -3,7 +3,7 @@
 // configs marks the keys whose values differ.
 
 import { getRun, getSeries } from "./api.js";
-import { PLOT_CONFIG, PLOT_LAYOUT, chartOf, chartOrder, themed } from "./charts.js";
+import { PLOT_CONFIG, PLOT_LAYOUT, chartOf, chartOrder, plotlyReady, themed } from "./charts.js";
 import { escapeHTML, runPath, setTitle, statusBadge, healthBadge } from "./format.js";
 
 // Colour-blind-friendly (Okabe–Ito), then more: a run's colour is its place in the address.
@@ -27,7 +27,7 @@ export async function renderCompare(root, params) {
     return () => {};
   }
   root.innerHTML = `<p class="muted">Loading ${escapeHTML(ids.length)} runs…</p>`;
-  const runs = await Promise.all(ids.map((id) => getRun(id)));
+  const [runs] = await Promise.all([Promise.all(ids.map((id) => getRun(id))), plotlyReady()]);
   const series = await Promise.all(runs.map((run) => getSeries(run.id, [], POINTS).then((answer) => answer.series)));
   setTitle(`Compare ${runs.length} runs`);
 

@@ -4,7 +4,7 @@
 import { AlertList, alertItem } from "./alert-items.js";
 import { deleteRun, editRun, getRun, getRunAlerts, getSeries } from "./api.js";
 import { setBannerScope } from "./banner.js";
-import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder } from "./charts.js";
+import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder, plotlyReady } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
 import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
@@ -72,6 +72,7 @@ export class RunPage {
 
   async load() {
     this.root.innerHTML = `<p class="muted">Loading run…</p>`;
+    const ready = plotlyReady(); // meanwhile
     try {
       this.run = await getRun(this.runId);
     } catch (error) {
@@ -80,6 +81,7 @@ export class RunPage {
         <p class="error">${escapeHTML(error.message)}</p><p><a href="#/">Back to runs</a></p>`;
       return;
     }
+    await ready;
     this.root.innerHTML = LAYOUT;
     this.chartsRoot = this.root.querySelector("#charts");
     this.job = this.run.job ? new JobPanel(this.root.querySelector("#run-job"), this.live, this.run) : null;
