@@ -171,15 +171,17 @@ export function themed(layout) {
 // The compare view's plots look like these.
 export { LAYOUT as PLOT_LAYOUT, CONFIG as PLOT_CONFIG };
 
-// Charts waiting to redraw, drawn in animation frames: as many in one frame as fit in
+// Charts (anything with a draw()) waiting to redraw, drawn in animation frames: as many in one frame as fit in
 // FRAME_BUDGET_MS (at least one), the rest in the next, so redraws never add up to a long task.
 const pending = new Set();
 const FRAME_BUDGET_MS = 12;
 
-function drawSoon(chart) {
+export function drawSoon(chart) {
   if (!pending.size) requestAnimationFrame(drawPending);
   pending.add(chart);
 }
+
+export function cancelDraw(chart) { pending.delete(chart); }
 
 function drawPending() {
   const start = performance.now();
@@ -519,7 +521,7 @@ export class Chart {
   }
 
   destroy() {
-    pending.delete(this);
+    cancelDraw(this);
     clearTimeout(this.timer);
     this.scheme.removeEventListener("change", this.rethemed);
     this.observer.disconnect();

@@ -2,12 +2,13 @@
 // chart: every layer at once, however many, where a legend of lines would cover the plot and
 // "the top five" would hide the one that matters. The layers an alert names are marked.
 
-import { PLOT_CONFIG, PLOT_LAYOUT, themed } from "./charts.js";
+import { PLOT_CONFIG, PLOT_LAYOUT, cancelDraw, drawSoon, themed } from "./charts.js";
 import { escapeHTML } from "./format.js";
 import { GRAD_NORM_PREFIX } from "./series.js";
 
 const COLUMNS = 300; // step buckets: each cell shows the largest norm of its steps
 const ROW_PX = 14;
+const REDRAW_MS = 1000; // the shortest time between two redraws while points stream
 
 // The variables an alert about gradients names: the early layer that vanishes, the layers
 // that explode.
@@ -54,14 +55,32 @@ export class GradHeatmap {
     this.plot = this.card.querySelector(".plot");
     this.marked = [];
     this.drawn = "";
+    this.series = new Map();
+    this.xrange = null;
+    this.queued = false;
+    this.timer = null;
+    this.lastDraw = -Infinity;
+  }
+
+  // The gradient chart's series changed: redrawn in a frame of its own, at most once a second.
+  update(series, xrange = null) {
+    this.series = series;
+    this.xrange = xrange;
+    if (this.queued || this.timer != null) return;
+    const wait = this.lastDraw + REDRAW_MS - performance.now();
+    const queue = () => { this.timer = null; this.queued = true; drawSoon(this); };
+    if (wait > 0) this.timer = setTimeout(queue, wait); else queue();
   }
 
   setAlerts(alerts) {
     this.marked = [...new Set(alerts.flatMap(alertLayers))];
   }
 
-  // series: Map(name -> {step, value}) of the gradient chart; only grad/norm/* are drawn.
-  draw(series, xrange = null) {
+  // The gradient chart's series (a Map of name -> {step, value}): only grad/norm/* are drawn.
+  draw() {
+    this.queued = false;
+    this.lastDraw = performance.now();
+    const { series, xrange } = this;
     // Layers in natural order (dense_2 before dense_10), as a model lists them mostly.
     const names = [...series.keys()].filter((name) => name.startsWith(GRAD_NORM_PREFIX))
       .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
@@ -100,5 +119,5 @@ export class GradHeatmap {
       + (marked.size ? `; named by an alert: ${[...marked].join(", ")}` : ""));
   }
 
-  destroy() { Plotly.purge(this.plot); this.card.remove(); }
+  destroy() { cancelDraw(this); clearTimeout(this.timer); Plotly.purge(this.plot); this.card.remove(); }
 }

@@ -223,7 +223,7 @@ export class RunPage {
       this.heatmap = new GradHeatmap(this.chartsRoot, gradients.card);
       this.heatmap.setAlerts([...(this.alertList?.alerts.values() ?? [])]);
     }
-    this.heatmap.draw(gradients.series, this.view.xaxis === "step" ? gradients.xrange : null);
+    this.heatmap.update(gradients.series, this.view.xaxis === "step" ? gradients.xrange : null);
   }
 
   // A zoom on one chart zooms them all, and reads the steps in view again at full detail.
