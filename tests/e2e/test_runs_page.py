@@ -197,11 +197,21 @@ def test_a_run_is_renamed_tagged_noted_archived_and_deleted_from_its_page(
     expect(page.locator("tr.run-row")).to_have_count(1)
     expect(page.locator("tr.run-row.archived")).to_contain_text("lr 3e-4, warm-up")
 
+    # Deleted elsewhere: gone from the list already open, without a reload.
+    page.locator("select[name=archived]").select_option("include")
+    expect(page.locator("tr.run-row")).to_have_count(2)
+    watching = open_page(server, browser, "/#/runs/seed000000")
+    expect(watching.locator("#run-name")).to_have_text("run-00000")
+    assert server.send("DELETE", "/api/v1/runs/seed000000")[0] == 200
+    expect(page.locator("tr.run-row")).to_have_count(1)
+    expect(watching.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
+    expect(page.locator("#run-count")).to_have_text("1 run")
+
     page.goto(server.url + "/#/runs/seed000001")
     page.locator("#run-edit summary").click()
     page.once("dialog", lambda dialog: dialog.accept())
     page.locator('[data-action="delete"]').click()
     expect(page).to_have_title("Runs · trainvitals")
     assert server.get_status("/api/v1/runs/seed000001")[0] == 404
-    assert server.get("/api/v1/runs?archived=include")["total"] == 1
+    assert server.get("/api/v1/runs?archived=include")["total"] == 0
     assert not page.errors

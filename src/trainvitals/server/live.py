@@ -96,6 +96,14 @@ class Hub:
             RunSummary, {**self._dirty_runs.get(run["id"], {}), **update}
         )
 
+    def run_deleted(self, run_id: str, project: str) -> None:
+        """Tell every browser that sees ``project`` that the run is gone."""
+        self._dirty_runs.pop(run_id, None)
+        message = json.dumps({"type": "deleted", "run_id": run_id})
+        for subscriber in self._subscribers:
+            if subscriber.project in (None, project):
+                subscriber.offer(message)
+
     def alert(self, alert: Mapping[str, Any]) -> None:
         """Push an alert change to every browser (alerts are few; every page shows them)."""
         message = json.dumps({"type": "alert", "alert": alert})

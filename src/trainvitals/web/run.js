@@ -127,6 +127,9 @@ export class RunPage {
     this.job?.onLive(message);
     if (message.type === "points" && message.run_id === this.runId) {
       for (const [name, data] of Object.entries(message.series)) this.chartFor(name)?.extend(name, data);
+    } else if (message.type === "deleted" && message.run_id === this.runId) {
+      this.root.querySelector("#run-ending").innerHTML = `<div class="ending crashed" data-panel="deleted">
+        <h3>This run was deleted</h3><p><a href="#/">Back to runs</a></p></div>`;
     } else if (message.type === "runs") {
       const summary = message.runs.find((r) => r.id === this.runId);
       if (!summary) return;

@@ -254,7 +254,10 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     if (row && !event.target.closest("input, a, button")) location.hash = runPath(row.dataset.runId);
   });
 
-  const offMessage = live.on((message) => { if (message.type === "runs") apply(message.runs); });
+  const offMessage = live.on((message) => {
+    if (message.type === "runs") apply(message.runs);
+    else if (message.type === "deleted" && runs.delete(message.run_id)) { total -= 1; selected.delete(message.run_id); redraw(); }
+  });
   const offReconnect = live.onReconnect(load);
   const offAlerts = feed.on(redraw);
   const ticker = setInterval(() => {

@@ -195,6 +195,7 @@ async def delete_run(run_id: str, state: StateDep, who: Admin) -> DeletedAnswer:
         )
     if not await state.writer.submit(partial(state.store.delete_run, run_id=run_id)):
         raise run_not_found(run_id)
+    state.hub.run_deleted(run_id, run["project"])
     return {"deleted": run_id}
 
 
