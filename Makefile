@@ -40,9 +40,10 @@ bench: $(DEPS_STAMP)
 	$(PY) benchmarks/scenarios.py
 	$(PY) benchmarks/abuse.py
 
-# Regenerates the README's screenshot from the browser test.
+# Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system
 	TRAINVITALS_SCREENSHOT=docs/dashboard.png $(PY) -m pytest -q tests/e2e/test_dashboard.py -k live_run
+	TRAINVITALS_SCREENSHOT=docs/dashboard.png $(PY) -m pytest -q tests/e2e/test_runs_page.py -k compared
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info demo-data .pytest_cache .mypy_cache .ruff_cache

@@ -109,17 +109,21 @@ class ServerProcess:
             return json.loads(response.read())
 
     def post(self, path: str, body: Any = None) -> tuple[int, Any]:
+        return self.send("POST", path, body)
+
+    def send(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """``method`` with ``body`` as JSON: the status and the answer (None when empty)."""
         request = urllib.request.Request(
             self.url + path,
             data=json.dumps(body).encode() if body is not None else b"",
             headers={"Content-Type": "application/json", **self._headers()},
-            method="POST",
+            method=method,
         )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, json.loads(response.read())
+                return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
+            return exc.code, json.loads(exc.read() or b"null")
 
     def get_status(self, path: str) -> tuple[int, Any]:
         request = urllib.request.Request(self.url + path, headers=self._headers())

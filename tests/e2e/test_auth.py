@@ -99,7 +99,7 @@ def test_roles_and_projects(team: Team) -> None:
     assert status == 200 and [r["id"] for r in answer["runs"]] == [run_p]  # type: ignore[index]
     assert call(server, f"/api/v1/runs/{run_q}", team.read_p)[0] == 404
     assert call(server, f"/api/v1/runs/{run_q}/series", team.read_p)[0] == 404
-    assert call(server, "/api/v1/runs?project=q", team.read_p)[1] == {"runs": []}
+    assert call(server, "/api/v1/runs?project=q", team.read_p)[1] == {"runs": [], "total": 0}
     alerts = wait_for(
         lambda: call(server, "/api/v1/alerts", team.admin)[1]["alerts"],  # type: ignore[index]
         what="the NaN alerts",

@@ -113,6 +113,31 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
     on_two_replicas(scenario)
 
 
+def test_a_deleted_run_leaves_the_browsers_of_every_replica_that_see_its_project() -> None:
+    async def scenario(one: Hub, two: Hub) -> None:
+        everyone, mnist_only, gan_only = (
+            one.subscribe(),
+            one.subscribe("mnist"),
+            two.subscribe("gan"),
+        )
+
+        def probed() -> bool:
+            two.alert({"id": "probe", "project": "probe"})
+            return not everyone.queue.empty()
+
+        await until(probed)
+        two.run_deleted("r1", "gan")
+        got: list[dict[str, Any]] = []
+        await until(lambda: gathered(everyone, got) >= 1)
+        assert got == [{"type": "deleted", "run_id": "r1", "project": "gan"}]
+        theirs: list[dict[str, Any]] = []
+        await until(lambda: gathered(gan_only, theirs) >= 1)
+        assert theirs[0]["type"] == "deleted"
+        assert messages(mnist_only) == []  # another project's browser hears nothing of it
+
+    on_two_replicas(scenario)
+
+
 def test_an_unreachable_broker_is_retried_and_its_password_never_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

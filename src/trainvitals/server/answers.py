@@ -14,7 +14,8 @@ from typing_extensions import TypedDict
 from trainvitals.detect.types import Severity
 from trainvitals.server.notify.config import ChannelDescription
 from trainvitals.server.notify.store import ChannelSummary, NoticeRow
-from trainvitals.server.storage import AlertRow, RunDetail, RunEvent, RunSummary, Silence
+from trainvitals.server.storage import AlertRow, RunDetail, RunEvent, Silence
+from trainvitals.server.storage import ListedRun as PageRun
 
 
 class RunHealth(TypedDict):
@@ -32,12 +33,19 @@ class RunHealth(TypedDict):
     firing: list[str]
 
 
-class ListedRun(RunSummary):
+class ListedRun(PageRun):
     health: RunHealth
 
 
 class RunsAnswer(TypedDict):
     runs: list[ListedRun]
+    #: How many runs match the filters, over all pages.
+    total: int
+
+
+class DeletedAnswer(TypedDict):
+    #: The id of the run deleted.
+    deleted: str
 
 
 class RunAnswer(RunDetail):

@@ -42,9 +42,9 @@ from trainvitals.server.storage import shown_database
 
 log = logging.getLogger("trainvitals.server")
 
-#: The channels, after the prefix: run-list changes, alerts, a run's points, and the runs
-#: a replica has just begun to watch.
-RUNS, ALERTS, POINTS, WATCHING = "runs", "alerts", "points:", "watching"
+#: The channels, after the prefix: run-list changes, alerts, a run's points, the runs a
+#: replica has just begun to watch, and runs deleted.
+RUNS, ALERTS, POINTS, WATCHING, DELETED = "runs", "alerts", "points:", "watching", "deleted"
 #: Seconds a channel that reached nobody is not published to (unless someone asks for it).
 QUIET = 2.0
 #: Messages waiting for the publisher; beyond, new ones are dropped (Redis is down or slow).
@@ -91,7 +91,9 @@ class Broker:
         )
         self.prefix = f"trainvitals:{self._redis.connection_pool.connection_kwargs.get('db', 0)}:"
         self._outgoing: asyncio.Queue[tuple[str, str]] = asyncio.Queue(MAX_PENDING)
-        self._channels = {self.prefix + RUNS, self.prefix + ALERTS, self.prefix + WATCHING}
+        self._channels = {
+            self.prefix + channel for channel in (RUNS, ALERTS, WATCHING, DELETED)
+        }
         self._quiet = quiet
         #: Channel (without the prefix) -> when a publish to it last reached nobody.
         self._unheard: dict[str, float] = {}

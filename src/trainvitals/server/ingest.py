@@ -152,7 +152,7 @@ class IngestSession:
         stored = RunState(RunStatus(row["status"]), row["last_step"], row["end_reason"])
         self._state, effects = transition(stored, lifecycle.Hello())
         self._apply(effects, time.time())
-        self._hub.run_changed(self.run.copy())
+        self._hub.run_changed(self.run.copy(), fresh=True)
         if self._state.status in ALIVE:
             await self._alerts.opened(self.run, hello.env, time.time(), new=row["created"])
         welcome = {

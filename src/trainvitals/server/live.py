@@ -17,10 +17,13 @@ import contextlib
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
-from trainvitals.server.broker import ALERTS, POINTS, RUNS, Broker
+from trainvitals.server.broker import ALERTS, DELETED, POINTS, RUNS, Broker
 from trainvitals.server.storage import RunSummary
+
+#: The fields of a run people change from the dashboard (``PATCH /api/v1/runs/{id}``).
+EDITABLE = frozenset({"name", "tags", "notes", "archived"})
 
 
 class Subscriber:
@@ -121,9 +124,28 @@ class Hub:
             if self._broker is not None:
                 self._broker.unwatch(POINTS + run_id)
 
-    def run_changed(self, run: RunSummary) -> None:
-        """Queue a run summary for the next coalesced push to every browser."""
-        self._dirty_runs[run["id"]] = run
+    def run_changed(self, run: RunSummary, *, fresh: bool = False) -> None:
+        """Queue a run summary for the next coalesced push to every browser.
+
+        What people edit of a run (:data:`EDITABLE`) is pushed only from a ``fresh`` summary,
+        read from the database just now: an ingest session's copy of a run renamed since
+        would undo the rename in every browser. Browsers keep what they had of those fields."""
+        if fresh:
+            self._dirty_runs[run["id"]] = run
+            return
+        update = {k: v for k, v in run.items() if k not in EDITABLE}
+        self._dirty_runs[run["id"]] = cast(
+            RunSummary, {**self._dirty_runs.get(run["id"], {}), **update}
+        )
+
+    def run_deleted(self, run_id: str, project: str) -> None:
+        """Tell every browser that sees ``project`` (on every replica) that the run is gone."""
+        self._dirty_runs.pop(run_id, None)
+        message = json.dumps({"type": "deleted", "run_id": run_id, "project": project})
+        if self._broker is not None:
+            self._broker.publish(DELETED, message)
+        else:
+            self._offer_alert(message, project)
 
     def alert(self, alert: Mapping[str, Any]) -> None:
         """Push an alert change to every browser (alerts are few; every page shows them)."""
@@ -134,6 +156,7 @@ class Hub:
             self._offer_alert(message, alert.get("project"))
 
     def _offer_alert(self, message: str, project: str | None) -> None:
+        """``message`` to every browser that sees ``project`` (alerts, deletions)."""
         for subscriber in self._subscribers:
             if subscriber.project in (None, project):
                 subscriber.offer(message)
@@ -197,6 +220,9 @@ class Hub:
             self._offer_alert(message, alert.get("project"))
         elif channel == RUNS:
             self._offer_runs(json.loads(message))
+        elif channel == DELETED:
+            self._dirty_runs.pop(json.loads(message)["run_id"], None)
+            self._offer_alert(message, json.loads(message)["project"])
 
     def _offer_runs(self, runs: list[RunSummary]) -> None:
         messages: dict[str | None, str | None] = {}  # one message per project seen

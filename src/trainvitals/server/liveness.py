@@ -112,7 +112,7 @@ class Liveness:
                     run["name"],
                     self.lost_after,
                 )
-                self._hub.run_changed(run)
+                self._hub.run_changed(run, fresh=True)
                 if self._on_lost is not None:
                     await self._on_lost(run_id, run["ended_at"] or now)
         return silent

@@ -88,6 +88,7 @@ class Settings(BaseSettings):
     def retention(self) -> Retention:
         """``thin_after_days``, read."""
         return Retention.parse(self.thin_after_days)
+
     #: A Redis URL (``redis://host:6379/0``) through which replicas share live updates: a
     #: browser on any replica sees every run. Unset: live updates stay in this process.
     broker: str | None = None

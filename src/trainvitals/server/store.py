@@ -14,14 +14,23 @@ connection of their own (in FastAPI's thread pool).
 
 from __future__ import annotations
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, delete, select
 
 from trainvitals.server.migrations import upgrade
-from trainvitals.server.notify.store import OutboxStore
+from trainvitals.server.notify.store import OutboxStore, outbox
 from trainvitals.server.storage.alerts import AlertStore
 from trainvitals.server.storage.leases import LeaseStore
 from trainvitals.server.storage.runs import RunStore
-from trainvitals.server.storage.schema import connect, database_url
+from trainvitals.server.storage.schema import (
+    alerts,
+    chunks,
+    connect,
+    database_url,
+    events,
+    runs,
+    series,
+    silences,
+)
 from trainvitals.server.storage.series import SeriesStore
 from trainvitals.server.storage.tokens import TokenStore
 
@@ -52,6 +61,16 @@ class Store:
         """Make the tables, or bring those of an older database up to date (the Alembic
         migrations, as ``trainvitals db upgrade``); returns the revision it is at."""
         return upgrade(self.engine)
+
+    def delete_run(self, conn: Connection, run_id: str) -> bool:
+        """Delete a run and everything of it: its points, events, alerts, silences and
+        notices. Returns whether there was such a run."""
+        alert_ids = select(alerts.c.id).where(alerts.c.run_id == run_id)
+        conn.execute(delete(outbox).where(outbox.c.alert_id.in_(alert_ids)))
+        for table in (alerts, silences, chunks, series, events):
+            conn.execute(delete(table).where(table.c.run_id == run_id))
+        self.series.forget(run_id)
+        return bool(conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount)
 
     def dispose(self) -> None:
         self.engine.dispose()

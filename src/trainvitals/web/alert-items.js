@@ -8,6 +8,7 @@ import { escapeHTML, formatBytes, formatDuration, formatNumber, formatTime, runP
 const MEMORY_RULES = new Set(["oom_forecast", "memory_pressure"]);
 const BYTE_KEYS = new Set(["limit", "current", "used", "swap_used", "growth"]);
 const MAX_TIMEOUT_MS = 2 ** 31 - 1;
+const EVIDENCE_DIGITS = 3; // significant digits of the numbers in evidence
 
 function isPlainList(value) {
   return Array.isArray(value) && value.every((v) => v === null || typeof v !== "object");
@@ -30,10 +31,13 @@ function evidenceValue(rule, key, value) {
     if (key === "fraction") return escapeHTML(`${(value * 100).toFixed(1)} %`);
     if (MEMORY_RULES.has(rule) && key === "slope") return escapeHTML(`${formatBytes(value * 60)}/min`);
     if (MEMORY_RULES.has(rule) && BYTE_KEYS.has(key)) return escapeHTML(formatBytes(value));
-    return escapeHTML(formatNumber(value));
+    return escapeHTML(formatNumber(value, EVIDENCE_DIGITS));
   }
-  if (isPlainList(value)) return escapeHTML(value.join(", "));
-  if (typeof value === "object") return `<code>${escapeHTML(JSON.stringify(value))}</code>`;
+  if (isPlainList(value)) return escapeHTML(value.map((v) => (typeof v === "number" ? formatNumber(v, EVIDENCE_DIGITS) : v)).join(", "));
+  if (typeof value === "object") {
+    const rounded = JSON.stringify(value, (_, v) => (typeof v === "number" ? Number(formatNumber(v, EVIDENCE_DIGITS)) : v));
+    return `<code>${escapeHTML(rounded)}</code>`;
+  }
   return escapeHTML(value);
 }
 
@@ -55,8 +59,13 @@ function ruleLabel(alert) {
   return `<span class="alert-rule">${escapeHTML(alert.rule)}</span>${subject}`;
 }
 
+// Text with its `code spans` as code; everything escaped first.
+function withCode(text) {
+  return escapeHTML(text).replace(/`([^`]+)`/g, "<code>$1</code>");
+}
+
 function hint(alert) {
-  return alert.hint ? `<p class="alert-hint"><span class="label">What to do:</span> ${escapeHTML(alert.hint)}</p>` : "";
+  return alert.hint ? `<p class="alert-hint"><span class="label">What to do:</span> ${withCode(alert.hint)}</p>` : "";
 }
 
 export const severityBadge = (severity) =>
@@ -102,7 +111,7 @@ export function alertItem(alert, { showRun = true } = {}) {
       ${showRun ? runLink(alert) : ""}
       <span class="alert-facts">${facts}</span>
     </div>
-    <p class="alert-message">${escapeHTML(alert.message)}</p>
+    <p class="alert-message">${withCode(alert.message)}</p>
     ${hint(alert)}
     ${standing(alert)}
     ${evidenceDetails(alert)}

@@ -4,7 +4,7 @@
 
 import { AlertList } from "./alert-items.js";
 import { listAlerts, listRuns } from "./api.js";
-import { escapeHTML } from "./format.js";
+import { escapeHTML, setTitle } from "./format.js";
 
 const LIMIT = 500;
 const CHOICES = {
@@ -16,6 +16,7 @@ const options = (choices, selected) => choices.map(([value, label]) =>
   `<option value="${escapeHTML(value)}"${value === selected ? " selected" : ""}>${escapeHTML(label)}</option>`).join("");
 
 export async function renderAlerts(root, feed, params) {
+  setTitle("Alerts");
   const filters = {
     state: params.get("state") ?? "firing",
     severity: params.get("severity") ?? "",

@@ -15,16 +15,35 @@ async function request(path, init = {}) {
 
 const getJSON = (path) => request(path);
 
-const postJSON = (path, body) => request(path, {
-  method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+const sendJSON = (method, path, body) => request(path, {
+  method, headers: { "Content-Type": "application/json" }, body: body === undefined ? undefined : JSON.stringify(body),
 });
 
-export const listRuns = () => getJSON("/api/v1/runs");
+const postJSON = (path, body) => sendJSON("POST", path, body);
+
+// filters: { q, project, status, tag, archived, sort, order, limit, offset, config: [key, ...] };
+// empty ones are left out. Returns { runs, total }.
+export function listRuns(filters = {}) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(filters)) {
+    for (const one of Array.isArray(value) ? value : [value]) if (one != null && one !== "") query.append(key, String(one));
+  }
+  return getJSON(`/api/v1/runs${query.size ? `?${query}` : ""}`);
+}
+
+// changes: any of { name, tags, notes, archived }. Returns the run's summary.
+export const editRun = (id, changes) => sendJSON("PATCH", `/api/v1/runs/${encodeURIComponent(id)}`, changes);
+export const deleteRun = (id) => sendJSON("DELETE", `/api/v1/runs/${encodeURIComponent(id)}`);
 export const getRun = (id) => getJSON(`/api/v1/runs/${encodeURIComponent(id)}`);
 
-export function getSeries(id, names, maxPoints = 2000) {
+// range: { min, max } steps (inclusive) to read only those, at full detail up to maxPoints.
+export function getSeries(id, names, maxPoints = 2000, range = null) {
   const query = new URLSearchParams({ max_points: String(maxPoints) });
   for (const name of names) query.append("name", name);
+  if (range) {
+    query.set("min_step", String(Math.floor(range.min)));
+    query.set("max_step", String(Math.ceil(range.max)));
+  }
   return getJSON(`/api/v1/runs/${encodeURIComponent(id)}/series?${query}`);
 }
 

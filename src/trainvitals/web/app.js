@@ -2,9 +2,10 @@
 // alert banner and the header's count of firing alerts are on every page.
 
 import { AlertFeed } from "./alert-feed.js";
+import { renderCompare } from "./compare.js";
 import { renderAlerts } from "./alerts.js";
 import { signIn, signOut, whoami } from "./api.js";
-import { mountBanner } from "./banner.js";
+import { mountBanner, setBannerScope } from "./banner.js";
 import { escapeHTML } from "./format.js";
 import { LiveSocket } from "./live.js";
 import { RunPage } from "./run.js";
@@ -30,7 +31,8 @@ async function mount(page) {
 const VIEWS = [
   [/^#\/runs\/([^/?]+)$/, (match) => mount(new RunPage(root, live, feed, decodeURIComponent(match[1])))],
   [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
-  [/^/, () => renderRuns(root, live, feed)],
+  [/^#\/compare(?:\?(.*))?$/, (match) => renderCompare(root, new URLSearchParams(match[1] ?? ""))],
+  [/^(?:#\/?(?:\?(.*))?)?/, (match) => renderRuns(root, live, feed, new URLSearchParams(match[1] ?? ""))],
 ];
 
 function markCurrentNav() {
@@ -45,6 +47,7 @@ async function route() {
   const current = ++navigation;
   cleanup();
   cleanup = () => {};
+  setBannerScope(null); // a page about one project narrows it
   markCurrentNav();
   const [match, render] = VIEWS.map(([pattern, view]) => [location.hash.match(pattern), view]).find(([m]) => m);
   let done;

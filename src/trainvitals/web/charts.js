@@ -5,6 +5,7 @@
 
 import { SEVERITY_COLOURS } from "./alert-feed.js";
 import { escapeHTML, formatDuration } from "./format.js";
+import { clippedRange, debiasedEma, fullRange, stepsBetween, withDetail } from "./plotmath.js";
 import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
   GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
@@ -13,6 +14,7 @@ import {
 } from "./series.js";
 
 const REFETCH_AT = 20000; // points in a trace before it is reloaded downsampled from the server
+const LIVE_REDRAW_MS = 250; // the shortest time between two redraws for live points
 
 // A chart is found by its id, which never changes: the page's data-chart="<id>", the key that
 // alerts are marked by. Its title is for people only. Charts sort by rank, then by title.
@@ -59,7 +61,9 @@ export function chartOf(name) {
   if (base.startsWith(VAL_PREFIX)) base = base.slice(VAL_PREFIX.length);
   else if (base.startsWith(EPOCH_PREFIX)) base = base.slice(EPOCH_PREFIX.length);
   if (base === STEP_TIME) return { id: STEP_TIME, title: "step time (s)", rank: RANK.stepTime, log: true };
-  return { id: base, title: base, rank: base === LOSS ? RANK.loss : RANK.metric };
+  if (base === LOSS) return { id: base, title: base, rank: RANK.loss };
+  // Keras reports its metrics at each batch as the running mean since the epoch began.
+  return { id: base, title: base, rank: RANK.metric, note: "per step: Keras's running mean over the epoch" };
 }
 
 // The ids of the charts an alert is marked on: the series it is about. The run page puts an
@@ -88,16 +92,34 @@ export function chartOrder(a, b) {
   return a.rank - b.rank || a.title.localeCompare(b.title);
 }
 
-function traceStyle(name, index) {
+// A series' colour follows from its name, never from the order series arrived in: the loss
+// is the same blue on every run's page.
+function colourOf(name) {
+  if (name === LOSS) return PALETTE[0];
+  let hash = 0;
+  for (const c of name) hash = (hash * 31 + c.codePointAt(0)) >>> 0;
+  return PALETTE[1 + (hash % (PALETTE.length - 1))];
+}
+
+function traceStyle(name) {
   if (name.startsWith(VAL_PREFIX)) return { mode: "lines+markers", line: { width: 2, color: "#ea580c" }, marker: { size: 6 } };
   if (name.startsWith(EPOCH_PREFIX)) return { mode: "lines+markers", line: { width: 2, dash: "dot", color: "#6b7280" }, marker: { size: 5 } };
   if (name === HOST_LIMIT || gpuParts(name)?.field === GPU_MEM_TOTAL) {
     return { mode: "lines", line: { width: 2, dash: "dash", color: "#d64545" } };
   }
-  if (name.startsWith(GRAD_NORM_PREFIX)) return { mode: "lines", line: { width: 1 }, visible: "legendonly" };
-  if (name === HOST_AVAILABLE) return { mode: "lines", line: { width: 1.2 }, visible: "legendonly" };
+  // Counts taken now and then (the weights are checked every few steps): steps, not ramps.
+  if (name.startsWith(NONFINITE_PREFIX)) return { mode: "lines+markers", line: { width: 1.2, shape: "hv", color: colourOf(name) }, marker: { size: 4 } };
+  if (name.startsWith(GRAD_NORM_PREFIX)) return { mode: "lines", line: { width: 1, color: colourOf(name) }, visible: "legendonly" };
+  if (name === HOST_AVAILABLE) return { mode: "lines", line: { width: 1.2, color: colourOf(name) }, visible: "legendonly" };
   if (name === GRAD_GLOBAL_NORM) return { mode: "lines", line: { width: 2, color: "#111827" } };
-  return { mode: "lines", line: { width: 1.2, color: PALETTE[index % PALETTE.length] } };
+  return { mode: "lines", line: { width: 1.2, color: colourOf(name) } };
+}
+
+// Smoothing is for noisy per-step series; epoch means, validation points, limits and counts
+// are drawn as they are.
+function smoothable(name) {
+  return !name.startsWith(VAL_PREFIX) && !name.startsWith(EPOCH_PREFIX) && !name.startsWith(NONFINITE_PREFIX)
+    && name !== HOST_LIMIT && gpuParts(name)?.field !== GPU_MEM_TOTAL;
 }
 
 // The same colour for the same role on every chart: per step, epoch mean, validation.
@@ -122,133 +144,388 @@ const CONFIG = {
   responsive: true, displaylogo: false, showSendToCloud: false, showEditInChartStudio: false, plotlyServerURL: "",
 };
 
-// One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it.
+// plotly.js, loaded the first time a page draws charts: the runs list opens without parsing
+// its 3.5 MB.
+let plotly = null;
+export function plotlyReady() {
+  if (window.Plotly) return Promise.resolve(window.Plotly);
+  plotly ??= new Promise((resolve, reject) => {
+    const script = document.createElement("script");
+    script.src = "/static/vendor/plotly.min.js";
+    script.onload = () => resolve(window.Plotly);
+    script.onerror = () => { plotly = null; reject(new Error("could not load /static/vendor/plotly.min.js")); };
+    document.head.appendChild(script);
+  });
+  return plotly;
+}
+
+// The layout in the page's colours (light or dark, as the system prefers).
+export function themed(layout) {
+  const style = getComputedStyle(document.documentElement);
+  const ink = style.getPropertyValue("--ink").trim(), line = style.getPropertyValue("--line").trim();
+  if (ink) layout.font = { ...layout.font, color: ink };
+  if (line) for (const axis of [layout.xaxis, layout.yaxis]) Object.assign(axis, { gridcolor: line, linecolor: line });
+  return layout;
+}
+
+// The compare view's plots look like these.
+export { LAYOUT as PLOT_LAYOUT, CONFIG as PLOT_CONFIG };
+
+// Charts (anything with a draw()) waiting to redraw, drawn in animation frames: as many in one frame as fit in
+// FRAME_BUDGET_MS (at least one), the rest in the next, so redraws never add up to a long task.
+const pending = new Set();
+const FRAME_BUDGET_MS = 12;
+
+export function drawSoon(chart) {
+  if (!pending.size) requestAnimationFrame(drawPending);
+  pending.add(chart);
+}
+
+export function cancelDraw(chart) { pending.delete(chart); }
+
+function drawPending() {
+  const start = performance.now();
+  for (const chart of pending) {
+    pending.delete(chart);
+    chart.draw();
+    if (performance.now() - start > FRAME_BUDGET_MS) break;
+  }
+  if (pending.size) requestAnimationFrame(drawPending);
+}
+
+// How every chart of a page draws: smoothing weight (0 to 0.99), the x-axis (step, time since
+// the run started, or wall-clock time) and whether outliers are left out of the y-range.
+export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
+const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" };
+
+// One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it. Options:
+// onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
+// when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON;
+// onDrawn(chart) after each redraw.
+// Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
-  constructor(container, spec, { onTooLong } = {}) {
-    const { id, title, log = false, bytes = false, height = LAYOUT.height } = spec;
-    this.spec = spec;
-    this.id = id;
-    this.onTooLong = onTooLong;
+  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, view } = {}) {
+    const { id, title, log = false, height = LAYOUT.height } = spec;
+    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn });
+    this.view = { ...DEFAULT_VIEW, ...view };
+    this.log = log;
     this.card = document.createElement("section");
     this.card.className = "chart-card";
     this.card.dataset.chart = id;
-    this.card.innerHTML = `<h3></h3><div class="plot"></div>`;
+    this.card.innerHTML = `<div class="chart-head"><h3></h3><div class="chart-tools">
+        <button type="button" data-tool="log" aria-pressed="false" title="logarithmic y-axis">log</button>
+        ${onDownload ? `<button type="button" data-tool="csv" title="download the series as CSV">CSV</button>
+        <button type="button" data-tool="json" title="download the series as JSON">JSON</button>` : ""}
+      </div></div>${spec.note ? '<p class="chart-note muted"></p>' : ""}<div class="plot" role="img"></div>`;
     this.card.querySelector("h3").textContent = title;
+    if (spec.note) this.card.querySelector(".chart-note").textContent = spec.note;
     container.appendChild(this.card);
     this.plot = this.card.querySelector(".plot");
-    this.traces = new Map(); // series name -> { index, lastStep, length }
-    this.drawnAlerts = JSON.stringify([[], []]);
-    this.visibleVariables = 0;
-    const layout = { ...structuredClone(LAYOUT), height };
-    if (log) Object.assign(layout.yaxis, { type: "log", dtick: 1 }); // a label per decade
-    if (bytes) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
-    Plotly.newPlot(this.plot, [], layout, CONFIG);
+    this.series = new Map(); // series name -> { step, time, value }, as fetched and streamed
+    this.detail = null; // { min, max, series: { name: points } }: a zoom read at full detail
+    this.visible = new Map(); // series name -> plotly's visible (true or "legendonly")
+    this.xrange = null; // the zoom, in the x-axis' units; null: everything
+    this.alerts = [];
+    this.drawnAlerts = JSON.stringify([]);
+    this.traceNames = [];
+    this.frame = null;
+    this.timer = null;
+    this.lastDraw = -Infinity;
+    this.onScreen = true;
+    this.stale = false;
+    this.card.querySelector('[data-tool="log"]').addEventListener("click", () => { this.log = !this.log; this.schedule(); });
+    for (const format of ["csv", "json"]) {
+      this.card.querySelector(`[data-tool="${format}"]`)?.addEventListener("click", () => this.onDownload(format, this));
+    }
+    Plotly.newPlot(this.plot, [], this.layout([]), CONFIG);
+    this.plot.on("plotly_relayout", (event) => this.zoomed(event));
+    this.plot.on("plotly_restyle", ([update, indices]) => {
+      if (!update || !("visible" in update)) return;
+      indices.forEach((index, i) => {
+        const name = this.traceNames[index];
+        const value = Array.isArray(update.visible) ? update.visible[i] : update.visible;
+        if (name != null) this.visible.set(name, value);
+      });
+      this.schedule(); // a series shown from the legend gets its points
+    });
+    this.observer = new IntersectionObserver(([entry]) => {
+      this.onScreen = entry.isIntersecting;
+      if (this.onScreen && this.stale) this.schedule();
+    });
+    this.observer.observe(this.card);
+    // The system switched between light and dark: the plot takes the page's new colours.
+    this.scheme = matchMedia("(prefers-color-scheme: dark)");
+    this.rethemed = () => this.schedule();
+    this.scheme.addEventListener("change", this.rethemed);
     this.updateCount();
   }
 
-  has(name) { return this.traces.has(name); }
+  has(name) { return this.series.has(name); }
 
-  // Replace (or create) a trace with a full, possibly downsampled, series.
+  // Replace (or create) a series with a full, possibly downsampled, copy.
   setSeries(name, data) {
-    const x = data.step, y = data.value;
-    const lastStep = x.length ? x[x.length - 1] : -Infinity;
-    const existing = this.traces.get(name);
-    if (existing) {
-      Plotly.restyle(this.plot, { x: [x], y: [y] }, [existing.index]);
-      Object.assign(existing, { lastStep, length: x.length });
-    } else {
-      const index = this.traces.size;
-      const style = traceStyle(name, index);
-      if (name.startsWith(GRAD_NORM_PREFIX) && this.visibleVariables < TOP_VARIABLES) {
-        style.visible = true; // the first ones to arrive; showTopVariables() ranks them later
-        this.visibleVariables += 1;
-      }
-      // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
-      Plotly.addTraces(this.plot, { name: escapeHTML(name), x, y, type: "scatter", ...style });
-      this.traces.set(name, { index, lastStep, length: x.length });
+    if (!this.series.has(name) && name.startsWith(GRAD_NORM_PREFIX)) {
+      // The first variables to arrive are shown; showTopVariables() ranks them later.
+      const shown = [...this.visible].filter(([n, v]) => n.startsWith(GRAD_NORM_PREFIX) && v === true).length;
+      if (shown < TOP_VARIABLES) this.visible.set(name, true);
     }
+    this.series.set(name, { step: [...data.step], time: [...data.time], value: [...data.value] });
     this.updateCount();
+    this.schedule();
   }
 
-  // Append live points newer than what the trace holds.
+  // Append live points newer than what the series holds.
   extend(name, data) {
-    const trace = this.traces.get(name);
-    if (!trace) { this.setSeries(name, data); return; }
-    const x = [], y = [];
+    const series = this.series.get(name);
+    if (!series) { this.setSeries(name, data); return; }
+    const last = series.step.length ? series.step[series.step.length - 1] : -Infinity;
+    let added = 0;
     for (let i = 0; i < data.step.length; i++) {
-      if (data.step[i] > trace.lastStep) { x.push(data.step[i]); y.push(data.value[i]); }
+      if (data.step[i] > last) {
+        series.step.push(data.step[i]); series.time.push(data.time[i]); series.value.push(data.value[i]);
+        added += 1;
+      }
     }
-    if (!x.length) return;
-    Plotly.extendTraces(this.plot, { x: [x], y: [y] }, [trace.index]);
-    trace.lastStep = x[x.length - 1];
-    trace.length += x.length;
+    if (!added) return;
     this.updateCount();
-    if (trace.length > REFETCH_AT && this.onTooLong) this.onTooLong(name);
+    this.schedule({ live: true });
+    if (series.step.length > REFETCH_AT && this.onTooLong) this.onTooLong(name);
   }
 
   updateCount() {
     let total = 0;
-    for (const trace of this.traces.values()) total += trace.length;
+    for (const series of this.series.values()) total += series.step.length;
     this.card.dataset.points = String(total);
+    this.plot.setAttribute("aria-label", `${this.spec.title}: ${this.series.size} series, ${total} points`
+      + (this.xrange ? ", zoomed" : ""));
+  }
+
+  setView(view) { this.view = { ...this.view, ...view }; this.schedule(); }
+
+  // The zoom of another chart of the page (the same x-axis), or none.
+  setXRange(xrange) {
+    if (JSON.stringify(xrange) === JSON.stringify(this.xrange)) return;
+    this.xrange = xrange;
+    if (!xrange) this.detail = null;
+    this.schedule();
+  }
+
+  // The zoomed steps read again at full detail: { min, max, series: { name: points } }.
+  setDetail(detail) { this.detail = detail; this.schedule(); }
+
+  // The steps the zoom shows, { min, max }; null when not zoomed.
+  stepRange() {
+    if (!this.xrange) return null;
+    const [a, b] = this.xrange;
+    if (this.view.xaxis === "step") return { min: Math.floor(a), max: Math.ceil(b) };
+    const seconds = (x) => (this.view.xaxis === "wall" ? Date.parse(x) / 1000 : this.view.start + Number(x));
+    const longest = [...this.series.values()].sort((p, q) => q.step.length - p.step.length)[0];
+    return longest ? stepsBetween(longest, seconds(a), seconds(b)) : null;
+  }
+
+  zoomed(event) {
+    let xrange;
+    if (event["xaxis.autorange"] || event["autosize"]) xrange = null;
+    else if (event["xaxis.range[0]"] != null) xrange = [event["xaxis.range[0]"], event["xaxis.range[1]"]];
+    else if (Array.isArray(event["xaxis.range"])) xrange = [...event["xaxis.range"]];
+    else return; // not a zoom (our own shapes, a resize)
+    if (xrange === null && event["autosize"] && this.xrange) return;
+    this.xrange = xrange;
+    if (!xrange) this.detail = null;
+    this.updateCount();
+    this.schedule(); // the y-range follows the zoom
+    this.onZoom?.(xrange, this);
+  }
+
+  // x of a point in the view's x-axis.
+  xOf(step, time) {
+    if (this.view.xaxis === "relative") return time - this.view.start;
+    if (this.view.xaxis === "wall") return new Date(time * 1000);
+    return step;
+  }
+
+  shown(name) {
+    const whole = this.series.get(name);
+    const detail = this.detail?.series?.[name];
+    return detail ? withDetail(whole, detail, this.detail.min, this.detail.max) : whole;
   }
 
   // Show the per-variable gradient norms that reached the highest values; the others stay
   // one click away in the legend (a large model has hundreds).
   showTopVariables() {
     const peaks = [];
-    for (const [name, trace] of this.traces) {
+    for (const [name, series] of this.series) {
       if (!name.startsWith(GRAD_NORM_PREFIX)) continue;
-      const ys = this.plot.data[trace.index].y.filter((v) => v != null && isFinite(v));
-      peaks.push([ys.length ? Math.max(...ys) : -Infinity, trace.index]);
+      const ys = series.value.filter((v) => v != null && isFinite(v));
+      peaks.push([ys.length ? Math.max(...ys) : -Infinity, name]);
     }
-    peaks.sort((a, b) => b[0] - a[0]);
     if (!peaks.length) return;
-    const top = new Set(peaks.slice(0, TOP_VARIABLES).map(([, index]) => index));
-    const indices = peaks.map(([, index]) => index);
-    Plotly.restyle(this.plot, { visible: indices.map((i) => (top.has(i) ? true : "legendonly")) }, indices);
-    this.visibleVariables = top.size;
+    peaks.sort((a, b) => b[0] - a[0]);
+    peaks.forEach(([, name], i) => this.visible.set(name, i < TOP_VARIABLES ? true : "legendonly"));
+    this.schedule();
+  }
+
+  // Series that must be seen (the layers an alert names), whatever their rank.
+  showVariables(names) {
+    const hidden = names.filter((name) => this.series.has(name) && this.visible.get(name) !== true);
+    for (const name of hidden) this.visible.set(name, true);
+    if (hidden.length) this.schedule();
   }
 
   // A vertical line at each alert's step in its severity's colour (dotted once resolved) and,
   // while an oom_forecast about a series of this chart fires, its projection up to the limit
   // labelled with the time left. Redrawn only when something changed.
   setAlerts(alerts) {
+    const key = JSON.stringify(alerts.map((a) => [a.id, a.state, a.step, a.evidence?.forecast ?? null]));
+    if (key === this.drawnAlerts) return;
+    this.drawnAlerts = key;
+    this.alerts = alerts;
+    const forecasts = this.markings().forecasts;
+    this.card.dataset.alertMarkers = String(alerts.filter((a) => a.step != null).length);
+    this.card.dataset.forecasts = String(forecasts);
+    this.schedule();
+  }
+
+  markings() {
     const shapes = [], annotations = [];
     let forecasts = 0;
-    for (const alert of alerts) {
+    for (const alert of this.alerts) {
       if (alert.step == null) continue;
       const colour = SEVERITY_COLOURS[alert.severity] ?? "#8a93a6";
       const firing = alert.state === "firing";
+      const x = this.xOf(alert.step, alert.time);
       shapes.push({
-        type: "line", xref: "x", yref: "paper", x0: alert.step, x1: alert.step, y0: 0, y1: 1,
+        type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
         line: { color: colour, width: 1.5, dash: firing ? "solid" : "dot" }, opacity: firing ? 0.9 : 0.5,
       });
       annotations.push({
-        x: alert.step, xref: "x", y: 1, yref: "paper", xanchor: "left", yanchor: "top", showarrow: false,
+        x, xref: "x", y: 1, yref: "paper", xanchor: "left", yanchor: "top", showarrow: false,
         text: escapeHTML(alert.rule), hovertext: escapeHTML(alert.message), font: { size: 10, color: colour },
       });
       const forecast = alert.evidence?.forecast;
       if (!firing || alert.rule !== "oom_forecast" || !forecast || chartOf(forecast.series)?.id !== this.id) continue;
-      const [s0, s1] = forecast.step, [v0, v1] = forecast.value;
+      const [s0, s1] = forecast.step, [v0, v1] = forecast.value, [t0, t1] = forecast.time;
       shapes.push({
-        type: "line", xref: "x", yref: "y", x0: s0, x1: s1, y0: v0, y1: v1,
+        type: "line", xref: "x", yref: "y", x0: this.xOf(s0, t0), x1: this.xOf(s1, t1), y0: v0, y1: v1,
         line: { color: colour, width: 2, dash: "dash" },
       });
-      const left = Math.max(0, forecast.time[1] - Date.now() / 1000);
+      const left = Math.max(0, t1 - Date.now() / 1000);
       annotations.push({
-        x: s1, y: v1, xref: "x", yref: "y", ax: -36, ay: -28, arrowcolor: colour, arrowwidth: 1,
+        x: this.xOf(s1, t1), y: v1, xref: "x", yref: "y", ax: -36, ay: -28, arrowcolor: colour, arrowwidth: 1,
         text: `limit in ~${escapeHTML(formatDuration(left))}`, font: { size: 11, color: colour },
         bgcolor: "rgba(255,255,255,0.85)",
       });
       forecasts += 1;
     }
-    const drawn = JSON.stringify([shapes, annotations]);
-    if (drawn === this.drawnAlerts) return;
-    this.drawnAlerts = drawn;
-    Plotly.relayout(this.plot, { shapes, annotations });
-    this.card.dataset.alertMarkers = String(shapes.length - forecasts);
-    this.card.dataset.forecasts = String(forecasts);
+    return { shapes, annotations, forecasts };
   }
 
-  destroy() { Plotly.purge(this.plot); this.card.remove(); }
+  // One redraw in the next animation frame, however many changes come before it; none while
+  // the chart is off screen (it redraws when it comes back). Live points redraw at most every
+  // LIVE_REDRAW_MS: a stream of hundreds of steps a second would otherwise hold the page.
+  schedule({ live = false } = {}) {
+    if (!this.onScreen) { this.stale = true; return; }
+    if (this.frame != null) return;
+    if (this.timer != null) {
+      if (live) return;
+      clearTimeout(this.timer); // people wait for nobody
+      this.timer = null;
+    }
+    const wait = live ? this.lastDraw + LIVE_REDRAW_MS - performance.now() : 0;
+    const queue = () => { this.timer = null; this.frame = true; drawSoon(this); };
+    if (wait > 0) this.timer = setTimeout(queue, wait); else queue();
+  }
+
+  traces() {
+    const traces = [];
+    this.traceNames = [];
+    const weight = this.view.smoothing;
+    for (const name of this.series.keys()) {
+      const data = this.shown(name);
+      const style = traceStyle(name);
+      const visible = this.visible.get(name) ?? style.visible ?? true;
+      const x = visible === true ? data.step.map((step, i) => this.xOf(step, data.time[i])) : [];
+      // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
+      // A hidden series is drawn without its points until it is shown (a legend click).
+      const y = visible === true ? data.value : [];
+      const trace = { ...style, name: escapeHTML(name), x, y, type: "scatter", visible, legendgroup: name };
+      if (weight > 0 && smoothable(name)) {
+        traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
+        this.traceNames.push(name);
+        traces.push({ ...trace, y: visible === true ? debiasedEma(y, weight) : [], meta: "smoothed" });
+      } else {
+        traces.push(trace);
+      }
+      this.traceNames.push(name);
+    }
+    return traces;
+  }
+
+  layout(traces) {
+    const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height });
+    layout.xaxis.title.text = X_TITLES[this.view.xaxis];
+    if (this.view.xaxis === "wall") layout.xaxis.type = "date";
+    if (this.xrange) Object.assign(layout.xaxis, { range: [...this.xrange], autorange: false });
+    // plotly spaces the decades' labels so that they never overlap.
+    if (this.log) Object.assign(layout.yaxis, { type: "log", exponentformat: "power" });
+    if (this.spec.bytes) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
+    const range = this.yRange(traces);
+    layout.yaxis.range = range ?? undefined;
+    layout.yaxis.autorange = !range;
+    this.card.dataset.clipped = String(Boolean(range));
+    const { shapes, annotations } = this.markings();
+    return { ...layout, shapes, annotations };
+  }
+
+  // With clipping on, a range for the values in view that outliers cannot flatten; zoomed,
+  // the range of the points it shows (plotly's own would range them all); else plotly's (null).
+  yRange(traces) {
+    if (!this.view.clip && !this.xrange) return null;
+    const values = [];
+    const wall = this.view.xaxis === "wall";
+    const [lo, hi] = this.xrange ? this.xrange.map((x) => (wall ? Date.parse(x) : Number(x))) : [-Infinity, Infinity];
+    for (const trace of traces) {
+      if (trace.visible !== true) continue;
+      trace.x.forEach((x, i) => {
+        const at = wall ? x.getTime() : x;
+        if (at >= lo && at <= hi) values.push(trace.y[i]);
+      });
+    }
+    if (this.view.clip) {
+      const clipped = clippedRange(values, this.log);
+      if (clipped || !this.xrange) return clipped;
+    }
+    return fullRange(values, this.log);
+  }
+
+  draw() {
+    this.frame = null;
+    this.stale = false;
+    this.lastDraw = performance.now();
+    const traces = this.traces();
+    Plotly.react(this.plot, traces, this.layout(traces), CONFIG);
+    this.card.querySelector('[data-tool="log"]').setAttribute("aria-pressed", String(this.log));
+    this.card.dataset.drawn = String(traces.reduce((n, t) => n + (t.meta === "raw" ? 0 : t.x.length), 0));
+    this.onDrawn?.(this);
+  }
+
+  // The series as a file: CSV (series,step,time,value) or JSON ({series: {name: points}}).
+  static file(series, format) {
+    if (format === "json") return new Blob([JSON.stringify({ series })], { type: "application/json" });
+    const quote = (text) => (/[",\n\r]/.test(text) ? `"${text.replaceAll('"', '""')}"` : text);
+    const lines = ["series,step,time,value"];
+    for (const [name, points] of Object.entries(series)) {
+      points.step.forEach((step, i) => lines.push(`${quote(name)},${step},${points.time[i]},${points.value[i] ?? ""}`));
+    }
+    return new Blob([lines.join("\n") + "\n"], { type: "text/csv" });
+  }
+
+  destroy() {
+    cancelDraw(this);
+    clearTimeout(this.timer);
+    this.scheme.removeEventListener("change", this.rethemed);
+    this.observer.disconnect();
+    Plotly.purge(this.plot);
+    this.card.remove();
+  }
 }

@@ -46,10 +46,12 @@ export function formatBytes(bytes) {
   return `${bytes < 0 ? "-" : ""}${value.toFixed(digits)} ${units[unit]}`;
 }
 
-// Numbers as people read them: integers whole, others to four significant digits.
-export function formatNumber(value) {
-  if (!isFinite(value) || Number.isInteger(value)) return String(value);
-  return String(Number(value.toPrecision(4)));
+// Numbers as people read them: integers whole (large ones in exponent form), others to
+// `digits` significant digits.
+export function formatNumber(value, digits = 4) {
+  if (!isFinite(value)) return String(value);
+  if (Number.isInteger(value) && Math.abs(value) < 1e15) return String(value);
+  return String(Number(value.toPrecision(digits)));
 }
 
 // Order of worker names as the server sorts them: chief (or master) first, then by type, then
@@ -64,4 +66,27 @@ export function workerOrder(a, b) {
   };
   const [ra, ka, ia] = key(a), [rb, kb, ib] = key(b);
   return ra - rb || ka.localeCompare(kb) || ia - ib || (a ?? "").localeCompare(b ?? "");
+}
+
+// The tab's title: the page, then the product.
+export function setTitle(page) {
+  document.title = page ? `${page} · trainvitals` : "trainvitals";
+}
+
+// A run's health (the worst alert it raised, firing or not) beside how it ended, so that a run
+// that blew up never looks like a clean finish. health: { worst, rules: [rule or {rule}, ...] },
+// absent on servers that do not report it.
+export function healthBadge(health) {
+  if (!health?.worst) return "";
+  const rules = (health.rules ?? []).map((rule) => (typeof rule === "string" ? rule : rule?.rule ?? rule?.id ?? ""))
+    .filter(Boolean);
+  const more = rules.length > 1 ? ` +${rules.length - 1}` : "";
+  const text = rules.length ? `${health.worst}: ${rules[0]}${more}` : health.worst;
+  return ` <span class="badge health sev-${escapeHTML(health.worst)}" data-health="${escapeHTML(health.worst)}"
+    title="${escapeHTML(`raised: ${rules.join(", ") || health.worst}`)}">${escapeHTML(text)}</span>`;
+}
+
+export function tagList(tags) {
+  if (!tags?.length) return "";
+  return ` <span class="tags">${tags.map((tag) => `<span class="tag" data-tag="${escapeHTML(tag)}">${escapeHTML(tag)}</span>`).join("")}</span>`;
 }

@@ -2,23 +2,47 @@
 // marked at their steps.
 
 import { AlertList, alertItem } from "./alert-items.js";
-import { getRun, getRunAlerts, getSeries } from "./api.js";
-import { Chart, alertChartIds, chartOf, chartOrder } from "./charts.js";
-import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, statusBadge } from "./format.js";
+import { deleteRun, editRun, getRun, getRunAlerts, getSeries } from "./api.js";
+import { setBannerScope } from "./banner.js";
+import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder, plotlyReady } from "./charts.js";
+import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
+import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
 import { withSummary } from "./live.js";
-import { HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
+import { GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
 
 const LAYOUT = `
   <div class="page-head">
     <h1 id="run-name"></h1><span id="run-status"></span>
   </div>
   <dl class="facts" id="run-facts"></dl>
+  <p class="run-notes" id="run-notes" hidden></p>
+  <details class="panel run-edit" id="run-edit"><summary>Name, tags, notes</summary>
+    <form class="edit-form" autocomplete="off">
+      <label>Name <input name="name" required maxlength="200"></label>
+      <label>Tags <input name="tags" placeholder="baseline, lr-sweep" maxlength="2200"></label>
+      <label class="wide">Notes <textarea name="notes" rows="3" maxlength="10000"></textarea></label>
+      <div class="edit-actions">
+        <button type="submit">Save</button>
+        <button type="button" data-action="archive"></button>
+        <button type="button" data-action="delete" class="danger">Delete run…</button>
+        <span class="edit-status" role="status"></span>
+      </div>
+    </form>
+  </details>
   <section id="run-ending"></section>
   <section class="run-alerts" aria-labelledby="run-alerts-title">
     <h2 id="run-alerts-title">Alerts <span class="muted" id="run-alert-count"></span></h2>
     <div class="alert-list" id="run-alert-list"><p class="muted">Loading alerts…</p></div>
   </section>
+  <form class="chart-controls" aria-label="How the charts draw">
+    <label>Smoothing <input type="range" name="smoothing" min="0" max="0.99" step="0.01" value="0">
+      <output name="smoothing-value">0</output></label>
+    <label>X axis <select name="xaxis"><option value="step">step</option>
+      <option value="relative">time since start</option><option value="wall">wall-clock time</option></select></label>
+    <label><input type="checkbox" name="clip" checked> Leave outliers out of the y-range</label>
+    <button type="button" name="reset-zoom" hidden>Zoom out</button>
+  </form>
   <div class="charts" id="charts"></div>
   <div id="run-job"></div>
   <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
@@ -41,17 +65,23 @@ export class RunPage {
     this.reloading = null;
     this.ticker = null;
     this.off = [];
+    this.view = { ...DEFAULT_VIEW, smoothing: Number(localStorage.getItem("trainvitals.smoothing")) || 0 };
+    this.zoom = null; // { xrange, steps } of the page's charts, all zoomed together
+    this.zooms = 0;
   }
 
   async load() {
     this.root.innerHTML = `<p class="muted">Loading run…</p>`;
+    const ready = plotlyReady(); // meanwhile
     try {
       this.run = await getRun(this.runId);
     } catch (error) {
+      setTitle("Run not found");
       this.root.innerHTML = `<div class="page-head"><h1>Run not found</h1></div>
         <p class="error">${escapeHTML(error.message)}</p><p><a href="#/">Back to runs</a></p>`;
       return;
     }
+    await ready;
     this.root.innerHTML = LAYOUT;
     this.chartsRoot = this.root.querySelector("#charts");
     this.job = this.run.job ? new JobPanel(this.root.querySelector("#run-job"), this.live, this.run) : null;
@@ -75,11 +105,16 @@ export class RunPage {
       else if (alert.run_id === this.runId) this.alertList.upsert(alert);
     }));
 
+    this.view.start = this.run.started_at;
+    setBannerScope(this.run.project);
     this.drawHeader();
+    this.mountEditor();
+    this.mountChartControls();
     this.root.querySelector("#run-config").innerHTML = kvRows(this.run.config);
     this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
     await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
     this.charts.get("grad_norm")?.showTopVariables();
+    this.drawMarkers(); // the layers an alert names stay shown, whatever their rank
     this.loaded = true;
     for (const message of this.buffered) this.onLive(message);
     this.buffered = [];
@@ -92,6 +127,9 @@ export class RunPage {
     this.job?.onLive(message);
     if (message.type === "points" && message.run_id === this.runId) {
       for (const [name, data] of Object.entries(message.series)) this.chartFor(name)?.extend(name, data);
+    } else if (message.type === "deleted" && message.run_id === this.runId) {
+      this.root.querySelector("#run-ending").innerHTML = `<div class="ending crashed" data-panel="deleted">
+        <h3>This run was deleted</h3><p><a href="#/">Back to runs</a></p></div>`;
     } else if (message.type === "runs") {
       const summary = message.runs.find((r) => r.id === this.runId);
       if (!summary) return;
@@ -131,12 +169,18 @@ export class RunPage {
     this.job?.destroy();
     if (this.run) this.live.unsubscribe(this.runId);
     for (const chart of this.charts.values()) chart.destroy();
+    this.heatmap?.destroy();
   }
 
   drawHeader() {
     const run = this.run;
+    setTitle(run.name);
     this.root.querySelector("#run-name").textContent = run.name;
-    this.root.querySelector("#run-status").innerHTML = statusBadge(run.status);
+    this.root.querySelector("#run-status").innerHTML = statusBadge(run.status) + healthBadge(run.health) + tagList(run.tags)
+      + (run.archived ? ' <span class="badge archived-badge">archived</span>' : "");
+    const notes = this.root.querySelector("#run-notes");
+    notes.textContent = run.notes ?? "";
+    notes.hidden = !run.notes;
     const elapsed = (run.ended_at ?? run.last_seen) - run.started_at;
     this.root.querySelector("#run-facts").innerHTML = [
       ["Project", run.project], ["Started", formatTime(run.started_at)],
@@ -159,6 +203,100 @@ export class RunPage {
     }
   }
 
+  // Smoothing, x-axis and clipping for every chart of the page.
+  mountChartControls() {
+    const form = this.root.querySelector(".chart-controls");
+    form.elements.smoothing.value = String(this.view.smoothing);
+    form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
+    form.addEventListener("input", () => {
+      const xaxis = form.elements.xaxis.value;
+      if (xaxis !== this.view.xaxis) this.zoomTo(null); // a zoom in steps is no zoom in time
+      this.view = { ...this.view, smoothing: Number(form.elements.smoothing.value), xaxis, clip: form.elements.clip.checked };
+      form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
+      localStorage.setItem("trainvitals.smoothing", String(this.view.smoothing));
+      for (const chart of this.charts.values()) chart.setView(this.view);
+    });
+    form.elements["reset-zoom"].addEventListener("click", () => this.zoomTo(null));
+  }
+
+  // Every layer's gradient norm, under the gradient norm chart, once there are per-layer norms.
+  drawHeatmap(gradients) {
+    if (!this.heatmap) {
+      if ([...gradients.series.keys()].filter((name) => name !== GRAD_GLOBAL_NORM).length < 2) return;
+      this.heatmap = new GradHeatmap(this.chartsRoot, gradients.card);
+      this.heatmap.setAlerts([...(this.alertList?.alerts.values() ?? [])]);
+    }
+    this.heatmap.update(gradients.series, this.view.xaxis === "step" ? gradients.xrange : null);
+  }
+
+  // A zoom on one chart zooms them all, and reads the steps in view again at full detail.
+  async zoomTo(xrange, source = null) {
+    const current = ++this.zooms;
+    for (const chart of this.charts.values()) if (chart !== source) chart.setXRange(xrange);
+    this.root.querySelector('.chart-controls [name="reset-zoom"]').hidden = !xrange;
+    const steps = xrange ? (source ?? [...this.charts.values()][0])?.stepRange() : null;
+    this.zoom = xrange ? { xrange, steps } : null;
+    if (!steps) return;
+    const names = [...this.charts.values()].flatMap((chart) => [...chart.series.keys()]);
+    const { series } = await getSeries(this.runId, names, 2000, steps);
+    if (current !== this.zooms) return; // zoomed again meanwhile
+    for (const chart of this.charts.values()) chart.setDetail({ ...steps, series });
+    this.root.querySelector("#charts").dataset.detail = `${steps.min}-${steps.max}`;
+  }
+
+  // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file.
+  async download(format, chart) {
+    const names = [...chart.series.keys()];
+    const { series } = await getSeries(this.runId, names, 100000, chart.stepRange());
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(Chart.file(series, format));
+    link.download = `${this.run.name}-${chart.id}.${format}`.replace(/[^\w.-]+/g, "_");
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+  }
+
+  // Rename, tag, note, archive or delete the run (the server asks for the admin role).
+  mountEditor() {
+    const form = this.root.querySelector(".edit-form");
+    const status = form.querySelector(".edit-status");
+    const fill = () => {
+      form.elements.name.value = this.run.name;
+      form.elements.tags.value = (this.run.tags ?? []).join(", ");
+      form.elements.notes.value = this.run.notes ?? "";
+      form.querySelector('[data-action="archive"]').textContent = this.run.archived ? "Unarchive" : "Archive";
+    };
+    const save = async (changes, done) => {
+      status.textContent = "Saving…";
+      try {
+        this.run = withSummary(this.run, await editRun(this.runId, changes));
+        this.drawHeader();
+        fill();
+        status.textContent = done;
+      } catch (error) {
+        status.textContent = error.message;
+      }
+    };
+    fill();
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const tags = form.elements.tags.value.split(",").map((tag) => tag.trim()).filter(Boolean);
+      save({ name: form.elements.name.value.trim(), tags, notes: form.elements.notes.value }, "Saved.");
+    });
+    form.querySelector('[data-action="archive"]').addEventListener("click", () =>
+      save({ archived: !this.run.archived }, this.run.archived ? "Back in the list." : "Archived: hidden from the list."));
+    form.querySelector('[data-action="delete"]').addEventListener("click", async () => {
+      if (!confirm(`Delete the run "${this.run.name}" with all its points and alerts? This cannot be undone.`)) return;
+      try {
+        await deleteRun(this.runId);
+        location.hash = "#/";
+      } catch (error) {
+        status.textContent = error.message;
+      }
+    });
+  }
+
   // Each alert on the charts of the series it is about, or on the loss chart when those are
   // not drawn; resolved ones stay, dotted.
   drawMarkers() {
@@ -169,6 +307,10 @@ export class RunPage {
       for (const id of drawn.length ? drawn : [LOSS]) byChart.set(id, [...(byChart.get(id) ?? []), alert]);
     }
     for (const [id, chart] of this.charts) chart.setAlerts(byChart.get(id) ?? []);
+    // The layers an alert names are never hidden: shown on the gradient chart, marked on the map.
+    const alerts = [...this.alertList.alerts.values()];
+    this.charts.get("grad_norm")?.showVariables(alerts.flatMap(alertLayers).map((v) => GRAD_NORM_PREFIX + v));
+    this.heatmap?.setAlerts(alerts);
   }
 
   // Alerts merge by version, so live updates and fetched lists can arrive in any order.
@@ -194,10 +336,17 @@ export class RunPage {
     if (spec == null) return null;
     let chart = this.charts.get(spec.id);
     if (!chart) {
-      chart = new Chart(this.chartsRoot, spec, { onTooLong: (trace) => this.reloadLater(trace) });
+      chart = new Chart(this.chartsRoot, spec, {
+        view: this.view,
+        onTooLong: (trace) => this.reloadLater(trace),
+        onZoom: (xrange, source) => this.zoomTo(xrange, source),
+        onDownload: (format, source) => this.download(format, source),
+        onDrawn: spec.id === "grad_norm" ? (drawn) => this.drawHeatmap(drawn) : undefined,
+      });
+      if (this.zoom) chart.setXRange(this.zoom.xrange);
       this.charts.set(spec.id, chart);
       const ordered = [...this.charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
-      this.chartsRoot.replaceChildren(...ordered.map((c) => c.card));
+      this.chartsRoot.replaceChildren(...ordered.flatMap((c) => (c.id === "grad_norm" && this.heatmap ? [c.card, this.heatmap.card] : [c.card])));
       this.drawMarkers();
     }
     return chart;

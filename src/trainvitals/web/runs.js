@@ -1,9 +1,22 @@
-// The runs list: every run, newest first, with its firing alerts, updated live.
+// The runs list: one page of runs, searched, filtered and sorted by the server, with each
+// run's health and firing alerts, updated live. The view's state is in the address
+// (#/?q=...&status=...&sort=...), so a filtered list can be shared and survives a reload.
 
 import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
-import { escapeHTML, formatAgo, formatTime, runPath, statusBadge, workerOrder } from "./format.js";
-import { withSummary } from "./live.js";
+import { setBannerScope } from "./banner.js";
+import { comparePath } from "./compare.js";
+import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, tagList, workerOrder } from "./format.js";
+
+const PAGE_SIZE = 50;
+const STATUSES = ["running", "stalled", "finished", "crashed", "lost"];
+// [sort key, heading, cell class]: every column the server sorts by.
+const COLUMNS = [
+  ["name", "Name", ""], ["project", "Project", ""], ["status", "Status", ""],
+  ["started_at", "Started", ""], ["last_step", "Last step", "num"], ["last_seen", "Last seen", ""],
+  ["host", "Host", ""],
+];
+const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "" };
 
 // "2 firing" in the colour of the most severe of them.
 function firingBadge(alerts) {
@@ -14,8 +27,8 @@ function firingBadge(alerts) {
     title="${escapeHTML(`${n} firing alert${n === 1 ? "" : "s"}`)}">${escapeHTML(`${n} firing`)}</span>`;
 }
 
-// Runs newest first, the workers of one job together (in worker order) where its newest
-// worker would stand: [{ job: id or null, members: [run, ...] }, ...].
+// Runs in the page's order, the workers of one job together (in worker order) where its
+// first worker stands: [{ job: id or null, members: [run, ...] }, ...].
 function groupedByJob(runs) {
   const groups = new Map();
   for (const run of runs) {
@@ -23,17 +36,14 @@ function groupedByJob(runs) {
     if (groups.has(key)) groups.get(key).push(run);
     else groups.set(key, [run]);
   }
-  const newest = (members) => Math.max(...members.map((run) => run.started_at));
-  return [...groups.values()]
-    .map((members) => ({
-      job: members[0].job_id ?? null,
-      members: members[0].job_id ? members.sort((a, b) => workerOrder(a.worker, b.worker)) : members,
-    }))
-    .sort((a, b) => newest(b.members) - newest(a.members));
+  return [...groups.values()].map((members) => ({
+    job: members[0].job_id ?? null,
+    members: members[0].job_id ? members.sort((a, b) => workerOrder(a.worker, b.worker)) : members,
+  }));
 }
 
 // The heading row of a job: how many workers, and how many of them in each state.
-function jobRow(job, members) {
+function jobRow(job, members, span) {
   const row = document.createElement("tr");
   row.className = "job-row";
   row.dataset.jobId = job;
@@ -41,47 +51,111 @@ function jobRow(job, members) {
   for (const run of members) states.set(run.status, (states.get(run.status) ?? 0) + 1);
   const summary = [...states].map(([status, n]) => `${n} ${status}`).join(", ");
   const workers = `${members.length} worker${members.length === 1 ? "" : "s"}`;
-  row.innerHTML = `<td colspan="7">Job <code>${escapeHTML(job)}</code> ·
+  row.innerHTML = `<td colspan="${span}">Job <code>${escapeHTML(job)}</code> ·
     <span data-job-workers="${escapeHTML(members.length)}">${escapeHTML(workers)}</span>
     <span class="muted">(${escapeHTML(summary)})</span></td>`;
   return row;
 }
 
-export async function renderRuns(root, live, feed) {
+function configValue(value) {
+  if (value === undefined) return "—";
+  return typeof value === "object" ? JSON.stringify(value) : String(value);
+}
+
+// The view's state from the address's query, with the defaults filled in.
+function stateOf(params) {
+  const state = { ...DEFAULTS };
+  for (const key of Object.keys(DEFAULTS)) if (params.get(key) != null) state[key] = params.get(key);
+  return state;
+}
+
+function queryOf(state) {
+  const query = new URLSearchParams();
+  for (const [key, value] of Object.entries(state)) if (value !== DEFAULTS[key]) query.set(key, value);
+  return query;
+}
+
+const configKeys = (state) => state.cols.split(",").map((key) => key.trim()).filter(Boolean).slice(0, 20);
+
+export async function renderRuns(root, live, feed, params = new URLSearchParams()) {
+  setTitle("Runs");
+  const state = stateOf(params);
   root.innerHTML = `
-    <div class="page-head"><h1>Runs</h1><span class="muted" id="run-count"></span></div>
-    <table class="runs-table">
-      <thead><tr><th>Name</th><th>Project</th><th>Status</th><th>Started</th>
-        <th class="num">Last step</th><th>Last seen</th><th>Host</th></tr></thead>
-      <tbody id="runs-body"><tr><td colspan="7" class="muted">Loading…</td></tr></tbody>
-    </table>`;
+    <div class="page-head"><h1>Runs</h1><span class="muted" id="run-count"></span>
+      <button type="button" id="compare" disabled>Compare selected</button></div>
+    <form class="filters runs-filters" role="search">
+      <label>Search <input type="search" name="q" placeholder="name" maxlength="200"></label>
+      <label>Project <input type="text" name="project" maxlength="200" size="10"></label>
+      <label>Status <select name="status"><option value="">any</option>
+        ${STATUSES.map((s) => `<option>${escapeHTML(s)}</option>`).join("")}</select></label>
+      <label>Health <select name="health" title="the worst alert a run raised, firing or not">
+        <option value="">any</option><option value="critical">critical</option>
+        <option value="warning">warning</option><option value="healthy">healthy</option></select></label>
+      <label>Tag <input type="text" name="tag" maxlength="64" size="8"></label>
+      <label>Archived <select name="archived"><option value="hide">hidden</option>
+        <option value="only">only</option><option value="include">shown</option></select></label>
+      <label>Config columns <input type="text" name="cols" placeholder="lr, batch_size" size="14"></label>
+    </form>
+    <div class="table-scroll"><table class="runs-table">
+      <thead><tr id="runs-head"></tr></thead>
+      <tbody id="runs-body"><tr><td class="muted">Loading…</td></tr></tbody>
+    </table></div>
+    <nav class="pager" aria-label="Pages of runs">
+      <button type="button" id="prev-page">← Newer</button>
+      <span id="page-range" class="muted"></span>
+      <button type="button" id="next-page">Older →</button>
+    </nav>`;
   const body = root.querySelector("#runs-body");
-  const rows = new Map();
-  const runs = new Map();
+  const form = root.querySelector("form");
+  for (const key of ["q", "project", "status", "health", "tag", "archived", "cols"]) form.elements[key].value = state[key];
+  const selected = new Set();
+  let runs = new Map(); // this page's runs, in the server's order
+  let total = 0;
   let firing = new Map(); // run id -> its firing alerts
+  let loads = 0;
+
+  const span = () => COLUMNS.length + 2 + configKeys(state).length;
+  const isNewestFirst = () => state.sort === "started_at" && state.order === "desc";
+
+  const drawHead = () => {
+    const headings = COLUMNS.map(([key, label, cls]) => {
+      const sorted = state.sort === key ? (state.order === "asc" ? "ascending" : "descending") : "none";
+      const arrow = sorted === "ascending" ? " ▲" : sorted === "descending" ? " ▼" : "";
+      return `<th class="${cls}" aria-sort="${sorted}"><button type="button" class="sort" data-sort="${escapeHTML(key)}">${escapeHTML(label)}${arrow}</button></th>`;
+    });
+    const config = configKeys(state).map((key) => `<th data-config-column="${escapeHTML(key)}">${escapeHTML(key)}</th>`);
+    root.querySelector("#runs-head").innerHTML = `<th><span class="visually-hidden">Select</span></th>${headings.join("")}${config.join("")}`;
+  };
 
   const renderRow = (run) => {
-    let row = rows.get(run.id);
-    if (!row) {
-      row = document.createElement("tr");
-      row.className = "run-row";
-      row.dataset.runId = run.id;
-      row.tabIndex = 0;
-      row.addEventListener("click", () => { location.hash = runPath(run.id); });
-      row.addEventListener("keydown", (e) => { if (e.key === "Enter") location.hash = runPath(run.id); });
-      rows.set(run.id, row);
-    }
+    const row = document.createElement("tr");
+    row.className = "run-row";
+    row.dataset.runId = run.id;
     row.classList.toggle("job-member", Boolean(run.job_id));
+    row.classList.toggle("archived", Boolean(run.archived));
     const worker = run.worker ? ` <span class="worker-tag" data-worker="${escapeHTML(run.worker)}">${escapeHTML(run.worker)}</span>` : "";
+    const notes = run.notes ? ` <span class="notes-mark" title="${escapeHTML(run.notes)}" aria-label="has notes">✎</span>` : "";
+    const config = configKeys(state).map((key) => `<td class="config-cell" data-config="${escapeHTML(key)}">${escapeHTML(configValue(run.config?.[key]))}</td>`);
     row.innerHTML = `
-      <td><a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>${worker}</td>
+      <td><input type="checkbox" class="select-run" aria-label="${escapeHTML(`select ${run.name}`)}" ${selected.has(run.id) ? "checked" : ""}></td>
+      <td><a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>${worker}${notes}${tagList(run.tags)}</td>
       <td>${escapeHTML(run.project)}</td>
-      <td>${statusBadge(run.status)}${firingBadge(firing.get(run.id))}</td>
+      <td>${statusBadge(run.status)}${healthBadge(run.health)}${firingBadge(firing.get(run.id))}</td>
       <td>${escapeHTML(formatTime(run.started_at))}</td>
       <td class="num last-step">${escapeHTML(run.last_step ?? "—")}</td>
       <td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>
-      <td>${escapeHTML(run.host)}</td>`;
+      <td>${escapeHTML(run.host)}</td>${config.join("")}`;
+    row.querySelector(".select-run").addEventListener("change", (event) => {
+      if (event.target.checked) selected.add(run.id); else selected.delete(run.id);
+      drawCompare();
+    });
     return row;
+  };
+
+  const drawCompare = () => {
+    const button = root.querySelector("#compare");
+    button.disabled = selected.size < 1;
+    button.textContent = selected.size ? `Compare ${selected.size} selected` : "Compare selected";
   };
 
   const redraw = () => {
@@ -89,27 +163,101 @@ export async function renderRuns(root, live, feed) {
     for (const alert of feed.firing()) firing.set(alert.run_id, [...(firing.get(alert.run_id) ?? []), alert]);
     const ordered = [...runs.values()];
     if (!ordered.length) {
-      body.innerHTML = `<tr><td colspan="7" class="empty">No runs yet. Add
-        <code>trainvitals.VitalsCallback()</code> to <code>model.fit</code>, or run
-        <code>trainvitals demo</code>.</td></tr>`;
-    } else {
+      const filtered = queryOf({ ...state, page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "" }).size;
+      body.innerHTML = filtered
+        ? `<tr><td colspan="${span()}" class="empty">No runs match. <a href="#/">Show every run</a></td></tr>`
+        : `<tr><td colspan="${span()}" class="empty">No runs yet. Add
+          <code>trainvitals.VitalsCallback()</code> to <code>model.fit</code>, or run
+          <code>trainvitals demo</code>.</td></tr>`;
+    } else if (isNewestFirst()) {
       body.replaceChildren(...groupedByJob(ordered).flatMap(({ job, members }) =>
-        job ? [jobRow(job, members), ...members.map(renderRow)] : members.map(renderRow)));
+        job ? [jobRow(job, members, span()), ...members.map(renderRow)] : members.map(renderRow)));
+    } else {
+      body.replaceChildren(...ordered.map(renderRow));
     }
-    root.querySelector("#run-count").textContent = `${ordered.length} run${ordered.length === 1 ? "" : "s"}`;
+    const first = Number(state.page) * PAGE_SIZE;
+    root.querySelector("#run-count").textContent = `${total} run${total === 1 ? "" : "s"}`;
+    root.querySelector("#run-count").dataset.total = String(total);
+    root.querySelector("#page-range").textContent = total ? `${first + 1}–${first + ordered.length} of ${total}` : "";
+    root.querySelector("#prev-page").disabled = first === 0;
+    root.querySelector("#next-page").disabled = first + ordered.length >= total;
+    drawCompare();
   };
 
-  // Each run as the server last described it, status included, in the order its words came.
+  // A run the server pushes: updated in place when on this page; a new run appears at the top
+  // of the first page of the newest-first list when it passes the filters.
+  const matches = (run) =>
+    run.name != null
+    && (!state.q || run.name.toLowerCase().includes(state.q.toLowerCase()))
+    && (!state.project || run.project === state.project)
+    && (!state.status || run.status === state.status)
+    && !state.health // a new run's alerts are not known here
+    && (!state.tag || (run.tags ?? []).includes(state.tag))
+    && state.archived !== "only";
   const apply = (summaries) => {
-    for (const summary of summaries) runs.set(summary.id, withSummary(runs.get(summary.id), summary));
+    for (const summary of summaries) {
+      if (runs.has(summary.id)) runs.set(summary.id, { ...runs.get(summary.id), ...summary });
+      else if (state.page === "0" && isNewestFirst() && matches(summary)) {
+        runs = new Map([[summary.id, summary], ...runs]);
+        total += 1;
+        if (runs.size > PAGE_SIZE) runs.delete([...runs.keys()].pop());
+      }
+    }
     redraw();
   };
+
   const load = async () => {
-    const [{ runs: list }, since] = await live.fetchWithRuns(listRuns);
-    apply([...list, ...since]);
+    const current = ++loads;
+    setBannerScope(state.project || null);
+    const query = {
+      q: state.q, project: state.project, status: state.status, health: state.health, tag: state.tag, archived: state.archived,
+      sort: state.sort, order: state.order, limit: PAGE_SIZE, offset: Number(state.page) * PAGE_SIZE || 0,
+      config: configKeys(state),
+    };
+    const [page, since] = await live.fetchWithRuns(() => listRuns(query));
+    if (current !== loads) return; // a later change of the filters is on its way
+    runs = new Map(page.runs.map((run) => [run.id, run]));
+    total = page.total;
+    drawHead();
+    apply(since.filter((summary) => runs.has(summary.id)));
   };
 
-  const offMessage = live.on((message) => { if (message.type === "runs") apply(message.runs); });
+  // A change of the view: into the address (without a new history entry per keystroke), then
+  // the page from the server.
+  const change = (changes) => {
+    Object.assign(state, changes);
+    const query = queryOf(state);
+    history.replaceState(null, "", `#/${query.size ? `?${query}` : ""}`);
+    load().catch((error) => { body.innerHTML = `<tr><td class="error">${escapeHTML(error.message)}</td></tr>`; });
+  };
+  // Typing waits for a pause; every field changed meanwhile goes with it.
+  let typing, typed = {};
+  form.addEventListener("input", (event) => {
+    clearTimeout(typing);
+    const { name, value } = event.target;
+    typed[name] = value.trim();
+    typing = setTimeout(() => { const changes = typed; typed = {}; change({ ...changes, page: "0" }); },
+      event.target.tagName === "SELECT" ? 0 : 250);
+  });
+  form.addEventListener("submit", (event) => event.preventDefault());
+  root.querySelector("#runs-head").addEventListener("click", (event) => {
+    const key = event.target.closest("button.sort")?.dataset.sort;
+    if (!key) return;
+    const order = state.sort === key ? (state.order === "desc" ? "asc" : "desc") : (key === "name" || key === "project" || key === "host" ? "asc" : "desc");
+    change({ sort: key, order, page: "0" });
+  });
+  root.querySelector("#prev-page").addEventListener("click", () => change({ page: String(Math.max(0, Number(state.page) - 1)) }));
+  root.querySelector("#next-page").addEventListener("click", () => change({ page: String(Number(state.page) + 1) }));
+  root.querySelector("#compare").addEventListener("click", () => { location.hash = comparePath([...selected]); });
+  body.addEventListener("click", (event) => {
+    const row = event.target.closest("tr.run-row");
+    if (row && !event.target.closest("input, a, button")) location.hash = runPath(row.dataset.runId);
+  });
+
+  const offMessage = live.on((message) => {
+    if (message.type === "runs") apply(message.runs);
+    else if (message.type === "deleted" && runs.delete(message.run_id)) { total -= 1; selected.delete(message.run_id); redraw(); }
+  });
   const offReconnect = live.onReconnect(load);
   const offAlerts = feed.on(redraw);
   const ticker = setInterval(() => {
@@ -118,7 +266,7 @@ export async function renderRuns(root, live, feed) {
     }
   }, 5000);
 
-  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); };
+  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); clearTimeout(typing); };
   try {
     await load();
   } catch (error) {

@@ -13,7 +13,6 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Engine, MetaData, String, Table, text
 
 from harness.processes import trainvitals
-from tests.server.storage.rows import hello
 from trainvitals.exceptions import StorageError
 from trainvitals.server.migrations import (
     current_revision,
@@ -41,7 +40,14 @@ def make_release_0_1_0(store: Store) -> None:
     with store.engine.begin() as conn:
         for statement in statements:
             conn.exec_driver_sql(statement)
-        store.runs.open_run(conn, hello("old"), 3.0)
+        # A run as 0.1.0 wrote it (today's RunStore reads columns that release lacks).
+        conn.execute(
+            text(
+                "INSERT INTO runs (id, project, name, status, started_at, last_seen, last_seq,"
+                " host, pid, config, env) VALUES ('old', 'proj', 'name-old', 'running', 1000.0,"
+                ' 3.0, 0, \'h\', 42, \'{"lr": 0.1}\', \'{"python": "3.11"}\')'
+            )
+        )
     store.tokens.create("ci", "*", "read")
 
 
@@ -54,7 +60,7 @@ def test_a_fresh_database_migrates_to_the_models_exactly(db_url: str) -> None:
         forgotten = MetaData()
         for table in target_metadata.sorted_tables:
             table.to_metadata(forgotten)
-        Table("runs", forgotten, Column("notes", String(10)), extend_existing=True)
+        Table("runs", forgotten, Column("forgotten", String(10)), extend_existing=True)
         assert [d[0] for d in differences(store.engine, forgotten)] == ["add_column"]
     finally:
         store.dispose()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from harness.processes import RUN_CONTRACT_FIELDS
-from tests.server.storage.rows import hello, job_of
+from tests.server.storage.rows import alert_row, hello, job_of
 from trainvitals.protocol import Columns
-from trainvitals.server.storage import RunEnd
+from trainvitals.server.storage import RunEnd, RunFilter, Silence
 from trainvitals.server.store import Store
 
 
@@ -147,3 +147,68 @@ def test_a_run_is_bound_to_the_secret_of_its_first_hello(store: Store) -> None:
     with store.engine.begin() as conn:
         owner = store.runs.open_run(conn, {**hello("r1"), "run_secret": made["secret"]}, 103.0)
     assert owner["owned"] and owner["secret"] is None and owner["status"] == "running"
+
+
+def test_runs_are_found_by_name_status_and_tag_sorted_and_paged(store: Store) -> None:
+    with store.engine.begin() as conn:
+        for i in range(12):
+            store.runs.open_run(conn, hello(f"r{i:02}", started_at=float(i)), now=float(i))
+        store.runs.end_run(conn, "r03", 1, RunEnd("completed", 5.0, None))
+        store.runs.edit_run(conn, "r05", {"name": "lr_100%", "tags": ["base", "sweep-1"]})
+        store.runs.edit_run(conn, "r06", {"tags": ["sweep-10"]})
+        store.runs.edit_run(conn, "r07", {"archived": True})
+    page = store.runs.find_runs(RunFilter(), limit=5)
+    assert page["total"] == 11  # the archived one is hidden
+    assert [r["id"] for r in page["runs"]] == ["r11", "r10", "r09", "r08", "r06"]
+    second = store.runs.find_runs(RunFilter(), limit=5, offset=5)
+    assert [r["id"] for r in second["runs"]] == ["r05", "r04", "r03", "r02", "r01"]
+    # The name is searched as text: % and _ are not wildcards.
+    assert [r["id"] for r in store.runs.find_runs(RunFilter(q="LR_100%"))["runs"]] == ["r05"]
+    assert store.runs.find_runs(RunFilter(q="lr_1000"))["total"] == 0
+    assert [r["id"] for r in store.runs.find_runs(RunFilter(tag="sweep-1"))["runs"]] == ["r05"]
+    finished = store.runs.find_runs(RunFilter(status=("finished",)))["runs"]
+    assert [r["id"] for r in finished] == ["r03"]
+    archived = store.runs.find_runs(RunFilter(archived="only"))["runs"]
+    assert [(r["id"], r["archived"]) for r in archived] == [("r07", True)]
+    assert store.runs.find_runs(RunFilter(archived="include"))["total"] == 12
+    by_name = store.runs.find_runs(RunFilter(sort="name", descending=False), limit=2)["runs"]
+    assert [r["name"] for r in by_name] == ["lr_100%", "name-r00"]
+    with store.engine.begin() as conn:
+        store.alerts.save_alert(conn, alert_row("a1", "r02"))  # critical, firing
+        store.alerts.save_alert(conn, {**alert_row("a2", "r04"), "severity": "warning",
+                                       "state": "resolved"})  # fmt: skip
+        store.alerts.save_alert(conn, {**alert_row("a3", "r02"), "severity": "warning"})
+        store.alerts.save_alert(conn, {**alert_row("a4", "r08"), "severity": "info"})
+    health = {h: [r["id"] for r in store.runs.find_runs(RunFilter(health=h))["runs"]]
+              for h in ("critical", "warning")}  # fmt: skip
+    assert health == {"critical": ["r02"], "warning": ["r04"]}
+    assert store.runs.find_runs(RunFilter(health="healthy"))["total"] == 9  # info is healthy
+    tagged = store.runs.find_runs(RunFilter(q="lr"), config_keys=("lr", "missing"))["runs"][0]
+    assert tagged["tags"] == ["base", "sweep-1"] and tagged["config"] == {"lr": 0.1}
+
+
+def test_a_renamed_run_renames_its_alerts_and_a_deleted_run_leaves_nothing(store: Store) -> None:
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("gone"), now=1.0)
+        store.runs.open_run(conn, hello("kept"), now=1.0)
+        for run_id in ("gone", "kept"):
+            store.series.add_points(conn, run_id, 1, {"loss": Columns([1], [1.0], [0.5])}, now=2)
+            store.alerts.save_alert(conn, alert_row(f"a-{run_id}", run_id))
+            store.runs.add_event(conn, run_id, 2, "nonfinite", 1, 2.0, {"loss": 1})
+            silence = Silence(id=f"s-{run_id}", run_id=run_id, rule="nonfinite", subject="",
+                              until=9e9, created_at=2.0, created_by=None)  # fmt: skip
+            store.alerts.add_silence(conn, silence)
+        summary = store.runs.edit_run(conn, "gone", {"name": "renamed", "notes": "lr too high"})
+        assert summary is not None and summary["notes"] == "lr too high"
+    renamed = store.alerts.get_alert("a-gone")
+    assert renamed is not None and renamed["run_name"] == "renamed"
+    with store.engine.begin() as conn:
+        assert store.delete_run(conn, "gone")
+        assert not store.delete_run(conn, "gone")
+        assert store.runs.edit_run(conn, "gone", {"name": "x"}) is None
+    assert store.runs.get_run("gone") is None
+    assert store.series.read_series("gone", "loss").steps.size == 0
+    assert store.alerts.get_alert("a-gone") is None and store.runs.run_events("gone") == []
+    assert [s["run_id"] for s in store.alerts.active_silences(now=3.0)] == ["kept"]
+    kept = store.runs.get_run("kept")
+    assert kept is not None and kept["series"] == ["loss"] and store.alerts.get_alert("a-kept")

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, cast
+import asyncio
+import re
+from functools import partial
+from typing import Annotated, Literal, cast
 
-from fastapi import APIRouter, HTTPException, Query
+import numpy as np
+from fastapi import APIRouter, HTTPException, Query, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from trainvitals.detect import AlertState, Severity
 from trainvitals.detect.types import worse
@@ -16,6 +20,8 @@ from trainvitals.series import HOST_PREFIX
 from trainvitals.server.answers import (
     API_ERRORS,
     AlertsAnswer,
+    DeletedAnswer,
+    ListedRun,
     RulesAnswer,
     RunAnswer,
     RunHealth,
@@ -33,7 +39,13 @@ from trainvitals.server.auth import (
     check_project,
     scoped,
 )
-from trainvitals.server.deps import AlertsDep, StoreDep, alert_not_found, run_not_found
+from trainvitals.server.deps import (
+    AlertsDep,
+    StateDep,
+    StoreDep,
+    alert_not_found,
+    run_not_found,
+)
 from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.export import (
     MEDIA_TYPES,
@@ -43,34 +55,70 @@ from trainvitals.server.export import (
     parquet_available,
 )
 from trainvitals.server.live import finite_or_none
-from trainvitals.server.storage import AlertRow
+from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.tokens import Principal, Role
 from trainvitals.server.store import Store
 
 router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
 MAX_POINTS_LIMIT = 100_000
+#: Steps are exact in a browser up to 2^53, and ingest refuses larger ones.
+STEP_BOUND = 2**53
 #: Series one request may read: a run with thousands of series must not hold a worker.
 MAX_SERIES_PER_REQUEST = 200
+
+
+SortParam = Literal[
+    "started_at", "name", "project", "status", "last_step", "last_seen", "host", "ended_at"
+]
+ArchivedParam = Literal["hide", "only", "include"]
+#: Config values one list request may add to each run.
+MAX_CONFIG_KEYS = 20
 
 
 @router.get("/runs")
 def list_runs(
     store: StoreDep,
     who: Reader,
+    response: Response,
     project: str | None = None,
     job: str | None = None,
-    status: RunStatus | None = None,
+    q: Annotated[str | None, Query(max_length=200)] = None,
+    status: Annotated[list[RunStatus] | None, Query(max_length=5)] = None,
+    tag: Annotated[str | None, Query(max_length=64)] = None,
+    archived: ArchivedParam = "hide",
+    health: Literal["critical", "warning", "healthy"] | None = None,
+    sort: SortParam = "started_at",
+    order: Literal["asc", "desc"] = "desc",
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    config: Annotated[list[str] | None, Query(max_length=MAX_CONFIG_KEYS)] = None,
 ) -> RunsAnswer:
-    """Runs, newest first; ``job``: only the runs (workers) of that job; ``status``: only
-    those in that status. A token of one project sees that project's runs only."""
+    """A page of runs, newest first unless ``sort`` and ``order`` say otherwise, with the
+    number of runs that match in ``total`` (and the ``X-Total-Count`` header). Filters:
+    ``project``, ``job`` (its workers), ``q`` (part of the name), ``status``, ``tag``,
+    ``archived``, ``health`` (the worst alert it raised, firing or not). A token of one
+    project sees that project's runs only."""
     seen = scoped(who, project)
     if isinstance(seen, NoProject):
-        return {"runs": []}
-    runs = store.runs.list_runs(limit=limit, project=seen, job=job, status=status)
-    health = _health(store, [run["id"] for run in runs])
-    return {"runs": [{**run, "health": health[run["id"]]} for run in runs]}
+        response.headers["X-Total-Count"] = "0"
+        return {"runs": [], "total": 0}
+    which = RunFilter(
+        project=seen,
+        job=job,
+        q=q or None,
+        status=tuple(s.value for s in status or ()),
+        tag=tag or None,
+        archived=archived,
+        health=health,
+        sort=sort,
+        descending=order == "desc",
+    )
+    page = store.runs.find_runs(which, limit, offset, tuple(config or ()))
+    response.headers["X-Total-Count"] = str(page["total"])
+    healths = _health(store, [run["id"] for run in page["runs"]])
+    listed = [{**run, "health": healths[run["id"]]} for run in page["runs"]]
+    return {"runs": cast(list[ListedRun], listed), "total": page["total"]}
 
 
 @router.get("/runs/{run_id}")
@@ -107,6 +155,95 @@ def _health(store: Store, run_ids: list[str]) -> dict[str, RunHealth]:
     return health
 
 
+#: Control characters a run's name, tags and notes may not hold (notes keep \t and \n).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: The same rules as JSON-schema patterns: text with a visible character and no control
+#: characters; a tag without quotes, backslashes or commas either; notes with tabs and lines.
+_VISIBLE = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"
+_TAG = r'^[^\x00-\x1f\x7f-\x9f"\\,]*[^\s\x00-\x1f\x7f-\x9f"\\,][^\x00-\x1f\x7f-\x9f"\\,]*$'
+_NOTES = r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$"
+
+
+class RunEditRequest(BaseModel):
+    """``PATCH /api/v1/runs/{id}``: the fields to change, each optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # The patterns say in the schema what the validators below check (they also trim).
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=_VISIBLE)
+    tags: list[Annotated[str, Field(min_length=1, max_length=64, pattern=_TAG)]] | None = Field(
+        default=None, max_length=32
+    )
+    notes: str | None = Field(default=None, max_length=10_000, pattern=_NOTES)
+    archived: StrictBool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str | None) -> str | None:
+        if name is not None and (_CONTROL.search(name) or not name.strip()):
+            raise ValueError("a run's name must be visible text without control characters")
+        return name.strip() if name is not None else None
+
+    @field_validator("tags")
+    @classmethod
+    def _plain_tags(cls, tags: list[str] | None) -> list[str] | None:
+        if tags is None:
+            return None
+        kept: list[str] = []
+        for tag in (t.strip() for t in tags):
+            if not 1 <= len(tag) <= 64 or _CONTROL.search(tag) or set(tag) & set('"\\,'):
+                raise ValueError(
+                    f"a tag is 1-64 characters without control characters, quotes, "
+                    f"backslashes or commas, but got {tag[:80]!r}"
+                )
+            if tag not in kept:
+                kept.append(tag)
+        return kept
+
+    @field_validator("notes")
+    @classmethod
+    def _plain_notes(cls, notes: str | None) -> str | None:
+        if notes is not None and _CONTROL_BUT_LINES.search(notes):
+            raise ValueError("notes may hold tabs and line breaks but no other control characters")
+        return notes
+
+
+@router.patch("/runs/{run_id}")
+async def edit_run(run_id: str, body: RunEditRequest, state: StateDep, who: Admin) -> RunSummary:
+    """Rename, tag, note or archive a run (``admin`` on its project). Returns its summary."""
+    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
+    if run is None:
+        raise run_not_found(run_id)
+    check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))
+    edit = cast(RunEdit, body.model_dump(exclude_none=True))
+    summary = await state.writer.submit(
+        partial(state.store.runs.edit_run, run_id=run_id, edit=edit)
+    )
+    if summary is None:
+        raise run_not_found(run_id)
+    state.hub.run_changed(summary, fresh=True)
+    return summary
+
+
+@router.delete("/runs/{run_id}")
+async def delete_run(run_id: str, state: StateDep, who: Admin) -> DeletedAnswer:
+    """Delete a run that has ended, with its points, alerts and notices (``admin`` on its
+    project). A run still running or stalled is ``409``: its agent would write it again."""
+    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
+    if run is None:
+        raise run_not_found(run_id)
+    check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))
+    if RunStatus(run["status"]) in ALIVE:
+        raise HTTPException(
+            409, f"run {run_id!r} is {run['status']}: stop it (or wait until it is lost) first"
+        )
+    if not await state.writer.submit(partial(state.store.delete_run, run_id=run_id)):
+        raise run_not_found(run_id)
+    state.hub.run_deleted(run_id, run["project"])
+    return {"deleted": run_id}
+
+
 @router.get("/runs/{run_id}/series")
 def get_series(
     run_id: str,
@@ -114,9 +251,14 @@ def get_series(
     who: Reader,
     name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
     max_points: Annotated[int, Query(ge=2, le=MAX_POINTS_LIMIT)] = 2000,
+    min_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
+    max_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
 ) -> SeriesAnswer:
     """Series of a run (all of them when no ``name`` is given), each downsampled to at most
-    ``max_points`` with every bucket's min and max kept. NaN/Inf values come back as null."""
+    ``max_points`` with every bucket's min and max kept; ``min_step`` and ``max_step``
+    (inclusive): only the points in that range, so a zoom gets full detail. NaN/Inf values
+    come back as null; ``count`` is the points stored in the range (none when ``min_step``
+    is above ``max_step``)."""
     run = store.runs.get_run(run_id, job=False)
     if run is None:
         raise run_not_found(run_id)
@@ -125,6 +267,10 @@ def get_series(
     out: dict[str, SeriesPoints] = {}
     for series_name in names:
         steps, times, values = store.series.read_series(run_id, series_name)
+        # Steps come sorted: the range is one slice.
+        lo = 0 if min_step is None else int(np.searchsorted(steps, min_step, side="left"))
+        hi = steps.size if max_step is None else int(np.searchsorted(steps, max_step, side="right"))
+        steps, times, values = steps[lo:hi], times[lo:hi], values[lo:hi]
         keep = downsample_indices(values, max_points)
         out[series_name] = {
             "step": steps[keep].tolist(),

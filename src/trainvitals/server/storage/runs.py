@@ -19,13 +19,13 @@ from typing import (
     cast,
 )
 
-from sqlalchemy import Connection, Engine, and_, case, func, select, update
+from sqlalchemy import Connection, Engine, and_, case, false, func, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 from typing_extensions import TypedDict
 
 from trainvitals.lifecycle import ALIVE, End, Event, Hello, Progress, Silent, Stall, moves
 from trainvitals.protocol import EndReason, RunStatus
-from trainvitals.server.storage.schema import dialect_insert, events, runs, series
+from trainvitals.server.storage.schema import alerts, dialect_insert, events, runs, series
 
 #: A new run joins the newest job of its project and key while one of that job's runs is
 #: running or stalled, or when the job's newest run started at most this long before it.
@@ -48,9 +48,61 @@ class RunSummary(TypedDict):
     end_reason: str | None
     job_id: str | None
     worker: str | None
+    tags: list[str]
+    notes: str
+    archived: bool
 
 
 _SUMMARY = [runs.c[field] for field in RunSummary.__annotations__]
+
+#: The runs list's sort keys (``GET /api/v1/runs?sort=``).
+SORTS = ("started_at", "name", "project", "status", "last_step", "last_seen", "host", "ended_at")
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a list shows, in what order.
+
+    Attributes:
+        project: only that project's runs; job: only that job's workers.
+        q: part of the name (case-insensitive); status: one of them; tag: runs with that tag.
+        archived: ``hide`` (the default), ``only`` or ``include`` the archived runs.
+        health: the worst alert the run raised, firing or not: ``critical``, ``warning``, or
+            ``healthy`` (no warning or critical alert).
+        sort: one of :data:`SORTS`; descending: its order.
+    """
+
+    project: str | None = None
+    job: str | None = None
+    q: str | None = None
+    status: tuple[str, ...] = ()
+    tag: str | None = None
+    archived: str = "hide"
+    health: str | None = None
+    sort: str = "started_at"
+    descending: bool = True
+
+
+class ListedRun(RunSummary):
+    """A run in the runs list: its summary, and the config values asked for."""
+
+    config: NotRequired[dict[str, Any]]
+
+
+class RunPage(TypedDict):
+    """One page of the runs list and how many runs match in all."""
+
+    runs: list[ListedRun]
+    total: int
+
+
+class RunEdit(TypedDict, total=False):
+    """What people may change of a run (``PATCH /api/v1/runs/{id}``)."""
+
+    name: str
+    tags: list[str]
+    notes: str
+    archived: bool
 
 
 class _RunEnding(RunSummary):
@@ -235,8 +287,8 @@ class RunStore:
         ).rowcount
         if not changed:
             return None
-        row = conn.execute(select(*_SUMMARY).where(runs.c.id == run_id))
-        return cast(RunSummary, dict(row.mappings().one()))
+        row = conn.execute(select(*_SUMMARY).where(runs.c.id == run_id)).mappings().one()
+        return run_summary(dict(row))
 
     def mark_stalled(
         self, conn: Connection, run_id: str, seq: int, when: float, report: str
@@ -317,15 +369,57 @@ class RunStore:
     ) -> list[RunSummary]:
         """Runs, newest first; ``job``: only the runs of that job; ``status``: only those
         in that status."""
-        query = select(*_SUMMARY).order_by(runs.c.started_at.desc())
-        if status is not None:
-            query = query.where(runs.c.status == status.value)
-        if project is not None:
-            query = query.where(runs.c.project == project)
-        if job is not None:
-            query = query.where(runs.c.job_id == job)
+        statuses = (status.value,) if status is not None else ()
+        which = RunFilter(project=project, job=job, status=statuses, archived="include")
+        return list(self.find_runs(which, limit)["runs"])
+
+    def find_runs(
+        self,
+        which: RunFilter,
+        limit: int = 50,
+        offset: int = 0,
+        config_keys: tuple[str, ...] = (),
+    ) -> RunPage:
+        """A page of the runs ``which`` selects, and their number; each run carries the
+        values of ``config_keys`` in ``config`` when some are asked for."""
+        where = _conditions(which)
+        key = runs.c[which.sort]
+        order = key.desc() if which.descending else key.asc()
+        columns = [*_SUMMARY, runs.c.config] if config_keys else _SUMMARY
+        query = (
+            select(*columns)
+            .where(*where)
+            # Ties newest first, then by id, so that pages neither skip nor repeat a run.
+            .order_by(order.nulls_last(), runs.c.started_at.desc(), runs.c.id.desc())
+            .limit(limit)
+            .offset(offset)
+        )
         with self._engine.connect() as conn:
-            return [cast(RunSummary, dict(r)) for r in conn.execute(query.limit(limit)).mappings()]
+            total = conn.execute(select(func.count()).select_from(runs).where(*where)).scalar()
+            rows = [dict(r) for r in conn.execute(query).mappings()]
+        page: list[ListedRun] = []
+        for row in rows:
+            listed = cast(ListedRun, run_summary(row))
+            if config_keys:
+                config = json.loads(row["config"] or "{}")
+                listed["config"] = {k: config[k] for k in config_keys if k in config}
+            page.append(listed)
+        return RunPage(runs=page, total=int(total or 0))
+
+    def edit_run(self, conn: Connection, run_id: str, edit: RunEdit) -> RunSummary | None:
+        """Rename, tag, note or archive a run; its alerts follow a new name. Returns the
+        run's summary, or None when there is no such run."""
+        values: dict[str, Any] = dict(edit)
+        if "tags" in edit:
+            values["tags"] = json.dumps(edit["tags"])
+        if values:
+            conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
+        if "name" in edit:
+            conn.execute(
+                update(alerts).where(alerts.c.run_id == run_id).values(run_name=edit["name"])
+            )
+        row = conn.execute(select(*_SUMMARY).where(runs.c.id == run_id)).mappings().first()
+        return None if row is None else run_summary(dict(row))
 
     def get_run(self, run_id: str, job: bool = True) -> RunDetail | None:
         """One run with its series names and (``job``) its job's runs."""
@@ -342,6 +436,7 @@ class RunStore:
                 run["job"] = _job(conn, run["job_id"])
         run["config"] = json.loads(run["config"])
         run["env"] = json.loads(run["env"])
+        run.update(run_summary(run))  # tags, notes and archived as the list gives them
         run.pop("last_seq")
         return cast(RunDetail, run)
 
@@ -385,8 +480,36 @@ def worker_order(worker: str | None) -> tuple[int, str, int, str]:
 
 
 def run_summary(run: Mapping[str, Any]) -> RunSummary:
-    """The summary of a run row."""
-    return cast(RunSummary, {field: run[field] for field in RunSummary.__annotations__})
+    """The summary of a run row (its tags decoded; rows from before them have none)."""
+    summary = {field: run.get(field) for field in RunSummary.__annotations__}
+    summary["tags"] = json.loads(run.get("tags") or "[]")
+    summary["notes"] = run.get("notes") or ""
+    summary["archived"] = bool(run.get("archived"))
+    return cast(RunSummary, summary)
+
+
+def _conditions(which: RunFilter) -> list[ColumnElement[bool]]:
+    """The WHERE clauses of a :class:`RunFilter`."""
+    where: list[ColumnElement[bool]] = []
+    if which.project is not None:
+        where.append(runs.c.project == which.project)
+    if which.job is not None:
+        where.append(runs.c.job_id == which.job)
+    if which.q:
+        where.append(func.lower(runs.c.name).contains(which.q.lower(), autoescape=True))
+    if which.status:
+        where.append(runs.c.status.in_(which.status))
+    if which.tag:
+        # Tags are stored as a JSON list of strings that hold no quote or backslash.
+        where.append(runs.c.tags.contains(json.dumps(which.tag), autoescape=True))
+    if which.health is not None:
+        where.append(_raised(which.health))
+    archived = func.coalesce(runs.c.archived, false())
+    if which.archived == "hide":
+        where.append(archived == false())
+    elif which.archived == "only":
+        where.append(archived == true())
+    return where
 
 
 def _join_job(conn: Connection, hello: Mapping[str, Any]) -> None:
@@ -420,6 +543,24 @@ def _join_job(conn: Connection, hello: Mapping[str, Any]) -> None:
         .where(runs.c.id == hello["run_id"])
         .values(job_id=job_id, job_key=job["key"], worker=job["worker"])
     )
+
+
+def _raised(health: str) -> ColumnElement[bool]:
+    """Runs whose worst alert, firing or not, is ``health`` (``healthy``: no warning or
+    critical alert)."""
+
+    def any_of(*severities: str) -> ColumnElement[bool]:
+        return (
+            select(alerts.c.id)
+            .where(alerts.c.run_id == runs.c.id, alerts.c.severity.in_(severities))
+            .exists()
+        )
+
+    if health == "critical":
+        return any_of("critical")
+    if health == "warning":
+        return and_(any_of("warning"), ~any_of("critical"))
+    return ~any_of("warning", "critical")
 
 
 def _job(conn: Connection, job_id: str) -> Job:

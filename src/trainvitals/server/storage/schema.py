@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     Engine,
     Float,
@@ -69,7 +70,17 @@ runs = Table(
     Column("compacted_seq", BigInteger),
     # When its points were thinned to a min/max summary (SeriesStore.thin); NULL: never.
     Column("thinned_at", Float),
+    # What people say of a run from the dashboard (null in rows from before them): a JSON
+    # list of tags, free notes, and whether it is archived (hidden from the list by default).
+    Column("tags", Text),
+    Column("notes", Text),
+    Column("archived", Boolean),
     Index("ix_runs_started_at", "started_at"),
+    # The runs list's filters and sort orders (GET /api/v1/runs).
+    Index("ix_runs_project_started", "project", "started_at"),
+    Index("ix_runs_status_started", "status", "started_at"),
+    Index("ix_runs_name", "name"),
+    Index("ix_runs_last_seen", "last_seen"),
     Index("ix_runs_job_key", "project", "job_key"),
     Index("ix_runs_job_id", "job_id"),
 )

@@ -1,0 +1,123 @@
+// Per-layer gradient norms as a heatmap (layer × step, log colour) under the gradient norm
+// chart: every layer at once, however many, where a legend of lines would cover the plot and
+// "the top five" would hide the one that matters. The layers an alert names are marked.
+
+import { PLOT_CONFIG, PLOT_LAYOUT, cancelDraw, drawSoon, themed } from "./charts.js";
+import { escapeHTML } from "./format.js";
+import { GRAD_NORM_PREFIX } from "./series.js";
+
+const COLUMNS = 300; // step buckets: each cell shows the largest norm of its steps
+const ROW_PX = 14;
+const REDRAW_MS = 1000; // the shortest time between two redraws while points stream
+
+// The variables an alert about gradients names: the early layer that vanishes, the layers
+// that explode.
+export function alertLayers(alert) {
+  if (alert.rule !== "grad_explosion" && alert.rule !== "grad_vanishing") return [];
+  const evidence = alert.evidence ?? {};
+  const named = [];
+  if (typeof evidence.early_variable === "string") named.push(evidence.early_variable);
+  if (Array.isArray(evidence.layers)) {
+    for (const layer of evidence.layers) if (typeof layer?.variable === "string") named.push(layer.variable);
+  }
+  return named;
+}
+
+// z[layer][bucket]: log10 of the largest finite positive norm in the bucket, null for none.
+export function heatmapCells(layers, first, last, columns = COLUMNS) {
+  // No more columns than the best-sampled layer has points: norms taken every few steps would
+  // otherwise leave stripes of empty cells.
+  columns = Math.max(1, Math.min(columns, ...layers.map(({ step }) => step.length)));
+  const width = Math.max(1, Math.ceil((last - first + 1) / columns));
+  const count = Math.max(1, Math.ceil((last - first + 1) / width));
+  const z = layers.map(({ step, value }) => {
+    const row = new Array(count).fill(null);
+    for (let i = 0; i < step.length; i++) {
+      const v = value[i];
+      if (v == null || !(v > 0) || !Number.isFinite(v)) continue;
+      const at = Math.min(count - 1, Math.floor((step[i] - first) / width));
+      const log = Math.log10(v);
+      if (row[at] == null || log > row[at]) row[at] = log;
+    }
+    return row;
+  });
+  const x = Array.from({ length: count }, (_, i) => first + i * width + (width - 1) / 2);
+  return { x, z };
+}
+
+export class GradHeatmap {
+  constructor(container, after) {
+    this.card = document.createElement("section");
+    this.card.className = "chart-card chart-wide";
+    this.card.dataset.chart = "grad_heatmap";
+    this.card.innerHTML = `<div class="chart-head"><h3>gradient norm by layer (log₁₀)</h3></div><div class="plot" role="img"></div>`;
+    container.insertBefore(this.card, after?.nextSibling ?? null);
+    this.plot = this.card.querySelector(".plot");
+    this.marked = [];
+    this.drawn = "";
+    this.series = new Map();
+    this.xrange = null;
+    this.queued = false;
+    this.timer = null;
+    this.lastDraw = -Infinity;
+  }
+
+  // The gradient chart's series changed: redrawn in a frame of its own, at most once a second.
+  update(series, xrange = null) {
+    this.series = series;
+    this.xrange = xrange;
+    if (this.queued || this.timer != null) return;
+    const wait = this.lastDraw + REDRAW_MS - performance.now();
+    const queue = () => { this.timer = null; this.queued = true; drawSoon(this); };
+    if (wait > 0) this.timer = setTimeout(queue, wait); else queue();
+  }
+
+  setAlerts(alerts) {
+    this.marked = [...new Set(alerts.flatMap(alertLayers))];
+  }
+
+  // The gradient chart's series (a Map of name -> {step, value}): only grad/norm/* are drawn.
+  draw() {
+    this.queued = false;
+    this.lastDraw = performance.now();
+    const { series, xrange } = this;
+    // Layers in natural order (dense_2 before dense_10), as a model lists them mostly.
+    const names = [...series.keys()].filter((name) => name.startsWith(GRAD_NORM_PREFIX))
+      .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    if (names.length < 2) { this.card.hidden = true; return; }
+    this.card.hidden = false;
+    const layers = names.map((name) => series.get(name));
+    let first = Infinity, last = -Infinity;
+    for (const { step } of layers) {
+      if (step.length) { first = Math.min(first, step[0]); last = Math.max(last, step[step.length - 1]); }
+    }
+    if (!Number.isFinite(first)) return;
+    const key = `${names.length}:${first}:${last}:${this.marked.join()}:${JSON.stringify(xrange)}`;
+    if (key === this.drawn) return;
+    this.drawn = key;
+    const { x, z } = heatmapCells(layers, first, last);
+    const short = names.map((name) => name.slice(GRAD_NORM_PREFIX.length));
+    const marked = new Set(this.marked);
+    // plotly reads tick labels as HTML: names are escaped; the layers an alert names are bold.
+    const ticktext = short.map((name) => (marked.has(name) ? `<b>▶ ${escapeHTML(name)}</b>` : escapeHTML(name)));
+    const layout = themed({
+      ...structuredClone(PLOT_LAYOUT),
+      height: Math.max(200, 60 + ROW_PX * names.length),
+      showlegend: false,
+      margin: { ...PLOT_LAYOUT.margin, l: 12 },
+    });
+    Object.assign(layout.yaxis, { automargin: true, tickvals: short, ticktext, tickfont: { size: 10 }, autorange: "reversed" });
+    if (xrange) Object.assign(layout.xaxis, { range: [...xrange], autorange: false });
+    Plotly.react(this.plot, [{
+      type: "heatmap", x, y: short, z, colorscale: "Viridis", hoverongaps: false,
+      colorbar: { title: { text: "log₁₀" }, thickness: 10 },
+      hovertemplate: "%{y}<br>step %{x:.0f}<br>norm 10^%{z:.2f}<extra></extra>",
+    }], layout, PLOT_CONFIG);
+    this.card.dataset.layers = String(names.length);
+    this.card.dataset.marked = [...marked].filter((name) => short.includes(name)).join(",");
+    this.plot.setAttribute("aria-label", `gradient norm of ${names.length} layers by step`
+      + (marked.size ? `; named by an alert: ${[...marked].join(", ")}` : ""));
+  }
+
+  destroy() { cancelDraw(this); clearTimeout(this.timer); Plotly.purge(this.plot); this.card.remove(); }
+}

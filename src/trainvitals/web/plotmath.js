@@ -1,0 +1,80 @@
+// The arithmetic behind the charts, free of the page: smoothing, a y-range that a blow-up
+// cannot flatten, and a zoomed range read again at full detail merged into the whole series.
+
+// TensorBoard's smoothing: an exponential moving average whose start is debiased (divided by
+// 1 - weight^n), so the first points are not pulled toward zero. NaN/Inf and nulls pass
+// through as gaps and do not enter the average. weight 0 returns the values as they are.
+export function debiasedEma(values, weight) {
+  if (!(weight > 0)) return values;
+  const out = new Array(values.length);
+  let last = 0, n = 0;
+  for (let i = 0; i < values.length; i++) {
+    const value = values[i];
+    if (value == null || !Number.isFinite(value)) { out[i] = value; continue; }
+    last = last * weight + (1 - weight) * value;
+    n += 1;
+    out[i] = last / (1 - weight ** n);
+  }
+  return out;
+}
+
+function quantile(sorted, q) {
+  const at = (sorted.length - 1) * q;
+  const lo = Math.floor(at), hi = Math.ceil(at);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo);
+}
+
+// A y-range that the rare far-off values (an explosion to 1e35, one huge spike) cannot
+// flatten: values beyond ten times the 5th-95th percentile span from that span are left out;
+// the early high loss of a healthy run is not. log: in decades, of the positive values (as
+// plotly's log axes take it). Null when nothing is left out (plotly's own range), or too few.
+export function clippedRange(values, log = false) {
+  let finite = values.filter((v) => v != null && Number.isFinite(v) && (!log || v > 0));
+  if (log) finite = finite.map(Math.log10);
+  if (finite.length < 5) return null;
+  finite.sort((a, b) => a - b);
+  const lo = quantile(finite, 0.05), hi = quantile(finite, 0.95);
+  const span = hi - lo || Math.abs(hi) || 1;
+  const kept = finite.filter((v) => v >= lo - 10 * span && v <= hi + 10 * span);
+  if (kept.length === finite.length) return null;
+  return fullRange(kept);
+}
+
+// The range of every value (in decades on a log axis), a little wider; null for none.
+export function fullRange(values, log = false) {
+  let min = Infinity, max = -Infinity;
+  for (const v of values) {
+    if (v == null || !Number.isFinite(v) || (log && v <= 0)) continue;
+    const at = log ? Math.log10(v) : v;
+    if (at < min) min = at;
+    if (at > max) max = at;
+  }
+  if (min > max) return null;
+  const pad = (max - min) * 0.05 || Math.abs(max) * 0.05 || 1;
+  return [min - pad, max + pad];
+}
+
+// The whole (downsampled) series with the points of [min, max] steps replaced by those read
+// again at full detail.
+export function withDetail(whole, detail, min, max) {
+  if (!detail) return whole;
+  const before = whole.step.findIndex((step) => step >= min);
+  const head = before < 0 ? whole.step.length : before;
+  let tail = whole.step.findIndex((step) => step > max);
+  if (tail < 0) tail = whole.step.length;
+  const pick = (key) => [...whole[key].slice(0, head), ...detail[key], ...whole[key].slice(tail)];
+  return { step: pick("step"), time: pick("time"), value: pick("value") };
+}
+
+// The steps of a series whose times lie in [t0, t1] (its times rise with its steps), as
+// { min, max }; null when none do.
+export function stepsBetween(series, t0, t1) {
+  const times = series.time;
+  const first = (t) => { // the first index whose time is at or after t
+    let lo = 0, hi = times.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (times[mid] < t) lo = mid + 1; else hi = mid; }
+    return lo;
+  };
+  const a = first(t0), b = first(t1 + 1e-9) - 1;
+  return a <= b ? { min: series.step[a], max: series.step[b] } : null;
+}

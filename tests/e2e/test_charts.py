@@ -1,0 +1,209 @@
+"""The run page's charts in Chromium: smoothing, log axes, x-axis in steps or time, an
+outlier-proof y-range, zooms synced across charts and read again at full detail, and
+downloads of the series (#17)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.processes import ServerProcess
+from tests.e2e.test_dashboard import expect
+from trainvitals import Run, resolve
+
+STEPS = 3000
+T0 = 1.7e9
+
+
+def loss_at(step: int) -> float:
+    # Noisy and falling, then ten steps of an explosion: 1e30 would flatten everything else.
+    return 1e30 if step > STEPS - 10 else 1.0 / math.sqrt(step) + 0.1 * math.sin(step)
+
+
+@pytest.fixture(scope="module")
+def charted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
+    server = ServerProcess(str(tmp_path_factory.mktemp("charts") / "charts.db"))
+    try:
+        run = Run(resolve(server=server.url, project="charts", run_name="explodes"),
+                  system_metrics=False, watchdog=False)  # fmt: skip
+        run.start()
+        for step in range(1, STEPS + 1):
+            run.log(step, {"loss": loss_at(step), "grad/global_norm": 1.0 + step % 7},
+                    time_=T0 + 0.5 * step)  # fmt: skip
+        assert run.finish()
+        yield server, run.id
+    finally:
+        server.stop()
+
+
+def plot(page: Any, chart: str, expression: str) -> Any:
+    return page.evaluate(
+        f"""() => {{ const plot = document.querySelector('[data-chart="{chart}"] .plot');
+                     return {expression}; }}"""
+    )
+
+
+def drawn(page: Any, chart: str = "loss") -> int:
+    """The points the chart draws, once it draws every point it holds."""
+    page.wait_for_function(
+        f"""() => {{ const card = document.querySelector('[data-chart="{chart}"]');
+                     return card && card.dataset.drawn > 0
+                            && card.dataset.drawn === card.dataset.points; }}"""
+    )
+    return int(page.locator(f'[data-chart="{chart}"]').get_attribute("data-drawn"))
+
+
+def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
+    charted: tuple[ServerProcess, str], browser: Any
+) -> None:
+    server, run_id = charted
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{server.url}/#/runs/{run_id}")
+    loss = page.locator('[data-chart="loss"]')
+    assert 1900 < drawn(page) <= 2000  # downsampled from 3000
+
+    # The explosion does not flatten the loss: its y-range holds the bulk of the values.
+    expect(loss).to_have_attribute("data-clipped", "true")
+    top = plot(page, "loss", "plot.layout.yaxis.range[1]")
+    assert 1.0 < top < 10.0
+    page.locator(".chart-controls [name=clip]").uncheck()
+    expect(loss).to_have_attribute("data-clipped", "false")
+    assert plot(page, "loss", "plot.layout.yaxis.autorange") is True
+    page.locator(".chart-controls [name=clip]").check()
+
+    # Log or linear, per chart.
+    loss.locator('[data-tool="log"]').click()
+    expect(loss.locator('[data-tool="log"]')).to_have_attribute("aria-pressed", "true")
+    assert plot(page, "loss", "plot.layout.yaxis.type") == "log"
+    assert plot(page, "grad_norm", "plot.layout.yaxis.type") == "log"  # its own default
+    loss.locator('[data-tool="log"]').click()
+    expect(loss.locator('[data-tool="log"]')).to_have_attribute("aria-pressed", "false")
+
+    # TensorBoard's debiased EMA, the raw series faint behind it.
+    page.locator(".chart-controls [name=smoothing]").fill("0.9")
+    expect(page.locator(".chart-controls output")).to_have_text("0.90")
+    wait_traces = "plot.data.map((t) => [t.meta ?? null, t.opacity ?? 1, t.y.slice(0, 3)])"
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="loss"] .plot').data.length === 2"""
+    )
+    traces = plot(page, "loss", wait_traces)
+    assert [(meta, opacity) for meta, opacity, _ in traces] == [("raw", 0.25), ("smoothed", 1)]
+    raw, smoothed = traces[0][2], traces[1][2]
+    expected, last = [], 0.0
+    for n, value in enumerate(raw, start=1):
+        last = 0.9 * last + 0.1 * value
+        expected.append(last / (1 - 0.9**n))
+    assert smoothed == pytest.approx(expected) and smoothed[0] == pytest.approx(raw[0])
+    page.locator(".chart-controls [name=smoothing]").fill("0")
+    expect(page.locator(".chart-controls output")).to_have_text("0.00")
+
+    # A zoom on one chart zooms the others and reads its steps again at full detail.
+    page.evaluate(
+        """() => Plotly.relayout(document.querySelector('[data-chart="loss"] .plot'),
+                                 {'xaxis.range[0]': 1000, 'xaxis.range[1]': 1100})"""
+    )
+    expect(page.locator("#charts")).to_have_attribute("data-detail", "1000-1100")
+    assert plot(page, "grad_norm", "plot.layout.xaxis.range") == [1000, 1100]
+    in_view = "plot.data[0].x.filter((x) => x >= 1000 && x <= 1100).length"
+    page.wait_for_function(
+        f"""() => {{ const plot = document.querySelector('[data-chart="loss"] .plot');
+                     return {in_view} === 101; }}"""
+    )
+    zoomed_top = plot(page, "loss", "plot.layout.yaxis.range[1]")
+    assert zoomed_top < top  # the y-range follows the zoom
+    page.locator(".chart-controls [name=reset-zoom]").click()
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="grad_norm"] .plot').layout.xaxis.autorange"""
+    )
+
+    # Time since the start, or wall-clock time, instead of steps.
+    page.locator(".chart-controls [name=xaxis]").select_option("relative")
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="loss"] .plot').layout.xaxis.title.text
+                 === 'time since start (s)'"""
+    )
+    start = server.get(f"/api/v1/runs/{run_id}")["started_at"]
+    first_x = plot(page, "loss", "plot.data[0].x[0]")
+    assert first_x == pytest.approx(T0 + 0.5 - start)
+    page.locator(".chart-controls [name=xaxis]").select_option("wall")
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="loss"] .plot').layout.xaxis.type === 'date'"""
+    )
+    assert not errors, errors
+
+
+def test_a_chart_downloads_its_series_at_full_resolution(
+    charted: tuple[ServerProcess, str], browser: Any, tmp_path: Path
+) -> None:
+    server, run_id = charted
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{server.url}/#/runs/{run_id}")
+    loss = page.locator('[data-chart="loss"]')
+    drawn(page)
+    with page.expect_download() as csv_download:
+        loss.locator('[data-tool="csv"]').click()
+    csv_path = tmp_path / "loss.csv"
+    csv_download.value.save_as(csv_path)
+    lines = csv_path.read_text().splitlines()
+    assert lines[0] == "series,step,time,value" and len(lines) == STEPS + 1
+    assert lines[1].split(",") == ["loss", "1", str(T0 + 0.5), str(loss_at(1))]
+    assert csv_download.value.suggested_filename == "explodes-loss.csv"
+    with page.expect_download() as json_download:
+        loss.locator('[data-tool="json"]').click()
+    json_path = tmp_path / "loss.json"
+    json_download.value.save_as(json_path)
+    series = json.loads(json_path.read_text())["series"]["loss"]
+    assert series["step"] == list(range(1, STEPS + 1)) and series["count"] == STEPS
+    # Nothing is offered that would send the data elsewhere; plotly's PNG download stays.
+    titles = page.evaluate(
+        """() => [...document.querySelectorAll('[data-chart="loss"] .modebar-btn')]
+                 .map((button) => button.getAttribute('data-title'))"""
+    )
+    assert any("png" in title.lower() for title in titles)
+    assert not [title for title in titles if "Share" in title or "Chart Studio" in title]
+
+
+def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
+    server: ServerProcess, browser: Any
+) -> None:
+    layers = [f"dense_{i}/kernel" for i in range(26)] + ["sigmoid_0/kernel"]
+    run = Run(resolve(server=server.url, project="charts", run_name="deep"),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    for step in range(1, 201):
+        norms = {f"grad/norm/{name}": 10.0 ** -(i % 9) for i, name in enumerate(layers)}
+        norms["grad/norm/sigmoid_0/kernel"] = 1e-12  # the layer that vanishes
+        run.log(step, {"loss": 1.0 / step, "grad/global_norm": 1.0, **norms})
+    assert run.finish()
+    vanishing = {
+        "id": "v1", "run_id": run.id, "project": "charts", "run_name": "deep",
+        "rule": "grad_vanishing", "subject": "", "severity": "warning", "state": "firing",
+        "message": "Gradients vanish in the early layers", "hint": "", "step": 150,
+        "time": 1.7e9, "resolved_time": None, "count": 1, "updated_time": 1.7e9,
+        "evidence": {"early_variable": "sigmoid_0/kernel", "ratio": 1e-12},
+    }  # fmt: skip
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    # The detection issue's alert, as the server will send it for this run.
+    page.route(f"**/api/v1/runs/{run.id}/alerts*",
+               lambda route: route.fulfill(json={"alerts": [vanishing]}))  # fmt: skip
+    page.goto(f"{server.url}/#/runs/{run.id}")
+    heatmap = page.locator('[data-chart="grad_heatmap"]')
+    expect(heatmap).to_have_attribute("data-layers", "27")
+    expect(heatmap).to_have_attribute("data-marked", "sigmoid_0/kernel")
+    rows = plot(page, "grad_heatmap", "plot.data[0].y")
+    assert rows == layers
+    assert plot(page, "grad_heatmap", "plot.data[0].z.length") == 27
+    ticks = plot(page, "grad_heatmap", "plot.layout.yaxis.ticktext")
+    assert ticks[-1] == "<b>▶ sigmoid_0/kernel</b>" and ticks[0] == "dense_0/kernel"
+    # On the line chart, the named layer is shown although its norm ranks last.
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="grad_norm"] .plot').data
+                 .some((t) => t.name === 'grad/norm/sigmoid_0/kernel' && t.visible === true)"""
+    )

@@ -1,0 +1,169 @@
+"""The dashboard's looks and reach in Chromium (#17): the banner keeps to the project in view,
+hints and evidence read well, every badge and text passes WCAG AA in light and dark mode, and
+a 390 px phone never scrolls sideways."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from harness.processes import ServerProcess, wait_for
+from harness.seed import seed_runs
+from tests.e2e.test_dashboard import expect
+from trainvitals import Run, resolve
+
+
+def nan_run(server: ServerProcess, project: str) -> Run:
+    """A run with a NaN loss, left running (the alerts of a run that ended resolve)."""
+    run = Run(resolve(server=server.url, project=project, run_name=f"nan-{project}"),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    run.log(1, {"loss": 0.5})
+    run.log(2, {"loss": float("nan"), "nonfinite/loss": 1.0})
+    return run
+
+
+@pytest.fixture(scope="module")
+def looks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str, str]]:
+    db = str(tmp_path_factory.mktemp("looks") / "looks.db")
+    seed_runs(db, 8, steps=20)
+    server = ServerProcess(db)
+    runs = []
+    try:
+        runs = [nan_run(server, "vision"), nan_run(server, "nlp")]
+        wait_for(lambda: len(server.get("/api/v1/alerts?state=firing")["alerts"]) >= 2,
+                 what="both NaN alerts")  # fmt: skip
+        yield server, runs[0].id, runs[1].id
+    finally:
+        for run in runs:
+            run.finish()
+        server.stop()
+
+
+def test_the_banner_keeps_to_the_project_in_view(
+    looks: tuple[ServerProcess, str, str], browser: Any
+) -> None:
+    server, vision, _ = looks
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(server.url + "/")
+    banner = page.locator("#alert-banner")
+    expect(banner.locator(".banner-item")).to_have_count(2)
+    page.goto(f"{server.url}/#/runs/{vision}")
+    expect(page.locator("#run-name")).to_have_text("nan-vision")
+    expect(banner.locator(".banner-item")).to_have_count(1)
+    expect(banner.locator(".banner-item .alert-run")).to_have_text("vision / nan-vision")
+    expect(banner.locator(".banner-elsewhere")).to_have_text(
+        "1 alert in other projects needs attention"
+    )
+    page.goto(server.url + "/#/?project=nlp")
+    expect(banner.locator(".banner-item .alert-run")).to_have_text("nlp / nan-nlp")
+    # The runs that raised a critical alert, whatever their status, are one filter away.
+    page.locator("input[name=project]").fill("")
+    page.locator("select[name=health]").select_option("critical")
+    expect(page.locator("tr.run-row")).to_have_count(2)
+    assert sorted(page.locator("tr.run-row td:nth-child(2) a").all_inner_texts()) == [
+        "nan-nlp",
+        "nan-vision",
+    ]
+    page.goto(server.url + "/#/alerts")
+    expect(banner.locator(".banner-item")).to_have_count(2)
+    expect(banner.locator(".banner-elsewhere")).to_be_hidden()
+
+
+def test_hints_show_code_and_evidence_three_significant_digits(
+    looks: tuple[ServerProcess, str, str], browser: Any
+) -> None:
+    server, _, _ = looks
+    page = browser.new_page()
+    page.goto(server.url + "/#/alerts")
+    alert = {
+        "id": "a1", "run_id": "r", "project": "p", "run_name": "r", "rule": "grad_explosion",
+        "subject": "", "severity": "warning", "state": "firing", "step": 7, "time": 1.7e9,
+        "message": "norm <b>x</b> rose",
+        "hint": "Clip with `clipnorm=1.0` in the <i>optimizer</i>.",
+        "evidence": {"ratio": 1234.56789, "norms": [0.000123456, 2.5, 7],
+                     "fit": {"slope": 3.14159}},
+    }  # fmt: skip
+    html = page.evaluate(
+        """async (alert) => { const items = await import('/static/alert-items.js');
+                              const holder = document.createElement('div');
+                              holder.innerHTML = items.alertItem(alert);
+                              document.body.append(holder);
+                              return [holder.querySelector('.alert-hint').innerHTML,
+                                      holder.querySelector('.alert-message').textContent,
+                                      [...holder.querySelectorAll('.alert-evidence td')]
+                                        .map((td) => td.textContent)]; }""",
+        alert,
+    )
+    hint_html, message, evidence = html
+    assert "<code>clipnorm=1.0</code>" in hint_html and "&lt;i&gt;optimizer&lt;/i&gt;" in hint_html
+    assert message == "norm <b>x</b> rose"
+    assert evidence == [
+        "1230",
+        "0.000123, 2.5, 7",
+        json.dumps({"slope": 3.14}, separators=(",", ":")),
+    ]
+
+
+CONTRAST = """() => {
+  const rgb = (text) => text.match(/[\\d.]+/g).slice(0, 3).map(Number);
+  const lum = ([r, g, b]) => [r, g, b].map((c) => { c /= 255; return c <= 0.03928 ? c / 12.92
+    : ((c + 0.055) / 1.055) ** 2.4; }).reduce((s, c, i) => s + c * [0.2126, 0.7152, 0.0722][i], 0);
+  const background = (el) => {
+    for (let at = el; at; at = at.parentElement) {
+      const bg = getComputedStyle(at).backgroundColor;
+      if (!bg.startsWith('rgba(0, 0, 0, 0)') && bg !== 'transparent') return rgb(bg);
+    }
+    return [255, 255, 255];
+  };
+  const ratio = (el) => { const a = lum(rgb(getComputedStyle(el).color)), b = lum(background(el));
+    return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05); };
+  return [...document.querySelectorAll('.badge, .muted, td, th, .alert-hint, .tag, a')]
+    .filter((el) => el.offsetParent && el.textContent.trim())
+    .map((el) => [el.className || el.tagName, el.textContent.trim().slice(0, 20), ratio(el)]);
+}"""
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_every_badge_and_text_passes_wcag_aa(
+    looks: tuple[ServerProcess, str, str], browser: Any, scheme: str
+) -> None:
+    server, vision, _ = looks
+    page = browser.new_page(color_scheme=scheme, viewport={"width": 1400, "height": 900})
+    for path in ("/", "/#/alerts", f"/#/runs/{vision}"):
+        page.goto(server.url + path)
+        page.locator("main .badge").first.wait_for()
+        poor = [(what, text, round(ratio, 2)) for what, text, ratio in page.evaluate(CONTRAST)
+                if ratio < 4.5]  # fmt: skip
+        assert not poor, (scheme, path, poor)
+    body = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert (body == "rgb(11, 17, 32)") == (scheme == "dark"), body
+
+
+def test_a_phone_never_scrolls_sideways(
+    looks: tuple[ServerProcess, str, str], browser: Any
+) -> None:
+    server, vision, nlp = looks
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    chart = '[data-chart="loss"] .main-svg'
+    for path, ready in (("/", "tr.run-row"), ("/#/alerts", ".alert-item"),
+                        (f"/#/runs/{vision}", chart),
+                        (f"/#/compare?runs={vision},{nlp}", chart)):  # fmt: skip
+        page.goto(server.url + path)
+        page.locator(ready).first.wait_for()
+        widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert widths[0] <= widths[1], (path, widths)
+        # Silence 1h is never clipped: every button lies inside the screen.
+        outside = page.evaluate(
+            """() => [...document.querySelectorAll('button')]
+                     .filter((b) => b.offsetParent && !b.closest('.table-scroll'))
+                     .filter((b) => b.getBoundingClientRect().right > innerWidth + 0.5)
+                     .map((b) => b.outerHTML.slice(0, 80))"""
+        )
+        assert outside == [], path
+    assert not errors, errors

@@ -1,0 +1,217 @@
+"""The runs list in Chromium: search, filters, sort and pages done by the server, health
+beside how a run ended, tab titles, and runs compared on one page (#17)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.processes import ServerProcess
+from harness.seed import seed_runs
+from tests.e2e.test_dashboard import expect
+
+RUNS = 60  # more than a page (50)
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    db = str(tmp_path_factory.mktemp("runs-page") / "runs.db")
+    seed_runs(db, RUNS, steps=30)
+    server = ServerProcess(db)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def open_page(server: ServerProcess, browser: Any, path: str = "/", width: int = 1400) -> Any:
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.errors = errors
+    page.goto(server.url + path)
+    return page
+
+
+def names(page: Any) -> list[str]:
+    return list(page.locator("tr.run-row td:nth-child(2) a").all_inner_texts())
+
+
+def test_the_list_is_searched_sorted_and_paged_by_the_server(
+    seeded: ServerProcess, browser: Any
+) -> None:
+    page = open_page(seeded, browser)
+    expect(page).to_have_title("Runs · trainvitals")
+    expect(page.locator("#page-range")).to_have_text(f"1\N{EN DASH}50 of {RUNS}")
+    assert names(page)[:2] == ["run-00059", "run-00058"]
+    page.locator("#next-page").click()
+    expect(page.locator("#page-range")).to_have_text(f"51\N{EN DASH}{RUNS} of {RUNS}")
+    assert names(page)[-1] == "run-00000" and "page=1" in page.evaluate("location.hash")
+
+    page.locator("input[name=q]").fill("run-0001")
+    expect(page.locator("#run-count")).to_have_text("10 runs")
+    assert sorted(names(page)) == [f"run-{i:05d}" for i in range(10, 20)]
+    page.locator("select[name=status]").select_option("crashed")
+    expect(page.locator("#run-count")).to_have_text("5 runs")  # every other run crashed
+    assert {s for s in page.locator("tr.run-row [data-status]").evaluate_all(
+        "(badges) => badges.map((b) => b.dataset.status)")} == {"crashed"}  # fmt: skip
+
+    page.locator("select[name=status]").select_option("")
+    page.locator("input[name=q]").fill("")
+    page.locator("button.sort[data-sort=name]").click()
+    expect(page.locator("th[aria-sort=ascending]")).to_have_count(1)
+    expect(page.locator("tr.run-row").first).to_contain_text("run-00000")
+    page.locator("button.sort[data-sort=name]").click()
+    expect(page.locator("tr.run-row").first).to_contain_text("run-00059")
+    page.locator("input[name=cols]").fill("lr, batch")
+    expect(page.locator("th[data-config-column=batch]")).to_have_count(1)
+    expect(page.locator("tr.run-row").first.locator("td[data-config=batch]")).to_have_text("96")
+
+    # The view is in the address: a reload (or a link) shows the same.
+    page.reload()
+    expect(page.locator("tr.run-row").first).to_contain_text("run-00059")
+    expect(page.locator("input[name=cols]")).to_have_value("lr, batch")
+    page.locator("tr.run-row").first.locator("a").click()
+    expect(page).to_have_title("run-00059 · trainvitals")
+    page.goto(seeded.url + "/#/alerts")
+    expect(page).to_have_title("Alerts · trainvitals")
+    assert not page.errors
+
+
+def test_a_run_that_blew_up_never_looks_like_a_clean_finish(
+    seeded: ServerProcess, browser: Any
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+
+    # The server's health field (the worst alert a run raised), on the first run listed.
+    def with_health(route: Any) -> None:
+        answer = route.fetch().json()
+        answer["runs"][0]["health"] = {
+            "worst": "critical",
+            "rules": ["nonfinite", {"rule": "grad_explosion"}],
+        }
+        answer["runs"][1]["health"] = {"worst": None, "rules": []}
+        route.fulfill(json=answer)
+
+    page.route("**/api/v1/runs?*", with_health)
+    page.goto(seeded.url + "/#/?status=finished")
+    first = page.locator("tr.run-row").first
+    expect(first.locator("[data-health=critical]")).to_have_text("critical: nonfinite +1")
+    assert first.locator("[data-status]").get_attribute("data-status") == "finished"
+    assert page.locator("tr.run-row").nth(1).locator("[data-health]").count() == 0
+    colour = first.locator("[data-health]").evaluate("(b) => getComputedStyle(b).backgroundColor")
+    assert colour != first.locator("[data-status]").evaluate(
+        "(b) => getComputedStyle(b).backgroundColor"
+    )
+
+
+def test_selected_runs_are_compared_one_colour_each_on_every_chart(
+    seeded: ServerProcess, browser: Any
+) -> None:
+    page = open_page(seeded, browser, "/#/?q=run-0000")
+    expect(page.locator("#run-count")).to_have_text("10 runs")
+    for name in ("run-00003", "run-00005"):
+        page.locator("tr.run-row", has_text=name).locator("input.select-run").check()
+    expect(page.locator("#compare")).to_have_text("Compare 2 selected")
+    page.locator("#compare").click()
+    expect(page).to_have_title("Compare 2 runs · trainvitals")
+    assert page.evaluate("location.hash") == "#/compare?runs=seed000003,seed000005"
+    loss = page.locator('[data-chart="loss"] .plot')
+    expect(loss).to_have_attribute("aria-label", "loss of run-00003, run-00005")
+    traces = loss.evaluate("(plot) => plot.data.map((t) => [t.meta, t.line.color, t.x.length])")
+    assert [(run, length) for run, _, length in traces] == [("seed000003", 30), ("seed000005", 30)]
+    colours = {run: colour for run, colour, _ in traces}
+    assert len(set(colours.values())) == 2
+    swatches = page.locator(".compared-runs .swatch").evaluate_all(
+        "(spans) => spans.map((s) => getComputedStyle(s).backgroundColor)"
+    )
+    assert len(swatches) == 2
+    # The config table marks the keys that differ (lr and batch both do here).
+    differs = page.locator("#config-compare tr[data-differs=true]").evaluate_all(
+        "(rows) => rows.map((r) => r.dataset.configKey)"
+    )
+    assert differs == ["batch", "lr"]
+    wanted = os.environ.get("TRAINVITALS_SCREENSHOT")
+    if wanted:  # the README's picture of the compare view
+        shot = Path(wanted).with_name("compare.png")
+        page.screenshot(path=str(shot), full_page=True, animations="disabled", timeout=120_000)
+    # A shared link opens the same view.
+    again = open_page(seeded, browser, "/#/compare?runs=seed000003,seed000005")
+    expect(again.locator('[data-chart="loss"]')).to_have_attribute("data-traces", "2")
+    assert not page.errors and not again.errors
+
+
+def test_nothing_from_a_run_is_run_as_html_in_the_list_or_compare(
+    seeded: ServerProcess, browser: Any, tmp_path: Path
+) -> None:
+    hostile = '<img src=x onerror="window.pwned=1">'
+    status, _ = seeded.send("PATCH", "/api/v1/runs/seed000001", {"name": hostile, "notes": hostile})
+    assert status == 200
+    status, _ = seeded.send("PATCH", "/api/v1/runs/seed000001", {"tags": ["<b>x</b>"]})
+    assert status == 200
+    page = open_page(seeded, browser, "/#/?q=" + json.dumps("onerror")[1:-1])
+    expect(page.locator("tr.run-row")).to_have_count(1)
+    expect(page.locator("tr.run-row a").first).to_have_text(hostile)
+    expect(page.locator("tr.run-row .tag")).to_have_text("<b>x</b>")
+    page.goto(seeded.url + "/#/compare?runs=seed000001,seed000002")
+    expect(page.locator(".compared-runs li").first).to_contain_text(hostile)
+    assert page.evaluate("window.pwned") is None
+    assert (
+        seeded.send("PATCH", "/api/v1/runs/seed000001", {"name": "run-00001", "tags": []})[0] == 200
+    )
+
+
+def test_a_run_is_renamed_tagged_noted_archived_and_deleted_from_its_page(
+    server: ServerProcess, browser: Any
+) -> None:
+    seed_runs(server.db, 2, steps=5)
+    page = open_page(server, browser, "/#/runs/seed000001")
+    expect(page).to_have_title("run-00001 · trainvitals")
+    page.locator("#run-edit summary").click()
+    page.locator(".edit-form input[name=name]").fill("lr 3e-4, warm-up")
+    page.locator(".edit-form input[name=tags]").fill("baseline,  sweep-2 ,")
+    page.locator(".edit-form textarea[name=notes]").fill("diverged after the warm-up\nretry lower")
+    page.locator(".edit-form button[type=submit]").click()
+    expect(page.locator(".edit-status")).to_have_text("Saved.")
+    expect(page.locator("#run-name")).to_have_text("lr 3e-4, warm-up")
+    expect(page).to_have_title("lr 3e-4, warm-up · trainvitals")
+    expect(page.locator("#run-status .tag")).to_have_text(["baseline", "sweep-2"])
+    expect(page.locator("#run-notes")).to_have_text("diverged after the warm-up\nretry lower")
+    run = server.get("/api/v1/runs/seed000001")
+    assert (run["name"], run["tags"]) == ("lr 3e-4, warm-up", ["baseline", "sweep-2"])
+
+    page.locator(".edit-form input[name=tags]").fill('say "hi"')
+    page.locator(".edit-form button[type=submit]").click()
+    expect(page.locator(".edit-status")).to_contain_text("422")  # the server's reason, shown
+
+    page.locator('[data-action="archive"]').click()
+    expect(page.locator(".archived-badge")).to_have_count(1)
+    page.goto(server.url + "/#/")
+    expect(page.locator("tr.run-row")).to_have_count(1)
+    page.locator("select[name=archived]").select_option("only")
+    expect(page.locator("tr.run-row")).to_have_count(1)
+    expect(page.locator("tr.run-row.archived")).to_contain_text("lr 3e-4, warm-up")
+
+    # Deleted elsewhere: gone from the list already open, without a reload.
+    page.locator("select[name=archived]").select_option("include")
+    expect(page.locator("tr.run-row")).to_have_count(2)
+    watching = open_page(server, browser, "/#/runs/seed000000")
+    expect(watching.locator("#run-name")).to_have_text("run-00000")
+    assert server.send("DELETE", "/api/v1/runs/seed000000")[0] == 200
+    expect(page.locator("tr.run-row")).to_have_count(1)
+    expect(watching.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
+    expect(page.locator("#run-count")).to_have_text("1 run")
+
+    page.goto(server.url + "/#/runs/seed000001")
+    page.locator("#run-edit summary").click()
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator('[data-action="delete"]').click()
+    expect(page).to_have_title("Runs · trainvitals")
+    assert server.get_status("/api/v1/runs/seed000001")[0] == 404
+    assert server.get("/api/v1/runs?archived=include")["total"] == 0
+    assert not page.errors

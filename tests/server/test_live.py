@@ -1,0 +1,31 @@
+"""The live hub's coalesced run pushes (#17: an edit is not undone by a stale copy)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import cast
+
+from trainvitals.server.live import Hub
+from trainvitals.server.storage import RunSummary
+
+
+def test_a_stale_copy_of_a_run_does_not_undo_its_rename() -> None:
+    async def pushed() -> list[dict[str, object]]:
+        hub = Hub()
+        browser = hub.subscribe()
+        renamed = cast(RunSummary, {"id": "r", "project": "p", "name": "new", "tags": ["x"]})
+        stale = cast(RunSummary, {"id": "r", "project": "p", "name": "old", "tags": [],
+                                  "last_step": 7})  # fmt: skip
+        hub.run_changed(renamed, fresh=True)
+        hub.run_changed(stale)  # an ingest session's copy, from before the rename
+        hub.flush_runs()
+        hub.run_changed(stale)
+        hub.flush_runs()
+        return [json.loads(browser.queue.get_nowait()) for _ in range(2)]
+
+    first, second = asyncio.run(pushed())
+    assert first["runs"] == [
+        {"id": "r", "project": "p", "name": "new", "tags": ["x"], "last_step": 7}
+    ]
+    assert second["runs"] == [{"id": "r", "project": "p", "last_step": 7}]
