@@ -91,9 +91,7 @@ class Broker:
         )
         self.prefix = f"trainvitals:{self._redis.connection_pool.connection_kwargs.get('db', 0)}:"
         self._outgoing: asyncio.Queue[tuple[str, str]] = asyncio.Queue(MAX_PENDING)
-        self._channels = {
-            self.prefix + channel for channel in (RUNS, ALERTS, WATCHING, DELETED)
-        }
+        self._channels = {self.prefix + channel for channel in (RUNS, ALERTS, WATCHING, DELETED)}
         self._quiet = quiet
         #: Channel (without the prefix) -> when a publish to it last reached nobody.
         self._unheard: dict[str, float] = {}

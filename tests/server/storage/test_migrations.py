@@ -45,7 +45,7 @@ def make_release_0_1_0(store: Store) -> None:
             text(
                 "INSERT INTO runs (id, project, name, status, started_at, last_seen, last_seq,"
                 " host, pid, config, env) VALUES ('old', 'proj', 'name-old', 'running', 1000.0,"
-                ' 3.0, 0, \'h\', 42, \'{"lr": 0.1}\', \'{"python": "3.11"}\')'
+                " 3.0, 0, 'h', 42, '{\"lr\": 0.1}', '{\"python\": \"3.11\"}')"
             )
         )
     store.tokens.create("ci", "*", "read")
