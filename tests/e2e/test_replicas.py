@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from harness.balancer import Team, redis_url, team
@@ -189,3 +190,22 @@ def test_a_replica_killed_mid_run_loses_and_doubles_no_point(tmp_path: Path) -> 
         stored = run_series(api, run.id, "loss", max_points=100_000)["loss"]["step"]
         assert stored == list(range(1, step + 1))  # none lost, none twice
         assert api.get(f"/api/v1/runs/{run.id}")["status"] == "finished"
+
+
+def test_a_tokens_caps_hold_across_the_replicas_not_once_per_replica() -> None:
+    """Three new runs a minute for the token, made through either replica: the fourth is
+    refused by whichever replica gets it (the count is the team's, in Redis)."""
+    env = {"TRAINVITALS_MAX_RUNS_PER_MINUTE": "3"}
+    with postgres_database() as db, team(db, redis_url(), env=env) as capped:
+        one, two = capped.replicas
+        for server in (one, two, one):
+            Agent(server, uuid.uuid4().hex, "s").close()
+        socket = ws(two, "/api/v1/ingest")
+        socket.send(json.dumps({"type": "hello", "v": 1, "run_id": uuid.uuid4().hex,
+                                "project": "p", "name": "fourth", "started_at": 1.0,
+                                "run_secret": "s"}))  # fmt: skip
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=20)
+        assert closed.value.rcvd is not None
+        assert closed.value.rcvd.code == 1013
+        assert "TRAINVITALS_MAX_RUNS_PER_MINUTE" in closed.value.rcvd.reason

@@ -21,7 +21,7 @@ from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.metrics import Metrics
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
-from trainvitals.server.quotas import Caps, Quotas
+from trainvitals.server.quotas import Caps, Quotas, TeamCounts
 from trainvitals.server.routes import api, metrics, notify, session, streams, web
 from trainvitals.server.settings import Settings
 from trainvitals.server.store import Store
@@ -82,6 +82,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store.series, settings.compact_interval, settings.retention, settings.thin_points
         )
         await compactor.start()
+        # Replicas of one team count each token's caps together (docs/scaling.md).
+        team = TeamCounts(settings.broker) if settings.broker else None
+        if team is not None:
+            await team.start()
         app.state.trainvitals = AppState(
             settings=settings,
             store=store,
@@ -96,7 +100,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     settings.max_runs_per_minute,
                     settings.max_series_per_run,
                     settings.max_bytes_per_day,
-                )
+                ),
+                team=team,
             ),
             metrics=gauges,
         )
@@ -104,6 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await compactor.stop()
+            if team is not None:
+                await team.stop()
             await liveness.stop()
             await alerts.stop()
             if notifier is not None:

@@ -134,7 +134,7 @@ class IngestSession:
             )
         known = await asyncio.to_thread(self._store.runs.get_run, hello.run_id, False)
         if known is None:
-            self._quotas.new_run(self._who.token_id)
+            await self._quotas.new_run(self._who.token_id)
         else:
             self._series = set(known["series"])
         row = await self._writer.submit(

@@ -46,7 +46,7 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
         return
     try:
-        state.quotas.connect(who.token_id)
+        slot = await state.quotas.connect(who.token_id)
     except IngestRejected as exc:
         await websocket.close(code=exc.code, reason=_reason(exc.reason))
         return
@@ -94,7 +94,7 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         return
     finally:
         state.metrics.agents.dec()
-        state.quotas.disconnect(who.token_id)
+        state.quotas.disconnect(who.token_id, slot)
 
 
 @router.websocket(LIVE_PATH)
