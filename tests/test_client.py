@@ -98,7 +98,7 @@ def test_errors_carry_the_servers_status_and_reason(team: Team) -> None:
             api.run(run_id).history(["lost"])
         with pytest.raises(ApiError) as bad:
             api.runs(status="sleeping")  # type: ignore[arg-type]
-        assert bad.value.status == 422 and bad.value.reason.startswith("query.status: ")
+        assert bad.value.status == 422 and bad.value.reason.startswith("query.status.0: ")
     with trainvitals.Api(server=team.server.url) as anonymous:
         with pytest.raises(ApiError, match="401: a token is required"):
             anonymous.runs()
