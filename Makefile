@@ -31,7 +31,7 @@ typecheck: $(DEPS_STAMP)
 test: $(DEPS_STAMP) system lint typecheck
 	$(PY) -m pytest
 
-bench: $(DEPS_STAMP)
+bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/ingest.py
 	$(PY) benchmarks/writer.py
 	$(PY) benchmarks/agent_overhead.py
@@ -39,6 +39,10 @@ bench: $(DEPS_STAMP)
 	$(PY) benchmarks/notify.py
 	$(PY) benchmarks/scenarios.py
 	$(PY) benchmarks/abuse.py
+	$(PY) benchmarks/scale.py
+	$(PY) benchmarks/storage.py
+	$(PY) benchmarks/dashboard.py
+	$(PY) benchmarks/early_warning.py
 
 # Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system
