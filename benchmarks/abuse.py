@@ -203,8 +203,9 @@ def main() -> int:
                 if name == "readers":
                     silent = [
                         # Never read, so a close can't complete its handshake: don't wait.
-                        connect(url + "/api/v1/live", max_queue=1, ping_interval=None,
-                                close_timeout=0.1)  # fmt: skip
+                        connect(
+                            url + "/api/v1/live", max_queue=1, ping_interval=None, close_timeout=0.1
+                        )
                         for _ in range(50)
                     ]
                     for ws in silent:
