@@ -163,3 +163,11 @@ def test_a_server_without_pyarrow_answers_501_and_history_reads_json_lines(
             assert frame["step"].tolist() == [1, 2] and math.isnan(frame["value"][1])
     finally:
         server.stop()
+
+
+def test_the_clients_alert_has_the_servers_fields() -> None:
+    """``trainvitals.client.Alert`` is the light twin of the server's ``AlertRow``."""
+    from trainvitals.client import Alert
+    from trainvitals.server.storage import AlertRow
+
+    assert list(Alert.__annotations__) == list(AlertRow.__annotations__)

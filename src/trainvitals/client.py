@@ -39,7 +39,8 @@ RunStatus = Literal["running", "stalled", "finished", "crashed", "lost"]
 
 
 class Alert(TypedDict):
-    """An alert as the server tells it (docs/contract.md#alerts)."""
+    """An alert as the server tells it (docs/contract.md#alerts): the light twin of the
+    server's ``AlertRow``, which needs the server's packages (a test keeps the two equal)."""
 
     id: str
     run_id: str
@@ -48,7 +49,7 @@ class Alert(TypedDict):
     rule: str
     subject: str
     severity: str  # info, warning, critical
-    state: str  # firing, resolved
+    state: str  # firing, resolved or closed
     message: str
     hint: str
     evidence: dict[str, Any]
@@ -60,6 +61,8 @@ class Alert(TypedDict):
     acknowledged_at: float | None
     acknowledged_by: str | None
     silenced_until: float | None
+    closed_time: float | None
+    closed_reason: str | None
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ class ApiRun:
         frame["name"] = frame["name"].astype("category")
         return frame
 
-    def alerts(self, state: Literal["firing", "resolved"] | None = None) -> list[Alert]:
+    def alerts(self, state: Literal["firing", "resolved", "closed"] | None = None) -> list[Alert]:
         """The run's alerts, newest first (``state``: only firing or only resolved ones)."""
         params = {"state": state} if state else {}
         answer = self.api._get_json(f"/api/v1/runs/{_path(self.id)}/alerts", params)

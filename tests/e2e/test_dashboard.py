@@ -109,6 +109,11 @@ def test_run_page_draws_the_live_run(
         timeout=60,
         what="the validation loss of the first epoch",
     )
+    # The optimizer's learning rate has a chart of its own, not drawn as a Keras metric.
+    learning_rate = page.locator('[data-chart="lr"]')
+    learning_rate.locator("h3").wait_for(timeout=30_000)
+    assert learning_rate.locator("h3").inner_text() == "learning rate"
+    assert "running mean" not in learning_rate.inner_text()
 
     wanted = os.environ.get("TRAINVITALS_SCREENSHOT")
     if wanted:  # the README's picture: let a few epochs draw first

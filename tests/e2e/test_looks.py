@@ -166,4 +166,7 @@ def test_a_phone_never_scrolls_sideways(
                      .map((b) => b.outerHTML.slice(0, 80))"""
         )
         assert outside == [], path
+        if path == "/":  # how each run ended, and its health, without scrolling the table
+            status = page.locator("tr.run-row td:has([data-status])").first.bounding_box()
+            assert status is not None and status["x"] + status["width"] <= widths[1], status
     assert not errors, errors

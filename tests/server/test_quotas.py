@@ -44,10 +44,12 @@ async def capped(team: bool) -> None:
     caps = Caps(connections=2, runs_per_minute=3, series_per_run=4, bytes_per_day=100)
     prefix = f"trainvitals-test:{uuid.uuid4().hex}:"
     url = redis_url()
-    teams = [TeamCounts(url, prefix, clock=lambda: now[0]) for _ in range(2)]
-    one, two = (Quotas(caps, clock=lambda: now[0], team=t if team else None) for t in teams)
-    if not team:
-        two = one
+    teams = [TeamCounts(url, prefix, clock=lambda: now[0]) for _ in range(2 if team else 0)]
+    one, two = (
+        (Quotas(caps, clock=lambda: now[0], team=t) for t in teams)
+        if team
+        else ([Quotas(caps, clock=lambda: now[0])] * 2)
+    )
     try:
         slot = await one.connect("a")
         await two.connect("a")

@@ -221,8 +221,9 @@ class Hub:
         elif channel == RUNS:
             self._offer_runs(json.loads(message))
         elif channel == DELETED:
-            self._dirty_runs.pop(json.loads(message)["run_id"], None)
-            self._offer_alert(message, json.loads(message)["project"])
+            deleted = json.loads(message)
+            self._dirty_runs.pop(deleted["run_id"], None)
+            self._offer_alert(message, deleted["project"])
 
     def _offer_runs(self, runs: list[RunSummary]) -> None:
         messages: dict[str | None, str | None] = {}  # one message per project seen

@@ -10,7 +10,7 @@ import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
   GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
   HOST_AVAILABLE, HOST_CPU_PERCENT, HOST_CPU_TEMP, HOST_DISK_FREE, HOST_LIMIT, HOST_RSS, HOST_SWAP_USED, LOSS,
-  NONFINITE_PREFIX, STEP_TIME, VAL_PREFIX, gpuParts, isGpuDevice,
+  LOSS_SCALE, LR, NONFINITE_PREFIX, STEP_TIME, VAL_PREFIX, gpuParts, isGpuDevice,
 } from "./series.js";
 
 const REFETCH_AT = 20000; // points in a trace before it is reloaded downsampled from the server
@@ -26,6 +26,9 @@ const GROUPS = [
     id: "grad_norm", title: "gradient norm", rank: RANK.grad, log: true, height: 320,
     holds: (name) => name === GRAD_GLOBAL_NORM || name.startsWith(GRAD_NORM_PREFIX),
   },
+  // The optimizer's own state, read in the train step: not a Keras running mean.
+  { id: LR, title: "learning rate", rank: RANK.stepTime, log: true, holds: (name) => name === LR },
+  { id: LOSS_SCALE, title: "loss scale", rank: RANK.stepTime, log: true, holds: (name) => name === LOSS_SCALE },
   { id: "nonfinite", title: "NaN/Inf count", rank: RANK.nonfinite, holds: (name) => name.startsWith(NONFINITE_PREFIX) },
   { id: "host_memory", title: "host memory", rank: RANK.host, bytes: true, holds: (name) => HOST_MEMORY.has(name) },
   { id: "host_cpu", title: "host CPU %", rank: RANK.host, holds: (name) => name === HOST_CPU_PERCENT },

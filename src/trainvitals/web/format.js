@@ -74,12 +74,11 @@ export function setTitle(page) {
 }
 
 // A run's health (the worst alert it raised, firing or not) beside how it ended, so that a run
-// that blew up never looks like a clean finish. health: { worst, rules: [rule or {rule}, ...] },
-// absent on servers that do not report it.
+// that blew up never looks like a clean finish. health: the server's { worst, rules, firing }
+// (docs/contract.md), absent on servers that do not report it.
 export function healthBadge(health) {
   if (!health?.worst) return "";
-  const rules = (health.rules ?? []).map((rule) => (typeof rule === "string" ? rule : rule?.rule ?? rule?.id ?? ""))
-    .filter(Boolean);
+  const rules = health.rules ?? [];
   const more = rules.length > 1 ? ` +${rules.length - 1}` : "";
   const text = rules.length ? `${health.worst}: ${rules[0]}${more}` : health.worst;
   return ` <span class="badge health sev-${escapeHTML(health.worst)}" data-health="${escapeHTML(health.worst)}"

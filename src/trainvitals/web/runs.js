@@ -11,10 +11,12 @@ import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, stat
 const PAGE_SIZE = 50;
 const STATUSES = ["running", "stalled", "finished", "crashed", "lost"];
 // [sort key, heading, cell class]: every column the server sorts by.
+// [sort key, heading, class]: "wide-only" columns give way on a phone, so that a run's name,
+// how it ended and its health fit the screen.
 const COLUMNS = [
-  ["name", "Name", ""], ["project", "Project", ""], ["status", "Status", ""],
-  ["started_at", "Started", ""], ["last_step", "Last step", "num"], ["last_seen", "Last seen", ""],
-  ["host", "Host", ""],
+  ["name", "Name", ""], ["project", "Project", "wide-only"], ["status", "Status", ""],
+  ["started_at", "Started", "wide-only"], ["last_step", "Last step", "num wide-only"],
+  ["last_seen", "Last seen", ""], ["host", "Host", "wide-only"],
 ];
 const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "" };
 
@@ -139,12 +141,12 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     row.innerHTML = `
       <td><input type="checkbox" class="select-run" aria-label="${escapeHTML(`select ${run.name}`)}" ${selected.has(run.id) ? "checked" : ""}></td>
       <td><a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>${worker}${notes}${tagList(run.tags)}</td>
-      <td>${escapeHTML(run.project)}</td>
+      <td class="wide-only">${escapeHTML(run.project)}</td>
       <td>${statusBadge(run.status)}${healthBadge(run.health)}${firingBadge(firing.get(run.id))}</td>
-      <td>${escapeHTML(formatTime(run.started_at))}</td>
-      <td class="num last-step">${escapeHTML(run.last_step ?? "—")}</td>
+      <td class="wide-only">${escapeHTML(formatTime(run.started_at))}</td>
+      <td class="num last-step wide-only">${escapeHTML(run.last_step ?? "—")}</td>
       <td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>
-      <td>${escapeHTML(run.host)}</td>${config.join("")}`;
+      <td class="wide-only">${escapeHTML(run.host)}</td>${config.join("")}`;
     row.querySelector(".select-run").addEventListener("change", (event) => {
       if (event.target.checked) selected.add(run.id); else selected.delete(run.id);
       drawCompare();
