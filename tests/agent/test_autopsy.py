@@ -66,7 +66,9 @@ def test_replay_of_a_clean_batch_points_at_the_backward_pass() -> None:
     assert autopsy.replay(model, x, y)["origin"] == "backward"
 
 
-def test_monitor_replays_the_bad_batch_of_a_custom_loop(server: ServerProcess) -> None:
+def overflow_loop(server: ServerProcess, stop_at_nan: bool) -> dict[str, Any]:
+    """A custom loop whose step 25 overflows in the ``exp`` layer; the run's autopsy report.
+    ``stop_at_nan``: the loop checks its loss and stops before applying that step."""
     model = overflow_model()
     optimizer = keras.optimizers.SGD(1e-3)
     with trainvitals.Monitor(
@@ -78,13 +80,30 @@ def test_monitor_replays_the_bad_batch_of_a_custom_loop(server: ServerProcess) -
                 loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
             grads = tape.gradient(loss, model.trainable_variables)
             mon.log(step, loss=loss, grads=grads, inputs=x)  # before the update, as documented
+            if stop_at_nan and not np.isfinite(float(loss)):
+                break
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
     run_id = mon.run.id
 
-    def autopsy_report() -> dict[str, Any] | None:
+    def autopsy_event() -> dict[str, Any] | None:
         events = server.get(f"/api/v1/runs/{run_id}")["events"]
-        return events[0]["data"] if events else None
+        return events[0] if events else None
 
-    report = wait_for(autopsy_report, what="the autopsy event")
+    event: dict[str, Any] = wait_for(autopsy_event, what="the autopsy event")
+    assert event["step"] == 25, event
+    report: dict[str, Any] = event["data"]
+    return report
+
+
+def test_monitor_replays_the_bad_batch_of_a_loop_that_stops_there(server: ServerProcess) -> None:
+    report = overflow_loop(server, stop_at_nan=True)
     assert (report["method"], report["origin"], report["layer"]) == ("replay", "layer", "exp")
     assert report["layers"][1]["nonfinite"] > 0 and report["layers"][0]["nonfinite"] == 0
+
+
+def test_a_loop_that_went_on_gets_the_autopsy_from_its_vitals(server: ServerProcess) -> None:
+    """The NaN/Inf step is seen after the loop applied it (no fetch per step): replaying its
+    batch on poisoned weights would blame the weights, so the vitals speak instead."""
+    report = overflow_loop(server, stop_at_nan=False)
+    assert report["method"] == "vitals"
+    assert report["origin"] != "weights", report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import subprocess
@@ -94,12 +95,66 @@ def test_learning_run_and_steps_per_execution(server: ServerProcess) -> None:
     vitals = trainvitals.VitalsCallback(server=server.url, run_name="spe")
     model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[vitals])
     assert vitals.run is not None
-    loss = run_series(server, vitals.run.id, "loss")["loss"]
-    assert loss["step"] == list(range(2, 19, 2))  # one log every two steps, global numbering
+    series = run_series(server, vitals.run.id, "loss", "mae", "grad/global_norm")
+    loss = series["loss"]
+    # Keras hands the logs of every second step only; the device ring keeps every step.
+    assert loss["step"] == list(range(1, 19))
+    assert series["mae"]["step"] == series["grad/global_norm"]["step"] == list(range(1, 19))
+    assert len(set(loss["value"])) == 18  # each step's own batch loss, not a repeat
     assert loss["value"][-1] < loss["value"][0]
     # A later fit without the callback runs Keras's own train step again.
     again = model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     assert set(again.history) == {"loss", "mae"}
+
+
+class ReadsProbe(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+    """Placed after the callback: at each step's end, how many times the device ring has
+    been read so far; placed before it, whether Keras's logs carry the vitals."""
+
+    def __init__(self, vitals: trainvitals.VitalsCallback) -> None:
+        super().__init__()
+        self.vitals = vitals
+        self.reads: list[int] = []
+        self.keys: set[str] = set()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        tap = self.vitals._tap
+        assert tap is not None and tap.ring is not None
+        self.reads.append(tap.ring.reads)
+        self.keys |= set(logs or {})
+
+
+def test_the_vitals_are_fetched_every_n_steps_never_each_step(server: ServerProcess) -> None:
+    """No host read of the vitals per step: the ring is read by one fetch every
+    ``ring_capacity // 2`` steps (here the sender thread, given a minute between flushes,
+    leaves every read to the training thread) and at each epoch's end, and Keras's logs
+    carry no vitals."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(25 * BATCH, 4)).astype("float32")  # 25 steps an epoch
+    y = x.sum(axis=1, keepdims=True)
+    model = small_model(learning_rate=0.05)
+    vitals = trainvitals.VitalsCallback(
+        server=server.url,
+        run_name="reads",
+        ring_capacity=16,
+        flush_interval=60,
+        system_metrics=False,
+        watchdog=False,
+    )
+    before, after = ReadsProbe(vitals), ReadsProbe(vitals)
+    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[before, vitals, after])
+    assert vitals.run is not None and vitals._tap is not None
+    reads = after.reads
+    assert len(reads) == 50
+    # Steps after which the count went up; the epoch's end read shows at step 26.
+    counts = [0, *reads]
+    read_at = [step for step in range(1, 51) if counts[step] > counts[step - 1]]
+    assert read_at == [8, 16, 24, 26, 33, 41, 49], read_at
+    assert all(b - a <= 1 for a, b in itertools.pairwise(counts))
+    assert "trainvitals/vitals" not in before.keys | after.keys
+    series = run_series(server, vitals.run.id, "loss", "mae")
+    assert series["loss"]["step"] == series["mae"]["step"] == list(range(1, 51))
+    assert vitals._tap.ring is not None and vitals._tap.ring.lost == 0
 
 
 def test_the_learning_rate_of_each_step_is_recorded(server: ServerProcess) -> None:
@@ -209,3 +264,23 @@ def test_steps_before_a_hang_reach_the_server_while_it_hangs(server: ServerProce
         release.set()
         fitting.join(60)
     assert run_series(server, run_id, "loss")["loss"]["step"] == [1, 2, 3, 4, 5, 6]
+
+
+def test_under_a_distribution_strategy_the_vitals_ride_in_the_logs(server: ServerProcess) -> None:
+    """A replica cannot write one plain variable: under a strategy the tap keeps no ring and
+    the vector comes with each execution's logs, as before the ring."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model = small_model(learning_rate=0.05)
+    x, y = regression_data()
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, run_name="mirrored", system_metrics=False, watchdog=False
+    )
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None and vitals._tap is not None and vitals._tap.ring is None
+    series = run_series(server, vitals.run.id, "loss", "grad/global_norm", "mae")
+    assert series["loss"]["step"] == series["grad/global_norm"]["step"] == list(range(1, 13))
+    assert series["mae"]["step"] == list(range(1, 13))
+    assert set(history.history) == {"loss", "mae"}

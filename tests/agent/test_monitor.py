@@ -71,7 +71,10 @@ def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> Non
     assert series["loss"]["step"] == list(range(6))
     assert series["nonfinite/inputs"]["value"] == [0, 0, 1, 0, 0, 0]
     assert series["nonfinite/loss"]["value"][2] == 1
-    assert series["nonfinite/weights"]["step"] == [0, 3]
+    # Checked when the device ring is read (a few times a second and at the end), at most
+    # once a read, under the last step due: 3 always, 0 if a read came between.
+    checked = series["nonfinite/weights"]
+    assert checked["step"] in ([3], [0, 3]) and set(checked["value"]) == {0}
     assert all(v > 0 for v in series["grad/global_norm"]["value"][:2])
     assert series["step_time"]["step"] == list(range(1, 6))
     assert series["acc"]["value"][0] == 0.5

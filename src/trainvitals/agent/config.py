@@ -17,6 +17,10 @@ DEFAULT_SERVER = "http://127.0.0.1:8600"
 DEFAULT_PROJECT = "default"
 DEFAULT_SPOOL_MAX_BYTES = 512 * 2**20
 DEFAULT_SPOOL_AFTER_BYTES = 32 * 2**20
+#: Rows of the device ring the in-step vitals wait in (see :mod:`trainvitals.agent.ring`): at
+#: 0.2 s between reads, room for steps of 0.4 ms and up before the training thread has to
+#: read for itself (every ``capacity // 2`` steps).
+DEFAULT_RING_CAPACITY = 1024
 
 
 def default_spool_dir() -> Path:

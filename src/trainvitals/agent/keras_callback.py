@@ -14,26 +14,36 @@ import logging
 import threading
 import time
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 
 from trainvitals.agent import autopsy, packing, tf_vitals
-from trainvitals.agent.config import resolve
+from trainvitals.agent.config import DEFAULT_RING_CAPACITY, resolve
 from trainvitals.agent.packing import Row, StepTime
 from trainvitals.agent.protect import Guard, Protection
 from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import EndReason
-from trainvitals.series import EPOCH, EPOCH_PREFIX, LOSS, NONFINITE_WEIGHTS, VAL_PREFIX
+from trainvitals.protocol import Columns, EndReason
+from trainvitals.series import (
+    EPOCH,
+    EPOCH_PREFIX,
+    LOSS,
+    NONFINITE_WEIGHTS,
+    STEP_TIME,
+    VAL_PREFIX,
+)
+
+if TYPE_CHECKING:
+    from trainvitals.agent.ring import DeviceRing
 
 log = logging.getLogger("trainvitals")
 
-#: Steps collected before they become points all at once: per step, the callback only keeps
-#: what Keras hands it; numpy turns a few dozen steps into columns in one go. A step with a
+#: Without a device ring (a strategy with several replicas, a step the tap could not wrap):
+#: steps collected from the logs before they become points all at once. A step with a
 #: NaN/Inf is handled at once, and no step waits longer than half the flush interval.
 BATCH_STEPS = 32
 
@@ -41,18 +51,23 @@ BATCH_STEPS = 32
 class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     """Stream every training step's vitals to a trainvitals server.
 
-    Per step, computed inside the compiled train step and fetched with the logs Keras already
-    brings to the host: the loss of that very batch (not Keras's running mean), the gradients'
-    global norm, NaN/Inf counts of the loss, the gradients and the input batch; and the step
-    time and every metric Keras logs. Per-variable gradient norms every ``grad_norms_every``
-    steps and on any step whose gradients are non-finite or jump tenfold. NaN/Inf in the
-    weights every ``weights_every`` steps. Per second, host and GPU memory, utilisation,
-    temperature, power and throttling (see ``system_metrics``). Per epoch, validation values.
+    Per step, computed inside the compiled train step: the loss of that very batch (not
+    Keras's running mean), the gradients' global norm, NaN/Inf counts of the loss, the
+    gradients and the input batch, the learning rate, and every metric Keras computes; and the
+    step time. Per-variable gradient norms every ``grad_norms_every`` steps and on any step
+    whose gradients are non-finite or jump tenfold. NaN/Inf in the weights every
+    ``weights_every`` steps. Per second, host and GPU memory, utilisation, temperature, power
+    and throttling (see ``system_metrics``). Per epoch, validation values.
 
-    Recording is a list append per step; every few dozen steps they become points in bulk, a
-    background thread sends, and an unreachable server costs one warning, never an exception
-    or a slower step. The callback is ``async_safe``: a Keras backend that delivers batch ends
-    on a thread pool need not wait for it.
+    The train step writes its vitals into a ring on the device (:mod:`trainvitals.agent.ring`)
+    and nothing is fetched per step: a background thread reads the ring every
+    ``flush_interval`` with one fetch (and the training thread every ``ring_capacity // 2``
+    steps if that thread has not), so every step is recorded, under ``steps_per_execution``
+    too, and a NaN/Inf is reported with its exact step within about ``flush_interval``. Per
+    step, the hooks note the time and the step number; a background thread sends, and an
+    unreachable server costs one warning, never an exception or a slower step. The callback
+    is ``async_safe``: a Keras backend that delivers batch ends on a thread pool need not
+    wait for it.
 
     Args:
         server: base URL of the server, e.g. ``"http://10.0.0.5:8600"``. Default:
@@ -72,6 +87,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         protect: protective actions the callback takes by itself (see
             :class:`trainvitals.Protection`): stop at the first NaN/Inf and restore the last
             finite weights; save the weights when memory is about to run out. Off by default.
+            With it, the weights are copied to the host every ``good_every`` steps.
+        ring_capacity: rows of the device ring (default 1024).
 
     The first step with a NaN/Inf also gets an autopsy (:mod:`trainvitals.agent.autopsy`): which
     origin, which variables' gradients overflowed or rose most, which layers' weights are
@@ -101,9 +118,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         gpu: Source | None = None,
         watchdog: bool = True,
         protect: Protection | None = None,
+        ring_capacity: int = DEFAULT_RING_CAPACITY,
     ) -> None:
         super().__init__()
         self._protect = protect
+        self._ring_capacity = int(ring_capacity)
         self.guard: Guard | None = None
         self._autopsied = False
         self._healthy_norms: dict[str, float] = {}
@@ -126,6 +145,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._pending_lock = threading.Lock()
         self._step_times: list[StepTime] = []
         self._last_step = 0
+        # With the device ring: (step, time.monotonic()) at each execution's end, appended by
+        # the training thread, and the last one a read has used.
+        self._ends: list[tuple[int, float]] = []
+        self._last_end: tuple[int, float] = (0, time.monotonic())
+        self._read_lock = threading.Lock()
 
     # Keras may call on_train_batch_end from a thread pool, several at once and out of order
     # (with the TensorFlow backend it calls it on the training thread): that hook only reads
@@ -145,13 +169,14 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             on_system=self.guard.on_system if self.guard is not None else None,
         )
         self._epoch_first_step = self._last_step = 0
-        self._pending, self._step_times = [], []
+        self._pending, self._step_times, self._ends = [], [], []
+        self._last_end = (0, time.monotonic())
         self.run.start()
         self.run.on_tick(self._flush_pending)  # steps of a run that hangs still arrive
         self._weights_check = (
             tf_vitals.WeightsCheck.create(self.model) if self._weights_every else None
         )
-        self._tap = TrainStepTap(self.model)
+        self._tap = TrainStepTap(self.model, self._ring_capacity)
         self._tap.install()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -173,14 +198,30 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         packed = TrainStepTap.take(logs)
-        if self.run is None or self._tap is None:
+        tap = self._tap
+        if self.run is None or tap is None:
             return
+        step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
+        now = time.monotonic()
+        ring = tap.ring
+        if ring is not None:
+            # The step's vitals and metrics are in the device ring: note when it ended, and
+            # read the ring here only when half of it is unread (a hook's whole work).
+            self._last_step = step
+            self._ends.append((step, now))
+            if self.guard is not None:
+                self.guard.after_step(step)
+            if step - ring.read_upto >= ring.capacity // 2:
+                self._flush_pending()
+            return
+        # No ring (a model or strategy the tap could not give one): the vector, if any, and
+        # Keras's numbers come with the logs of the last step of each execution.
         if packed is not None:
             packed = np.asarray(packed)
-        step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
         numbers = _numbers(logs)
         numbers.pop(LOSS, None)  # Keras's epoch running mean; "loss" is the batch's own
-        now = time.monotonic()
+        if self.guard is not None:
+            self.guard.after_step(step)
         with self._pending_lock:
             self._last_step = max(self._last_step, step)
             pending = self._pending
@@ -191,29 +232,77 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
                 len(pending) < BATCH_STEPS
                 and now - self._pending_since < self._settings.flush_interval / 2
                 and self.guard is None
-                and (packed is None or not packing.sick(packed, self._tap.measured))
+                and (packed is None or not packing.sick(packed, tap.measured))
             ):
                 return
             self._pending = []
-        self._record(pending)
+        step_times = self._take_step_times()
+        rows = packing.pivot(pending, step_times, tap.measured, self._vitals, _to_unix())
+        with self._read_lock:
+            self._record(rows)
 
     def _flush_pending(self) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, []
-        if pending:
-            self._record(pending)
-
-    def _record(self, rows: list[Row]) -> None:
-        """Turn collected steps into points, series by series, and act on any NaN/Inf step."""
-        run, tap = self.run, self._tap
-        if run is None or tap is None:
+        """Hand over every step recorded so far (the sender thread calls this each tick; the
+        training thread when half the ring is unread, and at each epoch's end)."""
+        tap = self._tap
+        if tap is None:
             return
+        with self._read_lock:  # blocks go to the run in step order, whoever reads
+            if tap.ring is not None:
+                self._record(self._read_ring(tap.ring, tap.measured))
+                return
+            with self._pending_lock:
+                pending, self._pending = self._pending, []
+            if pending:
+                self._record(
+                    packing.pivot(
+                        pending, self._take_step_times(), tap.measured, self._vitals, _to_unix()
+                    )
+                )
+
+    def _take_step_times(self) -> list[StepTime]:
         with self._pending_lock:  # the training thread appends without it; takers hold it
             step_times = self._step_times
             taken = step_times[: len(step_times)]
             del step_times[: len(taken)]
-        to_unix = time.time() - time.monotonic()
-        batch = packing.pivot(rows, taken, tap.measured, self._vitals, to_unix)
+        return taken
+
+    def _read_ring(self, ring: DeviceRing, measured: packing.Measured) -> packing.Pivot:
+        """One fetch of the ring, as columns: each step's time is when its execution ended
+        (interpolated between executions of several steps; a step read before its hook ran
+        is timed at the read)."""
+        numbers, block = ring.read()
+        ends = self._ends
+        clock = ends[: len(ends)]
+        del ends[: len(clock)]
+        now = time.monotonic()
+        steps = numbers.tolist()
+        times: list[float] = []
+        if steps:
+            known = [self._last_end, *clock]
+            if steps[-1] > known[-1][0]:
+                known.append((steps[-1], now))
+            at = np.interp(numbers, [k[0] for k in known], [k[1] for k in known])
+            times = (at + _to_unix()).tolist()
+        if clock:
+            self._last_end = clock[-1]
+        decoded = packing.decode_ring(block, steps, times, measured, self._vitals)
+        columns = decoded.columns
+        step_times = self._take_step_times()
+        if step_times:
+            columns[STEP_TIME] = Columns(
+                [t[0] for t in step_times], [t[2] for t in step_times], [t[1] for t in step_times]
+            )
+        sick = [steps[j] for j in decoded.sick]
+        flagged = set(decoded.sick)
+        healthy = [s for j, s in enumerate(steps) if j not in flagged]
+        return packing.Pivot(columns, clock, steps, healthy, sick, decoded.healthy_norms)
+
+    def _record(self, batch: packing.Pivot) -> None:
+        """Hand collected steps to the run, and act on any NaN/Inf step."""
+        run = self.run
+        if run is None:
+            return
         if batch.healthy_norms is not None:
             self._healthy_norms = batch.healthy_norms
         run.add_columns(batch.columns, batch.clock)
@@ -221,11 +310,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             checks = [s for s in batch.steps if s % self._weights_every == 0]
             if checks and self._weights_check.due():
                 run.log(checks[-1], {NONFINITE_WEIGHTS: self._weights_check()})
-        if self.guard is not None:
-            for step in batch.healthy:
-                self.guard.healthy_step(step)
         for step in batch.sick:
             self._after_step(step, packing.values_at(batch.columns, step))
+        if self.guard is not None and batch.healthy:
+            first_sick = batch.sick[0] if batch.sick else None
+            healthy = [s for s in batch.healthy if first_sick is None or s < first_sick]
+            if healthy:
+                self.guard.healthy_upto(healthy[-1])
 
     def _after_step(self, step: int, values: dict[str, float]) -> None:
         """The autopsy of the first NaN/Inf step, and the protective actions."""
@@ -262,6 +353,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.guard.at_end()
         if self.run is not None:
             self.run.finish(EndReason.COMPLETED)
+
+
+def _to_unix() -> float:
+    """What turns a ``time.monotonic()`` into a unix time, now."""
+    return time.time() - time.monotonic()
 
 
 def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:

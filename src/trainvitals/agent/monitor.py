@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from trainvitals.agent.config import resolve
+from trainvitals.agent.config import DEFAULT_RING_CAPACITY, resolve
+from trainvitals.agent.packing import Measured
 from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
-from trainvitals.agent.vitals import StepVitals, healthy
+from trainvitals.agent.vitals import StepVitals
 from trainvitals.protocol import EndReason
 from trainvitals.series import NONFINITE_WEIGHTS, STEP_TIME
 
 if TYPE_CHECKING:
-    from trainvitals.agent.tf_vitals import WeightsCheck
+    from trainvitals.agent.tf_vitals import RingWriter, WeightsCheck
+
+#: Bytes of the latest batches held for the NaN autopsy's replay.
+REPLAY_BYTES = 32 * 2**20
 
 
 class Monitor:
@@ -42,6 +48,14 @@ class Monitor:
         grad_norms_every: steps between per-variable gradient norms (default 10); they are
             also recorded on any step with non-finite gradients.
         system_metrics, gpu, watchdog: as for :class:`VitalsCallback`.
+        ring_capacity: rows of the device ring the vitals wait in (see
+            :mod:`trainvitals.agent.ring`); the training thread reads it itself every
+            ``ring_capacity // 2`` steps when the sender thread has not.
+        replay_bytes: the latest batches kept for the autopsy's replay, in bytes (default
+            32 MiB). The first NaN/Inf step is seen a fraction of a second after it ran; its
+            batch is replayed layer by layer if it is still held and the weights are still
+            finite (a loop that stops at the NaN, or whose optimizer skips such a step), else
+            the autopsy works from the vitals. 0: never hold a batch.
 
     Example:
         ```python
@@ -72,6 +86,8 @@ class Monitor:
         system_metrics: float | bool = 1.0,
         gpu: Source | None = None,
         watchdog: bool = True,
+        ring_capacity: int = DEFAULT_RING_CAPACITY,
+        replay_bytes: int = REPLAY_BYTES,
     ) -> None:
         settings = resolve(server, project, run_name, token, config, flush_interval)
         self._model = model
@@ -85,10 +101,27 @@ class Monitor:
         self._autopsied = False
         self._healthy_norms: dict[str, float] = {}
         self._weights_check: WeightsCheck | None = None
+        self._capacity = int(ring_capacity)
+        self._replay_bytes = int(replay_bytes)
+        self._writer: RingWriter | None = None
+        self._measured: Measured | None = None
+        self._layout: tuple[tuple[bool, ...], int] | None = None
+        self._written = 0
+        # (step, unix time) of each write not read yet; the first is write number base + 1.
+        self._logged: list[tuple[int, float]] = []
+        self._logged_base = 0
+        # Metrics logged as device values, converted when the ring is read.
+        self._deferred: list[tuple[int, float, dict[str, Any]]] = []
+        # The latest batches, for the autopsy's replay (at most replay_bytes of them).
+        self._batches: deque[tuple[int, Any, Any]] = deque()
+        self._batch_bytes: deque[int] = deque()
+        self._lock = threading.Lock()
+        self._read_lock = threading.Lock()
 
     def start(self) -> Monitor:
         if not self._started:
             self.run.start()
+            self.run.on_tick(self._read)
             self._started = True
         return self
 
@@ -105,6 +138,8 @@ class Monitor:
 
     def finish(self, reason: str = EndReason.COMPLETED, traceback_text: str | None = None) -> bool:
         """End the run; returns whether the server acknowledged everything."""
+        if self._started:
+            self._read()
         return self.run.finish(reason, traceback_text)
 
     def log(
@@ -117,45 +152,128 @@ class Monitor:
         targets: Any = None,
     ) -> None:
         """Record step ``step``. Every argument is optional; tensors, arrays or numbers.
-        ``targets`` (the batch's labels) only serve the NaN autopsy."""
+        ``targets`` (the batch's labels) only serve the NaN autopsy.
+
+        Nothing is fetched from the device here: the vitals are written into a ring on the
+        device and read a few times a second (and every ``ring_capacity // 2`` steps) by one
+        fetch; metrics given as tensors are converted then too."""
         self.start()
         now = time.perf_counter()
         values: dict[str, float] = {}
         if self._last_log is not None:
             values[STEP_TIME] = now - self._last_log
         self._last_log = now
-        norms: dict[str, float] | None = None
-        if loss is not None or grads is not None or inputs is not None:
-            from trainvitals.agent import packing, tf_vitals
-
-            grad_list = None if grads is None else list(grads)
-            lr = None if self._optimizer is None else tf_vitals.learning_rate_of(self._optimizer)
-            vector = tf_vitals.step_vitals_now(loss, inputs, grad_list, lr).numpy()
-            measured = packing.Measured(
-                loss=loss is not None,
-                inputs=inputs is not None,
-                grads=grad_list is not None,
-                names=self._variable_names(len(vector) - len(packing.HEAD)),
-                lr=lr is not None,
-            )
-            step_values, norms = packing.decode_one(vector, step, measured, self._vitals)
-            values.update(step_values)
-            if self._model is not None and self._weights_every and step % self._weights_every == 0:
-                if self._weights_check is None:
-                    self._weights_check = tf_vitals.WeightsCheck(self._model)
-                if self._weights_check.due():
-                    values[NONFINITE_WEIGHTS] = self._weights_check()
+        deferred: dict[str, Any] = {}
         for name, value in (metrics or {}).items():
-            values[name] = float(_to_python(value))
+            if hasattr(value, "numpy"):
+                deferred[name] = value  # a device value: read with the ring, not now
+            else:
+                values[name] = float(_to_python(value))
+        if loss is not None or grads is not None or inputs is not None:
+            self._write(step, loss, grads, inputs, targets)
+        with self._lock:
+            if deferred:
+                self._deferred.append((step, time.time(), deferred))
         self.run.log(step, values)
-        if healthy(values):
-            self._healthy_norms = norms or self._healthy_norms
-        elif not self._autopsied:
-            self._autopsied = True
-            from trainvitals.agent import autopsy
+        writer = self._writer
+        if writer is not None and writer.ring is not None:
+            if self._written - writer.ring.read_upto >= writer.ring.capacity // 2:
+                self._read()
 
-            report = autopsy.of_step(self._model, values, self._healthy_norms, inputs, targets)
-            self.run.report_autopsy(step, report)
+    def _write(self, step: int, loss: Any, grads: Any, inputs: Any, targets: Any) -> None:
+        from trainvitals.agent import packing, tf_vitals
+
+        grad_list = None if grads is None else list(grads)
+        lr = None if self._optimizer is None else tf_vitals.learning_rate_of(self._optimizer)
+        layout = (loss is not None, inputs is not None, grad_list is not None, lr is not None)
+        count = -1 if grad_list is None else len(grad_list)
+        if self._writer is None or self._layout != (layout, count):
+            self._read()  # what the old layout wrote, before a ring of the new one
+            self._writer = tf_vitals.RingWriter(self._capacity)
+            self._layout = (layout, count)
+            self._written = 0
+            with self._lock:
+                self._logged, self._logged_base = [], 0
+            self._measured = packing.Measured(
+                loss=layout[0],
+                inputs=layout[1],
+                grads=layout[2],
+                names=self._variable_names(max(count, 0)),
+                lr=layout[3],
+            )
+        with self._lock:  # before the write: a reader may see its row at once
+            self._logged.append((step, time.time()))
+        try:
+            self._writer(loss, inputs, grad_list, lr)
+        except Exception:
+            with self._lock:
+                self._logged.pop()
+            raise
+        self._written += 1
+        if self._model is not None and self._replay_bytes > 0 and inputs is not None:
+            self._batches.append((step, inputs, targets))
+            self._batch_bytes.append(_nbytes(inputs) + _nbytes(targets))
+            while len(self._batches) > 1 and sum(self._batch_bytes) > self._replay_bytes:
+                self._batches.popleft()
+                self._batch_bytes.popleft()
+
+    def _read(self) -> None:
+        """One fetch of the ring: its new rows (and the tensor metrics logged with them)
+        become points, and the first NaN/Inf step gets its autopsy."""
+        with self._read_lock:
+            with self._lock:
+                deferred, self._deferred = self._deferred, []
+            for step, at, tensors in deferred:
+                self.run.log(step, {k: float(_to_python(v)) for k, v in tensors.items()}, at)
+            writer, measured = self._writer, self._measured
+            if writer is None or writer.ring is None or measured is None:
+                return
+            numbers, block = writer.ring.read()
+            if not len(numbers):
+                return
+            with self._lock:  # every number read was logged before it was written
+                logged, base = self._logged, self._logged_base
+                rows = [logged[n - 1 - base] for n in numbers.tolist()]
+                del logged[: int(numbers[-1]) - base]
+                self._logged_base = int(numbers[-1])
+            from trainvitals.agent import packing
+
+            steps = [row[0] for row in rows]
+            times = [row[1] for row in rows]
+            decoded = packing.decode_ring(block, steps, times, measured, self._vitals)
+            self.run.add_columns(decoded.columns)
+            if decoded.healthy_norms is not None:
+                self._healthy_norms = decoded.healthy_norms
+            self._check_weights(steps)
+            if decoded.sick and not self._autopsied:
+                self._autopsy(steps[decoded.sick[0]], decoded.columns)
+
+    def _check_weights(self, steps: list[int]) -> None:
+        if self._model is None or not self._weights_every:
+            return
+        checks = [s for s in steps if s % self._weights_every == 0]
+        if not checks:
+            return
+        if self._weights_check is None:
+            from trainvitals.agent import tf_vitals
+
+            self._weights_check = tf_vitals.WeightsCheck(self._model)
+        if self._weights_check.due():
+            self.run.log(checks[-1], {NONFINITE_WEIGHTS: self._weights_check()})
+
+    def _autopsy(self, step: int, columns: Mapping[str, Any]) -> None:
+        from trainvitals.agent import autopsy, packing
+
+        self._autopsied = True
+        held = [(inputs, targets) for s, inputs, targets in self._batches if s == step]
+        inputs, targets = held[-1] if held else (None, None)
+        if inputs is not None and autopsy.poisoned_weights(self._model):
+            # The loop has applied that step's NaN/Inf since: a replay would only find the
+            # poisoned weights. The vitals still say where it came from.
+            inputs = targets = None
+        values = packing.values_at(dict(columns), step)
+        report = autopsy.of_step(self._model, values, self._healthy_norms, inputs, targets)
+        self.run.report_autopsy(step, report)
 
     def _variable_names(self, count: int) -> tuple[str, ...]:
         if len(self._names) != count:
@@ -168,6 +286,25 @@ class Monitor:
                 else tuple(str(i) for i in range(count))
             )
         return self._names
+
+
+def _nbytes(structure: Any) -> int:
+    """Bytes of the arrays or tensors in a (nested) batch, from their shapes: no copy."""
+    total = 0
+    stack = [structure]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif hasattr(item, "shape") and hasattr(item, "dtype"):
+            size: Any = getattr(item.dtype, "size", None) or getattr(item.dtype, "itemsize", 4)
+            count = 1
+            for dim in item.shape:
+                count *= int(dim or 0)
+            total += count * int(size)
+    return total
 
 
 def _to_python(value: Any) -> Any:

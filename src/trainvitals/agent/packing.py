@@ -67,6 +67,8 @@ class Measured:
         lr: the step read the optimizer's learning rate (else the head's is NaN, and not
             recorded).
         loss_scale: the step ran under a ``LossScaleOptimizer`` and read its scale.
+        metrics: the names of Keras's metrics the step wrote after the vector, in its row of
+            the device ring (:mod:`trainvitals.agent.ring`).
     """
 
     loss: bool = False
@@ -75,6 +77,8 @@ class Measured:
     names: tuple[str, ...] = ()
     lr: bool = False
     loss_scale: bool = False
+    #: Keras's metrics that follow the norms in the row the device ring keeps, in order.
+    metrics: tuple[str, ...] = ()
 
 
 class Decoded(NamedTuple):
@@ -162,6 +166,22 @@ def decode(
     if healthy_due:
         healthy_norms = dict(zip(names, norms[healthy_due[-1]].tolist(), strict=True))
     return Decoded(columns, sick_rows, healthy_norms)
+
+
+def decode_ring(
+    block: npt.NDArray[np.float64],
+    steps: list[int],
+    times: list[float],
+    measured: Measured,
+    vitals: StepVitals,
+) -> Decoded:
+    """Rows read from the device ring (:mod:`trainvitals.agent.ring`): the packed vector's
+    series as :func:`decode` makes them, then Keras's metrics that follow it in each row."""
+    width = len(HEAD) + len(measured.names)
+    decoded = decode(block[:, :width], steps, times, measured, vitals)
+    for j, name in enumerate(measured.metrics):
+        decoded.columns[name] = Columns(steps, times, block[:, width + j].tolist())
+    return decoded
 
 
 def decode_one(

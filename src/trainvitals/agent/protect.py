@@ -79,6 +79,10 @@ class Guard:
         self.model = model
         self.good_step: int | None = None
         self._good: list[Any] | None = None
+        # (step, weights) copies not yet known to be older than the newest good one.
+        self._copies: list[tuple[int, list[Any]]] = []
+        self._copied = 0
+        self._lock = threading.Lock()
         self._rescue = False
         self._forecast = OomForecastRule(Context(), protection.forecast)
         self._oom = threading.Event()
@@ -99,20 +103,42 @@ class Guard:
 
     # -- called from Keras's hooks --------------------------------------------------------------
 
-    def healthy_step(self, step: int) -> None:
-        """A step whose vitals were all finite: keep a copy of the weights now and then."""
+    def after_step(self, step: int) -> None:
+        """On the training thread, after an execution ending at ``step``: every
+        ``good_every`` steps, copy the weights (one device-to-host copy) if they are finite.
+        The copy is kept until a later one is known to come before any NaN/Inf step: the
+        vitals reach the host a fraction of a second after their step."""
         every = self.protection.good_every
-        if self.protection.on_nonfinite == "none" or every <= 0 or step % every:
+        if self.protection.on_nonfinite == "none" or every <= 0 or self._rescue:
             return
+        if step // every <= self._copied // every:
+            return
+        self._copied = step
         weights = self.model.get_weights()
         if all(np.all(np.isfinite(w)) for w in weights if w.dtype.kind == "f"):
-            self._good, self.good_step = weights, step
+            with self._lock:
+                self._copies.append((step, weights))
+
+    def healthy_upto(self, step: int) -> None:
+        """Every step up to ``step`` had finite vitals: the newest copy taken by then is the
+        one to restore; older copies go."""
+        with self._lock:
+            if self._rescue:
+                return
+            confirmed = [i for i, (taken, _) in enumerate(self._copies) if taken <= step]
+            if confirmed:
+                del self._copies[: confirmed[-1]]
+                self.good_step = self._copies[0][0]
 
     def nonfinite_step(self, step: int) -> str | None:
         """The first NaN/Inf step: stop, to restore the good weights when ``fit`` returns."""
-        if self.protection.on_nonfinite != "stop" or self._rescue:
-            return None
-        self._rescue = True
+        with self._lock:
+            if self.protection.on_nonfinite != "stop" or self._rescue:
+                return None
+            self._rescue = True
+            before = [(taken, weights) for taken, weights in self._copies if taken < step]
+            self.good_step, self._good = before[-1] if before else (None, None)
+            self._copies = []
         self.model.stop_training = True
         action = f"training stopped at step {step}"
         if self.good_step is not None:

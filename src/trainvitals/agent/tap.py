@@ -1,12 +1,13 @@
-"""The train-step tap: make a Keras model's compiled train step also return the vitals.
+"""The train-step tap: make a Keras model's compiled train step also record the vitals.
 
 ``model.fit`` runs its steps inside a compiled function the callback cannot enter. So, before
 that function is traced, the tap wraps three methods on the instances: ``compute_loss`` (to
 capture the loss tensor), the optimizer's ``apply`` (to see the gradients, the loss scale and
-the learning rate) and ``train_step`` (to add one more output, the packed vector of
-``tf_vitals.step_vitals``). The vector then comes back with the logs Keras fetches from the
-device anyway: no extra transfer per step. :meth:`TrainStepTap.remove` puts the model back
-as it was.
+the learning rate) and ``train_step`` (to compute the packed vector of
+``tf_vitals.step_vitals`` and write it, with Keras's metrics, into the device ring of
+:mod:`trainvitals.agent.ring`). Nothing is added to what Keras fetches per step. Where there
+can be no ring (a strategy with several replicas), the vector rides in the logs instead, as
+one more output. :meth:`TrainStepTap.remove` puts the model back as it was.
 
 Imports TensorFlow (through ``tf_vitals``): load it lazily.
 """
@@ -16,11 +17,14 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainvitals.agent import tf_vitals
+from trainvitals.agent.config import DEFAULT_RING_CAPACITY
 from trainvitals.agent.packing import Measured
+from trainvitals.agent.ring import DeviceRing
+from trainvitals.series import LOSS
 
 log = logging.getLogger("trainvitals")
 
@@ -41,23 +45,27 @@ class _Captured:
 
 
 class TrainStepTap:
-    """Wraps ``model``'s train step so that it also returns the step's packed vitals.
+    """Wraps ``model``'s train step so that it also records the step's packed vitals.
 
-    :attr:`measured` says what the traced step could measure (set while it is traced).
+    :attr:`measured` says what the traced step could measure (set while it is traced);
+    :attr:`ring` is where it writes them (None: they ride in the logs).
 
     Example:
         ```python
         tap = TrainStepTap(model)
         tap.install()                      # before fit traces its train function
-        ...                                # each step's logs carry the vector
-        packed = TrainStepTap.take(logs)   # in on_train_batch_end
+        ...                                # each step writes its row of tap.ring
+        numbers, rows = tap.ring.read()    # now and then, on any thread
         tap.remove()                       # at the end of fit
         ```
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, capacity: int = DEFAULT_RING_CAPACITY) -> None:
         self.model = model
+        self.capacity = capacity
         self.measured = Measured()
+        #: Where the traced step keeps each step's vector (None: it rides in the logs).
+        self.ring: DeviceRing | None = None
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -92,7 +100,8 @@ class TrainStepTap:
                     vitals = tf_vitals.step_vitals(
                         captured.loss, data, captured.grads, captured.scale, captured.lr
                     )
-                    logs = {**logs, VITALS_KEY: vitals}
+                    if not self._into_ring(vitals, logs):
+                        logs = {**logs, VITALS_KEY: vitals}
                 return logs
 
             undo = [
@@ -129,6 +138,29 @@ class TrainStepTap:
                 exc,
             )
             self.remove()
+
+    def _into_ring(self, vitals: Any, logs: dict[str, Any]) -> bool:
+        """Write the step's vector and Keras's scalar metrics into the device ring (made at
+        the first trace); False where there can be no ring: then the vector rides in the
+        logs, and only the last step of each execution is seen."""
+        if tf_vitals.distributed():
+            return False  # a replica's write to one plain variable: not under a strategy
+        try:
+            names, row = tf_vitals.with_metrics(vitals, logs, skip=LOSS)
+            width = int(row.shape[0])
+            if self.ring is None or self.ring.width != width:
+                self.ring = DeviceRing(width, self.capacity)
+            self.ring.write(row)
+        except Exception as exc:  # an unusual step: the vector rides in the logs instead
+            log.warning(
+                "trainvitals: vitals sent with the logs, not kept on the device (%s: %s)",
+                type(exc).__name__,
+                exc,
+            )
+            self.ring = None
+            return False
+        self.measured = replace(self.measured, metrics=names)
+        return True
 
     def remove(self) -> None:
         """Put the model's own methods back (harmless when nothing is wrapped)."""

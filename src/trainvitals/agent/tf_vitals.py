@@ -12,13 +12,14 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from trainvitals.agent import environment, packing
+from trainvitals.agent.ring import DeviceRing
 from trainvitals.series import NONFINITE_GRADS, NONFINITE_INPUTS, NONFINITE_LOSS
 
 log = logging.getLogger("trainvitals")
@@ -174,6 +175,27 @@ def step_vitals(
     return tf.concat([*head, tf.sqrt(squares)], 0)
 
 
+def with_metrics(
+    vector: tf.Tensor, logs: Mapping[str, Any], skip: str
+) -> tuple[tuple[str, ...], tf.Tensor]:
+    """``vector`` followed by the scalar numbers among a traced step's ``logs`` (Keras's
+    metrics), but ``skip``: their names, in order, and the longer vector."""
+    names, values = [], []
+    for name, value in logs.items():
+        if name == skip or not isinstance(value, (tf.Tensor, tf.Variable, float, int)):
+            continue
+        tensor = tf.convert_to_tensor(value)
+        if tensor.shape.rank == 0 and (tensor.dtype.is_floating or tensor.dtype.is_integer):
+            names.append(name)
+            values.append(tf.reshape(tf.cast(tensor, tf.float32), [1]))
+    return tuple(names), tf.concat([vector, *values], 0) if values else vector
+
+
+def distributed() -> bool:
+    """Whether a ``tf.distribute`` strategy other than the default one is in scope."""
+    return bool(tf.distribute.has_strategy())
+
+
 def _float32(tensor: Any) -> Any:
     return tensor if tensor.dtype == tf.float32 else tf.cast(tensor, tf.float32)
 
@@ -206,27 +228,38 @@ def _conditional(output: tf.Tensor) -> tf.Tensor:
     return output
 
 
-_compiled_step_vitals = tf.function(step_vitals, reduce_retracing=True, autograph=False)
+class RingWriter:
+    """:func:`step_vitals` for the tensors a custom loop hands over, written into a
+    :class:`~trainvitals.agent.ring.DeviceRing` without a fetch: compiled, so one call instead
+    of some thirty eagerly dispatched operations, and asynchronous where the device is.
 
+    The ring is made at the first call, for that call's layout; a loop whose arguments
+    change shape (another set of gradients) needs another writer.
+    """
 
-def step_vitals_now(
-    loss: Any, inputs: Any, grads: Sequence[Any] | None, lr: Any = None
-) -> tf.Tensor:
-    """:func:`step_vitals` for tensors a custom loop hands over: compiled, so one call instead
-    of some thirty eagerly dispatched operations (numbers become tensors first, so that a new
-    loss value is not a new trace)."""
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.ring: DeviceRing | None = None
+        self._write = tf.function(self._vitals_into_ring, reduce_retracing=True, autograph=False)
 
-    def tensor(value: Any) -> Any:
-        if value is None or isinstance(value, (tf.Tensor, tf.IndexedSlices, tf.Variable)):
-            return value
-        return tf.convert_to_tensor(value)
+    def _vitals_into_ring(self, loss: Any, inputs: Any, grads: Any, lr: Any) -> tf.Tensor:
+        vector = step_vitals(loss, inputs, grads, None, lr)
+        if self.ring is None:
+            self.ring = DeviceRing(int(vector.shape[0]), self.capacity)
+        return self.ring.write(vector)
 
-    return _compiled_step_vitals(
-        tensor(loss),
-        tf.nest.map_structure(tensor, inputs),
-        None if grads is None else [tensor(g) for g in grads],
-        lr=None if lr is None else tf.cast(tensor(lr), tf.float32),
-    )
+    def __call__(self, loss: Any, inputs: Any, grads: Sequence[Any] | None, lr: Any = None) -> None:
+        def tensor(value: Any) -> Any:
+            if value is None or isinstance(value, (tf.Tensor, tf.IndexedSlices, tf.Variable)):
+                return value
+            return tf.convert_to_tensor(value)  # a number: not a new trace for each value
+
+        self._write(
+            tensor(loss),
+            tf.nest.map_structure(tensor, inputs),
+            None if grads is None else [tensor(g) for g in grads],
+            None if lr is None else tf.cast(tensor(lr), tf.float32),
+        )
 
 
 def learning_rate_of(optimizer: Any) -> Any:

@@ -1,0 +1,111 @@
+"""The device-side ring: each step's vitals stay where they were computed until one fetch
+brings many steps to the host at once.
+
+The train step (or ``Monitor``'s compiled log call) writes its packed vector, and its number,
+into one row of a ``tf.Variable`` of ``capacity`` rows; nothing is fetched per step, so the
+agent adds no host-device synchronisation and no Python to a step. The host reads the whole
+variable now and then (:meth:`DeviceRing.read`: every flush interval on the sender thread,
+and on the training thread when half the ring has been written since the last read, so that
+no row is overwritten unread) and keeps the rows it has not seen.
+
+Rows carry their write number (1, 2, ...) in two float32 columns (``number // 2**20`` and
+``number % 2**20``, both exact), so that a row and its number are one variable and one read:
+a read can never pair one step's vector with another step's number. A ``ResourceVariable``
+read is a snapshot, even while the training thread writes.
+
+Imports TensorFlow: load it lazily.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import tensorflow as tf
+
+from trainvitals.agent.config import DEFAULT_RING_CAPACITY
+from trainvitals.exceptions import ConfigurationError
+
+#: How a write number is split across the two leading float32 columns (each part < 2**24).
+_SPLIT = 2**20
+#: The columns ahead of the vector.
+NUMBER_COLUMNS = 2
+
+
+class DeviceRing:
+    """A ring of ``capacity`` rows of ``width`` float32 values, kept on the device.
+
+    Args:
+        width: values per row (the packed vector, and anything else the step reports).
+        capacity: rows kept; a reader must come at least every ``capacity`` writes.
+
+    Example:
+        ```python
+        ring = DeviceRing(width=12)
+        ...                                  # inside the compiled step:
+        ring.write(vector)                   # one scatter, no transfer
+        ...                                  # on any thread, now and then:
+        numbers, rows = ring.read()          # the rows written since the last read
+        ```
+    """
+
+    def __init__(self, width: int, capacity: int = DEFAULT_RING_CAPACITY) -> None:
+        if capacity < 2:
+            raise ConfigurationError(f"ring capacity: expected at least 2 rows, got {capacity}")
+        self.width = int(width)
+        self.capacity = int(capacity)
+        with tf.init_scope():  # made eagerly, even when first asked for while a step is traced
+            self._rows = tf.Variable(
+                tf.fill([self.capacity, NUMBER_COLUMNS + self.width], -1.0),
+                trainable=False,
+                name="trainvitals_ring",
+            )
+            self._written = tf.Variable(
+                tf.constant(0, tf.int64), trainable=False, name="trainvitals_ring_written"
+            )
+        self._lock = threading.Lock()
+        #: The highest write number read so far.
+        self.read_upto = 0
+        #: How many host reads there were (the tests count them per step).
+        self.reads = 0
+        #: Rows overwritten before any read saw them (0 unless a reader came too late).
+        self.lost = 0
+
+    def write(self, vector: Any) -> Any:
+        """Write ``vector`` (``width`` float32 values) into the next row; returns the write
+        number as an int64 tensor. Graph operations: call it inside the compiled step."""
+        number = self._written.assign_add(1)
+        slot = tf.math.floormod(number - 1, self.capacity)
+        parts = tf.cast(
+            tf.stack([tf.math.floordiv(number, _SPLIT), tf.math.floormod(number, _SPLIT)]),
+            tf.float32,
+        )
+        row = tf.concat([parts, tf.cast(tf.reshape(vector, [-1]), tf.float32)], 0)
+        self._rows.scatter_nd_update(tf.reshape(slot, [1, 1]), tf.reshape(row, [1, -1]))
+        return number
+
+    def read(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """The rows written since the last read, oldest first: their write numbers and their
+        values (float64). One fetch of the whole ring; safe from any thread."""
+        with self._lock:
+            rows = np.asarray(self._rows.numpy(), np.float64)
+            self.reads += 1
+            numbers = (rows[:, 0] * _SPLIT + rows[:, 1]).astype(np.int64)
+            fresh = numbers > self.read_upto
+            numbers, values = numbers[fresh], rows[fresh, NUMBER_COLUMNS:]
+            order = np.argsort(numbers, kind="stable")
+            numbers, values = numbers[order], values[order]
+            if len(numbers):
+                # A gap before the oldest row still here: rows written over unread.
+                self.lost += max(0, int(numbers[0]) - self.read_upto - 1)
+                self.read_upto = int(numbers[-1])
+            return numbers, values
+
+    def reset(self) -> None:
+        """Start counting from 1 again (a new ``fit``), with every row marked read."""
+        with self._lock:
+            self._written.assign(0)
+            self._rows.assign(tf.fill(tf.shape(self._rows), -1.0))
+            self.read_upto = 0
