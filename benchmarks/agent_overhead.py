@@ -1,28 +1,30 @@
 """Time per training step: bare ``fit`` vs ``VitalsCallback`` (every vital on) vs Keras's
-``TensorBoard(update_freq="batch")``, alternated in one run on a small MLP and a small CNN.
+``TensorBoard(update_freq="batch")``, alternated in one run on a ~2 ms MLP and a small CNN at
+a larger batch (a step of 10 ms or more).
 
-Each configuration runs the same model for ``--steps`` steps per round; the time from the
-step after ``--warmup`` to the end of training is divided by the steps, so tracing (which
-the callback's instrumentation redoes once per fit) and the watchdog process's start are left
-out: both are once per run, not per step. Rounds rotate the order of the three
-configurations. A shared machine drifts by more than the effect measured, so each round's
-ratio is taken against the bare run of that same round, and the median of those ratios is
-printed with their spread. The VitalsCallback streams to a real server in another process,
-with the per-second sampler on.
+Each fit runs in a fresh process (``--worker``), so no run inherits another's threads, traces
+or allocator state: it builds the model, traces a short bare fit, then runs ``--steps`` steps
+of the configuration, and the time from the step after ``--warmup`` to the end of training
+is divided by the steps (tracing, which the callback's instrumentation redoes once per fit,
+and the watchdog's start are once per run, not per step). Rounds rotate the order of the
+three configurations. A shared machine drifts by more than the effect measured, so each
+round's ratio is taken against the bare run of that same round; every round's ratio is
+printed, with the median and the spread, and the budgets: ≤ 1.04x bare on the MLP, ≤ 1.01x
+on a step of 10 ms or more, and less than half of what TensorBoard adds. The VitalsCallback
+streams to a real server in another process on the same cores, with the per-second sampler
+on.
 
-First, the in-step vitals alone (``in_step_cost``): the compiled step with and without
-them, alternated step by step, which resolves tens of microseconds even here; beside them,
-each gradient's sum of squares alone, which any per-step gradient norm has to pay. Then the
-callback's per-step hooks alone (``hook_cost``), called as Keras calls them.
+First, the in-step vitals alone (``in_step_cost``): the compiled step with and without them
+(written into the device ring, as the callback's step does), alternated step by step, which
+resolves tens of microseconds even here; beside them, each gradient's sum of squares alone,
+which any per-step gradient norm has to pay. Then the callback's per-step hooks alone
+(``hook_cost``), called as Keras calls them. Then CPU per step by thread (the training
+thread, the agent's sender and sampler, TensorFlow's own threads) and in the server process
+(``/proc``), each against the bare run's: CPU time does not count the time a thread waits
+for a core, so these are steadier than the wall-clock ratios here.
 
-Then, where each thread's CPU clock can be read (Linux), where the added time goes: CPU per
-step by thread (the training thread, the agent's sender and sampler, TensorFlow's own threads)
-and in the server process (``/proc``), each against the bare run's. CPU time does not count
-the time a thread waits for a core, so these are steadier than the wall-clock ratios here.
-Last, those pieces added up, and the step time from which they stay within 1%.
-
-    python benchmarks/agent_overhead.py [--rounds 9] [--steps 800] [--warmup 200] [--pairs 2000]
-        [--hook-steps 5000]
+    python benchmarks/agent_overhead.py [--rounds 7] [--steps 800] [--warmup 200]
+        [--cnn-batch 128] [--pairs 2000] [--hook-steps 5000]
 """
 
 from __future__ import annotations
@@ -190,6 +192,7 @@ def in_step_cost(
     import tensorflow as tf
 
     from trainvitals.agent import tf_vitals
+    from trainvitals.agent.ring import DeviceRing
 
     model, x_all, y_all = build()
     model.compile(
@@ -197,6 +200,14 @@ def in_step_cost(
     )
     x, y = tf.constant(x_all[:BATCH]), tf.constant(y_all[:BATCH])
     variables = model.trainable_variables
+
+    rings: list[DeviceRing] = []
+
+    def ring_of(vector: Any, loss: Any) -> Any:
+        if not rings:
+            rings.append(DeviceRing(int(vector.shape[0])))
+        rings[0].write(vector)
+        return loss
 
     def compiled(output: Callable[[Any, Any], Any]) -> Callable[[], Any]:
         def step() -> Any:
@@ -215,6 +226,11 @@ def in_step_cost(
         # when the vitals are not the difference (the measurement's floor).
         "floor": compiled(lambda loss, grads: tf.reshape(loss, [1])),
         "vitals": compiled(lambda loss, grads: tf_vitals.step_vitals(loss, (x, y), grads)),
+        # What the callback's step adds now: the vitals written into the device ring, nothing
+        # more fetched than the bare step's loss.
+        "ring": compiled(
+            lambda loss, grads: ring_of(tf_vitals.step_vitals(loss, (x, y), grads), loss)
+        ),
         # Only what no design that reports every step's gradient norms can leave out: each
         # gradient read once for its sum of squares.
         "squares": compiled(
@@ -237,36 +253,35 @@ def in_step_cost(
         return statistics.median(t - b for t, b in pairs_) * 1e6
 
     text = (
-        f"compiled step {bare:.0f} µs bare, {added('vitals'):+.0f} µs with the in-step vitals "
-        f"({1 + added('vitals') / bare:.3f}x; median of {pairs} pairs), of which every "
+        f"compiled step {bare:.0f} µs bare, {added('ring'):+.0f} µs with the in-step vitals "
+        f"written into the device ring ({1 + added('ring') / bare:.3f}x; median of {pairs} "
+        f"pairs; {added('vitals'):+.0f} µs fetched as a vector instead), of which every "
         f"gradient's sum of squares alone {added('squares'):+.0f} µs; floor "
         f"{added('floor'):+.0f} µs"
     )
-    return text, added("vitals") / 1e6
+    return text, added("ring") / 1e6
 
 
 def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     """The callback's per-step work on the training thread alone: ``on_train_batch_begin`` and
-    ``on_train_batch_end`` called as Keras calls them, with the logs Keras hands them (already
-    numbers, the packed vitals a numpy vector), the columns made every 32 steps included; plus
-    what Keras's own conversion of the logs (``pythonify_logs``) spends on the packed vector.
-    CPU time of this thread, the lowest of 5 blocks: no train step runs in between, so nothing
-    else is timed."""
-    import tensorflow as tf
-    from keras.src.utils.python_utils import pythonify_logs
-
+    ``on_train_batch_end`` called as Keras calls them, with the device ring in place (so the
+    hooks note the clock and the step, and read the ring every ``capacity // 2`` steps, as in
+    ``fit`` when the sender thread has not). CPU time of this thread, the lowest of 5 blocks:
+    no train step runs in between, so nothing else is timed."""
     from trainvitals.agent import packing
-    from trainvitals.agent.tap import VITALS_KEY
+    from trainvitals.agent.ring import DeviceRing
 
     model, _, _ = mlp()
     model.compile(optimizer="adam", loss="mse")
-    callback = trainvitals.VitalsCallback(server=server_url, project="bench", run_name="hooks")
+    callback = trainvitals.VitalsCallback(
+        server=server_url, project="bench", run_name="hooks", flush_interval=3600
+    )
     callback.set_model(model)
     callback.set_params({"epochs": 1, "steps": 5 * steps})
     callback.on_train_begin()
-    width = len(packing.HEAD) + len(model.trainable_variables)
-    vector = np.full(width, 0.5, np.float32)
-    vector[1:4] = 0.0  # no NaN/Inf: the healthy path
+    tap = callback._tap
+    assert tap is not None
+    tap.ring = DeviceRing(len(packing.HEAD) + len(model.trainable_variables))
     step = 0
 
     def block(work: Callable[[int], None]) -> float:
@@ -281,109 +296,140 @@ def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     def hooks(_: int) -> None:
         nonlocal step
         callback.on_train_batch_begin(step)
-        callback.on_train_batch_end(step, {"accuracy": 0.5, "loss": 0.7, VITALS_KEY: vector})
+        callback.on_train_batch_end(step, {"accuracy": 0.5, "loss": 0.7})
         step += 1
 
     try:
-        own = block(hooks)
+        seconds = block(hooks)
     finally:
         callback.on_train_end()
-    logs = {"accuracy": tf.constant(0.5), "loss": tf.constant(0.7)}
-    with_vector = {**logs, VITALS_KEY: tf.constant(vector)}
-    keras_part = block(lambda _: pythonify_logs(with_vector)) - block(
-        lambda _: pythonify_logs(logs)
+    return f"{seconds * 1e6:.1f} µs CPU a step: the callback's two hooks", seconds
+
+
+#: The fit-level configurations, alternated round by round.
+CONFIGS = ("bare", "VitalsCallback", "TensorBoard(batch)")
+#: The budgets of the fit-level ratio to bare: the ~2 ms MLP, and a step of 10 ms or more.
+BUDGET_SMALL, BUDGET_LARGE = 1.04, 1.01
+
+
+def worker(model_name: str, config: str, steps: int, warmup: int, batch: int, url: str) -> None:
+    """One fit in a fresh process (``--worker``): build, trace with a short bare fit, then
+    ``steps`` steps with ``config``; prints one JSON line: seconds a step after ``warmup``,
+    and CPU a step by kind of thread."""
+    import json
+
+    import tensorflow as tf
+
+    model, x, y = (mlp if model_name == "MLP" else cnn)()
+    model.compile(
+        optimizer="adam",
+        metrics=["accuracy"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    seconds = own + keras_part
-    return (
-        f"{seconds * 1e6:.1f} µs CPU a step: the callback's hooks {own * 1e6:.1f}, "
-        f"Keras converting the packed vector {keras_part * 1e6:.1f}"
-    ), seconds
+    n = min(len(x), 100 * batch)
+    data = tf.data.Dataset.from_tensor_slices((x[:n], y[:n])).batch(batch, drop_remainder=True)
+    data = data.repeat()
+    fit_steps(model, data, warmup + 10, warmup, [])  # traces the bare step
+    server_pid = int(os.environ.get("BENCH_SERVER_PID", "0"))
+    extra: list[Any] = []
+    if config == "VitalsCallback":
+        extra = [trainvitals.VitalsCallback(server=url, project="bench", run_name=model_name)]
+    elif config == "TensorBoard(batch)":
+        log_dir = tempfile.mkdtemp(prefix="tb-")
+        extra = [keras.callbacks.TensorBoard(log_dir=log_dir, update_freq="batch")]
+    probe = CpuProbe(warmup, server_pid)
+    seconds = fit_steps(model, data, steps, warmup, [probe, *extra])
+    print(json.dumps({"seconds": seconds, "cpu": probe.per_step}), flush=True)
+
+
+def fit_steps(model: Any, data: Any, steps: int, warmup: int, extra: list[Any]) -> float:
+    timer = StepTimer(warmup)  # first, so the end-of-training flush is not counted as steps
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer, *extra])
+    return timer.seconds_per_step
+
+
+def fresh_fit(
+    model_name: str, config: str, args: argparse.Namespace, server: ServerProcess
+) -> dict[str, Any]:
+    import json
+    import subprocess
+
+    batch = BATCH if model_name == "MLP" else args.cnn_batch
+    command = [sys.executable, __file__, "--worker", model_name, config]
+    command += [str(args.steps), str(args.warmup), str(batch), server.url]
+    env = {**os.environ, "BENCH_SERVER_PID": str(server.process.pid)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--cnn-batch", type=int, default=128, help="the larger step's batch")
     parser.add_argument("--pairs", type=int, default=2000, help="of the in-step measurement")
     parser.add_argument("--hook-steps", type=int, default=5000, help="of the hooks' measurement")
+    parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        name, config, steps, warmup, batch, url = args.worker
+        worker(name, config, int(steps), int(warmup), int(batch), url)
+        return
     print("in-step vitals, paired step by step:")
     in_step: dict[str, float] = {}
     for name, build in (("MLP", mlp), ("CNN", cnn)):
         text, in_step[name] = in_step_cost(build, args.pairs)
-        print(f"  {name}: {text}", flush=True)
+        print(f"  {name} (batch {BATCH}): {text}", flush=True)
     print()
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "bench.db"))
         try:
             text, hooks = hook_cost(server.url, args.hook_steps)
             print(f"per-step work on the training thread: {text}\n", flush=True)
-            configs: dict[str, Callable[[], list[Any]]] = {
-                "bare": lambda: [],
-                "VitalsCallback": lambda: [
-                    trainvitals.VitalsCallback(server=server.url, project="bench")
-                ],
-                "TensorBoard(batch)": lambda: [
-                    keras.callbacks.TensorBoard(
-                        log_dir=str(Path(tmp) / f"tb-{time.monotonic_ns()}"), update_freq="batch"
-                    )
-                ],
-            }
             print(
-                f"ms per step: median of {args.rounds} alternated rounds of {args.steps} steps "
-                f"(first {args.warmup} left out); ratio = vs the bare run of the same round, "
-                "median [lowest-highest]"
-            )
-            print(
-                f"{'model':<6} {'bare ms':>8} {'VitalsCallback':>24} {'TensorBoard(batch)':>24}"
-                f" {'added ms/step':>14}"
+                f"fit, a fresh process per run, {args.rounds} alternated rounds of {args.steps} "
+                f"steps (first {args.warmup} left out), the server on the same cores; ratio = "
+                "vs the bare run of the same round"
             )
             cpu_rows: list[tuple[str, dict[str, float], dict[str, float]]] = []
             bare_step: dict[str, float] = {}
-            probing = hasattr(time, "pthread_getcpuclockid") and Path("/proc").is_dir()
-            for name, build in (("MLP", mlp), ("CNN", cnn)):
-                model, x, y = build()
-                model.compile(
-                    optimizer="adam",
-                    metrics=["accuracy"],
-                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                )
-                run_fit(model, x, y, args.warmup + 10, args.warmup, [])  # trace once
-                times: dict[str, list[float]] = {c: [] for c in configs}
-                cpu: dict[str, list[dict[str, float]]] = {"bare": [], "VitalsCallback": []}
-                order = list(configs)
+            for name in ("MLP", "CNN"):
+                times: dict[str, list[float]] = {c: [] for c in CONFIGS}
+                cpu: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGS}
                 for round_ in range(args.rounds):
-                    for config in order[round_ % 3 :] + order[: round_ % 3]:
-                        extra = configs[config]()
-                        probe = None
-                        if probing and config in cpu:
-                            # first, so it reads the agent's threads before they stop
-                            probe = CpuProbe(args.warmup, server.process.pid)
-                            extra.insert(0, probe)
-                        times[config].append(run_fit(model, x, y, args.steps, args.warmup, extra))
-                        if probe is not None:
-                            cpu[config].append(probe.per_step)
+                    for config in CONFIGS[round_ % 3 :] + CONFIGS[: round_ % 3]:
+                        result = fresh_fit(name, config, args, server)
+                        times[config].append(result["seconds"])
+                        cpu[config].append(result["cpu"])
                 bare = statistics.median(times["bare"])
                 bare_step[name] = bare
-                cells = []
-                for config in ("VitalsCallback", "TensorBoard(batch)"):
+                batch = BATCH if name == "MLP" else args.cnn_batch
+                print(f"\n{name} at batch {batch}: bare {bare * 1e3:.2f} ms a step (median)")
+                added: dict[str, float] = {}
+                for config in CONFIGS[1:]:
                     ratios = [t / b for t, b in zip(times[config], times["bare"], strict=True)]
-                    cells.append(
-                        f"{statistics.median(ratios):.3f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+                    median = statistics.median(ratios)
+                    added[config] = (median - 1) * bare
+                    rounds = " ".join(f"{r:.3f}" for r in ratios)
+                    print(
+                        f"  {config:<20} {median:.3f}x [{min(ratios):.3f}-{max(ratios):.3f}] "
+                        f"{added[config] * 1e6:+.0f} µs a step; rounds: {rounds}"
                     )
-                vitals = statistics.median(
-                    t / b for t, b in zip(times["VitalsCallback"], times["bare"], strict=True)
-                )
-                added = (vitals - 1) * bare * 1000
+                budget = BUDGET_SMALL if bare < 0.01 else BUDGET_LARGE
+                vitals, board = added["VitalsCallback"], added["TensorBoard(batch)"]
+                ratio = 1 + vitals / bare
                 print(
-                    f"{name:<6} {bare * 1000:>8.2f} {cells[0]:>24} {cells[1]:>24} {added:>14.3f}",
+                    f"  budget {budget:.2f}x ({'≥ 10 ms' if bare >= 0.01 else '~2 ms'} step): "
+                    f"{'met' if ratio <= budget else 'NOT met'} ({ratio:.3f}x); VitalsCallback "
+                    f"adds {vitals / board if board > 0 else float('nan'):.2f} of what "
+                    "TensorBoard(batch) adds (budget < 0.5)",
                     flush=True,
                 )
-                if probing:
-                    cpu_rows.append(
-                        (name, _median_by_kind(cpu["bare"]), _median_by_kind(cpu["VitalsCallback"]))
-                    )
+                cpu_rows.append(
+                    (name, _median_by_kind(cpu["bare"]), _median_by_kind(cpu["VitalsCallback"]))
+                )
             for name, bare_cpu, vitals_cpu in cpu_rows:
                 print(
                     f"\n{name}: CPU µs per step by thread (median of rounds): "
@@ -394,8 +440,7 @@ def main() -> None:
                     print(f"  {kind:<30} {b:>8.1f} {v:>8.1f} {v - b:>+8.1f}")
             print(
                 "\nThe agent's cost a step, added up from the steady measurements above (the "
-                "in-step vitals paired, the hooks, the agent's own threads' CPU): a lower bound; "
-                "the fit rounds' wall clock also carries what these pieces miss in isolation"
+                "in-step vitals paired, the hooks, the agent's own threads' CPU)"
             )
             for name, bare_cpu, vitals_cpu in cpu_rows:
                 threads = sum(
@@ -408,11 +453,10 @@ def main() -> None:
                 )
                 total = in_step[name] + hooks + threads
                 print(
-                    f"  {name}: {total * 1e6:.0f} µs (in-step {in_step[name] * 1e6:.0f}, hooks "
-                    f"{hooks * 1e6:.0f}, threads {threads * 1e6:.0f}) = "
-                    f"{1 + total / bare_step[name]:.3f}x of its {bare_step[name] * 1e3:.2f} ms fit "
-                    f"step; within 1% from steps of {total / 0.01 * 1e3:.1f} ms. A server on the "
-                    f"same cores adds {server_cpu * 1e6:.0f} µs of CPU a step."
+                    f"  {name}: {total * 1e6:.0f} µs (in-step at batch {BATCH} "
+                    f"{in_step[name] * 1e6:.0f}, hooks {hooks * 1e6:.0f}, threads "
+                    f"{threads * 1e6:.0f}) against its {bare_step[name] * 1e3:.2f} ms fit step; "
+                    f"a server on the same cores adds {server_cpu * 1e6:.0f} µs of CPU a step."
                 )
         finally:
             server.stop()
