@@ -176,7 +176,9 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._weights_check = (
             tf_vitals.WeightsCheck.create(self.model) if self._weights_every else None
         )
-        self._tap = TrainStepTap(self.model, self._ring_capacity)
+        self._tap = TrainStepTap(
+            self.model, self._ring_capacity, flag_nonfinite=self.guard is not None
+        )
         self._tap.install()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -197,6 +199,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self._step_times.append((step, (now - began[1]) / (batch - began[0]), time.time()))
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        flagged = TrainStepTap.take_flag(logs)
         packed = TrainStepTap.take(logs)
         tap = self._tap
         if self.run is None or tap is None:
@@ -211,8 +214,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self._ends.append((step, now))
             if self.guard is not None:
                 self.guard.after_step(step)
-            if step - ring.read_upto >= ring.capacity // 2:
-                self._flush_pending()
+            if flagged or step - ring.read_upto >= ring.capacity // 2:
+                self._flush_pending()  # a NaN/Inf step, with protect=, is acted on at once
             return
         # No ring (a model or strategy the tap could not give one): the vector, if any, and
         # Keras's numbers come with the logs of the last step of each execution.

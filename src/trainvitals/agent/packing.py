@@ -103,6 +103,14 @@ class Pivot(NamedTuple):
     healthy_norms: dict[str, float] | None
 
 
+def suspect(measured: Measured) -> tuple[list[int], list[int]]:
+    """Where a step's NaN/Inf shows in the head: the positions of the three counts (zero on a
+    healthy step) and of the values a healthy step keeps finite (the loss and the global
+    norm, where measured)."""
+    finite = [i for i, on in ((_LOSS, measured.loss), (_NORM, measured.grads)) if on]
+    return [_NONFINITE_LOSS, _NONFINITE_INPUTS, _NONFINITE_GRADS], finite
+
+
 def sick(vector: Vector, measured: Measured) -> bool:
     """Whether one fetched vector shows a NaN/Inf anywhere (cheap: the hook asks each step)."""
     return _sick(vector[: len(HEAD)].tolist(), measured)

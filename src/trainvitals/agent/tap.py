@@ -20,7 +20,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainvitals.agent import tf_vitals
+from trainvitals.agent import packing, tf_vitals
 from trainvitals.agent.config import DEFAULT_RING_CAPACITY
 from trainvitals.agent.packing import Measured
 from trainvitals.agent.ring import DeviceRing
@@ -31,6 +31,8 @@ log = logging.getLogger("trainvitals")
 #: The key the packed vector rides under in Keras's logs; :meth:`TrainStepTap.take` removes
 #: it before Progbar or History see it.
 VITALS_KEY = "trainvitals/vitals"
+#: The key of the step's NaN/Inf flag in the logs, when asked for (``flag_nonfinite``).
+NONFINITE_KEY = "trainvitals/nonfinite"
 
 
 @dataclass
@@ -60,9 +62,15 @@ class TrainStepTap:
         ```
     """
 
-    def __init__(self, model: Any, capacity: int = DEFAULT_RING_CAPACITY) -> None:
+    def __init__(
+        self, model: Any, capacity: int = DEFAULT_RING_CAPACITY, flag_nonfinite: bool = False
+    ) -> None:
         self.model = model
         self.capacity = capacity
+        #: Also put one scalar in each step's logs, non-zero when a value of the step is not
+        #: finite, for a caller that must act at that very step (``Protection``): Keras
+        #: converts it with the logs it fetches anyway.
+        self.flag_nonfinite = flag_nonfinite
         self.measured = Measured()
         #: Where the traced step keeps each step's vector (None: it rides in the logs).
         self.ring: DeviceRing | None = None
@@ -102,6 +110,9 @@ class TrainStepTap:
                     )
                     if not self._into_ring(vitals, logs):
                         logs = {**logs, VITALS_KEY: vitals}
+                    elif self.flag_nonfinite:
+                        flag = tf_vitals.nonfinite_flag(vitals, packing.suspect(self.measured))
+                        logs = {**logs, NONFINITE_KEY: flag}
                 return logs
 
             undo = [
@@ -173,8 +184,17 @@ class TrainStepTap:
 
     @staticmethod
     def take(logs: MutableMapping[str, Any] | None) -> Any:
-        """Remove the step's packed vector from Keras's logs and return it (None if absent)."""
-        return None if logs is None else logs.pop(VITALS_KEY, None)
+        """Remove the step's packed vector (and NaN/Inf flag) from Keras's logs and return
+        the vector (None if absent)."""
+        if logs is None:
+            return None
+        logs.pop(NONFINITE_KEY, None)
+        return logs.pop(VITALS_KEY, None)
+
+    @staticmethod
+    def take_flag(logs: MutableMapping[str, Any] | None) -> bool:
+        """Remove the step's NaN/Inf flag from Keras's logs: whether it was raised."""
+        return bool(logs and logs.pop(NONFINITE_KEY, 0))
 
 
 def _wrap(obj: object, name: str, function: Callable[..., Any]) -> Callable[[], None]:

@@ -191,6 +191,18 @@ def with_metrics(
     return tuple(names), tf.concat([vector, *values], 0) if values else vector
 
 
+def nonfinite_flag(vector: tf.Tensor, where: tuple[Sequence[int], Sequence[int]]) -> tf.Tensor:
+    """1.0 when the packed ``vector`` shows a NaN/Inf (a count above zero, or a value that
+    must be finite that is not), else 0.0; ``where`` is :func:`packing.suspect
+    <trainvitals.agent.packing.suspect>`'s positions. A few operations on the head only."""
+    counts, finite = where
+    bad = tf.reduce_any(tf.gather(vector, list(counts)) > 0)
+    if finite:
+        values = tf.gather(vector, list(finite))
+        bad = tf.logical_or(bad, tf.logical_not(tf.reduce_all(tf.math.is_finite(values))))
+    return tf.cast(bad, tf.float32)
+
+
 def distributed() -> bool:
     """Whether a ``tf.distribute`` strategy other than the default one is in scope."""
     return bool(tf.distribute.has_strategy())
