@@ -75,6 +75,9 @@ runs = Table(
     Column("tags", Text),
     Column("notes", Text),
     Column("archived", Boolean),
+    # When it was archived (NULL: it is not); archived runs are deleted some days after it
+    # when the project's retention says so (RunStore.archived_to_delete).
+    Column("archived_at", Float),
     Index("ix_runs_started_at", "started_at"),
     # The runs list's filters and sort orders (GET /api/v1/runs).
     Index("ix_runs_project_started", "project", "started_at"),
