@@ -107,7 +107,8 @@ chunks = Table(
     Column("times", LargeBinary, nullable=False),
     Column("vals", LargeBinary, nullable=False),
     # How steps, times and vals are written (trainvitals.server.storage.codec): NULL or 0,
-    # packed arrays as every row before the codec; 1, delta-of-delta and XOR, deflated.
+    # packed arrays as every row before the codec; 1, delta-of-delta and XOR, deflated; 2, as
+    # 1 with float32 values and whole-microsecond times in narrower forms (what is written now).
     Column("encoding", SmallInteger),
 )
 
