@@ -2,14 +2,15 @@
 policies on and with them off, side by side, on SQLite and PostgreSQL.
 
 Every simulated day ``--runs-per-day`` runs arrive. Each run's frames (``--steps`` steps of
-``--series`` series, float32 values as the agent sends them, times a jittered 0.1 s apart) go
-through the Store's write path on the server's writer thread, as the ingest session writes
-them; the run ends, and people archive most runs (all but one in ``--keep-every``) three days
-after they end. Then the server's own :class:`~trainvitals.server.compactor.Compactor` sweeps
-with the simulated clock: it deletes archived runs past their days, thins runs past theirs, and
-compacts what ended. The same runs go into two databases of each kind, one with the policies
-(``thin_after_days`` 7 and ``delete_archived_after_days`` 14 by default), one without
-(compaction only), day by day in turn.
+``--series`` series, float32 values and times to the microsecond as the agent sends them, a
+jittered 0.1 s apart) go through the Store's write path on the server's writer thread, as the
+ingest session writes them; the run ends, and people archive most runs (all but one in
+``--keep-every``) three days after they end. Then the server's own
+:class:`~trainvitals.server.compactor.Compactor` sweeps with the simulated clock: it deletes
+archived runs past their days, thins runs past theirs, and compacts what ended. The same runs
+go into two databases of each kind, one with the policies (``thin_after_days`` 7 and
+``delete_archived_after_days`` 14 by default), one without (compaction only), day by day in
+turn.
 
 What is printed is the size an operator sees: SQLite's file (after a WAL checkpoint; SQLite
 reuses freed pages, it does not give them back), and on PostgreSQL every table of the schema
@@ -74,7 +75,8 @@ def make_run(rng: np.random.Generator, run_id: str, project: str, start: float,
     """A run whose series look like a training's: a noisy decaying loss, log-normal gradient
     norms, a creeping RSS and a jumpy CPU percentage, all float32 as the agent sends them."""
     step = np.arange(steps, dtype=np.int64)
-    times = start + np.cumsum(rng.normal(0.1, 0.004, steps))
+    # To the microsecond, as the agent sends them.
+    times = np.round((start + np.cumsum(rng.normal(0.1, 0.004, steps))) * 1e6) / 1e6
     arrival = Arrival(run_id, project, start)
 
     def add(name: str, values: np.ndarray) -> None:
