@@ -56,9 +56,10 @@ def widened(bits: np.ndarray) -> np.ndarray:
 float32_values = hnp.arrays(np.uint32, st.integers(1, 300), elements=st.integers(0, 2**32 - 1)).map(
     widened
 )
-#: Times of whole microseconds, as an agent sends them, from 1970 to beyond 2200.
+#: Times of whole microseconds, as an agent sends them, from 1938 to 2106 (2^32 s; beyond, two
+#: microseconds may share a float, and such a block keeps the wide form).
 micro_times = hnp.arrays(
-    np.int64, st.integers(1, 300), elements=st.integers(-(10**15), 8 * 10**15)
+    np.int64, st.integers(1, 300), elements=st.integers(-(10**15), 2**32 * 10**6)
 ).map(lambda micros: micros / 1e6)
 
 

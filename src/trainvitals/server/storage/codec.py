@@ -24,7 +24,8 @@ Encoding 2 (``NARROW``, what :func:`encode` writes now): steps as in ``DELTA_XOR
 values each begin with a byte that says their form, chosen per block:
 
 - times: ``0``, as in ``DELTA_XOR``; ``1``, when every time is a whole number of microseconds
-  (the agent sends them so) and comes back exactly from it: delta-of-delta of ``int64``
+  (the agent sends them so) and comes back exactly from it (any such time up to 2^32 s, the year
+  2106, does): delta-of-delta of ``int64``
   microseconds, where the float's bits would spend about two more bits a point on its ULPs.
 - values: ``0``, as in ``DELTA_XOR``; ``1``, when every value is exactly a float32 (what
   TensorFlow computes): the float32 bits XOR the previous ones, in 4 byte planes, where the
