@@ -41,6 +41,7 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/abuse.py
 	$(PY) benchmarks/scale.py
 	$(PY) benchmarks/storage.py
+	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/dashboard.py
 	$(PY) benchmarks/early_warning.py
 

@@ -28,7 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from sqlalchemy import func, insert, select, text
@@ -41,7 +43,7 @@ from trainvitals.server.storage.schema import chunks, metadata
 from trainvitals.server.storage.series import BLOCK_POINTS
 from trainvitals.server.store import Store
 
-KINDS = {
+KINDS: dict[str, Callable[[str], bool]] = {
     "loss": lambda n: n == "loss",
     "gradient norms": lambda n: n.startswith("grad/"),
     "system (host/*, gpu*)": lambda n: n.startswith(("host/", "gpu")),
@@ -86,22 +88,42 @@ def database_bytes(store: Store, path: str | None) -> int:
         return int(conn.execute(text("SELECT pg_total_relation_size('chunks')")).scalar() or 0)
 
 
+def wide_payload(store: Store) -> dict[str, int]:
+    """{kind: payload bytes} of the same points in blocks of the wide forms only (what the
+    first codec, encoding 1, stored, give or take a byte a column), side by side."""
+    run = store.runs.get_run(store.runs.list_runs()[0]["id"])
+    assert run is not None
+    sizes = {}
+    for name in run["series"]:
+        steps, times, values = store.series.read_series(run["id"], name)
+        sizes[name] = sum(
+            len(part)
+            for i in range(0, steps.size, BLOCK_POINTS)
+            for part in codec.encode(*(c[i : i + BLOCK_POINTS] for c in (steps, times, values)),
+                                     narrow=False)
+        )  # fmt: skip
+    return {kind: sum(b for n, b in sizes.items() if wanted(n)) for kind, wanted in KINDS.items()}
+
+
 def measure(store: Store, path: str | None, name: str) -> None:
     before, size_before = payload(store), database_bytes(store, path)
     started = time.perf_counter()
     merged = sum(store.series.compact(due) for due in store.series.runs_to_compact(0, 1))
     took = time.perf_counter() - started
     after, size_after = payload(store), database_bytes(store, path)
+    wide = wide_payload(store)
     what = "file after VACUUM" if path else "chunks table and index, after VACUUM FULL"
     print(f"\n{name}: compacted {merged} rows in {took:.2f} s")
-    print(f"  {'series':24s} {'points':>8s} {'rows':>11s} {'payload B/pt':>16s}")
+    print(f"  {'series':24s} {'points':>8s} {'rows':>11s} {'payload B/pt':>16s} "
+          f"{'wide forms only':>16s}")  # fmt: skip
     for kind in KINDS:
         (points, bytes_before, rows_before), (_, bytes_after, rows_after) = (
             before[kind],
             after[kind],
         )
         print(f"  {kind:24s} {points:8d} {rows_before:5d}->{rows_after:<5d} "
-              f"{bytes_before / points:7.2f}->{bytes_after / points:<6.2f}")  # fmt: skip
+              f"{bytes_before / points:7.2f}->{bytes_after / points:<6.2f} "
+              f"{wide[kind] / points:16.2f}")  # fmt: skip
     points = before["every series"][0]
     print(f"  database ({what}): {size_before:,} -> {size_after:,} bytes, "
           f"{size_before / points:.1f} -> {size_after / points:.1f} B/pt")  # fmt: skip
@@ -118,13 +140,15 @@ def copy_rows(source: Store, target: Store) -> None:
 def codec_timing(store: Store) -> None:
     """A million points like the demo's loss, without repeating it (a repeated stretch would
     deflate to nothing): float32 values of a decaying curve plus noise of the loss's own
-    step-to-step scale, steps one apart, times with the run's step intervals drawn at random."""
+    step-to-step scale, steps one apart, times with the run's step intervals drawn at random
+    (whole microseconds)."""
     run_id = store.runs.list_runs()[0]["id"]
     _, times, values = store.series.read_series(run_id, "loss")
     rng = np.random.default_rng(20)
     n = 1_000_000
     all_steps = np.arange(1, n + 1, dtype=np.int64)
-    all_times = times[0] + np.cumsum(rng.choice(np.diff(times), n))
+    # To the microsecond, as the agent sends them.
+    all_times = np.round((times[0] + np.cumsum(rng.choice(np.diff(times), n))) * 1e6) / 1e6
     noise = float(np.std(np.diff(values))) / np.sqrt(2)
     curve = values[-1] + (values[0] - values[-1]) * np.exp(-all_steps / (n / 5))
     all_values = (curve + rng.normal(0, noise, n)).astype(np.float32).astype(np.float64)
@@ -134,26 +158,32 @@ def codec_timing(store: Store) -> None:
         part = slice(i, i + BLOCK_POINTS)
         return all_steps[part], all_times[part], all_values[part]
 
-    encode_s, decode_s = [], []
+    encode_s = []
     for _ in range(5):
         started = time.perf_counter()
         rows = [(codec.CURRENT, block(i)[0].size, *codec.encode(*block(i))) for i in starts]
         encode_s.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        got = codec.decode(rows)
-        decode_s.append(time.perf_counter() - started)
-        assert got.values.tobytes() == all_values.tobytes()
-    size = sum(len(part) for row in rows for part in row[2:])
-    raw_s = []
+    # The same points in the wide forms only (the first codec's), and packed as written.
+    wide = [(codec.CURRENT, block(i)[0].size, *codec.encode(*block(i), narrow=False))
+            for i in starts]  # fmt: skip
     packed = [(None, 0, *codec.encode_raw(*block(i))) for i in starts]
-    for _ in range(5):
-        started = time.perf_counter()
-        codec.decode(packed)
-        raw_s.append(time.perf_counter() - started)
+    kinds: dict[str, Sequence[codec.Row]] = {"narrow": rows, "wide": wide, "packed": packed}
+    decode_s: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(5):  # interleaved, so that the machine's load falls on each alike
+        for kind, these in kinds.items():
+            started = time.perf_counter()
+            got = codec.decode(these)
+            decode_s[kind].append(time.perf_counter() - started)
+            assert got.values.tobytes() == all_values.tobytes()
+
+    def size(these: Sequence[codec.Row]) -> float:
+        return sum(len(cast(bytes, part)) for row in these for part in row[2:]) / n
+
+    took = {kind: statistics.median(times) * 1e3 for kind, times in decode_s.items()}
     print(f"\ncodec, {n:,} points like the demo's loss, in {len(rows)} blocks: "
-          f"{size / n:.2f} B/pt; encode {statistics.median(encode_s) * 1e3:.0f} ms, "
-          f"decode {statistics.median(decode_s) * 1e3:.0f} ms "
-          f"(packed layout: decode {statistics.median(raw_s) * 1e3:.0f} ms)")  # fmt: skip
+          f"{size(rows):.2f} B/pt (wide forms only {size(wide):.2f}); "
+          f"encode {statistics.median(encode_s) * 1e3:.0f} ms, decode {took['narrow']:.0f} ms "
+          f"(wide forms {took['wide']:.0f} ms, packed layout {took['packed']:.0f} ms)")  # fmt: skip
 
 
 def read_timing(url: str, name: str) -> None:

@@ -15,6 +15,7 @@ annotations only) so the light agent can import it.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from typing import (
     TYPE_CHECKING,
@@ -102,6 +103,13 @@ class EndReason(enum.StrEnum):
 def signal_reason(name: str) -> str:
     """The end reason of a run killed by the signal ``name``: ``signal_reason("SIGTERM")``."""
     return f"signal:{name}"
+
+
+def whole_micros(seconds: float) -> float:
+    """A Unix time to the microsecond, as the agent sends points' times: finer than any step is
+    timed, and stored in fewer bytes (the server's codec keeps such times as whole
+    microseconds). ``whole_micros(1795317434.1234567) == 1795317434.123457``."""
+    return math.floor(seconds * 1e6 + 0.5) / 1e6
 
 
 #: Version carried in every frame as ``"v"``. The server rejects versions it does not speak.

@@ -12,7 +12,7 @@ import pytest
 from trainvitals.agent import packing
 from trainvitals.agent.packing import Measured, Row
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import Columns
+from trainvitals.protocol import Columns, whole_micros
 
 NAMES = ("dense/kernel", "dense/bias")
 ALL = Measured(loss=True, inputs=True, grads=True, names=NAMES)
@@ -104,6 +104,15 @@ def test_pivot_sorts_steps_and_names_the_sick_ones() -> None:
     # Due: step 2 (every 2nd); the healthy norms are those of the last due step before step 3.
     assert columns["grad/norm/dense/kernel"] == Columns([2], [1e9 + 2], [30.0])
     assert pivot.healthy_norms == {"dense/kernel": 30.0, "dense/bias": 40.0}
+
+
+def test_times_go_out_to_the_microsecond() -> None:
+    rows: list[Row] = [(1, 0.0000002, vector(), {}), (2, 0.0123456789, vector(), {})]
+    step_time = [(2, 0.25, 1795317434.1234567)]
+    pivot = packing.pivot(rows, step_time, ALL, StepVitals(2), to_unix=1795317434.0)
+    assert pivot.columns["loss"].times == [1795317434.0, 1795317434.012346]
+    assert pivot.columns["step_time"].times == [1795317434.123457]
+    assert whole_micros(-0.0000015) == -0.000001 and whole_micros(3.0) == 3.0
 
 
 def test_a_step_the_loss_scale_skips_is_recorded_but_not_sick() -> None:

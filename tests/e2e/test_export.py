@@ -25,6 +25,7 @@ from sqlalchemy import func, select
 from harness.processes import ServerProcess, create_token, running_server, stream, wait_for
 from trainvitals import Run, resolve
 from trainvitals.protocol import Columns
+from trainvitals.server.storage.codec import CURRENT
 from trainvitals.server.storage.schema import chunks
 from trainvitals.server.storage.series import EXPORT_BATCH_ROWS
 from trainvitals.server.store import Store
@@ -138,7 +139,7 @@ def test_the_servers_compactor_keeps_every_point(db_url: str) -> None:
             encodings = conn.execute(
                 select(chunks.c.encoding, func.count()).group_by(chunks.c.encoding)
             ).all()
-        assert encodings == [(1, 4)]  # 70,000 points a series: two blocks each
+        assert encodings == [(CURRENT, 4)]  # 70,000 points a series: two blocks each
         status, body = fetch(server, f"/api/v1/runs/{run_id}/export?format=parquet")
         assert status == 200
         table = pq.read_table(io.BytesIO(body))

@@ -87,6 +87,25 @@ def test_a_run_is_renamed_tagged_noted_archived_and_deleted(server: ServerProces
     assert [r["id"] for r in server.get("/api/v1/runs?archived=include")["runs"]] == [other]
 
 
+def test_archived_runs_past_their_days_are_deleted_by_the_server(tmp_path: Path) -> None:
+    # 0.00002 days: 1.7 s after it is archived, checked every 0.2 s.
+    env = {"TRAINVITALS_DELETE_ARCHIVED_AFTER_DAYS": "0.00002,kept=0",
+           "TRAINVITALS_COMPACT_INTERVAL": "0.2"}  # fmt: skip
+    server = ServerProcess(str(tmp_path / "tv.db"), extra_env=env)
+    try:
+        gone, back, listed = (finished_run(server, name) for name in ("gone", "back", "listed"))
+        forever = finished_run(server, "forever", project="kept")
+        for run_id in (gone, back, forever):
+            assert server.send("PATCH", f"/api/v1/runs/{run_id}", {"archived": True})[0] == 200
+        assert server.send("PATCH", f"/api/v1/runs/{back}", {"archived": False})[0] == 200
+        wait_for(lambda: server.get_status(f"/api/v1/runs/{gone}")[0] == 404, timeout=20,
+                 what="the archived run deleted")  # fmt: skip
+        left = {r["id"] for r in server.get("/api/v1/runs?archived=include")["runs"]}
+        assert left == {back, listed, forever}
+    finally:
+        server.stop()
+
+
 def edited_fields(run: dict[str, object]) -> tuple[object, object, object]:
     return run["name"], run["tags"], run["archived"]
 

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from trainvitals.agent.vitals import StepVitals
 from trainvitals.detect.numeric import loss_scale_skip
-from trainvitals.protocol import Columns, ListColumns
+from trainvitals.protocol import Columns, ListColumns, whole_micros
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
@@ -212,15 +212,17 @@ def pivot(
     """Steps collected by the callback's hooks as columns, series by series, in one go.
 
     ``rows`` may come out of order (Keras's worker threads); they are sorted here.
-    ``to_unix`` turns their ``time.monotonic()`` into unix times.
+    ``to_unix`` turns their ``time.monotonic()`` into unix times (to the microsecond).
     """
     rows.sort(key=lambda row: row[0])
     steps = [row[0] for row in rows]
-    times = [row[1] + to_unix for row in rows]
+    times = [whole_micros(row[1] + to_unix) for row in rows]
     columns: dict[str, ListColumns] = {}
     if step_times:
         columns[STEP_TIME] = Columns(
-            [t[0] for t in step_times], [t[2] for t in step_times], [t[1] for t in step_times]
+            [t[0] for t in step_times],
+            [whole_micros(t[2]) for t in step_times],
+            [t[1] for t in step_times],
         )
     keys = rows[0][3].keys()
     if all(row[3].keys() == keys for row in rows):

@@ -41,6 +41,7 @@ from trainvitals.protocol import (
     HelloFrame,
     SeqColumns,
     signal_reason,
+    whole_micros,
 )
 
 log = logging.getLogger("trainvitals")
@@ -164,8 +165,9 @@ class Run:
         _open_runs.add(self)
 
     def log(self, step: int, values: Mapping[str, float], time_: float | None = None) -> None:
-        """Record ``values`` at ``step``: cheap, never blocks on the network."""
-        self._buffer.add(step, time.time() if time_ is None else time_, values)
+        """Record ``values`` at ``step`` (at ``time_``, default now to the microsecond): cheap,
+        never blocks on the network."""
+        self._buffer.add(step, whole_micros(time.time()) if time_ is None else time_, values)
 
     def add_columns(
         self, columns: Mapping[str, SeqColumns], clock: Sequence[tuple[int, float]] = ()
@@ -249,7 +251,7 @@ class Run:
             self._sender.send_event(_jsonable(frame))
 
     def _record_system(self, values: Mapping[str, float]) -> None:
-        step, now = self._buffer.last_step, time.time()
+        step, now = self._buffer.last_step, whole_micros(time.time())
         self._buffer.add(step, now, values)
         if self._on_system is not None:
             try:

@@ -79,7 +79,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         await liveness.start()
         compactor = Compactor(
-            store.series, settings.compact_interval, settings.retention, settings.thin_points
+            store,
+            writer,
+            hub,
+            settings.compact_interval,
+            thin_after=settings.retention,
+            delete_archived_after=settings.archived_retention,
+            thin_points=settings.thin_points,
+            leases=leases,
         )
         await compactor.start()
         # Replicas of one team count each token's caps together (docs/scaling.md).

@@ -11,13 +11,15 @@ import time
 import uuid
 from functools import partial
 
-from trainvitals.server.storage.leases import LeaseStore
+from trainvitals.server.storage.leases import RUN, LeaseStore
 from trainvitals.server.writer import Writer
 
 #: The lost-run sweep's lease.
 SWEEP = "sweep:lost"
-#: The prefix of the lease on a run's detector.
-RUN = "run:"
+#: The lease of the sweep that deletes archived runs past their days.
+RETENTION = "sweep:retention"
+
+__all__ = ["RETENTION", "RUN", "SWEEP", "Leases"]
 
 
 class Leases:

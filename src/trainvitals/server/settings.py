@@ -78,7 +78,12 @@ class Settings(BaseSettings):
     #: NaN/Inf, so spikes survive.
     thin_points: Annotated[int, Field(ge=2, le=65_536)] = 10_000
 
-    @field_validator("thin_after_days")
+    #: Days after a run is archived before it is deleted with everything of it (as
+    #: ``DELETE /api/v1/runs/{id}`` does): ``30`` for every project, ``30,scratch=3,golden=0``
+    #: with per-project days (0: never). Unset: never.
+    delete_archived_after_days: str | None = None
+
+    @field_validator("thin_after_days", "delete_archived_after_days")
     @classmethod
     def _readable_policy(cls, value: str | None) -> str | None:
         Retention.parse(value)
@@ -89,11 +94,17 @@ class Settings(BaseSettings):
         """``thin_after_days``, read."""
         return Retention.parse(self.thin_after_days)
 
+    @property
+    def archived_retention(self) -> Retention:
+        """``delete_archived_after_days``, read."""
+        return Retention.parse(self.delete_archived_after_days)
+
     #: A Redis URL (``redis://host:6379/0``) through which replicas share live updates: a
     #: browser on any replica sees every run. Unset: live updates stay in this process.
     broker: str | None = None
-    #: Seconds a replica holds a run's detector, or the lost-run sweep, without renewing its
-    #: lease (a row in the database) before another replica may take it over.
+    #: Seconds a replica holds a run's detector, the lost-run sweep or the deletion of archived
+    #: runs without renewing its lease (a row in the database) before another replica may take
+    #: it over.
     lease: float = 15.0
 
     @property
@@ -106,11 +117,17 @@ class Settings(BaseSettings):
 
 @dataclass(frozen=True)
 class Retention:
-    """How many days after its end a run's points are thinned: ``default`` for every
-    project (None: never) but those in ``projects`` (0: never)."""
+    """How many days after a moment of a run (its end, its archiving) something is done to
+    it (its points thinned, the run deleted): ``default`` for every project (None: never) but
+    those in ``projects`` (0: never)."""
 
     default: float | None = None
     projects: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def applies(self) -> bool:
+        """Whether the policy reaches any run."""
+        return self.default is not None or any(days > 0 for days in self.projects.values())
 
     @classmethod
     def parse(cls, text: str | None) -> Retention:

@@ -18,9 +18,10 @@ from sqlalchemy import Connection, delete, select
 
 from trainvitals.server.migrations import upgrade
 from trainvitals.server.notify.store import OutboxStore, outbox
+from trainvitals.server.settings import Retention
 from trainvitals.server.storage.alerts import AlertStore
-from trainvitals.server.storage.leases import LeaseStore
-from trainvitals.server.storage.runs import RunStore
+from trainvitals.server.storage.leases import RUN, LeaseStore, leases
+from trainvitals.server.storage.runs import RunStore, archived_past
 from trainvitals.server.storage.schema import (
     alerts,
     chunks,
@@ -63,14 +64,32 @@ class Store:
         return upgrade(self.engine)
 
     def delete_run(self, conn: Connection, run_id: str) -> bool:
-        """Delete a run and everything of it: its points, events, alerts, silences and
-        notices. Returns whether there was such a run."""
+        """Delete a run and everything of it: its points, events, alerts, silences, notices
+        and its detector's lease. Returns whether there was such a run."""
         alert_ids = select(alerts.c.id).where(alerts.c.run_id == run_id)
         conn.execute(delete(outbox).where(outbox.c.alert_id.in_(alert_ids)))
         for table in (alerts, silences, chunks, series, events):
             conn.execute(delete(table).where(table.c.run_id == run_id))
+        conn.execute(delete(leases).where(leases.c.name == RUN + run_id))
         self.series.forget(run_id)
         return bool(conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount)
+
+    def delete_archived(
+        self, conn: Connection, run_id: str, now: float, after_days: Retention
+    ) -> str | None:
+        """Delete the run as :meth:`delete_run` does if it is still archived longer ago than
+        its project's days (nobody brought it back meanwhile); returns its project, or None
+        when it was kept."""
+        due = archived_past(now, after_days)
+        if due is None:
+            return None
+        # Under the row's lock on PostgreSQL: a replica's unarchiving waits, or wins.
+        project = conn.execute(
+            select(runs.c.project).where(runs.c.id == run_id, due).with_for_update()
+        ).scalar()
+        if project is None or not self.delete_run(conn, run_id):
+            return None
+        return str(project)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -4,10 +4,12 @@ migrations, replicas starting together, and ``trainvitals db upgrade``."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Engine, MetaData, String, Table, text
@@ -15,6 +17,7 @@ from sqlalchemy import Column, Engine, MetaData, String, Table, text
 from harness.processes import trainvitals
 from trainvitals.exceptions import StorageError
 from trainvitals.server.migrations import (
+    alembic_config,
     current_revision,
     head_revision,
     target_metadata,
@@ -78,6 +81,37 @@ def test_a_database_of_release_0_1_0_is_adopted_and_upgraded(db_url: str) -> Non
         run = store.runs.get_run("old")
         assert run is not None and run["name"] == "name-old" and run["config"] == {"lr": 0.1}
         assert [t.name for t in store.tokens.list()] == ["ci"]
+    finally:
+        store.dispose()
+
+
+def test_runs_archived_before_revision_0006_count_their_days_from_the_upgrade(
+    db_url: str,
+) -> None:
+    store = Store(db_url)
+    try:
+        with store.engine.connect() as conn:
+            command.upgrade(alembic_config(conn), "0005")
+            conn.commit()
+            for run_id, archived in (("a", True), ("b", False), ("c", None)):
+                conn.execute(
+                    text(
+                        "INSERT INTO runs (id, project, name, status, started_at, last_seen,"
+                        " last_seq, host, pid, config, env, archived) VALUES (:id, 'p', :id,"
+                        " 'finished', 1.0, 2.0, 0, 'h', 1, '{}', '{}', :archived)"
+                    ),
+                    {"id": run_id, "archived": archived},
+                )
+            conn.commit()
+        before = time.time()
+        assert store.create_schema() == head_revision()
+        with store.engine.connect() as conn:
+            since: dict[str, float | None] = dict(
+                conn.execute(text("SELECT id, archived_at FROM runs")).tuples().all()
+            )
+        when = since["a"]
+        assert when is not None and before <= when <= time.time()
+        assert since["b"] is since["c"] is None
     finally:
         store.dispose()
 

@@ -154,9 +154,9 @@ def test_runs_are_found_by_name_status_and_tag_sorted_and_paged(store: Store) ->
         for i in range(12):
             store.runs.open_run(conn, hello(f"r{i:02}", started_at=float(i)), now=float(i))
         store.runs.end_run(conn, "r03", 1, RunEnd("completed", 5.0, None))
-        store.runs.edit_run(conn, "r05", {"name": "lr_100%", "tags": ["base", "sweep-1"]})
-        store.runs.edit_run(conn, "r06", {"tags": ["sweep-10"]})
-        store.runs.edit_run(conn, "r07", {"archived": True})
+        store.runs.edit_run(conn, "r05", {"name": "lr_100%", "tags": ["base", "sweep-1"]}, now=9.0)
+        store.runs.edit_run(conn, "r06", {"tags": ["sweep-10"]}, now=9.0)
+        store.runs.edit_run(conn, "r07", {"archived": True}, now=9.0)
     page = store.runs.find_runs(RunFilter(), limit=5)
     assert page["total"] == 11  # the archived one is hidden
     assert [r["id"] for r in page["runs"]] == ["r11", "r10", "r09", "r08", "r06"]
@@ -198,14 +198,16 @@ def test_a_renamed_run_renames_its_alerts_and_a_deleted_run_leaves_nothing(store
             silence = Silence(id=f"s-{run_id}", run_id=run_id, rule="nonfinite", subject="",
                               until=9e9, created_at=2.0, created_by=None)  # fmt: skip
             store.alerts.add_silence(conn, silence)
-        summary = store.runs.edit_run(conn, "gone", {"name": "renamed", "notes": "lr too high"})
+        summary = store.runs.edit_run(
+            conn, "gone", {"name": "renamed", "notes": "lr too high"}, now=9.0
+        )
         assert summary is not None and summary["notes"] == "lr too high"
     renamed = store.alerts.get_alert("a-gone")
     assert renamed is not None and renamed["run_name"] == "renamed"
     with store.engine.begin() as conn:
         assert store.delete_run(conn, "gone")
         assert not store.delete_run(conn, "gone")
-        assert store.runs.edit_run(conn, "gone", {"name": "x"}) is None
+        assert store.runs.edit_run(conn, "gone", {"name": "x"}, now=9.0) is None
     assert store.runs.get_run("gone") is None
     assert store.series.read_series("gone", "loss").steps.size == 0
     assert store.alerts.get_alert("a-gone") is None and store.runs.run_events("gone") == []

@@ -8,6 +8,7 @@ import numpy as np
 
 from tests.server.storage.rows import hello
 from trainvitals.protocol import ArrayColumns, Columns
+from trainvitals.server.storage.codec import CURRENT
 from trainvitals.server.store import Store
 
 
@@ -157,7 +158,7 @@ def test_an_ended_run_is_compacted_into_blocks_that_read_back_bit_for_bit(store:
     # loss: 9600 points in blocks of at most 4096 keyed by their last frame; host/rss and the
     # sparse norms one block each.
     assert [(s, seq, e, n) for s, seq, e, n in rows if s == "loss"] == [
-        ("loss", 128, 1, 4096), ("loss", 256, 1, 4096), ("loss", 300, 1, 1408)
+        ("loss", 128, CURRENT, 4096), ("loss", 256, CURRENT, 4096), ("loss", 300, CURRENT, 1408)
     ]  # fmt: skip
     assert [(s, n) for s, _, _, n in rows if s != "loss"] == [
         ("grad/norm/dense/kernel", 300), ("host/rss", 300)
@@ -181,7 +182,7 @@ def test_a_live_run_is_compacted_in_full_blocks_behind_its_replayed_history(
     rows = _rows(store, "live")
     loss = [(seq, e, n) for s, seq, e, n in rows if s == "loss"]
     # Frames 1-128 make four full blocks; 129-150 wait for more, and 151-200 stay as sent.
-    assert loss[:4] == [(32, 1, 1024), (64, 1, 1024), (96, 1, 1024), (128, 1, 1024)]
+    assert loss[:4] == [(seq, CURRENT, 1024) for seq in (32, 64, 96, 128)]
     assert loss[4:] == [(seq, None, 32) for seq in range(129, 201)]
     assert _same(store.series.read_series("live", "loss"), sent["loss"])
     recent = store.series.recent_points("live", frames=50)

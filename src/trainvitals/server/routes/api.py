@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from functools import partial
 from typing import Annotated, Literal, cast
 
@@ -218,7 +219,7 @@ async def edit_run(run_id: str, body: RunEditRequest, state: StateDep, who: Admi
     check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))
     edit = cast(RunEdit, body.model_dump(exclude_none=True))
     summary = await state.writer.submit(
-        partial(state.store.runs.edit_run, run_id=run_id, edit=edit)
+        partial(state.store.runs.edit_run, run_id=run_id, edit=edit, now=time.time())
     )
     if summary is None:
         raise run_not_found(run_id)

@@ -20,7 +20,20 @@ first bytes, then all the second bytes...), so the zero bytes line up, and defla
 raw stream). Decoding is the inverse: inflate, untranspose, and a cumulative sum (steps and
 times) or a cumulative XOR (values) — numpy, vectorised across every row read at once.
 
-Every float64 comes back bit for bit: NaN payloads, -0.0, ±Inf and subnormals included.
+Encoding 2 (``NARROW``, what :func:`encode` writes now): steps as in ``DELTA_XOR``; times and
+values each begin with a byte that says their form, chosen per block:
+
+- times: ``0``, as in ``DELTA_XOR``; ``1``, when every time is a whole number of microseconds
+  (the agent sends them so) and comes back exactly from it (any such time up to 2^32 s, the year
+  2106, does): delta-of-delta of ``int64``
+  microseconds, where the float's bits would spend about two more bits a point on its ULPs.
+- values: ``0``, as in ``DELTA_XOR``; ``1``, when every value is exactly a float32 (what
+  TensorFlow computes): the float32 bits XOR the previous ones, in 4 byte planes, where the
+  float64's layout spreads the same bits over 5 bytes.
+
+Every float64 comes back bit for bit: NaN payloads, -0.0, ±Inf and subnormals included (a
+block whose times or values a narrow form would not give back exactly keeps the wide one).
+Rows of every encoding read, mixed in any order.
 """
 
 from __future__ import annotations
@@ -36,26 +49,37 @@ from trainvitals.protocol import ArrayColumns, Columns
 
 RAW = 0
 DELTA_XOR = 1
+NARROW = 2
 #: What :func:`encode` writes.
-CURRENT = DELTA_XOR
+CURRENT = NARROW
+
+#: The form bytes of a ``NARROW`` row's times and values.
+_WIDE, _SMALL = 0, 1
+_MICROS = 1e6
+_MAX_MICROS_TIME = 9e12  # seconds: beyond, microseconds overflow int64
 
 _ZLIB_LEVEL = 6
 _RAW_DEFLATE = -15  # wbits: a raw deflate stream, without zlib's 6 bytes of header and checksum
 _I8 = np.dtype("<i8")
 _U8 = np.dtype("<u8")
 _F8 = np.dtype("<f8")
+_U4 = np.dtype("<u4")
+_F4 = np.dtype("<f4")
 
 Encoded = tuple[bytes, bytes, bytes]
 #: A stored row's columns: (encoding, steps, times, vals); encoding None reads as RAW.
 Row = Sequence[object]
 
 
-def encode(steps: ArrayLike, times: ArrayLike, values: ArrayLike) -> Encoded:
-    """The ``DELTA_XOR`` encoding of one chunk's points (equal lengths)."""
+def encode(
+    steps: ArrayLike, times: ArrayLike, values: ArrayLike, *, narrow: bool = True
+) -> Encoded:
+    """The ``NARROW`` encoding of one chunk's points (equal lengths); ``narrow=False``: the
+    wide forms whatever the points are (what ``DELTA_XOR`` would take, for comparison)."""
     return (
         _deflate(_zigzag(_delta_of_delta(np.asarray(steps, dtype=_I8)))),
-        _deflate(_zigzag(_delta_of_delta(np.asarray(times, dtype=_F8).view(_I8)))),
-        _deflate(_xor_previous(np.asarray(values, dtype=_F8).view(_U8))),
+        _encode_times(np.asarray(times, dtype=_F8), narrow),
+        _encode_values(np.asarray(values, dtype=_F8), narrow),
     )
 
 
@@ -73,22 +97,20 @@ def decode(rows: Sequence[Row]) -> ArrayColumns:
     rows of both encodings may be mixed."""
     if all(_encoding(row[0]) == RAW for row in rows):
         return _decode_raw(rows)
-    parts = [_decode_run(run) for run in _runs_by_encoding(rows)]
-    if len(parts) == 1:
-        return parts[0]
-    return Columns(
-        np.concatenate([p.steps for p in parts]),
-        np.concatenate([p.times for p in parts]),
-        np.concatenate([p.values for p in parts]),
-    )
+    return _concatenate([_decode_run(run) for run in _runs_by_encoding(rows)])
 
 
 def last_value(encoding: object, vals: object) -> float:
     """The last value of one row's ``vals``."""
-    if _encoding(encoding) == RAW:
+    kind = _encoding(encoding)
+    if kind == RAW:
         return float(np.frombuffer(vals, dtype=_F8)[-1])  # type: ignore[call-overload]
-    words = _inflate(vals)
-    return float(np.bitwise_xor.reduce(words).view(_F8))
+    if kind == NARROW:
+        form, body = _form(vals)
+        if form == _SMALL:
+            return float(np.bitwise_xor.reduce(_inflate(body, 4)).view(_F4))
+        vals = body
+    return float(np.bitwise_xor.reduce(_inflate(vals)).view(_F8))
 
 
 # -- the transforms ---------------------------------------------------------------------------
@@ -119,8 +141,35 @@ def _xor_previous(u: np.ndarray) -> np.ndarray:
 
 
 def _deflate(words: np.ndarray) -> bytes:
-    planes = words.view(np.uint8).reshape(-1, 8).T  # byte plane p: byte p of every word
+    width = words.dtype.itemsize
+    planes = words.view(np.uint8).reshape(-1, width).T  # byte plane p: byte p of every word
     return zlib.compress(planes.tobytes(), _ZLIB_LEVEL, _RAW_DEFLATE)
+
+
+def _encode_times(times: np.ndarray, narrow: bool) -> bytes:
+    micros = _exact_micros(times) if narrow else None
+    if micros is None:
+        return bytes([_WIDE]) + _deflate(_zigzag(_delta_of_delta(times.view(_I8))))
+    return bytes([_SMALL]) + _deflate(_zigzag(_delta_of_delta(micros)))
+
+
+def _exact_micros(times: np.ndarray) -> np.ndarray | None:
+    """``times`` as whole microseconds (``int64``), if that is exactly what they are."""
+    if not np.all(np.abs(times) < _MAX_MICROS_TIME):  # NaN and ±Inf too
+        return None
+    micros = np.round(times * _MICROS).astype(_I8)
+    # The very division decoding does: -0.0, and any float a microsecond can't give, fail.
+    if not np.array_equal((micros / _MICROS).view(_U8), times.view(_U8)):
+        return None
+    return micros
+
+
+def _encode_values(values: np.ndarray, narrow: bool) -> bytes:
+    with np.errstate(over="ignore", invalid="ignore"):  # refused below if not exact
+        single = values.astype(_F4)
+    if narrow and np.array_equal(single.astype(_F8).view(_U8), values.view(_U8)):
+        return bytes([_SMALL]) + _deflate(_xor_previous(single.view(_U4)))
+    return bytes([_WIDE]) + _deflate(_xor_previous(values.view(_U8)))
 
 
 # -- decoding ---------------------------------------------------------------------------------
@@ -144,6 +193,8 @@ def _decode_run(rows: Sequence[Row]) -> ArrayColumns:
     kind = _encoding(rows[0][0])
     if kind == RAW:
         return _decode_raw(rows)
+    if kind == NARROW:
+        return _concatenate([_decode_narrow(row) for row in rows])
     if kind != DELTA_XOR:
         raise StorageError(
             f"a stored chunk has encoding {kind}, which this version does not know: "
@@ -161,6 +212,48 @@ def _decode_run(rows: Sequence[Row]) -> ArrayColumns:
     )
 
 
+def _decode_narrow(row: Row) -> ArrayColumns:
+    """One ``NARROW`` row (a compacted block: tens of thousands of points, so a row at a
+    time costs little)."""
+    n = int(row[1])  # type: ignore[call-overload]
+    start = np.zeros(1, dtype=np.int64)
+    steps = _undo_delta_of_delta(_unzigzag(_inflate(row[2])), start)
+    form, body = _form(row[3])
+    if form == _SMALL:
+        times = _undo_delta_of_delta(_unzigzag(_inflate(body)), start) / _MICROS
+    else:
+        times = _undo_delta_of_delta(_unzigzag(_inflate(body)), start).view(_F8)
+    form, body = _form(row[4])
+    if form == _SMALL:
+        values = np.bitwise_xor.accumulate(_inflate(body, 4)).view(_F4).astype(_F8)
+    else:
+        values = np.bitwise_xor.accumulate(_inflate(body)).view(_F8)
+    if not steps.size == times.size == values.size == n:
+        raise StorageError(
+            f"a stored chunk holds {steps.size}, {times.size} and {values.size} steps, times "
+            f"and values, not {n} of each"
+        )
+    return Columns(steps, times, values)
+
+
+def _form(data: object) -> tuple[int, bytes]:
+    """A ``NARROW`` column's form byte, and the rest."""
+    column = bytes(data)  # type: ignore[call-overload]
+    if not column or column[0] not in (_WIDE, _SMALL):
+        raise StorageError(f"a stored chunk's column has form {column[:1]!r}, not 0 or 1")
+    return column[0], column[1:]
+
+
+def _concatenate(parts: Sequence[ArrayColumns]) -> ArrayColumns:
+    if len(parts) == 1:
+        return parts[0]
+    return Columns(
+        np.concatenate([p.steps for p in parts]),
+        np.concatenate([p.times for p in parts]),
+        np.concatenate([p.values for p in parts]),
+    )
+
+
 def _decode_raw(rows: Sequence[Row]) -> ArrayColumns:
     return Columns(
         np.frombuffer(b"".join(row[2] for row in rows), dtype=_I8),  # type: ignore[misc]
@@ -169,12 +262,13 @@ def _decode_raw(rows: Sequence[Row]) -> ArrayColumns:
     )
 
 
-def _inflate(data: object) -> np.ndarray:
-    """One row's words of one column, inflated and put back from byte planes."""
+def _inflate(data: object, width: int = 8) -> np.ndarray:
+    """One row's words of one column (``width`` bytes each), inflated and put back from byte
+    planes."""
     planes = np.frombuffer(zlib.decompress(data, _RAW_DEFLATE), dtype=np.uint8)  # type: ignore[arg-type]
-    if planes.size % 8:
-        raise StorageError(f"a stored chunk holds {planes.size} bytes, not 8 a point")
-    return planes.reshape(8, -1).T.copy().view(_U8).ravel()
+    if planes.size % width:
+        raise StorageError(f"a stored chunk holds {planes.size} bytes, not {width} a point")
+    return planes.reshape(width, -1).T.copy().view(_U8 if width == 8 else _U4).ravel()
 
 
 def _planes(rows: Sequence[Row], column: int, sizes: np.ndarray) -> np.ndarray:

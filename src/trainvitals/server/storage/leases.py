@@ -21,6 +21,9 @@ leases = Table(
     Column("expires", Float, nullable=False),
 )
 
+#: The prefix of the lease on a run's detector: ``run:<id>``.
+RUN = "run:"
+
 
 class LeaseStore:
     """The ``leases`` table. Every method writes, in the writer's transaction."""

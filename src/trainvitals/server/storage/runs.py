@@ -19,17 +19,20 @@ from typing import (
     cast,
 )
 
-from sqlalchemy import Connection, Engine, and_, case, false, func, select, true, update
+from sqlalchemy import Connection, Engine, and_, case, false, func, or_, select, true, update
 from sqlalchemy.sql.elements import ColumnElement
 from typing_extensions import TypedDict
 
 from trainvitals.lifecycle import ALIVE, End, Event, Hello, Progress, Silent, Stall, moves
 from trainvitals.protocol import EndReason, RunStatus
+from trainvitals.server.settings import Retention
 from trainvitals.server.storage.schema import alerts, dialect_insert, events, runs, series
 
 #: A new run joins the newest job of its project and key while one of that job's runs is
 #: running or stalled, or when the job's newest run started at most this long before it.
 JOB_WINDOW = 600.0
+#: Seconds in a day (retention is set in days).
+DAY = 86400.0
 
 
 class RunSummary(TypedDict):
@@ -406,12 +409,19 @@ class RunStore:
             page.append(listed)
         return RunPage(runs=page, total=int(total or 0))
 
-    def edit_run(self, conn: Connection, run_id: str, edit: RunEdit) -> RunSummary | None:
-        """Rename, tag, note or archive a run; its alerts follow a new name. Returns the
-        run's summary, or None when there is no such run."""
+    def edit_run(
+        self, conn: Connection, run_id: str, edit: RunEdit, now: float
+    ) -> RunSummary | None:
+        """Rename, tag, note or archive a run; its alerts follow a new name. A run archived
+        now is ``archived_at`` now (archiving it again keeps the first time; bringing it back
+        clears it). Returns the run's summary, or None when there is no such run."""
         values: dict[str, Any] = dict(edit)
         if "tags" in edit:
             values["tags"] = json.dumps(edit["tags"])
+        if "archived" in edit:
+            already = runs.c.archived == true()
+            since = case((already, func.coalesce(runs.c.archived_at, now)), else_=now)
+            values["archived_at"] = since if edit["archived"] else None
         if values:
             conn.execute(update(runs).where(runs.c.id == run_id).values(**values))
         if "name" in edit:
@@ -420,6 +430,15 @@ class RunStore:
             )
         row = conn.execute(select(*_SUMMARY).where(runs.c.id == run_id)).mappings().first()
         return None if row is None else run_summary(dict(row))
+
+    def archived_to_delete(self, now: float, after_days: Retention, limit: int = 100) -> list[str]:
+        """Ended runs archived longer ago than their project's days, oldest first."""
+        due = archived_past(now, after_days)
+        if due is None:
+            return []
+        query = select(runs.c.id).where(due).order_by(runs.c.archived_at).limit(limit)
+        with self._engine.connect() as conn:
+            return list(conn.execute(query).scalars())
 
     def get_run(self, run_id: str, job: bool = True) -> RunDetail | None:
         """One run with its series names and (``job``) its job's runs."""
@@ -467,6 +486,36 @@ def record_progress(
         larger = func.greatest if conn.dialect.name == "postgresql" else func.max
         changes["last_step"] = larger(func.coalesce(runs.c.last_step, last_step), last_step)
     conn.execute(update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(**changes))
+
+
+def past_days(
+    after_days: Retention, column: ColumnElement[Any], now: float
+) -> ColumnElement[bool] | None:
+    """Whether ``column`` (a time) lies further back than the run's project's days in
+    ``after_days``, as SQL; None when the policy reaches no project."""
+    old = [
+        and_(runs.c.project == project, column < now - days * DAY)
+        for project, days in after_days.projects.items()
+        if days > 0
+    ]
+    if after_days.default is not None:
+        others = runs.c.project.not_in(list(after_days.projects))
+        old.append(and_(others, column < now - after_days.default * DAY))
+    return or_(*old) if old else None
+
+
+def archived_past(now: float, after_days: Retention) -> ColumnElement[bool] | None:
+    """Runs that have ended, archived longer ago than their project's days, as SQL (None:
+    none can be). A running run is never among them: its agent would write it again."""
+    old = past_days(after_days, runs.c.archived_at, now)
+    if old is None:
+        return None
+    return and_(
+        runs.c.archived == true(),
+        runs.c.archived_at.is_not(None),
+        runs.c.status.not_in(_values(ALIVE)),
+        old,
+    )
 
 
 def worker_order(worker: str | None) -> tuple[int, str, int, str]:

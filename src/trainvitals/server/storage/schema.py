@@ -75,6 +75,9 @@ runs = Table(
     Column("tags", Text),
     Column("notes", Text),
     Column("archived", Boolean),
+    # When it was archived (NULL: it is not); archived runs are deleted some days after it
+    # when the project's retention says so (RunStore.archived_to_delete).
+    Column("archived_at", Float),
     Index("ix_runs_started_at", "started_at"),
     # The runs list's filters and sort orders (GET /api/v1/runs).
     Index("ix_runs_project_started", "project", "started_at"),
@@ -104,7 +107,8 @@ chunks = Table(
     Column("times", LargeBinary, nullable=False),
     Column("vals", LargeBinary, nullable=False),
     # How steps, times and vals are written (trainvitals.server.storage.codec): NULL or 0,
-    # packed arrays as every row before the codec; 1, delta-of-delta and XOR, deflated.
+    # packed arrays as every row before the codec; 1, delta-of-delta and XOR, deflated; 2, as
+    # 1 with float32 values and whole-microsecond times in narrower forms (what is written now).
     Column("encoding", SmallInteger),
 )
 

@@ -28,7 +28,7 @@ from trainvitals.protocol import AnyColumns, ArrayColumns, Columns
 from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage import codec
-from trainvitals.server.storage.runs import record_progress
+from trainvitals.server.storage.runs import past_days, record_progress
 from trainvitals.server.storage.schema import chunks, dialect_insert, runs, series
 
 _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
@@ -313,21 +313,13 @@ class SeriesStore:
 
     def runs_to_thin(self, now: float, after_days: Retention, limit: int = 100) -> list[str]:
         """Ended runs not yet thinned whose end is older than their project's days."""
-        day = 86400.0
-        old = [
-            and_(runs.c.project == project, runs.c.ended_at < now - days * day)
-            for project, days in after_days.projects.items()
-            if days > 0
-        ]
-        if after_days.default is not None:
-            others = runs.c.project.not_in(list(after_days.projects))
-            old.append(and_(others, runs.c.ended_at < now - after_days.default * day))
-        if not old:
+        old = past_days(after_days, runs.c.ended_at, now)
+        if old is None:
             return []
         query = (
             select(runs.c.id)
             .where(runs.c.thinned_at.is_(None), runs.c.status.not_in([s.value for s in ALIVE]))
-            .where(or_(*old))
+            .where(old)
             .order_by(runs.c.ended_at)
             .limit(limit)
         )
