@@ -203,7 +203,7 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 
 // One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it. Options:
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
-// when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON;
+// when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON Lines;
 // onDrawn(chart) after each redraw.
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
@@ -217,8 +217,8 @@ export class Chart {
     this.card.dataset.chart = id;
     this.card.innerHTML = `<div class="chart-head"><h3></h3><div class="chart-tools">
         <button type="button" data-tool="log" aria-pressed="false" title="logarithmic y-axis">log</button>
-        ${onDownload ? `<button type="button" data-tool="csv" title="download the series as CSV">CSV</button>
-        <button type="button" data-tool="json" title="download the series as JSON">JSON</button>` : ""}
+        ${onDownload ? `<button type="button" data-tool="csv" title="download every point as CSV">CSV</button>
+        <button type="button" data-tool="jsonl" title="download every point as JSON Lines">JSONL</button>` : ""}
       </div></div>${spec.note ? '<p class="chart-note muted"></p>' : ""}<div class="plot" role="img"></div>`;
     this.card.querySelector("h3").textContent = title;
     if (spec.note) this.card.querySelector(".chart-note").textContent = spec.note;
@@ -237,7 +237,7 @@ export class Chart {
     this.onScreen = true;
     this.stale = false;
     this.card.querySelector('[data-tool="log"]').addEventListener("click", () => { this.log = !this.log; this.schedule(); });
-    for (const format of ["csv", "json"]) {
+    for (const format of ["csv", "jsonl"]) {
       this.card.querySelector(`[data-tool="${format}"]`)?.addEventListener("click", () => this.onDownload(format, this));
     }
     Plotly.newPlot(this.plot, [], this.layout([]), CONFIG);
@@ -510,17 +510,6 @@ export class Chart {
     this.card.querySelector('[data-tool="log"]').setAttribute("aria-pressed", String(this.log));
     this.card.dataset.drawn = String(traces.reduce((n, t) => n + (t.meta === "raw" ? 0 : t.x.length), 0));
     this.onDrawn?.(this);
-  }
-
-  // The series as a file: CSV (series,step,time,value) or JSON ({series: {name: points}}).
-  static file(series, format) {
-    if (format === "json") return new Blob([JSON.stringify({ series })], { type: "application/json" });
-    const quote = (text) => (/[",\n\r]/.test(text) ? `"${text.replaceAll('"', '""')}"` : text);
-    const lines = ["series,step,time,value"];
-    for (const [name, points] of Object.entries(series)) {
-      points.step.forEach((step, i) => lines.push(`${quote(name)},${step},${points.time[i]},${points.value[i] ?? ""}`));
-    }
-    return new Blob([lines.join("\n") + "\n"], { type: "text/csv" });
   }
 
   destroy() {

@@ -2,7 +2,7 @@
 // marked at their steps.
 
 import { AlertList, alertItem } from "./alert-items.js";
-import { deleteRun, editRun, getRun, getRunAlerts, getSeries } from "./api.js";
+import { deleteRun, editRun, exportPath, getRun, getRunAlerts, getSeries } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder, plotlyReady } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
@@ -244,17 +244,15 @@ export class RunPage {
     this.root.querySelector("#charts").dataset.detail = `${steps.min}-${steps.max}`;
   }
 
-  // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file.
-  async download(format, chart) {
-    const names = [...chart.series.keys()];
-    const { series } = await getSeries(this.runId, names, 100000, chart.stepRange());
+  // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file the
+  // server streams: nothing capped, nothing held in the page.
+  download(format, chart) {
     const link = document.createElement("a");
-    link.href = URL.createObjectURL(Chart.file(series, format));
-    link.download = `${this.run.name}-${chart.id}.${format}`.replace(/[^\w.-]+/g, "_");
+    link.href = exportPath(this.runId, [...chart.series.keys()], format, chart.stepRange(), `${this.run.name}-${chart.id}`);
+    link.download = ""; // the server names the file
     document.body.appendChild(link);
     link.click();
     link.remove();
-    setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
   }
 
   // Rename, tag, note, archive or delete the run (the server asks for the admin role).

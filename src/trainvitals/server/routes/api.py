@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from trainvitals.detect import AlertState, Severity
 from trainvitals.detect.types import worse
 from trainvitals.lifecycle import ALIVE
-from trainvitals.protocol import RunStatus
+from trainvitals.protocol import ArrayColumns, Columns, RunStatus
 from trainvitals.series import HOST_PREFIX
 from trainvitals.server.answers import (
     API_ERRORS,
@@ -281,6 +281,10 @@ def get_series(
     return {"series": out}
 
 
+#: An export's file name (before its extension): plain ASCII, safe in a header as it is.
+_FILENAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$"
+
+
 @router.get(
     "/runs/{run_id}/export",
     response_class=StreamingResponse,
@@ -292,9 +296,14 @@ def export_series(
     who: Reader,
     name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
     fmt: Annotated[ExportFormat, Query(alias="format")] = ExportFormat.CSV,
+    min_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
+    max_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
+    filename: Annotated[str | None, Query(pattern=_FILENAME)] = None,
 ) -> StreamingResponse:
     """Every point of the run's series (all of them when no ``name`` is given) at full
-    resolution, streamed as CSV, JSON Lines or Parquet (see docs/contract.md#export)."""
+    resolution, streamed as CSV, JSON Lines or Parquet (see docs/contract.md#export);
+    ``min_step`` and ``max_step`` (inclusive): only the points in that range; ``filename``:
+    the file's name before its extension (the run's id by default)."""
     run = store.runs.get_run(run_id, job=False)
     if run is None:
         raise run_not_found(run_id)
@@ -305,12 +314,30 @@ def export_series(
         raise HTTPException(404, f"Run {run_id!r} has no series {missing[0]!r}")
     if fmt is ExportFormat.PARQUET and not parquet_available():
         raise HTTPException(501, PARQUET_HINT)
-    batches = ((n, points) for n in names for points in store.series.iter_series(run_id, n))
+    batches = (
+        (n, _in_range(points, min_step, max_step))
+        for n in names
+        for points in store.series.iter_series(run_id, n)
+    )
     return StreamingResponse(
         export(fmt, batches),
         media_type=MEDIA_TYPES[fmt],
-        headers={"Content-Disposition": f'attachment; filename="{run_id}.{fmt.value}"'},
+        headers={"Content-Disposition": f'attachment; filename="{filename or run_id}.{fmt.value}"'},
     )
+
+
+def _in_range(points: ArrayColumns, min_step: int | None, max_step: int | None) -> ArrayColumns:
+    """The points of a batch whose step is in ``[min_step, max_step]`` (frame order: a mask,
+    not a slice, since a series' steps need not grow)."""
+    if min_step is None and max_step is None:
+        return points
+    steps = points.steps
+    keep = np.ones(steps.size, dtype=bool)
+    if min_step is not None:
+        keep &= steps >= min_step
+    if max_step is not None:
+        keep &= steps <= max_step
+    return Columns(steps[keep], points.times[keep], points.values[keep])
 
 
 Limit = Annotated[int, Query(ge=1, le=10_000)]
