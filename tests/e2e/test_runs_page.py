@@ -4,6 +4,7 @@ beside how a run ended, tab titles, and runs compared on one page (#17)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from harness.processes import ServerProcess
 from harness.seed import seed_runs
 from tests.e2e.test_dashboard import expect
+from trainvitals import Run, resolve
 
 RUNS = 60  # more than a page (50)
 
@@ -108,6 +110,32 @@ def test_a_run_that_blew_up_never_looks_like_a_clean_finish(
     assert colour != first.locator("[data-status]").evaluate(
         "(b) => getComputedStyle(b).backgroundColor"
     )
+
+
+def test_a_runs_health_badge_follows_its_alerts_live(server: ServerProcess, browser: Any) -> None:
+    run = Run(resolve(server=server.url, project="live", run_name="turns-bad"),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    for step in range(1, 6):
+        run.log(step, {"loss": 1.0 / step, "nonfinite/loss": 0.0})
+    listed = open_page(server, browser)
+    row = listed.locator("tr.run-row", has_text="turns-bad")
+    expect(row.locator("[data-status]")).to_have_text("running")
+    header = open_page(server, browser, f"/#/runs/{run.id}")
+    expect(header.locator("#run-name")).to_have_text("turns-bad")
+    for page in (listed, header):
+        page.evaluate("window.notReloaded = true")
+    assert row.locator("[data-health]").count() == 0
+    assert header.locator("#run-status [data-health]").count() == 0
+
+    run.log(6, {"loss": math.nan, "nonfinite/loss": 1.0})  # a critical alert fires
+    expect(row.locator("[data-health]")).to_have_text("critical: nonfinite")
+    expect(header.locator("#run-status [data-health]")).to_have_text("critical: nonfinite")
+    expect(row.locator("[data-status]")).to_have_text("running")  # the rest of the run kept
+    for page in (listed, header):
+        assert page.evaluate("window.notReloaded") is True
+        assert not page.errors, page.errors
+    assert run.finish()
 
 
 def test_selected_runs_are_compared_one_colour_each_on_every_chart(

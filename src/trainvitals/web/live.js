@@ -1,9 +1,10 @@
 // The browser end of WS /api/v1/live: reconnects with backoff and re-subscribes.
 
 // A run as the server last described it. A "runs" message carries the whole summary of each
-// run that changed: every field in it, the status above all, is taken exactly as sent (the page
-// shows the server's status and derives none); the fields only a fetched run has (config,
-// environment, stacks, traceback, job) are kept.
+// run that changed, or only its id, project and health when an alert about it changed: every
+// field in it, the status above all, is taken exactly as sent (the page shows the server's
+// status and health and derives neither); the fields it lacks (config, environment, stacks,
+// traceback, job, and the rest of a health-only one) are kept.
 export function withSummary(run, summary) {
   return { ...run, ...summary };
 }

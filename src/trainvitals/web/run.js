@@ -133,7 +133,8 @@ export class RunPage {
     } else if (message.type === "runs") {
       const summary = message.runs.find((r) => r.id === this.runId);
       if (!summary) return;
-      const changed = summary.status !== this.run.status;
+      // A summary can be the run's health alone (an alert about it changed): no status.
+      const changed = summary.status != null && summary.status !== this.run.status;
       this.run = withSummary(this.run, summary);
       this.drawHeader();
       // The live summary has no stacks or traceback: fetch the run when its state changes.

@@ -6,6 +6,7 @@ import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { comparePath } from "./compare.js";
+import { withSummary } from "./live.js";
 import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, tagList, workerOrder } from "./format.js";
 
 const PAGE_SIZE = 50;
@@ -198,7 +199,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     && state.archived !== "only";
   const apply = (summaries) => {
     for (const summary of summaries) {
-      if (runs.has(summary.id)) runs.set(summary.id, { ...runs.get(summary.id), ...summary });
+      if (runs.has(summary.id)) runs.set(summary.id, withSummary(runs.get(summary.id), summary));
       else if (state.page === "0" && isNewestFirst() && matches(summary)) {
         runs = new Map([[summary.id, summary], ...runs]);
         total += 1;

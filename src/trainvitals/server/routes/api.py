@@ -13,7 +13,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from trainvitals.detect import AlertState, Severity
-from trainvitals.detect.types import worse
 from trainvitals.lifecycle import ALIVE
 from trainvitals.protocol import ArrayColumns, Columns, RunStatus
 from trainvitals.series import HOST_PREFIX
@@ -24,7 +23,6 @@ from trainvitals.server.answers import (
     ListedRun,
     RulesAnswer,
     RunAnswer,
-    RunHealth,
     RunsAnswer,
     SeriesAnswer,
     SeriesPoints,
@@ -57,7 +55,6 @@ from trainvitals.server.export import (
 from trainvitals.server.live import finite_or_none
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.tokens import Principal, Role
-from trainvitals.server.store import Store
 
 router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
@@ -116,7 +113,7 @@ def list_runs(
     )
     page = store.runs.find_runs(which, limit, offset, tuple(config or ()))
     response.headers["X-Total-Count"] = str(page["total"])
-    healths = _health(store, [run["id"] for run in page["runs"]])
+    healths = store.alerts.health([run["id"] for run in page["runs"]])
     listed = [{**run, "health": healths[run["id"]]} for run in page["runs"]]
     return {"runs": cast(list[ListedRun], listed), "total": page["total"]}
 
@@ -134,25 +131,13 @@ def get_run(run_id: str, store: StoreDep, who: Reader) -> RunAnswer:
         RunAnswer,
         {
             **run,
-            "health": _health(store, [run_id])[run_id],
+            "health": store.alerts.health([run_id])[run_id],
             "events": store.runs.run_events(run_id),
         },
     )
     if run["status"] not in ALIVE:  # evidence for the ending panel
         out["last_readings"] = store.series.last_values(run_id, (HOST_PREFIX, "gpu"))
     return out
-
-
-def _health(store: Store, run_ids: list[str]) -> dict[str, RunHealth]:
-    """Each run's :class:`RunHealth`, from one grouped query for them all."""
-    health = {run_id: RunHealth(worst=None, rules=[], firing=[]) for run_id in run_ids}
-    for standing in sorted(store.alerts.standings(run_ids), key=lambda s: s.rule):
-        of = health[standing.run_id]
-        of["rules"].append(standing.rule)
-        if standing.firing:
-            of["firing"].append(standing.rule)
-        of["worst"] = standing.worst if of["worst"] is None else worse(of["worst"], standing.worst)
-    return health
 
 
 #: Control characters a run's name, tags and notes may not hold (notes keep \t and \n).
