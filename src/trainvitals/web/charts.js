@@ -171,7 +171,7 @@ export function themed(layout) {
   return layout;
 }
 
-// The compare view's plots look like these.
+// The heatmap looks like the charts.
 export { LAYOUT as PLOT_LAYOUT, CONFIG as PLOT_CONFIG };
 
 // Charts (anything with a draw()) waiting to redraw, drawn in animation frames: as many in one frame as fit in
@@ -201,15 +201,17 @@ function drawPending() {
 export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
 const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" };
 
-// One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it. Options:
+// One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it, and alt (its
+// text alternative's start; the title by default) and legend (false: none). Options:
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
 // when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON Lines;
-// onDrawn(chart) after each redraw.
+// onDrawn(chart) after each redraw; styleOf(name): a series' trace attributes (its label as
+// name, line, meta, ...) where the series' own name would not do (runs compared).
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
-  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, view } = {}) {
+  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, styleOf, view } = {}) {
     const { id, title, log = false, height = LAYOUT.height } = spec;
-    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn });
+    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, styleOf });
     this.view = { ...DEFAULT_VIEW, ...view };
     this.log = log;
     this.card = document.createElement("section");
@@ -299,7 +301,8 @@ export class Chart {
     let total = 0;
     for (const series of this.series.values()) total += series.step.length;
     this.card.dataset.points = String(total);
-    this.plot.setAttribute("aria-label", `${this.spec.title}: ${this.series.size} series, ${total} points`
+    this.card.dataset.series = String(this.series.size);
+    this.plot.setAttribute("aria-label", `${this.spec.alt ?? this.spec.title}: ${this.series.size} series, ${total} points`
       + (this.xrange ? ", zoomed" : ""));
   }
 
@@ -445,13 +448,13 @@ export class Chart {
     const weight = this.view.smoothing;
     for (const name of this.series.keys()) {
       const data = this.shown(name);
-      const style = traceStyle(name);
+      const { name: label = name, ...style } = this.styleOf?.(name) ?? traceStyle(name);
       const visible = this.visible.get(name) ?? style.visible ?? true;
       const x = visible === true ? data.step.map((step, i) => this.xOf(step, data.time[i])) : [];
       // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
       // A hidden series is drawn without its points until it is shown (a legend click).
       const y = visible === true ? data.value : [];
-      const trace = { ...style, name: escapeHTML(name), x, y, type: "scatter", visible, legendgroup: name };
+      const trace = { legendgroup: name, ...style, name: escapeHTML(label), x, y, type: "scatter", visible };
       if (weight > 0 && smoothable(name)) {
         traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
         this.traceNames.push(name);
@@ -465,7 +468,7 @@ export class Chart {
   }
 
   layout(traces) {
-    const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height });
+    const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height, showlegend: this.spec.legend ?? true });
     layout.xaxis.title.text = X_TITLES[this.view.xaxis];
     if (this.view.xaxis === "wall") layout.xaxis.type = "date";
     if (this.xrange) Object.assign(layout.xaxis, { range: [...this.xrange], autorange: false });

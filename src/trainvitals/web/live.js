@@ -69,6 +69,21 @@ export class LiveSocket {
     }
   }
 
+  // Follow runs live while their history loads: subscribed at once, so that no point falls
+  // between the history and the stream; the messages that come meanwhile are held until
+  // start() (the history drawn), then passed on in order, and every later one at once.
+  // onReconnect: the socket came back (points may have been missed: reload). stop() ends it.
+  follow(runIds, { onMessage, onReconnect }) {
+    let held = [];
+    const offMessage = this.on((message) => (held ? held.push(message) : onMessage(message)));
+    const offReconnect = this.onReconnect(onReconnect);
+    for (const id of runIds) this.subscribe(id);
+    return {
+      start: () => { const pending = held ?? []; held = null; for (const message of pending) onMessage(message); },
+      stop: () => { offMessage(); offReconnect(); for (const id of runIds) this.unsubscribe(id); },
+    };
+  }
+
   // Returns a function that removes the handler.
   on(handler) { this.handlers.add(handler); return () => this.handlers.delete(handler); }
   onReconnect(handler) { this.reconnectHandlers.add(handler); return () => this.reconnectHandlers.delete(handler); }

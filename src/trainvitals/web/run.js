@@ -59,8 +59,7 @@ export class RunPage {
     this.alertList = null;
     this.charts = new Map(); // chart id -> its chart, made when its first series arrives
     this.chartsRoot = null;
-    this.buffered = []; // live messages that arrive while the history loads
-    this.loaded = false;
+    this.following = null; // the live stream of this run, from before its history loads
     this.refreshes = 0;
     this.reloading = null;
     this.ticker = null;
@@ -95,10 +94,9 @@ export class RunPage {
       },
     });
 
-    // Subscribe before fetching history, so nothing falls between the two.
-    this.off.push(this.live.on((message) => (this.loaded ? this.onLive(message) : this.buffered.push(message))));
-    this.live.subscribe(this.runId);
-    this.off.push(this.live.onReconnect(() => this.onReconnect()));
+    this.following = this.live.follow([this.runId], {
+      onMessage: (message) => this.onLive(message), onReconnect: () => this.onReconnect(),
+    });
     // A null update: the feed reloaded after a reconnect, so this run's alerts may have changed too.
     this.off.push(this.feed.on((alert) => {
       if (!alert) this.loadAlerts();
@@ -115,9 +113,7 @@ export class RunPage {
     await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
     this.charts.get("grad_norm")?.showTopVariables();
     this.drawMarkers(); // the layers an alert names stay shown, whatever their rank
-    this.loaded = true;
-    for (const message of this.buffered) this.onLive(message);
-    this.buffered = [];
+    this.following.start();
     if (!this.charts.size) this.chartsRoot.innerHTML = `<p class="muted" id="no-data">No points yet.</p>`;
     // Redrawn now and then: "last seen" ages, and a forecast's time left shrinks.
     this.ticker = setInterval(() => { this.drawHeader(); this.drawMarkers(); }, 5000);
@@ -168,7 +164,7 @@ export class RunPage {
     clearTimeout(this.reloading);
     this.alertList?.destroy();
     this.job?.destroy();
-    if (this.run) this.live.unsubscribe(this.runId);
+    this.following?.stop();
     for (const chart of this.charts.values()) chart.destroy();
     this.heatmap?.destroy();
   }
