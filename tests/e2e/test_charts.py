@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,30 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
         """() => document.querySelector('[data-chart="grad_norm"] .plot').data
                  .some((t) => t.name === 'grad/norm/sigmoid_0/kernel' && t.visible === true)"""
     )
+    # Only the layers drawn go to plotly; the others are one tick away in the list under it.
+    grad = page.locator('[data-chart="grad_norm"]')
+    picker = grad.locator(".series-picker")
+    expect(picker.locator("summary")).to_have_text("Layers: 6 of 27 drawn")
+    assert len(plot(page, "grad_norm", "plot.data")) == 7  # with the global norm
+    picker.locator("summary").click()
+    picker.locator('input[data-series="grad/norm/dense_25/kernel"]').check()
+    expect(picker.locator("summary")).to_have_text("Layers: 7 of 27 drawn")
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="grad_norm"] .plot').data
+                 .some((t) => t.name === 'grad/norm/dense_25/kernel')"""
+    )
+    # At 1400 px its legend is under the plot, not over it, and twelve decades of norms are
+    # labelled a few decades apart, no label on another.
+    boxes = grad.evaluate(
+        """(card) => {
+             const box = (el) => { const r = el.getBoundingClientRect();
+                                   return [r.left, r.top, r.right, r.bottom]; };
+             return { plot: box(card.querySelector('.nsewdrag')),
+                      legend: box(card.querySelector('.legend')),
+                      ticks: [...card.querySelectorAll('.ytick text')].map(box) }; }"""
+    )
+    assert boxes["legend"][1] >= boxes["plot"][3]  # its top under the plot's bottom
+    ticks = sorted(boxes["ticks"], key=lambda b: b[1])
+    assert 3 <= len(ticks) <= 8
+    assert all(upper[3] <= lower[1] for upper, lower in pairwise(ticks))
+    assert plot(page, "grad_norm", "plot._fullLayout.yaxis.dtick") in (2, 3)

@@ -5,7 +5,7 @@
 
 import { SEVERITY_COLOURS } from "./alert-feed.js";
 import { escapeHTML, formatDuration } from "./format.js";
-import { clippedRange, debiasedEma, fullRange, stepsBetween, withDetail } from "./plotmath.js";
+import { clippedRange, debiasedEma, fullRange, logTicks, stepsBetween, withDetail } from "./plotmath.js";
 import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
   GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
@@ -15,6 +15,9 @@ import {
 
 const REFETCH_AT = 20000; // points in a trace before it is reloaded downsampled from the server
 const LIVE_REDRAW_MS = 250; // the shortest time between two redraws for live points
+// ... and at least this many times what its last redraw took: a chart slow to draw (many
+// series, a slow machine) redraws less often, so live drawing never takes the page over.
+const LIVE_REDRAW_COST = 10;
 
 // A chart is found by its id, which never changes: the page's data-chart="<id>", the key that
 // alerts are marked by. Its title is for people only. Charts sort by rank, then by title.
@@ -23,8 +26,11 @@ const RANK = { loss: 0, metric: 1, stepTime: 2, grad: 3, nonfinite: 4, host: 5, 
 const HOST_MEMORY = new Set([HOST_RSS, HOST_LIMIT, HOST_AVAILABLE, HOST_SWAP_USED]);
 const GROUPS = [
   {
-    id: "grad_norm", title: "gradient norm", rank: RANK.grad, log: true, height: 320,
+    id: "grad_norm", title: "gradient norm", rank: RANK.grad, log: true, height: 340, legend: "below",
     holds: (name) => name === GRAD_GLOBAL_NORM || name.startsWith(GRAD_NORM_PREFIX),
+    // A model has tens to hundreds of layers: they are chosen in a list under the chart (which
+    // Tab reaches), and only those chosen go to plotly, whose legend lists the few drawn.
+    pick: (name) => (name.startsWith(GRAD_NORM_PREFIX) ? name.slice(GRAD_NORM_PREFIX.length) : null), pickTitle: "Layers",
   },
   // The optimizer's own state, read in the train step: not a Keras running mean.
   { id: LR, title: "learning rate", rank: RANK.stepTime, log: true, holds: (name) => name === LR },
@@ -186,6 +192,12 @@ export function drawSoon(chart) {
 
 export function cancelDraw(chart) { pending.delete(chart); }
 
+// How long a live redraw waits: until `every` ms after the last one, and LIVE_REDRAW_COST
+// times what that one took (cost, in ms).
+export function liveWait(last, cost, every) {
+  return last + Math.max(every, LIVE_REDRAW_COST * cost) - performance.now();
+}
+
 function drawPending() {
   const start = performance.now();
   for (const chart of pending) {
@@ -202,7 +214,9 @@ export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 
 const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" };
 
 // One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it, and alt (its
-// text alternative's start; the title by default) and legend (false: none). Options:
+// text alternative's start; the title by default), legend (false: none; "below": under the
+// plot) and pick(name) (the label of a series chosen in a list under the chart, titled
+// pickTitle, null for the others; those not chosen are not drawn). Options:
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
 // when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON Lines;
 // onDrawn(chart) after each redraw; styleOf(name): a series' trace attributes (its label as
@@ -221,7 +235,8 @@ export class Chart {
         <button type="button" data-tool="log" aria-pressed="false" title="logarithmic y-axis">log</button>
         ${onDownload ? `<button type="button" data-tool="csv" title="download every point as CSV">CSV</button>
         <button type="button" data-tool="jsonl" title="download every point as JSON Lines">JSONL</button>` : ""}
-      </div></div>${spec.note ? '<p class="chart-note muted"></p>' : ""}<div class="plot" role="img"></div>`;
+      </div></div>${spec.note ? '<p class="chart-note muted"></p>' : ""}<div class="plot" role="img"></div>
+      ${spec.pick ? '<details class="series-picker"><summary></summary><div class="picks" role="group"></div></details>' : ""}`;
     this.card.querySelector("h3").textContent = title;
     if (spec.note) this.card.querySelector(".chart-note").textContent = spec.note;
     container.appendChild(this.card);
@@ -236,12 +251,21 @@ export class Chart {
     this.frame = null;
     this.timer = null;
     this.lastDraw = -Infinity;
+    this.drawCost = 0; // ms the last redraw took
+    this.revision = 0; // plotly's datarevision: the arrays it was given grow in place
+    this.picked = ""; // what the series list shows, to redraw it only when that changed
     this.onScreen = true;
     this.stale = false;
     this.card.querySelector('[data-tool="log"]').addEventListener("click", () => { this.log = !this.log; this.schedule(); });
     for (const format of ["csv", "jsonl"]) {
       this.card.querySelector(`[data-tool="${format}"]`)?.addEventListener("click", () => this.onDownload(format, this));
     }
+    this.card.querySelector(".picks")?.addEventListener("change", (event) => {
+      const name = event.target.dataset?.series;
+      if (name == null) return;
+      this.visible.set(name, event.target.checked ? true : "legendonly");
+      this.schedule();
+    });
     Plotly.newPlot(this.plot, [], this.layout([]), CONFIG);
     this.plot.on("plotly_relayout", (event) => this.zoomed(event));
     this.plot.on("plotly_restyle", ([update, indices]) => {
@@ -437,7 +461,7 @@ export class Chart {
       clearTimeout(this.timer); // people wait for nobody
       this.timer = null;
     }
-    const wait = live ? this.lastDraw + LIVE_REDRAW_MS - performance.now() : 0;
+    const wait = live ? liveWait(this.lastDraw, this.drawCost, LIVE_REDRAW_MS) : 0;
     const queue = () => { this.timer = null; this.frame = true; drawSoon(this); };
     if (wait > 0) this.timer = setTimeout(queue, wait); else queue();
   }
@@ -447,10 +471,12 @@ export class Chart {
     this.traceNames = [];
     const weight = this.view.smoothing;
     for (const name of this.series.keys()) {
-      const data = this.shown(name);
       const { name: label = name, ...style } = this.styleOf?.(name) ?? traceStyle(name);
       const visible = this.visible.get(name) ?? style.visible ?? true;
-      const x = visible === true ? data.step.map((step, i) => this.xOf(step, data.time[i])) : [];
+      if (visible !== true && this.spec.pick?.(name) != null) continue; // not chosen: not drawn at all
+      const data = this.shown(name);
+      // In steps, the series' own array (plotly reads, never writes it; datarevision says it grew).
+      const x = visible !== true ? [] : this.view.xaxis === "step" ? data.step : data.step.map((step, i) => this.xOf(step, data.time[i]));
       // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
       // A hidden series is drawn without its points until it is shown (a legend click).
       const y = visible === true ? data.value : [];
@@ -468,25 +494,28 @@ export class Chart {
   }
 
   layout(traces) {
-    const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height, showlegend: this.spec.legend ?? true });
+    const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height, showlegend: this.spec.legend !== false });
+    layout.datarevision = ++this.revision;
+    // Under the plot, a legend of any length pushes the plot up rather than covering it.
+    if (this.spec.legend === "below") layout.legend = { orientation: "h", x: 0, y: -0.22, yanchor: "top" };
     layout.xaxis.title.text = X_TITLES[this.view.xaxis];
     if (this.view.xaxis === "wall") layout.xaxis.type = "date";
     if (this.xrange) Object.assign(layout.xaxis, { range: [...this.xrange], autorange: false });
-    // plotly spaces the decades' labels so that they never overlap.
     if (this.log) Object.assign(layout.yaxis, { type: "log", exponentformat: "power" });
     if (this.spec.bytes) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
-    const range = this.yRange(traces);
+    const values = this.valuesInView(traces);
+    const range = this.yRange(values);
     layout.yaxis.range = range ?? undefined;
     layout.yaxis.autorange = !range;
+    // A log axis labels a few decades at most, however many it spans.
+    if (this.log) Object.assign(layout.yaxis, { dtick: logTicks(range ?? fullRange(values, true)), tick0: 0 });
     this.card.dataset.clipped = String(Boolean(range));
     const { shapes, annotations } = this.markings();
     return { ...layout, shapes, annotations };
   }
 
-  // With clipping on, a range for the values in view that outliers cannot flatten; zoomed,
-  // the range of the points it shows (plotly's own would range them all); else plotly's (null).
-  yRange(traces) {
-    if (!this.view.clip && !this.xrange) return null;
+  // The y values of the points in view (all of them, or the zoom's).
+  valuesInView(traces) {
     const values = [];
     const wall = this.view.xaxis === "wall";
     const [lo, hi] = this.xrange ? this.xrange.map((x) => (wall ? Date.parse(x) : Number(x))) : [-Infinity, Infinity];
@@ -497,6 +526,13 @@ export class Chart {
         if (at >= lo && at <= hi) values.push(trace.y[i]);
       });
     }
+    return values;
+  }
+
+  // With clipping on, a range for the values in view that outliers cannot flatten; zoomed,
+  // the range of the points it shows (plotly's own would range them all); else plotly's (null).
+  yRange(values) {
+    if (!this.view.clip && !this.xrange) return null;
     if (this.view.clip) {
       const clipped = clippedRange(values, this.log);
       if (clipped || !this.xrange) return clipped;
@@ -507,12 +543,30 @@ export class Chart {
   draw() {
     this.frame = null;
     this.stale = false;
-    this.lastDraw = performance.now();
+    const start = this.lastDraw = performance.now();
     const traces = this.traces();
     Plotly.react(this.plot, traces, this.layout(traces), CONFIG);
     this.card.querySelector('[data-tool="log"]').setAttribute("aria-pressed", String(this.log));
     this.card.dataset.drawn = String(traces.reduce((n, t) => n + (t.meta === "raw" ? 0 : t.x.length), 0));
+    this.drawPicks();
+    this.drawCost = performance.now() - start;
     this.onDrawn?.(this);
+  }
+
+  // The list of the series to choose from (pick), each with its colour, those drawn ticked.
+  drawPicks() {
+    const picks = this.card.querySelector(".picks");
+    if (!picks) return;
+    const names = [...this.series.keys()].filter((name) => this.spec.pick(name) != null)
+      .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    const shown = names.filter((name) => this.visible.get(name) === true);
+    const key = JSON.stringify([names, shown]);
+    if (key === this.picked) return;
+    this.picked = key;
+    this.card.querySelector(".series-picker summary").textContent = `${this.spec.pickTitle}: ${shown.length} of ${names.length} drawn`;
+    const drawn = new Set(shown);
+    picks.innerHTML = names.map((name) => `<label><input type="checkbox" data-series="${escapeHTML(name)}"${drawn.has(name) ? " checked" : ""}>
+      <span class="swatch" style="background:${colourOf(name)}"></span>${escapeHTML(this.spec.pick(name))}</label>`).join("");
   }
 
   destroy() {
