@@ -465,6 +465,11 @@ def test_a_team_server_asks_for_a_token_once_then_shows_its_project(
         assert viewer not in page.evaluate(
             "JSON.stringify(localStorage) + JSON.stringify(sessionStorage)"
         )
+        # The alerts page offers the projects the token sees: p, not q.
+        page.locator(".topbar nav a", has_text="Alerts").click()
+        options = page.locator("#alert-filters select[name=project] option")
+        expect(options).to_have_text(["Any project", "p"])
+        page.go_back()
         # A chart's download (the export route, followed as a link) goes with the cookie.
         rows.first.locator("a").click()
         with page.expect_download() as started:

@@ -27,6 +27,11 @@ class RunsAnswer(TypedDict):
     total: int
 
 
+class ProjectsAnswer(TypedDict):
+    #: The projects that have a run, sorted.
+    projects: list[str]
+
+
 class DeletedAnswer(TypedDict):
     #: The id of the run deleted.
     deleted: str

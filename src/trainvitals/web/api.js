@@ -31,6 +31,9 @@ export function listRuns(filters = {}) {
   return getJSON(`/api/v1/runs${query.size ? `?${query}` : ""}`);
 }
 
+// Every project with a run that the page may see, sorted: { projects: [name, ...] }.
+export const listProjects = () => getJSON("/api/v1/projects");
+
 // changes: any of { name, tags, notes, archived }. Returns the run's summary.
 export const editRun = (id, changes) => sendJSON("PATCH", `/api/v1/runs/${encodeURIComponent(id)}`, changes);
 export const deleteRun = (id) => sendJSON("DELETE", `/api/v1/runs/${encodeURIComponent(id)}`);

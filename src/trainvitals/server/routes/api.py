@@ -21,6 +21,7 @@ from trainvitals.server.answers import (
     AlertsAnswer,
     DeletedAnswer,
     ListedRun,
+    ProjectsAnswer,
     RulesAnswer,
     RunAnswer,
     RunsAnswer,
@@ -116,6 +117,13 @@ def list_runs(
     healths = store.alerts.health([run["id"] for run in page["runs"]])
     listed = [{**run, "health": healths[run["id"]]} for run in page["runs"]]
     return {"runs": cast(list[ListedRun], listed), "total": page["total"]}
+
+
+@router.get("/projects")
+def list_projects(store: StoreDep, who: Reader) -> ProjectsAnswer:
+    """Every project that has a run, sorted (for a filter's choices); a token of one project
+    sees that project only."""
+    return {"projects": store.runs.projects(only=who.projects)}
 
 
 @router.get("/runs/{run_id}")
