@@ -208,6 +208,30 @@ function drawPending() {
   if (pending.size) requestAnimationFrame(drawPending);
 }
 
+// plotly's legend entries answer the mouse only (its toolbar's are buttons): each entry of a
+// series the chart draws is made a checkbox that Tab reaches, named, that Enter and Space
+// tick. Called after each plot (plotly keeps the entries' nodes; new ones get the same).
+// legend: { has(name), shown(name), toggle(name) }.
+function legendByKeys(plot, legend) {
+  for (const entry of plot.querySelectorAll(".legend .traces")) {
+    const name = entry.querySelector(".legendtext")?.textContent;
+    if (name == null || !legend.has(name)) continue;
+    entry.dataset.series = name;
+    entry.setAttribute("tabindex", "0");
+    entry.setAttribute("role", "checkbox");
+    entry.setAttribute("aria-checked", String(legend.shown(name)));
+    entry.setAttribute("aria-label", `draw ${name}`);
+  }
+  if (plot.dataset.keyboard) return;
+  plot.dataset.keyboard = "true";
+  plot.addEventListener("keydown", (event) => {
+    const entry = event.target.closest?.(".legend .traces[data-series]");
+    if (!entry || (event.key !== "Enter" && event.key !== " ")) return;
+    event.preventDefault();
+    legend.toggle(entry.dataset.series);
+  });
+}
+
 // How every chart of a page draws: smoothing weight (0 to 0.99), the x-axis (step, time since
 // the run started, or wall-clock time) and whether outliers are left out of the y-range.
 export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
@@ -268,6 +292,15 @@ export class Chart {
     });
     Plotly.newPlot(this.plot, [], this.layout([]), CONFIG);
     this.plot.on("plotly_relayout", (event) => this.zoomed(event));
+    // Once plotly has drawn (its legend too, which can come after react returns).
+    if (spec.legend !== false) {
+      const legend = {
+        has: (name) => this.series.has(name),
+        shown: (name) => this.isShown(name),
+        toggle: (name) => { this.visible.set(name, this.isShown(name) ? "legendonly" : true); this.schedule(); },
+      };
+      this.plot.on("plotly_afterplot", () => legendByKeys(this.plot, legend));
+    }
     this.plot.on("plotly_restyle", ([update, indices]) => {
       if (!update || !("visible" in update)) return;
       indices.forEach((index, i) => {
@@ -466,6 +499,12 @@ export class Chart {
     if (wait > 0) this.timer = setTimeout(queue, wait); else queue();
   }
 
+  // Whether a series is drawn (else in the legend only, or, for a chart whose series are
+  // picked, in its list only).
+  isShown(name) {
+    return (this.visible.get(name) ?? (this.styleOf?.(name) ?? traceStyle(name)).visible ?? true) === true;
+  }
+
   traces() {
     const traces = [];
     this.traceNames = [];
@@ -476,15 +515,18 @@ export class Chart {
       if (visible !== true && this.spec.pick?.(name) != null) continue; // not chosen: not drawn at all
       const data = this.shown(name);
       // In steps, the series' own array (plotly reads, never writes it; datarevision says it grew).
-      const x = visible !== true ? [] : this.view.xaxis === "step" ? data.step : data.step.map((step, i) => this.xOf(step, data.time[i]));
+      // A series hidden in the legend goes with its first point only, until it is shown: with
+      // none, plotly would leave it out of the legend too, where it is shown again.
+      const points = visible === true ? data.step.length : Math.min(1, data.step.length);
+      const x = this.view.xaxis === "step" && points === data.step.length ? data.step
+        : data.step.slice(0, points).map((step, i) => this.xOf(step, data.time[i]));
       // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
-      // A hidden series is drawn without its points until it is shown (a legend click).
-      const y = visible === true ? data.value : [];
+      const y = points === data.value.length ? data.value : data.value.slice(0, points);
       const trace = { legendgroup: name, ...style, name: escapeHTML(label), x, y, type: "scatter", visible };
       if (weight > 0 && smoothable(name)) {
         traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
         this.traceNames.push(name);
-        traces.push({ ...trace, y: visible === true ? debiasedEma(y, weight) : [], meta: "smoothed" });
+        traces.push({ ...trace, y: debiasedEma(y, weight), meta: "smoothed" });
       } else {
         traces.push(trace);
       }
@@ -547,7 +589,7 @@ export class Chart {
     const traces = this.traces();
     Plotly.react(this.plot, traces, this.layout(traces), CONFIG);
     this.card.querySelector('[data-tool="log"]').setAttribute("aria-pressed", String(this.log));
-    this.card.dataset.drawn = String(traces.reduce((n, t) => n + (t.meta === "raw" ? 0 : t.x.length), 0));
+    this.card.dataset.drawn = String(traces.reduce((n, t) => n + (t.meta === "raw" || t.visible !== true ? 0 : t.x.length), 0));
     this.drawPicks();
     this.drawCost = performance.now() - start;
     this.onDrawn?.(this);
