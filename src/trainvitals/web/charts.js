@@ -1,7 +1,8 @@
 // Live plotly charts: one chart per metric (its per-step, epoch-mean and validation series
-// together) and one per series group (grad/, host/, gpu0/ ...). New points are appended with
-// Plotly.extendTraces; a chart is never redrawn from scratch while it streams. Alerts are
-// marked on the charts of the series they are about.
+// together) and one per series group (grad/, host/, gpu0/ ...). New points are appended to the
+// series' arrays, which plotly is handed as they are (Plotly.react, datarevision): no copy
+// per redraw, and redraws spaced by what they cost. Alerts are marked on the charts of the
+// series they are about.
 
 import { SEVERITY_COLOURS } from "./alert-feed.js";
 import { escapeHTML, formatDuration } from "./format.js";
