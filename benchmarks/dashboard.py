@@ -5,7 +5,10 @@
    drawn. The runs are written straight into a fresh SQLite file through the server's storage
    (see ``harness.seed``), then ``trainvitals serve`` reads them like any others.
 2. A run page while a run streams ``--rate`` steps a second with 30 series: the long tasks
-   (PerformanceObserver ``longtask``, main-thread tasks over 50 ms) in a ``--seconds`` trace.
+   (PerformanceObserver ``longtask``, main-thread tasks over 50 ms) while it opens, then in a
+   ``--seconds`` trace once every chart is drawn; a Chromium trace of the same window tells
+   how much of the longest tasks was the page's own CPU time (the rest: other processes of a
+   shared machine held the core).
 3. A run of ``--points`` points (a million by default) opened: the time until its loss chart
    is drawn.
 
@@ -16,6 +19,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import tempfile
 import threading
@@ -84,7 +89,37 @@ def long_run(points: int) -> None:
     )
 
 
+#: Every chart of the streamed run drawn: the loss and gradient charts and the layers' heatmap.
+DRAWN = """() => ['loss', 'grad_norm'].every((id) =>
+             document.querySelector(`[data-chart="${id}"]`)?.dataset.drawn > 0)
+           && document.querySelector('[data-chart="grad_heatmap"]')?.dataset.layers > 0"""
+
+
+#: A task of the main thread, as Chromium's trace names it (older versions, newer versions).
+_TASKS = ("RunTask", "ThreadControllerImpl::RunTask")
+
+
+def main_thread_tasks(trace: bytes) -> tuple[list[tuple[float, float]], float]:
+    """From a Chromium trace: (wall, CPU) milliseconds of each task over 50 ms on the page's
+    main thread, longest first, and the CPU milliseconds of all its tasks. CPU is the thread's
+    own time: what the page cost, whatever else ran on the machine."""
+    events = json.loads(trace)["traceEvents"]
+    main = {
+        (e["pid"], e["tid"])
+        for e in events
+        if e.get("name") == "thread_name" and e["args"].get("name") == "CrRendererMain"
+    }
+    tasks = [
+        (e["dur"] / 1000, e.get("tdur", 0) / 1000)
+        for e in events
+        if e.get("name") in _TASKS and (e["pid"], e["tid"]) in main and "dur" in e
+    ]
+    return sorted((t for t in tasks if t[0] > 50), reverse=True), sum(cpu for _, cpu in tasks)
+
+
 def live_page(rate: float, seconds: float) -> None:
+    """Long tasks while the page opens (until every chart is drawn), then in a ``seconds``
+    trace of the page following the stream."""
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "live.db"))
         stop = threading.Event()
@@ -98,20 +133,32 @@ def live_page(rate: float, seconds: float) -> None:
                 page = browser.new_page(viewport={"width": 1440, "height": 900})
                 page.add_init_script(LONG_TASKS)
                 page.goto(f"{server.url}/#/runs/{started[0]}")
-                page.locator('[data-chart="grad_norm"]').wait_for(timeout=30_000)
+                page.wait_for_function(DRAWN, timeout=30_000)
+                opening = page.evaluate("window.longTasks")
                 page.evaluate("window.longTasks = []")
+                load = os.getloadavg()[0]
+                browser.start_tracing(page=page, categories=["toplevel", "devtools.timeline"])
                 first = int(page.locator('[data-chart="loss"]').get_attribute("data-points") or 0)
                 time.sleep(seconds)  # the trace's window
                 tasks = page.evaluate("window.longTasks")
                 last = int(page.locator('[data-chart="loss"]').get_attribute("data-points") or 0)
+                traced, cpu_in_all = main_thread_tasks(browser.stop_tracing())
         finally:
             stop.set()
             producer.join()
             server.stop()
     print(
-        f"Chromium: run page streaming {rate:.0f} steps/s x 30 series for {seconds:.0f} s: "
-        f"{last - first} loss points drawn, {len(tasks)} long tasks, longest "
-        f"{max(tasks, default=0):.0f} ms, {sum(tasks):.0f} ms blocked in all"
+        f"Chromium: run page opened while a run streams: {len(opening)} long tasks, longest "
+        f"{max(opening, default=0):.0f} ms"
+    )
+    wall, cpu = traced[0] if traced else (0.0, 0.0)
+    print(
+        f"Chromium: run page streaming {rate:.0f} steps/s x 30 series for {seconds:.0f} s "
+        f"(load average {load:.1f} on {os.cpu_count()} cores): {last - first} loss points drawn, "
+        f"{len(tasks)} long tasks, longest {max(tasks, default=0):.0f} ms, {sum(tasks):.0f} ms "
+        f"blocked in all; traced: the longest {wall:.0f} ms, of which {cpu:.0f} ms the page's "
+        f"own CPU; the most CPU in one task {max((c for _, c in traced), default=0):.0f} ms; "
+        f"the page's CPU in all {cpu_in_all:.0f} ms"
     )
 
 

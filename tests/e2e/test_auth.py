@@ -100,6 +100,11 @@ def test_roles_and_projects(team: Team) -> None:
     assert call(server, f"/api/v1/runs/{run_q}", team.read_p)[0] == 404
     assert call(server, f"/api/v1/runs/{run_q}/series", team.read_p)[0] == 404
     assert call(server, "/api/v1/runs?project=q", team.read_p)[1] == {"runs": [], "total": 0}
+    # Projects, for the alerts page's filter: a token of p knows of p only.
+    assert call(server, "/api/v1/projects", team.admin) == (200, {"projects": ["p", "q"]})
+    assert call(server, "/api/v1/projects", team.read_p) == (200, {"projects": ["p"]})
+    assert call(server, "/api/v1/projects", team.ingest_p)[0] == 403
+    assert call(server, "/api/v1/projects")[0] == 401
     alerts = wait_for(
         lambda: call(server, "/api/v1/alerts", team.admin)[1]["alerts"],  # type: ignore[index]
         what="the NaN alerts",

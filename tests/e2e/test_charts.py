@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.processes import ServerProcess
+from harness.seed import seed_runs
 from tests.e2e.test_dashboard import expect
 from trainvitals import Run, resolve
+from trainvitals.server.routes.api import MAX_POINTS_LIMIT
 
 STEPS = 3000
 T0 = 1.7e9
@@ -25,9 +28,17 @@ def loss_at(step: int) -> float:
     return 1e30 if step > STEPS - 10 else 1.0 / math.sqrt(step) + 0.1 * math.sin(step)
 
 
+#: The points of the long run: more than the series route gives at most (its max_points cap).
+LONG = MAX_POINTS_LIMIT + 500
+
+
 @pytest.fixture(scope="module")
 def charted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
-    server = ServerProcess(str(tmp_path_factory.mktemp("charts") / "charts.db"))
+    """A server with a run of STEPS steps that explodes at its end, streamed by the agent, and
+    a run of LONG loss points written straight into its database (``seed000000``)."""
+    db = str(tmp_path_factory.mktemp("charts") / "charts.db")
+    seed_runs(db, 1, steps=LONG)
+    server = ServerProcess(db)
     try:
         run = Run(resolve(server=server.url, project="charts", run_name="explodes"),
                   system_metrics=False, watchdog=False)  # fmt: skip
@@ -139,28 +150,47 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     assert not errors, errors
 
 
+def download(page: Any, chart: str, tool: str, folder: Path) -> tuple[str, list[str]]:
+    """Click a chart's download button: the file's suggested name and its lines. The file is
+    streamed by the export route, not built in the page from the (capped) series route."""
+    with page.expect_download() as started:
+        page.locator(f'[data-chart="{chart}"] [data-tool="{tool}"]').click()
+    assert "/export?" in started.value.url and f"format={tool}" in started.value.url
+    path = folder / started.value.suggested_filename
+    started.value.save_as(path)
+    return started.value.suggested_filename, path.read_text().splitlines()
+
+
 def test_a_chart_downloads_its_series_at_full_resolution(
     charted: tuple[ServerProcess, str], browser: Any, tmp_path: Path
 ) -> None:
     server, run_id = charted
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{server.url}/#/runs/{run_id}")
-    loss = page.locator('[data-chart="loss"]')
     drawn(page)
-    with page.expect_download() as csv_download:
-        loss.locator('[data-tool="csv"]').click()
-    csv_path = tmp_path / "loss.csv"
-    csv_download.value.save_as(csv_path)
-    lines = csv_path.read_text().splitlines()
-    assert lines[0] == "series,step,time,value" and len(lines) == STEPS + 1
+    name, lines = download(page, "loss", "csv", tmp_path)
+    assert name == "explodes-loss.csv"
+    assert lines[0] == "name,step,time,value" and len(lines) == STEPS + 1
     assert lines[1].split(",") == ["loss", "1", str(T0 + 0.5), str(loss_at(1))]
-    assert csv_download.value.suggested_filename == "explodes-loss.csv"
-    with page.expect_download() as json_download:
-        loss.locator('[data-tool="json"]').click()
-    json_path = tmp_path / "loss.json"
-    json_download.value.save_as(json_path)
-    series = json.loads(json_path.read_text())["series"]["loss"]
-    assert series["step"] == list(range(1, STEPS + 1)) and series["count"] == STEPS
+    name, lines = download(page, "loss", "jsonl", tmp_path)
+    assert name == "explodes-loss.jsonl"
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, STEPS + 1))
+
+    # Zoomed, the download holds the steps in view.
+    page.evaluate(
+        """() => Plotly.relayout(document.querySelector('[data-chart="loss"] .plot'),
+                                 {'xaxis.range[0]': 1000, 'xaxis.range[1]': 1100})"""
+    )
+    expect(page.locator("#charts")).to_have_attribute("data-detail", "1000-1100")
+    _, lines = download(page, "loss", "csv", tmp_path)
+    assert [int(line.split(",")[1]) for line in lines[1:]] == list(range(1000, 1101))
+
+    # A series longer than the series route's cap comes whole.
+    page.evaluate("location.hash = '#/runs/seed000000'")
+    expect(page.locator("#run-name")).to_have_text("run-00000")
+    drawn(page)
+    _, lines = download(page, "loss", "csv", tmp_path)
+    assert len(lines) == 1 + LONG and lines[-1].startswith(f"loss,{LONG},")
     # Nothing is offered that would send the data elsewhere; plotly's PNG download stays.
     titles = page.evaluate(
         """() => [...document.querySelectorAll('[data-chart="loss"] .modebar-btn')]
@@ -207,3 +237,30 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
         """() => document.querySelector('[data-chart="grad_norm"] .plot').data
                  .some((t) => t.name === 'grad/norm/sigmoid_0/kernel' && t.visible === true)"""
     )
+    # Only the layers drawn go to plotly; the others are one tick away in the list under it.
+    grad = page.locator('[data-chart="grad_norm"]')
+    picker = grad.locator(".series-picker")
+    expect(picker.locator("summary")).to_have_text("Layers: 6 of 27 drawn")
+    assert len(plot(page, "grad_norm", "plot.data")) == 7  # with the global norm
+    picker.locator("summary").click()
+    picker.locator('input[data-series="grad/norm/dense_25/kernel"]').check()
+    expect(picker.locator("summary")).to_have_text("Layers: 7 of 27 drawn")
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="grad_norm"] .plot').data
+                 .some((t) => t.name === 'grad/norm/dense_25/kernel')"""
+    )
+    # At 1400 px its legend is under the plot, not over it, and twelve decades of norms are
+    # labelled a few decades apart, no label on another.
+    boxes = grad.evaluate(
+        """(card) => {
+             const box = (el) => { const r = el.getBoundingClientRect();
+                                   return [r.left, r.top, r.right, r.bottom]; };
+             return { plot: box(card.querySelector('.nsewdrag')),
+                      legend: box(card.querySelector('.legend')),
+                      ticks: [...card.querySelectorAll('.ytick text')].map(box) }; }"""
+    )
+    assert boxes["legend"][1] >= boxes["plot"][3]  # its top under the plot's bottom
+    ticks = sorted(boxes["ticks"], key=lambda b: b[1])
+    assert 3 <= len(ticks) <= 8
+    assert all(upper[3] <= lower[1] for upper, lower in pairwise(ticks))
+    assert plot(page, "grad_norm", "plot._fullLayout.yaxis.dtick") in (2, 3)

@@ -443,7 +443,7 @@ def test_a_team_server_asks_for_a_token_once_then_shows_its_project(
     agents = create_token(db, "*", "ingest", "agents")
     server = ServerProcess(db, args=["--auth", "required"])
     try:
-        stream(server, agents, "p")
+        run_id = stream(server, agents, "p")
         stream(server, agents, "q")
         context = browser.new_context()
         page = context.new_page()
@@ -465,6 +465,19 @@ def test_a_team_server_asks_for_a_token_once_then_shows_its_project(
         assert viewer not in page.evaluate(
             "JSON.stringify(localStorage) + JSON.stringify(sessionStorage)"
         )
+        # The alerts page offers the projects the token sees: p, not q.
+        page.locator(".topbar nav a", has_text="Alerts").click()
+        options = page.locator("#alert-filters select[name=project] option")
+        expect(options).to_have_text(["Any project", "p"])
+        page.go_back()
+        # A chart's download (the export route, followed as a link) goes with the cookie.
+        rows.first.locator("a").click()
+        with page.expect_download() as started:
+            page.locator('[data-chart="loss"] [data-tool="csv"]').click()
+        started.value.save_as(tmp_path / "loss.csv")
+        lines = (tmp_path / "loss.csv").read_text().splitlines()
+        assert lines[0] == "name,step,time,value" and lines[1].startswith("loss,1,")
+        assert run_id in started.value.url
         context.close()
     finally:
         server.stop()

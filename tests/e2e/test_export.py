@@ -122,6 +122,14 @@ def test_every_format_gives_back_exactly_what_was_sent(served: ServerProcess) ->
         assert same_bits(mine["time"].to_numpy(), times)
         assert same_bits(mine["value"].to_numpy(), values)
 
+    # A step range (a zoomed chart's download): those points only, across batches of rows.
+    status, body = fetch(
+        served, f"/api/v1/runs/{run_id}/export?name=loss&min_step=5&max_step=60001&format=csv"
+    )
+    assert status == 200
+    steps_got = [int(line.split(b",")[1]) for line in body.splitlines()[1:]]
+    assert steps_got == list(range(5, 60_002))
+
     # Every series when none is named; the file's name in the answer's headers.
     with urllib.request.urlopen(served.url + f"/api/v1/runs/{run_id}/export") as response:
         assert response.headers["Content-Type"] == "text/csv; charset=utf-8"
@@ -165,6 +173,10 @@ def test_unknown_runs_series_and_formats_are_refused_with_a_reason(
     assert (status, json.loads(body)) == (404, {"detail": f"Run {run_id!r} has no series 'lost'"})
     status, body = fetch(server, f"/api/v1/runs/{run_id}/export?format=xlsx")
     assert status == 422 and json.loads(body)["detail"][0]["loc"] == ["query", "format"]
+    # A file name goes into a header as it is: plain ASCII only.
+    for bad in ("..%2Fx", "a%22b", "%C3%A9t%C3%A9", "a%0Db", ".hidden"):
+        status, body = fetch(server, f"/api/v1/runs/{run_id}/export?filename={bad}")
+        assert status == 422 and json.loads(body)["detail"][0]["loc"] == ["query", "filename"]
 
 
 def test_export_needs_read_on_the_runs_project(tmp_path: Path) -> None:

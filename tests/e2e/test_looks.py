@@ -5,6 +5,7 @@ a 390 px phone never scrolls sideways."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -170,3 +171,80 @@ def test_a_phone_never_scrolls_sideways(
             status = page.locator("tr.run-row td:has([data-status])").first.bounding_box()
             assert status is not None and status["x"] + status["width"] <= widths[1], status
     assert not errors, errors
+
+
+#: A control's key, the same when the page draws it anew (a live list redraws its rows).
+KEY = """(el) => [el.closest('[data-run-id]')?.dataset.runId,
+                  el.closest('[data-chart]')?.dataset.chart, el.tagName.toLowerCase(),
+                  el.getAttribute('class'), el.getAttribute('href'), el.getAttribute('name'),
+                  el.dataset.tool, el.dataset.series, el.dataset.title, el.dataset.alertAction,
+                  el.textContent.trim().slice(0, 40)].join('|')"""
+
+#: Every control of the page that is shown: what Tab must reach. plotly's legend entries are
+#: controls too (the page makes them focusable; its toolbar's are buttons).
+CONTROLS = f"""() => {{
+  const selector = 'a[href], button:not([disabled]), input:not([disabled]), select:not([disabled]),'
+    + ' textarea:not([disabled]), summary, .legend .traces, [tabindex]:not([tabindex="-1"])';
+  return [...document.querySelectorAll(selector)]
+    .filter((el) => el.checkVisibility({{ visibilityProperty: true }})).map({KEY});
+}}"""
+
+
+def tab_through(page: Any) -> list[str]:
+    """Press Tab until focus went round the page, each control it stops at named: every
+    control reached, as KEY describes it."""
+    controls: list[str] = page.evaluate(CONTROLS)
+    page.evaluate("document.activeElement?.blur()")
+    reached = set()
+    for _ in range(len(controls) + 10):
+        page.keyboard.press("Tab")
+        reached.add(page.evaluate(f"({KEY})(document.activeElement)"))
+        if page.evaluate("document.activeElement !== document.body"):
+            # A name a screen reader says: its text, label, aria-label or title.
+            expect(page.locator(":focus")).to_have_accessible_name(re.compile(r"\S"))
+    missed = [control for control in controls if control not in reached]
+    assert not missed, f"Tab never reaches {missed}"
+    return controls
+
+
+def test_every_control_is_reached_by_tab_named_and_worked_by_keys(
+    looks: tuple[ServerProcess, str, str], browser: Any
+) -> None:
+    server, vision, _ = looks
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(server.url + "/")
+    expect(page.locator("tr.run-row")).to_have_count(10)
+    controls = tab_through(page)
+    assert sum("|input|select-run|" in c for c in controls) == 10
+    # A run is selected with Space or Enter, and the selection compared with Enter.
+    boxes = page.locator("tr.run-row input.select-run")
+    boxes.nth(0).focus()
+    page.keyboard.press("Space")
+    boxes.nth(1).focus()
+    page.keyboard.press("Enter")
+    expect(boxes.nth(0)).to_be_checked()
+    expect(boxes.nth(1)).to_be_checked()
+    compare = page.locator("#compare")
+    expect(compare).to_have_text("Compare 2 selected")
+    compare.focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_title("Compare 2 runs · trainvitals")
+
+    page.goto(f"{server.url}/#/runs/{vision}")
+    loss = page.locator('[data-chart="loss"]')
+    expect(loss.locator(".legend .traces[tabindex]")).to_have_count(1)
+    controls = tab_through(page)
+    assert any("|button|modebar-btn|" in c for c in controls)
+    assert any("|g|traces|" in c for c in controls)
+    assert any("|button|" in c and "|ack|" in c for c in controls)  # the alert's buttons
+    # plotly's toolbar and legend by keys: zoom in (every chart follows), hide the loss.
+    loss.locator('.modebar-btn[data-title="Zoom in"]').focus()
+    page.keyboard.press("Enter")
+    expect(page.locator(".chart-controls [name=reset-zoom]")).to_be_visible()
+    entry = loss.locator(".legend .traces[tabindex]")
+    expect(entry).to_have_attribute("aria-checked", "true")
+    entry.focus()
+    page.keyboard.press("Space")
+    expect(entry).to_have_attribute("aria-checked", "false")
+    assert loss.locator(".plot").evaluate("(plot) => plot.data[0].visible") == "legendonly"
+    expect(entry).to_be_focused()  # the entry stays, for Space to draw it again

@@ -4,6 +4,7 @@ beside how a run ended, tab titles, and runs compared on one page (#17)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from harness.processes import ServerProcess
 from harness.seed import seed_runs
 from tests.e2e.test_dashboard import expect
+from trainvitals import Run, resolve
 
 RUNS = 60  # more than a page (50)
 
@@ -110,6 +112,51 @@ def test_a_run_that_blew_up_never_looks_like_a_clean_finish(
     )
 
 
+def test_open_pages_follow_a_run_live_its_health_and_its_points(
+    server: ServerProcess, browser: Any
+) -> None:
+    runs = [
+        Run(resolve(server=server.url, project="live", run_name=name),
+            system_metrics=False, watchdog=False)
+        for name in ("turns-bad", "steady")
+    ]  # fmt: skip
+    for run in runs:
+        run.start()
+        for step in range(1, 6):
+            run.log(step, {"loss": 1.0 / step, "nonfinite/loss": 0.0})
+    bad = runs[0]
+    listed = open_page(server, browser)
+    row = listed.locator("tr.run-row", has_text="turns-bad")
+    expect(row.locator("[data-status]")).to_have_text("running")
+    header = open_page(server, browser, f"/#/runs/{bad.id}")
+    expect(header.locator("#run-name")).to_have_text("turns-bad")
+    compared = open_page(server, browser, f"/#/compare?runs={runs[0].id},{runs[1].id}")
+    loss = compared.locator('[data-chart="loss"]')
+    expect(loss).to_have_attribute("data-drawn", "10")
+    pages = (listed, header, compared)
+    for page in pages:
+        page.evaluate("window.notReloaded = true")
+    assert row.locator("[data-health]").count() == 0
+    assert header.locator("#run-status [data-health]").count() == 0
+
+    # The health badge of a run turns critical where it is shown when a critical alert fires.
+    bad.log(6, {"loss": math.nan, "nonfinite/loss": 1.0})
+    expect(row.locator("[data-health]")).to_have_text("critical: nonfinite")
+    expect(header.locator("#run-status [data-health]")).to_have_text("critical: nonfinite")
+    expect(compared.locator(".compared-runs [data-health]")).to_have_text("critical: nonfinite")
+    expect(row.locator("[data-status]")).to_have_text("running")  # the rest of the run kept
+    # A point streamed after the compare view opened is drawn on its run's trace.
+    runs[1].log(6, {"loss": 0.125})
+    expect(loss).to_have_attribute("data-drawn", "12")
+    steps = loss.locator(".plot").evaluate("(plot) => plot.data.map((t) => [t.meta, t.x])")
+    assert steps == [[bad.id, [1, 2, 3, 4, 5, 6]], [runs[1].id, [1, 2, 3, 4, 5, 6]]]
+    for page in pages:
+        assert page.evaluate("window.notReloaded") is True
+        assert not page.errors, page.errors
+    for run in runs:
+        assert run.finish()
+
+
 def test_selected_runs_are_compared_one_colour_each_on_every_chart(
     seeded: ServerProcess, browser: Any
 ) -> None:
@@ -122,7 +169,9 @@ def test_selected_runs_are_compared_one_colour_each_on_every_chart(
     expect(page).to_have_title("Compare 2 runs · trainvitals")
     assert page.evaluate("location.hash") == "#/compare?runs=seed000003,seed000005"
     loss = page.locator('[data-chart="loss"] .plot')
-    expect(loss).to_have_attribute("aria-label", "loss of run-00003, run-00005")
+    alt = "loss of run-00003, run-00005: 2 series, 60 points"
+    expect(loss).to_have_attribute("aria-label", alt)
+    expect(page.locator('[data-chart="loss"]')).to_have_attribute("data-drawn", "60")
     traces = loss.evaluate("(plot) => plot.data.map((t) => [t.meta, t.line.color, t.x.length])")
     assert [(run, length) for run, _, length in traces] == [("seed000003", 30), ("seed000005", 30)]
     colours = {run: colour for run, colour, _ in traces}
@@ -142,7 +191,7 @@ def test_selected_runs_are_compared_one_colour_each_on_every_chart(
         page.screenshot(path=str(shot), full_page=True, animations="disabled", timeout=120_000)
     # A shared link opens the same view.
     again = open_page(seeded, browser, "/#/compare?runs=seed000003,seed000005")
-    expect(again.locator('[data-chart="loss"]')).to_have_attribute("data-traces", "2")
+    expect(again.locator('[data-chart="loss"]')).to_have_attribute("data-series", "2")
     assert not page.errors and not again.errors
 
 

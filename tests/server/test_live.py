@@ -7,7 +7,7 @@ import json
 from typing import cast
 
 from trainvitals.server.live import Hub
-from trainvitals.server.storage import RunSummary
+from trainvitals.server.storage import RunHealth, RunSummary
 
 
 def test_a_stale_copy_of_a_run_does_not_undo_its_rename() -> None:
@@ -29,3 +29,27 @@ def test_a_stale_copy_of_a_run_does_not_undo_its_rename() -> None:
         {"id": "r", "project": "p", "name": "new", "tags": ["x"], "last_step": 7}
     ]
     assert second["runs"] == [{"id": "r", "project": "p", "last_step": 7}]
+
+
+def test_a_runs_health_is_pushed_with_its_summary_or_alone() -> None:
+    async def pushed() -> list[dict[str, object]]:
+        hub = Hub()
+        browser = hub.subscribe()
+        critical = RunHealth(worst="critical", rules=["nonfinite"], firing=["nonfinite"])
+        hub.run_changed(cast(RunSummary, {"id": "a", "project": "p", "last_step": 3}))
+        hub.health_changed("a", "p", critical)
+        hub.health_changed("b", "q", RunHealth(worst="warning", rules=["stall"], firing=[]))
+        hub.health_changed("gone", "p", critical)
+        hub.run_deleted("gone", "p")
+        hub.flush_runs()
+        hub.flush_runs()  # nothing left to push
+        return [json.loads(browser.queue.get_nowait()) for _ in range(browser.queue.qsize())]
+
+    deleted, runs = asyncio.run(pushed())
+    assert deleted == {"type": "deleted", "run_id": "gone", "project": "p"}
+    assert runs["runs"] == [
+        {"id": "a", "project": "p", "last_step": 3, "health": {
+            "worst": "critical", "rules": ["nonfinite"], "firing": ["nonfinite"]}},
+        {"id": "b", "project": "q", "health": {"worst": "warning", "rules": ["stall"],
+                                               "firing": []}},
+    ]  # fmt: skip

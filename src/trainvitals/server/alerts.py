@@ -309,6 +309,13 @@ class AlertEngine:
             if kind == "fired":
                 log.warning("alert %s on run %s: %s", alert.rule, alert.run_name, alert.message)
             self._hub.alert(alert.as_dict())
+        # The run's health (worst, rules, firing) follows its alerts into open runs lists.
+        try:
+            health = await asyncio.to_thread(self._store.alerts.health, [state.run_id])
+        except Exception:  # the alerts are stored and sent: a list shows it at its next read
+            log.exception("reading the health of run %s failed", state.name)
+            return
+        self._hub.health_changed(state.run_id, state.project, health[state.run_id])
 
 
 def _silenced_until(alert: Alert, silences: list[Silence]) -> float | None:

@@ -11,26 +11,10 @@ from typing import (
 
 from typing_extensions import TypedDict
 
-from trainvitals.detect.types import Severity
 from trainvitals.server.notify.config import ChannelDescription
 from trainvitals.server.notify.store import ChannelSummary, NoticeRow
-from trainvitals.server.storage import AlertRow, RunDetail, RunEvent, Silence
+from trainvitals.server.storage import AlertRow, RunDetail, RunEvent, RunHealth, Silence
 from trainvitals.server.storage import ListedRun as PageRun
-
-
-class RunHealth(TypedDict):
-    """A run's health at a glance, from every alert it raised (firing, resolved or closed).
-
-    Example: ``{"worst": "critical", "rules": ["crash", "nonfinite"], "firing": ["crash"]}``;
-    a run that raised nothing: ``{"worst": null, "rules": [], "firing": []}``.
-    """
-
-    #: The worst severity any of its alerts reached (``info``, ``warning``, ``critical``).
-    worst: Severity | None
-    #: The rules that raised an alert on it, sorted.
-    rules: list[str]
-    #: Those of them with an alert firing now, sorted.
-    firing: list[str]
 
 
 class ListedRun(PageRun):
@@ -41,6 +25,11 @@ class RunsAnswer(TypedDict):
     runs: list[ListedRun]
     #: How many runs match the filters, over all pages.
     total: int
+
+
+class ProjectsAnswer(TypedDict):
+    #: The projects that have a run, sorted.
+    projects: list[str]
 
 
 class DeletedAnswer(TypedDict):

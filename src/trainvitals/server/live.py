@@ -2,8 +2,9 @@
 
 Ingest never waits on a browser: each browser has a bounded queue drained by its own task,
 and a browser that falls that far behind is disconnected (1013) and reloads from the API.
-Run-list changes are coalesced and pushed every ``runs_push_interval`` seconds; points go
-at once, and only to the browsers that subscribed to that run.
+Run-list changes (a run's summary, or its health when an alert about it changed) are
+coalesced and pushed every ``runs_push_interval`` seconds; points go at once, and only to
+the browsers that subscribed to that run.
 
 With a :class:`~trainvitals.server.broker.Broker` (``serve --broker``), every message goes
 through it, so the browsers of every replica get it, this one's included; without, it goes
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from trainvitals.server.broker import ALERTS, DELETED, POINTS, RUNS, Broker
-from trainvitals.server.storage import RunSummary
+from trainvitals.server.storage import RunHealth, RunSummary
 
 #: The fields of a run people change from the dashboard (``PATCH /api/v1/runs/{id}``).
 EDITABLE = frozenset({"name", "tags", "notes", "archived"})
@@ -75,6 +76,8 @@ class Hub:
         self._queue_size = queue_size
         self._interval = runs_push_interval
         self._dirty_runs: dict[str, RunSummary] = {}
+        #: Runs whose health changed since the last push: run id -> (project, health).
+        self._dirty_health: dict[str, tuple[str, RunHealth]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -138,9 +141,15 @@ class Hub:
             RunSummary, {**self._dirty_runs.get(run["id"], {}), **update}
         )
 
+    def health_changed(self, run_id: str, project: str, health: RunHealth) -> None:
+        """Queue a run's health (an alert about it changed) for the next coalesced push: in
+        its summary when that goes too, else alone as ``{"id", "project", "health"}``."""
+        self._dirty_health[run_id] = (project, health)
+
     def run_deleted(self, run_id: str, project: str) -> None:
         """Tell every browser that sees ``project`` (on every replica) that the run is gone."""
         self._dirty_runs.pop(run_id, None)
+        self._dirty_health.pop(run_id, None)
         message = json.dumps({"type": "deleted", "run_id": run_id, "project": project})
         if self._broker is not None:
             self._broker.publish(DELETED, message)
@@ -203,9 +212,13 @@ class Hub:
             self.flush_runs()
 
     def flush_runs(self) -> None:
-        if not self._dirty_runs:
+        if not self._dirty_runs and not self._dirty_health:
             return
-        runs, self._dirty_runs = list(self._dirty_runs.values()), {}
+        changed: dict[str, dict[str, Any]] = {k: dict(v) for k, v in self._dirty_runs.items()}
+        for run_id, (project, health) in self._dirty_health.items():
+            changed.setdefault(run_id, {"id": run_id, "project": project})["health"] = health
+        runs = list(changed.values())
+        self._dirty_runs, self._dirty_health = {}, {}
         if self._broker is not None:
             self._broker.publish(RUNS, json.dumps(runs))
         else:
@@ -223,9 +236,10 @@ class Hub:
         elif channel == DELETED:
             deleted = json.loads(message)
             self._dirty_runs.pop(deleted["run_id"], None)
+            self._dirty_health.pop(deleted["run_id"], None)
             self._offer_alert(message, deleted["project"])
 
-    def _offer_runs(self, runs: list[RunSummary]) -> None:
+    def _offer_runs(self, runs: list[dict[str, Any]]) -> None:
         messages: dict[str | None, str | None] = {}  # one message per project seen
         for subscriber in self._subscribers:
             project = subscriber.project

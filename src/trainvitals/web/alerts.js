@@ -3,7 +3,7 @@
 // bookmarked or shared.
 
 import { AlertList } from "./alert-items.js";
-import { listAlerts, listRuns } from "./api.js";
+import { listAlerts, listProjects } from "./api.js";
 import { escapeHTML, setTitle } from "./format.js";
 
 const LIMIT = 500;
@@ -56,8 +56,8 @@ export async function renderAlerts(root, feed, params) {
   };
 
   const fillProjects = async () => {
-    const { runs } = await listRuns();
-    const projects = [...new Set([...runs.map((run) => run.project), filters.project].filter(Boolean))].sort();
+    const answer = await listProjects();
+    const projects = [...new Set([...answer.projects, filters.project].filter(Boolean))].sort();
     form.elements.project.innerHTML = options([["", "Any project"], ...projects.map((p) => [p, p])], filters.project);
   };
 

@@ -31,20 +31,40 @@ export function listRuns(filters = {}) {
   return getJSON(`/api/v1/runs${query.size ? `?${query}` : ""}`);
 }
 
+// Every project with a run that the page may see, sorted: { projects: [name, ...] }.
+export const listProjects = () => getJSON("/api/v1/projects");
+
 // changes: any of { name, tags, notes, archived }. Returns the run's summary.
 export const editRun = (id, changes) => sendJSON("PATCH", `/api/v1/runs/${encodeURIComponent(id)}`, changes);
 export const deleteRun = (id) => sendJSON("DELETE", `/api/v1/runs/${encodeURIComponent(id)}`);
 export const getRun = (id) => getJSON(`/api/v1/runs/${encodeURIComponent(id)}`);
 
-// range: { min, max } steps (inclusive) to read only those, at full detail up to maxPoints.
-export function getSeries(id, names, maxPoints = 2000, range = null) {
-  const query = new URLSearchParams({ max_points: String(maxPoints) });
+// The query of a run's series: these names, only the steps of range ({ min, max },
+// inclusive) when given, and the other parameters as they are.
+function seriesQuery(names, range, params) {
+  const query = new URLSearchParams(params);
   for (const name of names) query.append("name", name);
   if (range) {
     query.set("min_step", String(Math.floor(range.min)));
     query.set("max_step", String(Math.ceil(range.max)));
   }
+  return query;
+}
+
+// range: { min, max } steps (inclusive) to read only those, at full detail up to maxPoints.
+export function getSeries(id, names, maxPoints = 2000, range = null) {
+  const query = seriesQuery(names, range, { max_points: String(maxPoints) });
   return getJSON(`/api/v1/runs/${encodeURIComponent(id)}/series?${query}`);
+}
+
+// The address of every point of these series (of range's steps only, when given) as a file
+// the server streams: format "csv" or "jsonl", named filename.<format>. No cap and no
+// downsampling; a link to it is followed with the session cookie like any request of the page.
+export function exportPath(id, names, format, range = null, filename = null) {
+  const params = { format };
+  // The server takes plain ASCII names (it puts them in a header).
+  if (filename) params.filename = filename.replace(/[^\w.-]+/g, "_").replace(/^\./, "_").slice(0, 128);
+  return `/api/v1/runs/${encodeURIComponent(id)}/export?${seriesQuery(names, range, params)}`;
 }
 
 export const getRunAlerts = (id) => getJSON(`/api/v1/runs/${encodeURIComponent(id)}/alerts`);

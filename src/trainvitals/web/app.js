@@ -31,7 +31,7 @@ async function mount(page) {
 const VIEWS = [
   [/^#\/runs\/([^/?]+)$/, (match) => mount(new RunPage(root, live, feed, decodeURIComponent(match[1])))],
   [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
-  [/^#\/compare(?:\?(.*))?$/, (match) => renderCompare(root, new URLSearchParams(match[1] ?? ""))],
+  [/^#\/compare(?:\?(.*))?$/, (match) => renderCompare(root, live, new URLSearchParams(match[1] ?? ""))],
   [/^(?:#\/?(?:\?(.*))?)?/, (match) => renderRuns(root, live, feed, new URLSearchParams(match[1] ?? ""))],
 ];
 

@@ -1,11 +1,12 @@
 // Live plotly charts: one chart per metric (its per-step, epoch-mean and validation series
-// together) and one per series group (grad/, host/, gpu0/ ...). New points are appended with
-// Plotly.extendTraces; a chart is never redrawn from scratch while it streams. Alerts are
-// marked on the charts of the series they are about.
+// together) and one per series group (grad/, host/, gpu0/ ...). New points are appended to the
+// series' arrays, which plotly is handed as they are (Plotly.react, datarevision): no copy
+// per redraw, and redraws spaced by what they cost. Alerts are marked on the charts of the
+// series they are about.
 
 import { SEVERITY_COLOURS } from "./alert-feed.js";
 import { escapeHTML, formatDuration } from "./format.js";
-import { clippedRange, debiasedEma, fullRange, stepsBetween, withDetail } from "./plotmath.js";
+import { clippedRange, debiasedEma, fullRange, logTicks, stepsBetween, withDetail } from "./plotmath.js";
 import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
   GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
@@ -15,6 +16,9 @@ import {
 
 const REFETCH_AT = 20000; // points in a trace before it is reloaded downsampled from the server
 const LIVE_REDRAW_MS = 250; // the shortest time between two redraws for live points
+// ... and at least this many times what its last redraw took: a chart slow to draw (many
+// series, a slow machine) redraws less often, so live drawing never takes the page over.
+const LIVE_REDRAW_COST = 10;
 
 // A chart is found by its id, which never changes: the page's data-chart="<id>", the key that
 // alerts are marked by. Its title is for people only. Charts sort by rank, then by title.
@@ -23,8 +27,11 @@ const RANK = { loss: 0, metric: 1, stepTime: 2, grad: 3, nonfinite: 4, host: 5, 
 const HOST_MEMORY = new Set([HOST_RSS, HOST_LIMIT, HOST_AVAILABLE, HOST_SWAP_USED]);
 const GROUPS = [
   {
-    id: "grad_norm", title: "gradient norm", rank: RANK.grad, log: true, height: 320,
+    id: "grad_norm", title: "gradient norm", rank: RANK.grad, log: true, height: 340, legend: "below",
     holds: (name) => name === GRAD_GLOBAL_NORM || name.startsWith(GRAD_NORM_PREFIX),
+    // A model has tens to hundreds of layers: they are chosen in a list under the chart (which
+    // Tab reaches), and only those chosen go to plotly, whose legend lists the few drawn.
+    pick: (name) => (name.startsWith(GRAD_NORM_PREFIX) ? name.slice(GRAD_NORM_PREFIX.length) : null), pickTitle: "Layers",
   },
   // The optimizer's own state, read in the train step: not a Keras running mean.
   { id: LR, title: "learning rate", rank: RANK.stepTime, log: true, holds: (name) => name === LR },
@@ -171,7 +178,7 @@ export function themed(layout) {
   return layout;
 }
 
-// The compare view's plots look like these.
+// The heatmap looks like the charts.
 export { LAYOUT as PLOT_LAYOUT, CONFIG as PLOT_CONFIG };
 
 // Charts (anything with a draw()) waiting to redraw, drawn in animation frames: as many in one frame as fit in
@@ -186,6 +193,12 @@ export function drawSoon(chart) {
 
 export function cancelDraw(chart) { pending.delete(chart); }
 
+// How long a live redraw waits: until `every` ms after the last one, and LIVE_REDRAW_COST
+// times what that one took (cost, in ms).
+export function liveWait(last, cost, every) {
+  return last + Math.max(every, LIVE_REDRAW_COST * cost) - performance.now();
+}
+
 function drawPending() {
   const start = performance.now();
   for (const chart of pending) {
@@ -196,20 +209,48 @@ function drawPending() {
   if (pending.size) requestAnimationFrame(drawPending);
 }
 
+// plotly's legend entries answer the mouse only (its toolbar's are buttons): each entry of a
+// series the chart draws is made a checkbox that Tab reaches, named, that Enter and Space
+// tick. Called after each plot (plotly keeps the entries' nodes; new ones get the same).
+// legend: { has(name), shown(name), toggle(name) }.
+function legendByKeys(plot, legend) {
+  for (const entry of plot.querySelectorAll(".legend .traces")) {
+    const name = entry.querySelector(".legendtext")?.textContent;
+    if (name == null || !legend.has(name)) continue;
+    entry.dataset.series = name;
+    entry.setAttribute("tabindex", "0");
+    entry.setAttribute("role", "checkbox");
+    entry.setAttribute("aria-checked", String(legend.shown(name)));
+    entry.setAttribute("aria-label", `draw ${name}`);
+  }
+  if (plot.dataset.keyboard) return;
+  plot.dataset.keyboard = "true";
+  plot.addEventListener("keydown", (event) => {
+    const entry = event.target.closest?.(".legend .traces[data-series]");
+    if (!entry || (event.key !== "Enter" && event.key !== " ")) return;
+    event.preventDefault();
+    legend.toggle(entry.dataset.series);
+  });
+}
+
 // How every chart of a page draws: smoothing weight (0 to 0.99), the x-axis (step, time since
 // the run started, or wall-clock time) and whether outliers are left out of the y-range.
 export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
 const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" };
 
-// One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it. Options:
+// One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it, and alt (its
+// text alternative's start; the title by default), legend (false: none; "below": under the
+// plot) and pick(name) (the label of a series chosen in a list under the chart, titled
+// pickTitle, null for the others; those not chosen are not drawn). Options:
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
-// when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON;
-// onDrawn(chart) after each redraw.
+// when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON Lines;
+// onDrawn(chart) after each redraw; styleOf(name): a series' trace attributes (its label as
+// name, line, meta, ...) where the series' own name would not do (runs compared).
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
-  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, view } = {}) {
+  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, styleOf, view } = {}) {
     const { id, title, log = false, height = LAYOUT.height } = spec;
-    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn });
+    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, styleOf });
     this.view = { ...DEFAULT_VIEW, ...view };
     this.log = log;
     this.card = document.createElement("section");
@@ -217,9 +258,10 @@ export class Chart {
     this.card.dataset.chart = id;
     this.card.innerHTML = `<div class="chart-head"><h3></h3><div class="chart-tools">
         <button type="button" data-tool="log" aria-pressed="false" title="logarithmic y-axis">log</button>
-        ${onDownload ? `<button type="button" data-tool="csv" title="download the series as CSV">CSV</button>
-        <button type="button" data-tool="json" title="download the series as JSON">JSON</button>` : ""}
-      </div></div>${spec.note ? '<p class="chart-note muted"></p>' : ""}<div class="plot" role="img"></div>`;
+        ${onDownload ? `<button type="button" data-tool="csv" title="download every point as CSV">CSV</button>
+        <button type="button" data-tool="jsonl" title="download every point as JSON Lines">JSONL</button>` : ""}
+      </div></div>${spec.note ? '<p class="chart-note muted"></p>' : ""}<div class="plot" role="img"></div>
+      ${spec.pick ? '<details class="series-picker"><summary></summary><div class="picks" role="group"></div></details>' : ""}`;
     this.card.querySelector("h3").textContent = title;
     if (spec.note) this.card.querySelector(".chart-note").textContent = spec.note;
     container.appendChild(this.card);
@@ -234,14 +276,32 @@ export class Chart {
     this.frame = null;
     this.timer = null;
     this.lastDraw = -Infinity;
+    this.drawCost = 0; // ms the last redraw took
+    this.revision = 0; // plotly's datarevision: the arrays it was given grow in place
+    this.picked = ""; // what the series list shows, to redraw it only when that changed
     this.onScreen = true;
     this.stale = false;
     this.card.querySelector('[data-tool="log"]').addEventListener("click", () => { this.log = !this.log; this.schedule(); });
-    for (const format of ["csv", "json"]) {
+    for (const format of ["csv", "jsonl"]) {
       this.card.querySelector(`[data-tool="${format}"]`)?.addEventListener("click", () => this.onDownload(format, this));
     }
+    this.card.querySelector(".picks")?.addEventListener("change", (event) => {
+      const name = event.target.dataset?.series;
+      if (name == null) return;
+      this.visible.set(name, event.target.checked ? true : "legendonly");
+      this.schedule();
+    });
     Plotly.newPlot(this.plot, [], this.layout([]), CONFIG);
     this.plot.on("plotly_relayout", (event) => this.zoomed(event));
+    // Once plotly has drawn (its legend too, which can come after react returns).
+    if (spec.legend !== false) {
+      const legend = {
+        has: (name) => this.series.has(name),
+        shown: (name) => this.isShown(name),
+        toggle: (name) => { this.visible.set(name, this.isShown(name) ? "legendonly" : true); this.schedule(); },
+      };
+      this.plot.on("plotly_afterplot", () => legendByKeys(this.plot, legend));
+    }
     this.plot.on("plotly_restyle", ([update, indices]) => {
       if (!update || !("visible" in update)) return;
       indices.forEach((index, i) => {
@@ -299,7 +359,8 @@ export class Chart {
     let total = 0;
     for (const series of this.series.values()) total += series.step.length;
     this.card.dataset.points = String(total);
-    this.plot.setAttribute("aria-label", `${this.spec.title}: ${this.series.size} series, ${total} points`
+    this.card.dataset.series = String(this.series.size);
+    this.plot.setAttribute("aria-label", `${this.spec.alt ?? this.spec.title}: ${this.series.size} series, ${total} points`
       + (this.xrange ? ", zoomed" : ""));
   }
 
@@ -434,9 +495,15 @@ export class Chart {
       clearTimeout(this.timer); // people wait for nobody
       this.timer = null;
     }
-    const wait = live ? this.lastDraw + LIVE_REDRAW_MS - performance.now() : 0;
+    const wait = live ? liveWait(this.lastDraw, this.drawCost, LIVE_REDRAW_MS) : 0;
     const queue = () => { this.timer = null; this.frame = true; drawSoon(this); };
     if (wait > 0) this.timer = setTimeout(queue, wait); else queue();
+  }
+
+  // Whether a series is drawn (else in the legend only, or, for a chart whose series are
+  // picked, in its list only).
+  isShown(name) {
+    return (this.visible.get(name) ?? (this.styleOf?.(name) ?? traceStyle(name)).visible ?? true) === true;
   }
 
   traces() {
@@ -444,18 +511,23 @@ export class Chart {
     this.traceNames = [];
     const weight = this.view.smoothing;
     for (const name of this.series.keys()) {
-      const data = this.shown(name);
-      const style = traceStyle(name);
+      const { name: label = name, ...style } = this.styleOf?.(name) ?? traceStyle(name);
       const visible = this.visible.get(name) ?? style.visible ?? true;
-      const x = visible === true ? data.step.map((step, i) => this.xOf(step, data.time[i])) : [];
+      if (visible !== true && this.spec.pick?.(name) != null) continue; // not chosen: not drawn at all
+      const data = this.shown(name);
+      // In steps, the series' own array (plotly reads, never writes it; datarevision says it grew).
+      // A series hidden in the legend goes with its first point only, until it is shown: with
+      // none, plotly would leave it out of the legend too, where it is shown again.
+      const points = visible === true ? data.step.length : Math.min(1, data.step.length);
+      const x = this.view.xaxis === "step" && points === data.step.length ? data.step
+        : data.step.slice(0, points).map((step, i) => this.xOf(step, data.time[i]));
       // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
-      // A hidden series is drawn without its points until it is shown (a legend click).
-      const y = visible === true ? data.value : [];
-      const trace = { ...style, name: escapeHTML(name), x, y, type: "scatter", visible, legendgroup: name };
+      const y = points === data.value.length ? data.value : data.value.slice(0, points);
+      const trace = { legendgroup: name, ...style, name: escapeHTML(label), x, y, type: "scatter", visible };
       if (weight > 0 && smoothable(name)) {
         traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
         this.traceNames.push(name);
-        traces.push({ ...trace, y: visible === true ? debiasedEma(y, weight) : [], meta: "smoothed" });
+        traces.push({ ...trace, y: debiasedEma(y, weight), meta: "smoothed" });
       } else {
         traces.push(trace);
       }
@@ -465,25 +537,28 @@ export class Chart {
   }
 
   layout(traces) {
-    const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height });
+    const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height, showlegend: this.spec.legend !== false });
+    layout.datarevision = ++this.revision;
+    // Under the plot, a legend of any length pushes the plot up rather than covering it.
+    if (this.spec.legend === "below") layout.legend = { orientation: "h", x: 0, y: -0.22, yanchor: "top" };
     layout.xaxis.title.text = X_TITLES[this.view.xaxis];
     if (this.view.xaxis === "wall") layout.xaxis.type = "date";
     if (this.xrange) Object.assign(layout.xaxis, { range: [...this.xrange], autorange: false });
-    // plotly spaces the decades' labels so that they never overlap.
     if (this.log) Object.assign(layout.yaxis, { type: "log", exponentformat: "power" });
     if (this.spec.bytes) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
-    const range = this.yRange(traces);
+    const values = this.valuesInView(traces);
+    const range = this.yRange(values);
     layout.yaxis.range = range ?? undefined;
     layout.yaxis.autorange = !range;
+    // A log axis labels a few decades at most, however many it spans.
+    if (this.log) Object.assign(layout.yaxis, { dtick: logTicks(range ?? fullRange(values, true)), tick0: 0 });
     this.card.dataset.clipped = String(Boolean(range));
     const { shapes, annotations } = this.markings();
     return { ...layout, shapes, annotations };
   }
 
-  // With clipping on, a range for the values in view that outliers cannot flatten; zoomed,
-  // the range of the points it shows (plotly's own would range them all); else plotly's (null).
-  yRange(traces) {
-    if (!this.view.clip && !this.xrange) return null;
+  // The y values of the points in view (all of them, or the zoom's).
+  valuesInView(traces) {
     const values = [];
     const wall = this.view.xaxis === "wall";
     const [lo, hi] = this.xrange ? this.xrange.map((x) => (wall ? Date.parse(x) : Number(x))) : [-Infinity, Infinity];
@@ -494,6 +569,13 @@ export class Chart {
         if (at >= lo && at <= hi) values.push(trace.y[i]);
       });
     }
+    return values;
+  }
+
+  // With clipping on, a range for the values in view that outliers cannot flatten; zoomed,
+  // the range of the points it shows (plotly's own would range them all); else plotly's (null).
+  yRange(values) {
+    if (!this.view.clip && !this.xrange) return null;
     if (this.view.clip) {
       const clipped = clippedRange(values, this.log);
       if (clipped || !this.xrange) return clipped;
@@ -504,23 +586,30 @@ export class Chart {
   draw() {
     this.frame = null;
     this.stale = false;
-    this.lastDraw = performance.now();
+    const start = this.lastDraw = performance.now();
     const traces = this.traces();
     Plotly.react(this.plot, traces, this.layout(traces), CONFIG);
     this.card.querySelector('[data-tool="log"]').setAttribute("aria-pressed", String(this.log));
-    this.card.dataset.drawn = String(traces.reduce((n, t) => n + (t.meta === "raw" ? 0 : t.x.length), 0));
+    this.card.dataset.drawn = String(traces.reduce((n, t) => n + (t.meta === "raw" || t.visible !== true ? 0 : t.x.length), 0));
+    this.drawPicks();
+    this.drawCost = performance.now() - start;
     this.onDrawn?.(this);
   }
 
-  // The series as a file: CSV (series,step,time,value) or JSON ({series: {name: points}}).
-  static file(series, format) {
-    if (format === "json") return new Blob([JSON.stringify({ series })], { type: "application/json" });
-    const quote = (text) => (/[",\n\r]/.test(text) ? `"${text.replaceAll('"', '""')}"` : text);
-    const lines = ["series,step,time,value"];
-    for (const [name, points] of Object.entries(series)) {
-      points.step.forEach((step, i) => lines.push(`${quote(name)},${step},${points.time[i]},${points.value[i] ?? ""}`));
-    }
-    return new Blob([lines.join("\n") + "\n"], { type: "text/csv" });
+  // The list of the series to choose from (pick), each with its colour, those drawn ticked.
+  drawPicks() {
+    const picks = this.card.querySelector(".picks");
+    if (!picks) return;
+    const names = [...this.series.keys()].filter((name) => this.spec.pick(name) != null)
+      .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    const shown = names.filter((name) => this.visible.get(name) === true);
+    const key = JSON.stringify([names, shown]);
+    if (key === this.picked) return;
+    this.picked = key;
+    this.card.querySelector(".series-picker summary").textContent = `${this.spec.pickTitle}: ${shown.length} of ${names.length} drawn`;
+    const drawn = new Set(shown);
+    picks.innerHTML = names.map((name) => `<label><input type="checkbox" data-series="${escapeHTML(name)}"${drawn.has(name) ? " checked" : ""}>
+      <span class="swatch" style="background:${colourOf(name)}"></span>${escapeHTML(this.spec.pick(name))}</label>`).join("");
   }
 
   destroy() {

@@ -1,10 +1,11 @@
 // Runs side by side: #/compare?runs=ID,ID,... (a link that can be shared). Every chart draws
-// one trace per run and series, each run in one colour on every chart, and a table of their
-// configs marks the keys whose values differ.
+// one trace per run and series, each run in one colour on every chart, live as the runs
+// stream, and a table of their configs marks the keys whose values differ.
 
 import { getRun, getSeries } from "./api.js";
-import { PLOT_CONFIG, PLOT_LAYOUT, chartOf, chartOrder, plotlyReady, themed } from "./charts.js";
-import { escapeHTML, runPath, setTitle, statusBadge, healthBadge } from "./format.js";
+import { Chart, chartOf, chartOrder, plotlyReady } from "./charts.js";
+import { escapeHTML, healthBadge, runPath, setTitle, statusBadge } from "./format.js";
+import { withSummary } from "./live.js";
 
 // Colour-blind-friendly (Okabe–Ito), then more: a run's colour is its place in the address.
 export const RUN_COLOURS = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#7f3c8d", "#3b3b3b", "#b8860b", "#1b9e77"];
@@ -18,7 +19,7 @@ export function comparePath(runIds) {
 
 const shown = (value) => (value === undefined ? "—" : typeof value === "object" ? JSON.stringify(value) : String(value));
 
-export async function renderCompare(root, params) {
+export async function renderCompare(root, live, params) {
   setTitle("Compare");
   const ids = [...new Set((params.get("runs") ?? "").split(",").map((id) => id.trim()).filter(Boolean))].slice(0, MAX_COMPARED);
   if (!ids.length) {
@@ -27,58 +28,126 @@ export async function renderCompare(root, params) {
     return () => {};
   }
   root.innerHTML = `<p class="muted">Loading ${escapeHTML(ids.length)} runs…</p>`;
-  const [runs] = await Promise.all([Promise.all(ids.map((id) => getRun(id))), plotlyReady()]);
-  const series = await Promise.all(runs.map((run) => getSeries(run.id, [], POINTS).then((answer) => answer.series)));
-  setTitle(`Compare ${runs.length} runs`);
+  // Followed live as a run's page is: from before the history loads, so no point falls between.
+  let view = null;
+  const following = live.follow(ids, { onMessage: (message) => view.onLive(message), onReconnect: () => view?.reload() });
+  try {
+    const [runs] = await Promise.all([Promise.all(ids.map((id) => getRun(id))), plotlyReady()]);
+    view = new CompareView(root, runs);
+    await view.reload();
+  } catch (error) {
+    following.stop();
+    view?.destroy();
+    throw error;
+  }
+  following.start();
+  return () => { following.stop(); view.destroy(); };
+}
 
-  const legend = runs.map((run, i) => `<li data-compared-run="${escapeHTML(run.id)}">
+// The compared runs' charts: one Chart per chart id (as a run's page has), whose series are
+// the traces "<run id>\n<series>", each drawn in its run's colour and its series' dash.
+class CompareView {
+  constructor(root, runs) {
+    this.root = root;
+    this.runs = runs;
+    this.charts = new Map(); // chart id -> its Chart
+    this.dashes = new Map(); // chart id -> its series names, in the order their dashes go
+    this.traces = new Map(); // trace key -> { r: the run's place, name: the series }
+    this.reloading = new Set();
+    setTitle(`Compare ${runs.length} runs`);
+    root.innerHTML = `
+      <div class="page-head"><h1>Compare ${escapeHTML(runs.length)} runs</h1></div>
+      <ul class="compared-runs"></ul>
+      <details class="panel" open><summary>Configuration <span class="muted">(differing keys marked)</span></summary>
+        <div class="table-scroll"><table class="kv config-compare" id="config-compare"></table></div></details>
+      <div class="charts" id="charts"></div>`;
+    this.chartsRoot = root.querySelector("#charts");
+    this.drawLegend();
+    drawConfig(root.querySelector("#config-compare"), runs);
+  }
+
+  drawLegend() {
+    this.root.querySelector(".compared-runs").innerHTML = this.runs.map((run, i) => `<li data-compared-run="${escapeHTML(run.id)}">
       <span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>
       <a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>
       ${statusBadge(run.status)}${healthBadge(run.health)} <span class="muted">${escapeHTML(run.project)}</span></li>`).join("");
-  root.innerHTML = `
-    <div class="page-head"><h1>Compare ${escapeHTML(runs.length)} runs</h1></div>
-    <ul class="compared-runs">${legend}</ul>
-    <details class="panel" open><summary>Configuration <span class="muted">(differing keys marked)</span></summary>
-      <div class="table-scroll"><table class="kv config-compare" id="config-compare"></table></div></details>
-    <div class="charts" id="charts"></div>`;
-  drawConfig(root.querySelector("#config-compare"), runs);
-
-  // chart id -> { spec, traces }
-  const charts = new Map();
-  runs.forEach((run, r) => {
-    for (const [name, data] of Object.entries(series[r])) {
-      const spec = chartOf(name);
-      if (!spec) continue;
-      if (!charts.has(spec.id)) charts.set(spec.id, { spec, names: [], traces: [] });
-      const chart = charts.get(spec.id);
-      if (!chart.names.includes(name)) chart.names.push(name);
-      chart.traces.push({
-        name: escapeHTML(`${run.name} · ${name}`), x: data.step, y: data.value, type: "scatter", mode: "lines",
-        legendgroup: run.id, meta: run.id,
-        line: { width: 1.4, color: RUN_COLOURS[r % RUN_COLOURS.length], dash: DASHES[chart.names.indexOf(name) % DASHES.length] },
-      });
-    }
-  });
-  const container = root.querySelector("#charts");
-  const plots = [];
-  for (const { spec, traces } of [...charts.values()].sort((a, b) => chartOrder(a.spec, b.spec))) {
-    const card = document.createElement("section");
-    card.className = "chart-card";
-    card.dataset.chart = spec.id;
-    card.dataset.traces = String(traces.length);
-    card.innerHTML = `<h3></h3><div class="plot" role="img"></div>`;
-    card.querySelector("h3").textContent = spec.title;
-    card.querySelector(".plot").setAttribute("aria-label", `${spec.title} of ${runs.map((run) => run.name).join(", ")}`);
-    container.appendChild(card);
-    const layout = themed({ ...structuredClone(PLOT_LAYOUT), height: spec.height ?? PLOT_LAYOUT.height, showlegend: false });
-    if (spec.log) layout.yaxis.type = "log";
-    if (spec.bytes) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
-    const plot = card.querySelector(".plot");
-    Plotly.newPlot(plot, traces, layout, PLOT_CONFIG);
-    plots.push(plot);
   }
-  if (!plots.length) container.innerHTML = `<p class="muted">No points yet.</p>`;
-  return () => { for (const plot of plots) Plotly.purge(plot); };
+
+  // Every series of every run, downsampled, in the runs' order (the traces' order).
+  async reload() {
+    const answers = await Promise.all(this.runs.map((run) => getSeries(run.id, [], POINTS)));
+    answers.forEach(({ series }, r) => {
+      for (const [name, data] of Object.entries(series)) this.add(r, name, data);
+    });
+    if (!this.charts.size) this.chartsRoot.innerHTML = `<p class="muted">No points yet.</p>`;
+  }
+
+  // One run's series, whole (live: only its new points).
+  add(r, name, data, live = false) {
+    const spec = chartOf(name);
+    if (!spec) return;
+    const key = `${this.runs[r].id}\n${name}`;
+    this.traces.set(key, { r, name });
+    const names = this.dashes.get(spec.id) ?? [];
+    if (!names.includes(name)) this.dashes.set(spec.id, [...names, name]);
+    const chart = this.chartFor(spec);
+    if (live) chart.extend(key, data); else chart.setSeries(key, data);
+  }
+
+  chartFor(spec) {
+    let chart = this.charts.get(spec.id);
+    if (!chart) {
+      const alt = `${spec.title} of ${this.runs.map((run) => run.name).join(", ")}`;
+      chart = new Chart(this.chartsRoot, { ...spec, alt, legend: false }, {
+        styleOf: (key) => this.styleOf(key),
+        onTooLong: (key) => this.reloadTrace(key),
+      });
+      this.charts.set(spec.id, chart);
+      const ordered = [...this.charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
+      this.chartsRoot.replaceChildren(...ordered.map((c) => c.card));
+    }
+    return chart;
+  }
+
+  styleOf(key) {
+    const { r, name } = this.traces.get(key);
+    const run = this.runs[r];
+    const dash = DASHES[this.dashes.get(chartOf(name).id).indexOf(name) % DASHES.length];
+    return {
+      name: `${run.name} · ${name}`, mode: "lines", meta: run.id, legendgroup: run.id,
+      line: { width: 1.4, color: RUN_COLOURS[r % RUN_COLOURS.length], dash },
+    };
+  }
+
+  // A trace grew long while streaming: swapped for a downsampled copy.
+  async reloadTrace(key) {
+    if (this.reloading.has(key)) return;
+    this.reloading.add(key);
+    const { r, name } = this.traces.get(key);
+    try {
+      const { series } = await getSeries(this.runs[r].id, [name], POINTS);
+      if (series[name]) this.add(r, name, series[name]);
+    } finally {
+      this.reloading.delete(key);
+    }
+  }
+
+  // A compared run's new points, or its summary (status, health) changed.
+  onLive(message) {
+    const r = this.runs.findIndex((run) => run.id === message.run_id);
+    if (message.type === "points" && r >= 0) {
+      for (const [name, data] of Object.entries(message.series)) this.add(r, name, data, true);
+    } else if (message.type === "runs") {
+      let changed = false;
+      for (const summary of message.runs) {
+        const at = this.runs.findIndex((run) => run.id === summary.id);
+        if (at >= 0) { this.runs[at] = withSummary(this.runs[at], summary); changed = true; }
+      }
+      if (changed) this.drawLegend();
+    }
+  }
+
+  destroy() { for (const chart of this.charts.values()) chart.destroy(); }
 }
 
 // Keys as rows, runs as columns; a row whose values are not all equal is marked.

@@ -2,13 +2,13 @@
 // chart: every layer at once, however many, where a legend of lines would cover the plot and
 // "the top five" would hide the one that matters. The layers an alert names are marked.
 
-import { PLOT_CONFIG, PLOT_LAYOUT, cancelDraw, drawSoon, themed } from "./charts.js";
+import { PLOT_CONFIG, PLOT_LAYOUT, cancelDraw, drawSoon, liveWait, themed } from "./charts.js";
 import { escapeHTML } from "./format.js";
 import { GRAD_NORM_PREFIX } from "./series.js";
 
 const COLUMNS = 300; // step buckets: each cell shows the largest norm of its steps
 const ROW_PX = 14;
-const REDRAW_MS = 1000; // the shortest time between two redraws while points stream
+const REDRAW_MS = 2000; // the shortest time between two redraws while points stream (an overview)
 
 // The variables an alert about gradients names: the early layer that vanishes, the layers
 // that explode.
@@ -60,14 +60,18 @@ export class GradHeatmap {
     this.queued = false;
     this.timer = null;
     this.lastDraw = -Infinity;
+    this.drawCost = 0;
   }
 
-  // The gradient chart's series changed: redrawn in a frame of its own, at most once a second.
+  // The gradient chart's series changed: redrawn in a frame of its own, at most every two
+  // seconds (less often when it is slow to draw); a zoom at once.
   update(series, xrange = null) {
+    const zoomed = JSON.stringify(xrange) !== JSON.stringify(this.xrange);
     this.series = series;
     this.xrange = xrange;
+    if (zoomed && this.timer != null) { clearTimeout(this.timer); this.timer = null; }
     if (this.queued || this.timer != null) return;
-    const wait = this.lastDraw + REDRAW_MS - performance.now();
+    const wait = zoomed ? 0 : liveWait(this.lastDraw, this.drawCost, REDRAW_MS);
     const queue = () => { this.timer = null; this.queued = true; drawSoon(this); };
     if (wait > 0) this.timer = setTimeout(queue, wait); else queue();
   }
@@ -79,7 +83,7 @@ export class GradHeatmap {
   // The gradient chart's series (a Map of name -> {step, value}): only grad/norm/* are drawn.
   draw() {
     this.queued = false;
-    this.lastDraw = performance.now();
+    const start = this.lastDraw = performance.now();
     const { series, xrange } = this;
     // Layers in natural order (dense_2 before dense_10), as a model lists them mostly.
     const names = [...series.keys()].filter((name) => name.startsWith(GRAD_NORM_PREFIX))
@@ -117,6 +121,7 @@ export class GradHeatmap {
     this.card.dataset.marked = [...marked].filter((name) => short.includes(name)).join(",");
     this.plot.setAttribute("aria-label", `gradient norm of ${names.length} layers by step`
       + (marked.size ? `; named by an alert: ${[...marked].join(", ")}` : ""));
+    this.drawCost = performance.now() - start;
   }
 
   destroy() { cancelDraw(this); clearTimeout(this.timer); Plotly.purge(this.plot); this.card.remove(); }

@@ -1,9 +1,10 @@
 // The browser end of WS /api/v1/live: reconnects with backoff and re-subscribes.
 
 // A run as the server last described it. A "runs" message carries the whole summary of each
-// run that changed: every field in it, the status above all, is taken exactly as sent (the page
-// shows the server's status and derives none); the fields only a fetched run has (config,
-// environment, stacks, traceback, job) are kept.
+// run that changed, or only its id, project and health when an alert about it changed: every
+// field in it, the status above all, is taken exactly as sent (the page shows the server's
+// status and health and derives neither); the fields it lacks (config, environment, stacks,
+// traceback, job, and the rest of a health-only one) are kept.
 export function withSummary(run, summary) {
   return { ...run, ...summary };
 }
@@ -66,6 +67,21 @@ export class LiveSocket {
     } finally {
       off();
     }
+  }
+
+  // Follow runs live while their history loads: subscribed at once, so that no point falls
+  // between the history and the stream; the messages that come meanwhile are held until
+  // start() (the history drawn), then passed on in order, and every later one at once.
+  // onReconnect: the socket came back (points may have been missed: reload). stop() ends it.
+  follow(runIds, { onMessage, onReconnect }) {
+    let held = [];
+    const offMessage = this.on((message) => (held ? held.push(message) : onMessage(message)));
+    const offReconnect = this.onReconnect(onReconnect);
+    for (const id of runIds) this.subscribe(id);
+    return {
+      start: () => { const pending = held ?? []; held = null; for (const message of pending) onMessage(message); },
+      stop: () => { offMessage(); offReconnect(); for (const id of runIds) this.unsubscribe(id); },
+    };
   }
 
   // Returns a function that removes the handler.

@@ -24,20 +24,36 @@ function quantile(sorted, q) {
   return sorted[lo] + (sorted[hi] - sorted[lo]) * (at - lo);
 }
 
+// Percentiles are taken from at most this many values, spread evenly over the series: a
+// range needs no more, and sorting every point of every series at each redraw of a live chart
+// would cost more than drawing it.
+const QUANTILE_SAMPLE = 4096;
+
 // A y-range that the rare far-off values (an explosion to 1e35, one huge spike) cannot
 // flatten: values beyond ten times the 5th-95th percentile span from that span are left out;
 // the early high loss of a healthy run is not. log: in decades, of the positive values (as
 // plotly's log axes take it). Null when nothing is left out (plotly's own range), or too few.
 export function clippedRange(values, log = false) {
-  let finite = values.filter((v) => v != null && Number.isFinite(v) && (!log || v > 0));
-  if (log) finite = finite.map(Math.log10);
+  const finite = [];
+  for (const v of values) if (v != null && Number.isFinite(v) && (!log || v > 0)) finite.push(log ? Math.log10(v) : v);
   if (finite.length < 5) return null;
-  finite.sort((a, b) => a - b);
-  const lo = quantile(finite, 0.05), hi = quantile(finite, 0.95);
+  const every = Math.ceil(finite.length / QUANTILE_SAMPLE);
+  const sample = every > 1 ? finite.filter((_, i) => i % every === 0) : [...finite];
+  sample.sort((a, b) => a - b);
+  const lo = quantile(sample, 0.05), hi = quantile(sample, 0.95);
   const span = hi - lo || Math.abs(hi) || 1;
   const kept = finite.filter((v) => v >= lo - 10 * span && v <= hi + 10 * span);
   if (kept.length === finite.length) return null;
   return fullRange(kept);
+}
+
+// Where a log axis' labels go: every decade over a few, every few decades over many (an
+// explosion spans twenty), so that labels never crowd; within a decade or three, the decades
+// and their 2 and 5 (plotly's "D2"), not every digit between. range: in decades.
+export function logTicks(range) {
+  if (!range) return "D2";
+  const decades = range[1] - range[0];
+  return decades > 3 ? Math.ceil(decades / 6) : "D2";
 }
 
 // The range of every value (in decades on a log axis), a little wider; null for none.

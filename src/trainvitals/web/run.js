@@ -2,7 +2,7 @@
 // marked at their steps.
 
 import { AlertList, alertItem } from "./alert-items.js";
-import { deleteRun, editRun, getRun, getRunAlerts, getSeries } from "./api.js";
+import { deleteRun, editRun, exportPath, getRun, getRunAlerts, getSeries } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder, plotlyReady } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
@@ -59,8 +59,7 @@ export class RunPage {
     this.alertList = null;
     this.charts = new Map(); // chart id -> its chart, made when its first series arrives
     this.chartsRoot = null;
-    this.buffered = []; // live messages that arrive while the history loads
-    this.loaded = false;
+    this.following = null; // the live stream of this run, from before its history loads
     this.refreshes = 0;
     this.reloading = null;
     this.ticker = null;
@@ -95,10 +94,9 @@ export class RunPage {
       },
     });
 
-    // Subscribe before fetching history, so nothing falls between the two.
-    this.off.push(this.live.on((message) => (this.loaded ? this.onLive(message) : this.buffered.push(message))));
-    this.live.subscribe(this.runId);
-    this.off.push(this.live.onReconnect(() => this.onReconnect()));
+    this.following = this.live.follow([this.runId], {
+      onMessage: (message) => this.onLive(message), onReconnect: () => this.onReconnect(),
+    });
     // A null update: the feed reloaded after a reconnect, so this run's alerts may have changed too.
     this.off.push(this.feed.on((alert) => {
       if (!alert) this.loadAlerts();
@@ -115,9 +113,7 @@ export class RunPage {
     await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
     this.charts.get("grad_norm")?.showTopVariables();
     this.drawMarkers(); // the layers an alert names stay shown, whatever their rank
-    this.loaded = true;
-    for (const message of this.buffered) this.onLive(message);
-    this.buffered = [];
+    this.following.start();
     if (!this.charts.size) this.chartsRoot.innerHTML = `<p class="muted" id="no-data">No points yet.</p>`;
     // Redrawn now and then: "last seen" ages, and a forecast's time left shrinks.
     this.ticker = setInterval(() => { this.drawHeader(); this.drawMarkers(); }, 5000);
@@ -133,7 +129,8 @@ export class RunPage {
     } else if (message.type === "runs") {
       const summary = message.runs.find((r) => r.id === this.runId);
       if (!summary) return;
-      const changed = summary.status !== this.run.status;
+      // A summary can be the run's health alone (an alert about it changed): no status.
+      const changed = summary.status != null && summary.status !== this.run.status;
       this.run = withSummary(this.run, summary);
       this.drawHeader();
       // The live summary has no stacks or traceback: fetch the run when its state changes.
@@ -167,7 +164,7 @@ export class RunPage {
     clearTimeout(this.reloading);
     this.alertList?.destroy();
     this.job?.destroy();
-    if (this.run) this.live.unsubscribe(this.runId);
+    this.following?.stop();
     for (const chart of this.charts.values()) chart.destroy();
     this.heatmap?.destroy();
   }
@@ -244,17 +241,15 @@ export class RunPage {
     this.root.querySelector("#charts").dataset.detail = `${steps.min}-${steps.max}`;
   }
 
-  // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file.
-  async download(format, chart) {
-    const names = [...chart.series.keys()];
-    const { series } = await getSeries(this.runId, names, 100000, chart.stepRange());
+  // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file the
+  // server streams: nothing capped, nothing held in the page.
+  download(format, chart) {
     const link = document.createElement("a");
-    link.href = URL.createObjectURL(Chart.file(series, format));
-    link.download = `${this.run.name}-${chart.id}.${format}`.replace(/[^\w.-]+/g, "_");
+    link.href = exportPath(this.runId, [...chart.series.keys()], format, chart.stepRange(), `${this.run.name}-${chart.id}`);
+    link.download = ""; // the server names the file
     document.body.appendChild(link);
     link.click();
     link.remove();
-    setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
   }
 
   // Rename, tag, note, archive or delete the run (the server asks for the admin role).

@@ -6,6 +6,7 @@ import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { comparePath } from "./compare.js";
+import { withSummary } from "./live.js";
 import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, tagList, workerOrder } from "./format.js";
 
 const PAGE_SIZE = 50;
@@ -147,6 +148,10 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       <td class="num last-step wide-only">${escapeHTML(run.last_step ?? "—")}</td>
       <td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>
       <td class="wide-only">${escapeHTML(run.host)}</td>${config.join("")}`;
+    // Space ticks a checkbox; Enter does here too, as it opens a link beside it.
+    row.querySelector(".select-run").addEventListener("keydown", (event) => {
+      if (event.key === "Enter") { event.preventDefault(); event.target.click(); }
+    });
     row.querySelector(".select-run").addEventListener("change", (event) => {
       if (event.target.checked) selected.add(run.id); else selected.delete(run.id);
       drawCompare();
@@ -160,7 +165,16 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     button.textContent = selected.size ? `Compare ${selected.size} selected` : "Compare selected";
   };
 
+  // Where the keyboard is in a run's row (its checkbox or its link), to be given back once the
+  // rows are drawn anew: a live list redraws every half second.
+  const focusInRow = () => {
+    const at = document.activeElement;
+    const row = body.contains(at) ? at.closest("tr.run-row") : null;
+    return row && { id: row.dataset.runId, control: at.matches(".select-run") ? ".select-run" : "a" };
+  };
+
   const redraw = () => {
+    const focus = focusInRow();
     firing = new Map();
     for (const alert of feed.firing()) firing.set(alert.run_id, [...(firing.get(alert.run_id) ?? []), alert]);
     const ordered = [...runs.values()];
@@ -177,6 +191,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     } else {
       body.replaceChildren(...ordered.map(renderRow));
     }
+    if (focus) body.querySelector(`tr.run-row[data-run-id="${CSS.escape(focus.id)}"] ${focus.control}`)?.focus();
     const first = Number(state.page) * PAGE_SIZE;
     root.querySelector("#run-count").textContent = `${total} run${total === 1 ? "" : "s"}`;
     root.querySelector("#run-count").dataset.total = String(total);
@@ -198,7 +213,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     && state.archived !== "only";
   const apply = (summaries) => {
     for (const summary of summaries) {
-      if (runs.has(summary.id)) runs.set(summary.id, { ...runs.get(summary.id), ...summary });
+      if (runs.has(summary.id)) runs.set(summary.id, withSummary(runs.get(summary.id), summary));
       else if (state.page === "0" && isNewestFirst() && matches(summary)) {
         runs = new Map([[summary.id, summary], ...runs]);
         total += 1;

@@ -42,6 +42,18 @@ def test_runs_are_listed_newest_first_and_by_project(store: Store) -> None:
     assert set(store.runs.list_runs()[0]) >= RUN_CONTRACT_FIELDS
 
 
+def test_projects_are_every_runs_project_once_sorted(store: Store) -> None:
+    with store.engine.begin() as conn:
+        # The oldest run's project is on no page of the newest runs: it is listed all the same.
+        store.runs.open_run(conn, hello("rare", started_at=1.0, project="rare"), now=1.0)
+        for i in range(3):
+            store.runs.open_run(conn, hello(f"b{i}", started_at=2.0 + i, project="busy"), now=2.0)
+        store.runs.edit_run(conn, "rare", {"archived": True})  # its project is listed still
+    assert store.runs.projects() == ["busy", "rare"]
+    assert store.runs.projects(only="rare") == ["rare"]
+    assert store.runs.projects(only="none") == []
+
+
 def test_a_stalled_run_runs_again_when_steps_resume(store: Store) -> None:
     with store.engine.begin() as conn:
         store.runs.open_run(conn, hello("r1"), now=1.0)

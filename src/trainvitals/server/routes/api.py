@@ -14,18 +14,17 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from trainvitals.detect import AlertState, Severity
-from trainvitals.detect.types import worse
 from trainvitals.lifecycle import ALIVE
-from trainvitals.protocol import RunStatus
+from trainvitals.protocol import ArrayColumns, Columns, RunStatus
 from trainvitals.series import HOST_PREFIX
 from trainvitals.server.answers import (
     API_ERRORS,
     AlertsAnswer,
     DeletedAnswer,
     ListedRun,
+    ProjectsAnswer,
     RulesAnswer,
     RunAnswer,
-    RunHealth,
     RunsAnswer,
     SeriesAnswer,
     SeriesPoints,
@@ -58,7 +57,6 @@ from trainvitals.server.export import (
 from trainvitals.server.live import finite_or_none
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.tokens import Principal, Role
-from trainvitals.server.store import Store
 
 router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
@@ -117,9 +115,16 @@ def list_runs(
     )
     page = store.runs.find_runs(which, limit, offset, tuple(config or ()))
     response.headers["X-Total-Count"] = str(page["total"])
-    healths = _health(store, [run["id"] for run in page["runs"]])
+    healths = store.alerts.health([run["id"] for run in page["runs"]])
     listed = [{**run, "health": healths[run["id"]]} for run in page["runs"]]
     return {"runs": cast(list[ListedRun], listed), "total": page["total"]}
+
+
+@router.get("/projects")
+def list_projects(store: StoreDep, who: Reader) -> ProjectsAnswer:
+    """Every project that has a run, sorted (for a filter's choices); a token of one project
+    sees that project only."""
+    return {"projects": store.runs.projects(only=who.projects)}
 
 
 @router.get("/runs/{run_id}")
@@ -135,25 +140,13 @@ def get_run(run_id: str, store: StoreDep, who: Reader) -> RunAnswer:
         RunAnswer,
         {
             **run,
-            "health": _health(store, [run_id])[run_id],
+            "health": store.alerts.health([run_id])[run_id],
             "events": store.runs.run_events(run_id),
         },
     )
     if run["status"] not in ALIVE:  # evidence for the ending panel
         out["last_readings"] = store.series.last_values(run_id, (HOST_PREFIX, "gpu"))
     return out
-
-
-def _health(store: Store, run_ids: list[str]) -> dict[str, RunHealth]:
-    """Each run's :class:`RunHealth`, from one grouped query for them all."""
-    health = {run_id: RunHealth(worst=None, rules=[], firing=[]) for run_id in run_ids}
-    for standing in sorted(store.alerts.standings(run_ids), key=lambda s: s.rule):
-        of = health[standing.run_id]
-        of["rules"].append(standing.rule)
-        if standing.firing:
-            of["firing"].append(standing.rule)
-        of["worst"] = standing.worst if of["worst"] is None else worse(of["worst"], standing.worst)
-    return health
 
 
 #: Control characters a run's name, tags and notes may not hold (notes keep \t and \n).
@@ -282,6 +275,10 @@ def get_series(
     return {"series": out}
 
 
+#: An export's file name (before its extension): plain ASCII, safe in a header as it is.
+_FILENAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$"
+
+
 @router.get(
     "/runs/{run_id}/export",
     response_class=StreamingResponse,
@@ -293,9 +290,14 @@ def export_series(
     who: Reader,
     name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
     fmt: Annotated[ExportFormat, Query(alias="format")] = ExportFormat.CSV,
+    min_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
+    max_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
+    filename: Annotated[str | None, Query(pattern=_FILENAME)] = None,
 ) -> StreamingResponse:
     """Every point of the run's series (all of them when no ``name`` is given) at full
-    resolution, streamed as CSV, JSON Lines or Parquet (see docs/contract.md#export)."""
+    resolution, streamed as CSV, JSON Lines or Parquet (see docs/contract.md#export);
+    ``min_step`` and ``max_step`` (inclusive): only the points in that range; ``filename``:
+    the file's name before its extension (the run's id by default)."""
     run = store.runs.get_run(run_id, job=False)
     if run is None:
         raise run_not_found(run_id)
@@ -306,12 +308,30 @@ def export_series(
         raise HTTPException(404, f"Run {run_id!r} has no series {missing[0]!r}")
     if fmt is ExportFormat.PARQUET and not parquet_available():
         raise HTTPException(501, PARQUET_HINT)
-    batches = ((n, points) for n in names for points in store.series.iter_series(run_id, n))
+    batches = (
+        (n, _in_range(points, min_step, max_step))
+        for n in names
+        for points in store.series.iter_series(run_id, n)
+    )
     return StreamingResponse(
         export(fmt, batches),
         media_type=MEDIA_TYPES[fmt],
-        headers={"Content-Disposition": f'attachment; filename="{run_id}.{fmt.value}"'},
+        headers={"Content-Disposition": f'attachment; filename="{filename or run_id}.{fmt.value}"'},
     )
+
+
+def _in_range(points: ArrayColumns, min_step: int | None, max_step: int | None) -> ArrayColumns:
+    """The points of a batch whose step is in ``[min_step, max_step]`` (frame order: a mask,
+    not a slice, since a series' steps need not grow)."""
+    if min_step is None and max_step is None:
+        return points
+    steps = points.steps
+    keep = np.ones(steps.size, dtype=bool)
+    if min_step is not None:
+        keep &= steps >= min_step
+    if max_step is not None:
+        keep &= steps <= max_step
+    return Columns(steps[keep], points.times[keep], points.values[keep])
 
 
 Limit = Annotated[int, Query(ge=1, le=10_000)]

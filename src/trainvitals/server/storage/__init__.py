@@ -11,7 +11,13 @@
 
 from __future__ import annotations
 
-from trainvitals.server.storage.alerts import AlertRow, AlertStore, RuleStanding, Silence
+from trainvitals.server.storage.alerts import (
+    AlertRow,
+    AlertStore,
+    RuleStanding,
+    RunHealth,
+    Silence,
+)
 from trainvitals.server.storage.runs import (
     Job,
     JobMember,
@@ -43,6 +49,7 @@ __all__ = [
     "RunEnd",
     "RunEvent",
     "RunFilter",
+    "RunHealth",
     "RunRow",
     "RunStore",
     "RunSummary",

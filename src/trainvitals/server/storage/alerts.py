@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, cast
 from sqlalchemy import Connection, Engine, RowMapping, case, func, select, update
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
-from trainvitals.detect.types import SEVERITIES, Severity
+from trainvitals.detect.types import SEVERITIES, Severity, worse
 from trainvitals.server.storage.schema import alerts, dialect_insert, silences
 
 ALERT_FIELDS = tuple(c.name for c in alerts.columns)
@@ -60,6 +60,21 @@ class RuleStanding(NamedTuple):
     rule: str
     worst: Severity
     firing: bool
+
+
+class RunHealth(TypedDict):
+    """A run's health at a glance, from every alert it raised (firing, resolved or closed).
+
+    Example: ``{"worst": "critical", "rules": ["crash", "nonfinite"], "firing": ["crash"]}``;
+    a run that raised nothing: ``{"worst": null, "rules": [], "firing": []}``.
+    """
+
+    #: The worst severity any of its alerts reached (``info``, ``warning``, ``critical``).
+    worst: Severity | None
+    #: The rules that raised an alert on it, sorted.
+    rules: list[str]
+    #: Those of them with an alert firing now, sorted.
+    firing: list[str]
 
 
 class AlertStore:
@@ -164,6 +179,18 @@ class AlertStore:
                 for run_id, rule, worst, fires in conn.execute(query)
                 if worst is not None  # a severity this version does not know
             ]
+
+    def health(self, run_ids: Collection[str]) -> dict[str, RunHealth]:
+        """Each run's :class:`RunHealth`, from its :meth:`standings`."""
+        health = {run_id: RunHealth(worst=None, rules=[], firing=[]) for run_id in run_ids}
+        for standing in sorted(self.standings(run_ids), key=lambda s: s.rule):
+            of = health[standing.run_id]
+            of["rules"].append(standing.rule)
+            if standing.firing:
+                of["firing"].append(standing.rule)
+            worst = of["worst"]
+            of["worst"] = standing.worst if worst is None else worse(worst, standing.worst)
+        return health
 
     def get_alert(self, alert_id: str) -> AlertRow | None:
         with self._engine.connect() as conn:

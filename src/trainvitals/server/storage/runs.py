@@ -376,6 +376,15 @@ class RunStore:
         which = RunFilter(project=project, job=job, status=statuses, archived="include")
         return list(self.find_runs(which, limit)["runs"])
 
+    def projects(self, only: str | None = None) -> list[str]:
+        """The projects that have a run (archived ones too), sorted; ``only``: that one, if
+        it has."""
+        query = select(runs.c.project).distinct().order_by(runs.c.project)
+        if only is not None:
+            query = query.where(runs.c.project == only)
+        with self._engine.connect() as conn:
+            return list(conn.execute(query).scalars())
+
     def find_runs(
         self,
         which: RunFilter,
