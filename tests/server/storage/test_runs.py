@@ -48,7 +48,7 @@ def test_projects_are_every_runs_project_once_sorted(store: Store) -> None:
         store.runs.open_run(conn, hello("rare", started_at=1.0, project="rare"), now=1.0)
         for i in range(3):
             store.runs.open_run(conn, hello(f"b{i}", started_at=2.0 + i, project="busy"), now=2.0)
-        store.runs.edit_run(conn, "rare", {"archived": True})  # its project is listed still
+        store.runs.edit_run(conn, "rare", {"archived": True}, now=3.0)  # listed still
     assert store.runs.projects() == ["busy", "rare"]
     assert store.runs.projects(only="rare") == ["rare"]
     assert store.runs.projects(only="none") == []
