@@ -18,6 +18,7 @@ keras = pytest.importorskip("keras")
 
 import trainvitals  # noqa: E402
 from harness.processes import ServerProcess, run_series, wait_for  # noqa: E402
+from trainvitals.protocol import whole_micros  # noqa: E402
 
 BATCH, SAMPLES = 16, 96  # 6 steps an epoch
 
@@ -154,6 +155,7 @@ def test_the_vitals_are_fetched_every_n_steps_never_each_step(server: ServerProc
     assert "trainvitals/vitals" not in before.keys | after.keys
     series = run_series(server, vitals.run.id, "loss", "mae")
     assert series["loss"]["step"] == series["mae"]["step"] == list(range(1, 51))
+    assert all(whole_micros(t) == t for t in series["loss"]["time"])  # the codec's narrow form
     assert vitals._tap.ring is not None and vitals._tap.ring.lost == 0
 
 

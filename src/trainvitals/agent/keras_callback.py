@@ -27,7 +27,7 @@ from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import Columns, EndReason
+from trainvitals.protocol import Columns, EndReason, whole_micros
 from trainvitals.series import (
     EPOCH,
     EPOCH_PREFIX,
@@ -286,7 +286,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             if steps[-1] > known[-1][0]:
                 known.append((steps[-1], now))
             at = np.interp(numbers, [k[0] for k in known], [k[1] for k in known])
-            times = (at + _to_unix()).tolist()
+            # to the microsecond, as protocol.whole_micros, for the whole block at once
+            times = (np.floor((at + _to_unix()) * 1e6 + 0.5) / 1e6).tolist()
         if clock:
             self._last_end = clock[-1]
         decoded = packing.decode_ring(block, steps, times, measured, self._vitals)
@@ -294,7 +295,9 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         step_times = self._take_step_times()
         if step_times:
             columns[STEP_TIME] = Columns(
-                [t[0] for t in step_times], [t[2] for t in step_times], [t[1] for t in step_times]
+                [t[0] for t in step_times],
+                [whole_micros(t[2]) for t in step_times],
+                [t[1] for t in step_times],
             )
         sick = [steps[j] for j in decoded.sick]
         flagged = set(decoded.sick)

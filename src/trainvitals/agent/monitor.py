@@ -15,7 +15,7 @@ from trainvitals.agent.packing import Measured
 from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import EndReason
+from trainvitals.protocol import EndReason, whole_micros
 from trainvitals.series import NONFINITE_WEIGHTS, STEP_TIME
 
 if TYPE_CHECKING:
@@ -173,7 +173,7 @@ class Monitor:
             self._write(step, loss, grads, inputs, targets)
         with self._lock:
             if deferred:
-                self._deferred.append((step, time.time(), deferred))
+                self._deferred.append((step, whole_micros(time.time()), deferred))
         self.run.log(step, values)
         writer = self._writer
         if writer is not None and writer.ring is not None:
@@ -202,7 +202,7 @@ class Monitor:
                 lr=layout[3],
             )
         with self._lock:  # before the write: a reader may see its row at once
-            self._logged.append((step, time.time()))
+            self._logged.append((step, whole_micros(time.time())))
         try:
             self._writer(loss, inputs, grad_list, lr)
         except Exception:
