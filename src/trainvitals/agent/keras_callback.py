@@ -176,8 +176,12 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._weights_check = (
             tf_vitals.WeightsCheck.create(self.model) if self._weights_every else None
         )
+        # Room for two executions at least: the hook reads between executions only.
+        per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
         self._tap = TrainStepTap(
-            self.model, self._ring_capacity, flag_nonfinite=self.guard is not None
+            self.model,
+            max(self._ring_capacity, 2 * per_execution),
+            flag_nonfinite=self.guard is not None,
         )
         self._tap.install()
 
@@ -274,7 +278,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         """One fetch of the ring, as columns: each step's time is when its execution ended
         (interpolated between executions of several steps; a step read before its hook ran
         is timed at the read)."""
+        lost = ring.lost
         numbers, block = ring.read()
+        if ring.lost > lost:
+            log.warning("trainvitals: %d steps' vitals overwritten before a read", ring.lost - lost)
         ends = self._ends
         clock = ends[: len(ends)]
         del ends[: len(clock)]

@@ -102,10 +102,3 @@ class DeviceRing:
                 self.lost += max(0, int(numbers[0]) - self.read_upto - 1)
                 self.read_upto = int(numbers[-1])
             return numbers, values
-
-    def reset(self) -> None:
-        """Start counting from 1 again (a new ``fit``), with every row marked read."""
-        with self._lock:
-            self._written.assign(0)
-            self._rows.assign(tf.fill(tf.shape(self._rows), -1.0))
-            self.read_upto = 0
