@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.detect.streams import FRAMINGS, feed, fired, run_through, stream
+from tests.detect.streams import FRAMINGS, Stream, feed, fired, run_through, stream, unfrozen
 from trainvitals.detect import (
     Detector,
 )
@@ -145,6 +145,39 @@ def test_exploding_gradients_warn_orders_of_magnitude_before_the_nan(framing: in
 def test_noisy_healthy_gradients_raise_nothing(seed: int, framing: int | None) -> None:
     columns = stream(range(1, 3000), 0.01, **{"grad/global_norm": healthy_norm(seed)})
     assert fired(feed(Detector(), columns, framing), "grad_explosion") == []
+
+
+def fine_tune(unfreeze: int, last: int, after: Callable[[int], float]) -> Stream:
+    """A fine-tune's gradients as recorded (the figures of the healthy suite's
+    ``finetune-unfrozen``): a new head on a frozen backbone, its noisy gradient norm around
+    0.5, then from ``unfreeze`` the backbone's variables join and the norm is ``after(step)``,
+    some 25x."""
+    noise = random.Random(7)
+    norm = {s: 0.5 * math.exp(noise.gauss(0, 0.3)) for s in range(1, unfreeze)}
+    norm.update({s: after(s) * math.exp(noise.gauss(0, 0.3)) for s in range(unfreeze, last)})
+    columns = stream(range(1, last), 0.01, **{"grad/global_norm": norm.__getitem__})
+    return {**columns, **unfrozen(unfreeze, last, lambda s: norm[s] / 3)}
+
+
+@FRAMINGS
+def test_a_backbone_unfrozen_is_a_new_regime_not_an_explosion(framing: int | None) -> None:
+    columns = fine_tune(400, 1000, lambda s: 12.5)
+    assert fired(feed(Detector(), columns, framing), "grad_explosion") == []
+    # The same jump without new variables joining is an explosion (the test can fail).
+    same = {n: c for n, c in columns.items() if not n.startswith("grad/norm/conv_")}
+    assert [f.severity for f in fired(feed(Detector(), same, framing), "grad_explosion")] == [
+        "warning"
+    ]
+
+
+@FRAMINGS
+def test_an_explosion_after_the_unfreeze_is_measured_from_the_new_regime(
+    framing: int | None,
+) -> None:
+    columns = fine_tune(400, 800, lambda s: 12.5 if s < 600 else 12.5 * 1.2 ** (s - 600))
+    found = fired(feed(Detector(), columns, framing), "grad_explosion")
+    assert found and 600 < found[0].step < 625, [(f.step, f.severity) for f in found]
+    assert found[0].evidence["baseline"] > 5 and found[0].evidence["baseline_since"] == 400
 
 
 def deep_sigmoid_layers() -> dict[str, Callable[[int], float]]:

@@ -198,7 +198,13 @@ GRAD_EXPLOSION_HINT = (
 
 
 class GradExplosionRule(Rule):
-    """The global gradient norm far above its robust baseline (median/MAD of log10 norms)."""
+    """The global gradient norm far above its robust baseline (median/MAD of log10 norms).
+
+    Variables that join the training mid-run (a backbone unfrozen for fine-tuning) start a
+    new regime: the global norm now sums more gradients, and may well jump tenfold at once.
+    The baseline starts again from that step, so the jump is measured against nothing older
+    than the change.
+    """
 
     id = "grad_explosion"
     watches = (GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX)
@@ -219,8 +225,8 @@ class GradExplosionRule(Rule):
         if column is None:
             return []
         cfg = self.settings
-        if self.firing or len(self._baseline) < cfg.min_history:
-            return None  # firing, or about to judge for the first time: step by step
+        if self.firing or len(self._baseline) < cfg.min_history or self.regime_pending:
+            return None  # firing, about to judge for the first time, a new regime: step by step
         values = column[2]
         levels = np.log10(values[np.isfinite(values) & (values > 0)])
         centre = self._baseline.median
@@ -238,6 +244,10 @@ class GradExplosionRule(Rule):
 
     def observe(self, record: Record) -> list[Finding]:
         cfg = self.settings
+        if self.new_regime(record.step):  # the norms before it are no baseline for after
+            self._baseline = RollingWindow(cfg.window)
+            self._lagging.clear()
+            self._above = 0
         for name, value in record.values.items():
             if name.startswith(GRAD_NORM_PREFIX) and finite(value) and value > 0:
                 window = self._variables.get(name)
@@ -290,6 +300,8 @@ class GradExplosionRule(Rule):
             ],
             **self.context.lr_evidence(record.step),
         }
+        if self.regime is not None:
+            evidence["baseline_since"] = self.regime
         message = (
             f"Gradient norm {number(norm)} is {ratio:.0f}x its recent baseline {number(baseline)}"
         )
