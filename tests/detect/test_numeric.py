@@ -229,6 +229,28 @@ def test_a_loss_that_climbs_back_warns_then_turns_critical(framing: int | None) 
     assert book.alerts[("loss_divergence", "")].evidence["start"] == pytest.approx(0.77, rel=0.2)
 
 
+@FRAMINGS
+def test_a_loss_that_jumps_back_to_its_start_warns_within_fifty_steps(framing: int | None) -> None:
+    """The issue's learning-rate ramp (six ReLU layers, SGD, x1.006 a step, seed 2) as
+    recorded: a mean-squared loss that falls from 8 to about 2 while swinging ever wider as
+    the rate grows, then at step 628 jumps back to where it started (the network has
+    collapsed) 140 steps before the first NaN. The swings before the jump are no reason to
+    wait until the window holds nothing else."""
+    noise = random.Random(2)
+
+    def loss(s: int) -> float:
+        if s >= 628:
+            return 8.0 * math.exp(noise.gauss(0, 0.3))
+        level = 8.0 * math.exp(-s / 80) + 1.8
+        swing = 0.2 + 0.5 * min(s / 600, 1.0)  # wider as the rate grows
+        return level * math.exp(noise.gauss(0, swing))
+
+    found = fired(
+        feed(Detector(), stream(range(1, 768), 0.01, loss=loss), framing), "loss_divergence"
+    )
+    assert found and 628 < found[0].step <= 678, [(f.step, f.severity) for f in found]
+
+
 @pytest.mark.parametrize("seed", range(5))
 @FRAMINGS
 def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -547,9 +548,13 @@ class LossDivergenceRule(Rule):
             self._minimum = min(self._minimum, slow_level)
         low = min(self._minimum, slow_level)
         # The standard error of the level (a median of `smooth` losses), from the spread of
-        # the recent losses: 1.4826 x MAD estimates their standard deviation, and a median's
+        # the recent losses: taken from one loss to the next, so that the rise itself is no
+        # "noise" (a spread around the window's median counts the jump from the old level to
+        # the new as noise, and hides it until the window is all new): 1.4826 x the median
+        # step, over sqrt(2), estimates the losses' standard deviation, and a median's
         # standard error is 1.2533 x that over the square root of its count.
-        spread = 1.4826 * median([abs(v - slow_level) for v in slow])
+        steps = [abs(b - a) for a, b in pairwise(slow)]
+        spread = MAD_TO_SIGMA * median(steps) / math.sqrt(2) if steps else 0.0
         noise = 1.2533 * spread / math.sqrt(min(len(slow), cfg.smooth))
         learned = start - low
         if learned > 0.05 * abs(start):
