@@ -15,11 +15,14 @@ from which it stays above until then (``first / held``): a first crossing far ah
 back is noise, not a precursor. The last column is what the server raises today: its first
 warning or critical alert, and its lead.
 
-    python benchmarks/early_warning.py
+With ``--today`` only the blow-ups are recorded, and only the last column is printed.
+
+    python benchmarks/early_warning.py [--today]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -41,7 +44,8 @@ WINDOW = 25  # steps in a rolling window
 BASELINE = (300, 50)  # a signal's baseline: its median from 300 to 50 steps back
 #: The blow-ups: (seed, LR growth a step, activation, hidden layers).
 RAMPS = [(1, 1.005, "tanh", 2), (2, 1.005, "tanh", 2), (0, 1.006, "tanh", 2),
-         (1, 1.006, "tanh", 2), (0, 1.006, "relu", 6), (1, 1.006, "relu", 6)]  # fmt: skip
+         (1, 1.006, "tanh", 2), (0, 1.006, "relu", 6), (1, 1.006, "relu", 6),
+         (2, 1.006, "relu", 6)]  # fmt: skip
 Signal = tuple[np.ndarray, np.ndarray]  # steps, values
 
 
@@ -113,7 +117,23 @@ def signals(run: dict[str, np.ndarray]) -> dict[str, Signal]:
     return out
 
 
+def raised_today(blowups: list[sc.Outcome]) -> None:
+    """What the server raises now on each blow-up: its first alarm and that alarm's lead."""
+    print("| run | first non-finite | first warning or critical | lead (steps) |")
+    print("| --- | --- | --- | --- |")
+    for blowup in blowups:
+        assert blowup.lost_at is not None, f"{blowup.run['name']} never went non-finite"
+        alarm = min(blowup.alarms(), key=lambda a: a["step"], default=None)
+        lost = blowup.lost_at[0]
+        first = f"{alarm['rule']} ({alarm['severity']}), step {alarm['step']}" if alarm else "none"
+        lead = lost - alarm["step"] if alarm else "-"
+        print(f"| {blowup.run['name']} | {lost} | {first} | {lead} |")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--today", action="store_true", help="only what the server raises now")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "early.db"))
         try:
@@ -123,6 +143,9 @@ def main() -> None:
                 name = f"{act}{depth}-x{growth}-seed{seed}"
                 ramp(server, name, seed, growth, act, depth)
                 blowups.append(sc.outcome(server, "explode", name))
+            if args.today:
+                raised_today(blowups)
+                return
             healthy: list[sc.Outcome] = []
             for shape in sc.HEALTHY:
                 healthy += sc.run_healthy(server, shape, Path(tmp))
@@ -157,8 +180,8 @@ def main() -> None:
                     held = str(lost - int(steps[since])) if since < len(steps) else "-"
                     cells.append(f"{first} / {held}")
                 alarm = min(blowup.alarms(), key=lambda a: a["step"], default=None)
-                today = f"{alarm['rule']}, {lost - alarm['step']}" if alarm else "none"
-                print(f"| {blowup.run['name']} | {lost} | " + " | ".join(cells) + f" | {today} |")
+                now = f"{alarm['rule']}, {lost - alarm['step']}" if alarm else "none"
+                print(f"| {blowup.run['name']} | {lost} | " + " | ".join(cells) + f" | {now} |")
         finally:
             server.stop()
 

@@ -5,12 +5,14 @@
    many steps and seconds before the point of no return (the first NaN/Inf, the loss back at
    its start, the OOM kill); for the hang, how long after the last step the stall was
    reported (default 30 s threshold);
-2. the healthy shapes of the test suite plus the healthy demo: warning and critical alerts
-   raised (must be 0).
+2. the healthy shapes of the test suite, each over ``--seeds`` seeds (0, 1, 2 by default:
+   the weights' initialisation, the batches' order, the data a shape draws), plus the healthy
+   demo as many times: per shape, its runs, steps and warning or critical alerts (must be 0).
 
 The leak runs inside a memory cgroup (needs root) and is really OOM-killed.
 
-    python benchmarks/scenarios.py [--pace 0.02] [--skip leak,hang]
+    python benchmarks/scenarios.py [--pace 0.02] [--skip leak,hang] [--seeds 3]
+        [--shapes gan,finetune-unfrozen] [--healthy-only]
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness import outcomes as sc
-from harness.processes import ServerProcess, in_cgroup, memory_cgroup
+from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series
 
+GRAD = "grad/global_norm"
 #: The scenario, its rule, and the demo's extra arguments.
 FAILURES = [
     ("nan-input", "nonfinite", []),
@@ -51,12 +54,52 @@ def failure(server: ServerProcess, scenario: str, extra: list[str], pace: float)
     return sc.outcome(server, scenario)
 
 
+def steps_of(server: ServerProcess, result: sc.Outcome) -> int:
+    """How many steps a run recorded (its gradient norm's: every shape has one, not every one
+    a ``loss``)."""
+    return len(run_series(server, result.run["id"], GRAD)[GRAD]["step"])
+
+
+def healthy(server: ServerProcess, shapes: list[str], seeds: int, pace: float, tmp: Path) -> None:
+    """Every healthy shape over ``seeds`` seeds: one table row a shape, then each false alarm."""
+    print("\n| healthy shape | runs | steps | warning/critical alerts | info alerts |")
+    print("| --- | --- | --- | --- | --- |")
+    runs = steps = alarms = 0
+    false: list[str] = []
+    for shape in shapes:
+        outcomes: list[sc.Outcome] = []
+        for seed in range(seeds):
+            if shape == "demo":  # the demo's CNN, unseeded: three runs are three draws
+                name = f"healthy-{seed}"
+                sc.run_scenario(server, "healthy", "--epochs", "20", "--pace", str(pace), name=name)
+                outcomes.append(sc.outcome(server, "healthy", name))
+            else:
+                outcomes += sc.run_healthy(server, shape, tmp, seed)
+        shape_steps = sum(steps_of(server, r) for r in outcomes)
+        shape_alarms = [a for r in outcomes for a in r.alarms()]
+        infos = sum(len(r.alerts) for r in outcomes) - len(shape_alarms)
+        false += [f"{a['rule']} on {r.run['name']} at step {a['step']}: {a['message']}"
+                  for r in outcomes for a in r.alarms()]  # fmt: skip
+        runs, steps, alarms = runs + len(outcomes), steps + shape_steps, alarms + len(shape_alarms)
+        print(f"| {shape} | {len(outcomes)} | {shape_steps:,} | {len(shape_alarms)} | {infos} |",
+              flush=True)  # fmt: skip
+    print(f"| all | {runs} | {steps:,} | {alarms} | |")
+    for line in false:
+        print(f"false alarm: {line}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pace", type=float, default=0.02)
     parser.add_argument("--skip", default="", help="comma-separated scenarios to leave out")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per healthy shape (3)")
+    parser.add_argument("--shapes", default="", help="comma-separated healthy shapes (all)")
+    parser.add_argument("--healthy-only", action="store_true", help="no failure scenario")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    if args.healthy_only:
+        skip |= {scenario for scenario, _, _ in FAILURES}
+    shapes = list(filter(None, args.shapes.split(","))) or ["demo", *sorted(sc.HEALTHY)]
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "scenarios.db"))
         try:
@@ -76,18 +119,7 @@ def main() -> None:
                     f"| {', '.join(others) or 'none'} |",
                     flush=True,
                 )
-            runs = alarms = 0
-            sc.run_scenario(server, "healthy", "--epochs", "20", "--pace", str(args.pace))
-            outcomes = [sc.outcome(server, "healthy")]
-            for shape in sorted(sc.HEALTHY):
-                outcomes += sc.run_healthy(server, shape, Path(tmp))
-            for result in outcomes:
-                runs += 1
-                alarms += len(result.alarms())
-                for alert in result.alarms():
-                    print(f"false alarm on {result.run['name']}: {alert['message']}")
-            steps = sum(int(r.run["last_step"] or 0) for r in outcomes)
-            print(f"\nhealthy runs: {runs}, {steps} steps, warning/critical alerts: {alarms}")
+            healthy(server, shapes, args.seeds, args.pace, Path(tmp))
         finally:
             server.stop()
 

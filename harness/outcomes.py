@@ -34,14 +34,16 @@ def run_scenario(
     *extra: str,
     prefix: list[str] | None = None,
     env: dict[str, str] | None = None,
+    name: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run the scenario's demo to its end (``prefix``: a command that wraps it, such as
-    entering a memory cgroup; ``env``: variables over the test defaults)."""
+    entering a memory cgroup; ``env``: variables over the test defaults; ``name``: the run's
+    name, by default the scenario's)."""
     env = {**os.environ, "TRAINVITALS_STALL_FLOOR": str(HANG_FLOOR), **(env or {})}
     return subprocess.run(
         [
             *(prefix or []),
-            *demo_command(server, scenario, "--scenario", scenario, "--pace", "0", *extra),
+            *demo_command(server, name or scenario, "--scenario", scenario, "--pace", "0", *extra),
         ],
         capture_output=True,
         text=True,
@@ -161,9 +163,20 @@ def _digits_flat() -> tuple[Any, Any]:
     return x.reshape(len(x), -1), y
 
 
+@dataclass(frozen=True)
+class Trial:
+    """One healthy run to train: where it streams, its run name, its seed (the weights'
+    initialisation, the batches' order and, where a shape draws them, its data) and a
+    scratch folder."""
+
+    server: ServerProcess
+    name: str
+    seed: int
+    tmp: Path
+
+
 def _fit(
-    server: ServerProcess,
-    name: str,
+    trial: Trial,
     model: Any,
     x: Any,
     y: Any,
@@ -172,11 +185,13 @@ def _fit(
 ) -> None:
     import trainvitals
 
-    vitals = trainvitals.VitalsCallback(server=server.url, project="healthy", run_name=name)
+    vitals = trainvitals.VitalsCallback(
+        server=trial.server.url, project="healthy", run_name=trial.name
+    )
     model.fit(x, y, callbacks=[*(callbacks_before or []), vitals], verbose=0, **fit)
 
 
-def warmup_cosine_mlp(server: ServerProcess, name: str) -> None:
+def warmup_cosine_mlp(trial: Trial) -> None:
     """An MLP, SGD with Nesterov momentum, a linear warm-up into a cosine decay."""
     import keras
 
@@ -194,10 +209,10 @@ def warmup_cosine_mlp(server: ServerProcess, name: str) -> None:
         keras.optimizers.SGD(schedule, momentum=0.9, nesterov=True),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    _fit(server, name, model, x, y, batch_size=32, epochs=40)
+    _fit(trial, model, x, y, batch_size=32, epochs=40)
 
 
-def tiny_noisy_batches(server: ServerProcess, name: str) -> None:
+def tiny_noisy_batches(trial: Trial) -> None:
     """Batches of four with heavy dropout under RMSprop: a loss that jumps every step."""
     import keras
 
@@ -209,10 +224,10 @@ def tiny_noisy_batches(server: ServerProcess, name: str) -> None:
         keras.layers.Dense(10, activation="softmax"),
     ])  # fmt: skip
     model.compile(keras.optimizers.RMSprop(5e-4), "sparse_categorical_crossentropy")
-    _fit(server, name, model, x, y, batch_size=4, epochs=6)
+    _fit(trial, model, x, y, batch_size=4, epochs=6)
 
 
-def batchnorm_cnn(server: ServerProcess, name: str) -> None:
+def batchnorm_cnn(trial: Trial) -> None:
     """A CNN with batch normalisation, AdamW and an exponential decay, four steps per
     execution."""
     import keras
@@ -235,10 +250,10 @@ def batchnorm_cnn(server: ServerProcess, name: str) -> None:
         "sparse_categorical_crossentropy",
         steps_per_execution=4,
     )
-    _fit(server, name, model, x, y, batch_size=32, epochs=40)
+    _fit(trial, model, x, y, batch_size=32, epochs=40)
 
 
-def gru_regression(server: ServerProcess, name: str) -> None:
+def gru_regression(trial: Trial) -> None:
     """A GRU reading the image's rows, regressing the digit's value (MSE) with Adam and a
     stepwise decay."""
     import keras
@@ -253,10 +268,10 @@ def gru_regression(server: ServerProcess, name: str) -> None:
         keras.layers.Dense(1),
     ])  # fmt: skip
     model.compile(keras.optimizers.Adam(schedule), "mse")
-    _fit(server, name, model, x[..., 0], y.astype("float32"), batch_size=32, epochs=40)
+    _fit(trial, model, x[..., 0], y.astype("float32"), batch_size=32, epochs=40)
 
 
-def mixed_float16(server: ServerProcess, name: str) -> None:
+def mixed_float16(trial: Trial) -> None:
     """An MLP under the ``mixed_float16`` policy whose ``LossScaleOptimizer`` starts at a scale
     of 2^30: its first steps overflow and are skipped while the scale comes down, and it
     overflows again now and then as the scale grows back. Skips are normal, not NaNs."""
@@ -265,7 +280,6 @@ def mixed_float16(server: ServerProcess, name: str) -> None:
     x, y = _digits_flat()
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        keras.utils.set_random_seed(1)
         model = keras.Sequential([
             keras.Input((64,)),
             keras.layers.Dense(128, activation="relu"),
@@ -277,16 +291,15 @@ def mixed_float16(server: ServerProcess, name: str) -> None:
             keras.optimizers.Adam(1e-3), initial_scale=2.0**30
         )
         model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        _fit(server, name, model, x, y, batch_size=32, epochs=15)
+        _fit(trial, model, x, y, batch_size=32, epochs=15)
     finally:
         keras.mixed_precision.set_global_policy("float32")
 
 
-def _classifier(optimizer: Any, seed: int) -> Any:
+def _classifier(optimizer: Any) -> Any:
     """A one-hidden-layer MLP classifying the flattened digits, compiled with ``optimizer``."""
     import keras
 
-    keras.utils.set_random_seed(seed)
     model = keras.Sequential([
         keras.Input((64,)),
         keras.layers.Dense(64, activation="relu"),
@@ -296,7 +309,7 @@ def _classifier(optimizer: Any, seed: int) -> Any:
     return model
 
 
-def reduce_on_plateau(server: ServerProcess, name: str) -> None:
+def reduce_on_plateau(trial: Trial) -> None:
     """An MLP, SGD with momentum at a high rate that ``ReduceLROnPlateau`` cuts by 0.3 each
     time the validation loss stalls for two epochs."""
     import keras
@@ -304,29 +317,29 @@ def reduce_on_plateau(server: ServerProcess, name: str) -> None:
     from trainvitals.demo.scenarios import digits
 
     (x, y), (vx, vy) = digits()
-    model = _classifier(keras.optimizers.SGD(0.05, momentum=0.9), seed=2)
+    model = _classifier(keras.optimizers.SGD(0.05, momentum=0.9))
     cut = keras.callbacks.ReduceLROnPlateau("val_loss", factor=0.3, patience=2, min_lr=1e-5)
     flat, vflat = x.reshape(len(x), -1), vx.reshape(len(vx), -1)
-    _fit(server, name, model, flat, y, batch_size=32, epochs=40, validation_data=(vflat, vy),
+    _fit(trial, model, flat, y, batch_size=32, epochs=40, validation_data=(vflat, vy),
          callbacks_before=[cut])  # fmt: skip
 
 
-def imbalanced_noisy_labels(server: ServerProcess, name: str) -> None:
+def imbalanced_noisy_labels(trial: Trial) -> None:
     """Two classes make most of the data and a fifth of the labels are wrong: a loss that
     stays high and noisy."""
     import keras
 
     x, y = _digits_flat()
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(trial.seed)
     keep = (y < 2) | (rng.random(len(y)) < 0.1)
     x, y = x[keep], y[keep].copy()
     wrong = rng.random(len(y)) < 0.2
     y[wrong] = rng.integers(0, 10, int(wrong.sum()))
-    model = _classifier(keras.optimizers.Adam(1e-3), seed=3)
-    _fit(server, name, model, x, y, batch_size=32, epochs=40)
+    model = _classifier(keras.optimizers.Adam(1e-3))
+    _fit(trial, model, x, y, batch_size=32, epochs=40)
 
 
-def transformer_warmup_adamw(server: ServerProcess, name: str) -> None:
+def transformer_warmup_adamw(trial: Trial) -> None:
     """A one-block Transformer encoder reading the image's rows as eight tokens, AdamW with
     a linear warm-up from 0 into a cosine decay."""
     import keras
@@ -334,7 +347,6 @@ def transformer_warmup_adamw(server: ServerProcess, name: str) -> None:
     from trainvitals.demo.scenarios import digits
 
     (x, y), _ = digits()
-    keras.utils.set_random_seed(4)
     tokens = keras.Input((8, 8))
     h = keras.layers.Dense(32)(tokens)
     h = keras.layers.LayerNormalization()(h + keras.layers.MultiHeadAttention(4, 8)(h, h))
@@ -349,17 +361,22 @@ def transformer_warmup_adamw(server: ServerProcess, name: str) -> None:
         keras.optimizers.AdamW(schedule, weight_decay=1e-2),
         keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    _fit(server, name, model, x[..., 0], y, batch_size=32, epochs=40)
+    _fit(trial, model, x[..., 0], y, batch_size=32, epochs=40)
 
 
-#: ``finetune-unfrozen``: the step its backbone is unfrozen.
-UNFREEZE = 150
+#: ``finetune-unfrozen``: the step its backbone is unfrozen, and its last step.
+UNFREEZE = 300
+FINETUNE_STEPS = 700
 
 
-def finetune_unfrozen(server: ServerProcess, name: str) -> None:
-    """A small pre-trained convolutional backbone under a new head, in one custom loop
-    (``Monitor``): the head alone for its first steps, then the backbone unfrozen at a tenth of
-    the rate: its variables' gradients join the run's mid-way."""
+def finetune_unfrozen(trial: Trial) -> None:
+    """Fine-tuning as the Keras guide does it, in a custom loop (``Monitor``): a backbone of
+    eight batch-normalised convolutions pre-trained on the digits 0-4; a new head for the
+    digits 5-9 trained alone on its frozen features (their batch normalisation stays in
+    inference mode throughout); from step ``UNFREEZE`` the whole network at a tenth of the
+    rate. The head alone reaches a plateau; unfrozen, the loss falls again, and the gradient
+    norm, now over the backbone's variables too, is at once ten times what it was and more,
+    and each step does more work."""
     import keras
     import tensorflow as tf
 
@@ -367,40 +384,58 @@ def finetune_unfrozen(server: ServerProcess, name: str) -> None:
     from trainvitals.demo.scenarios import digits
 
     (x, y), _ = digits()
-    keras.utils.set_random_seed(5)
-    backbone = keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
-        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        keras.layers.GlobalAveragePooling2D(),
-    ])  # fmt: skip
+    layers: list[Any] = [keras.Input((8, 8, 1))]
+    for i in range(8):
+        layers += [
+            keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name=f"conv_{i}"),
+            keras.layers.BatchNormalization(name=f"norm_{i}"),
+            keras.layers.ReLU(),
+        ]
+    backbone = keras.Sequential([*layers, keras.layers.GlobalAveragePooling2D()], name="backbone")
     lossfn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    pretrain = keras.Sequential([backbone, keras.layers.Dense(10)])
+    pretrain = keras.Sequential([backbone, keras.layers.Dense(5)])
     pretrain.compile(keras.optimizers.Adam(1e-3), lossfn)
-    pretrain.fit(x[y < 5], y[y < 5], batch_size=32, epochs=10, verbose=0)  # another task
-    model = keras.Sequential([backbone, keras.layers.Dense(10)])
-    model.build((None, 8, 8, 1))
-    rng = np.random.default_rng(5)
-    head, tuned = keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-4)
-    backbone.trainable = False
-    with trainvitals.Monitor(
-        server=server.url, project="healthy", run_name=name, model=model, system_metrics=False
-    ) as mon:
-        for step in range(1, 1201):
-            if step == UNFREEZE:
-                backbone.trainable = True
-            optimizer = head if step < UNFREEZE else tuned
-            pick = rng.integers(0, len(x), 32)
-            xb, yb = tf.constant(x[pick]), tf.constant(y[pick])
+    pretrain.fit(x[y < 5], y[y < 5], batch_size=32, epochs=10, verbose=0)  # the first task
+    x, y = x[y >= 5], y[y >= 5] - 5  # the new task
+    images = keras.Input((8, 8, 1))
+    logits = keras.layers.Dense(5, name="head")(backbone(images, training=False))
+    model = keras.Model(images, logits)
+
+    def compiled(optimizer: Any) -> Any:
+        """One training step over the variables trainable now, compiled (as Keras does
+        again after a recompile): it returns the loss and the gradients."""
+
+        def train_step(xb: Any, yb: Any) -> Any:
             variables = model.trainable_variables
             with tf.GradientTape() as tape:
                 loss = lossfn(yb, model(xb, training=True))
             grads = tape.gradient(loss, variables)
-            mon.log(step, loss=loss, grads=grads, inputs=xb)
             optimizer.apply_gradients(zip(grads, variables, strict=True))
+            return loss, grads
+
+        return tf.function(train_step)
+
+    rng = np.random.default_rng(trial.seed)
+    backbone.trainable = False
+    train_step = compiled(keras.optimizers.Adam(1e-3))
+    with trainvitals.Monitor(
+        server=trial.server.url,
+        project="healthy",
+        run_name=trial.name,
+        model=model,
+        system_metrics=False,
+    ) as mon:
+        for step in range(1, FINETUNE_STEPS + 1):
+            if step == UNFREEZE:
+                backbone.trainable = True
+                train_step = compiled(keras.optimizers.Adam(1e-4))
+            pick = rng.integers(0, len(x), 32)
+            xb = tf.constant(x[pick])
+            loss, grads = train_step(xb, tf.constant(y[pick]))
+            mon.log(step, loss=loss, grads=grads, inputs=xb)
 
 
-def gan(server: ServerProcess, name: str) -> None:
+def gan(trial: Trial) -> None:
     """A small GAN on the digits in a custom loop (``Monitor``): the discriminator's gradients
     judged, both losses recorded as metrics, since neither player's loss is meant to fall (the
     discriminator's climbs back as the generator learns; as ``loss`` it would read as
@@ -413,7 +448,6 @@ def gan(server: ServerProcess, name: str) -> None:
 
     (x, _), _ = digits()
     real = (x.reshape(len(x), -1) / 8.0 - 1.0).astype("float32")
-    keras.utils.set_random_seed(6)
     gen = keras.Sequential([
         keras.Input((16,)),
         keras.layers.Dense(64, activation="relu"),
@@ -427,10 +461,10 @@ def gan(server: ServerProcess, name: str) -> None:
     ])  # fmt: skip
     g_opt, d_opt = (keras.optimizers.Adam(2e-4, beta_1=0.5) for _ in range(2))
     bce = keras.losses.BinaryCrossentropy(from_logits=True)
-    rng = np.random.default_rng(6)
+    rng = np.random.default_rng(trial.seed)
     with trainvitals.Monitor(
-        server=server.url, project="healthy", run_name=name, model=disc, optimizer=d_opt,
-        system_metrics=False,
+        server=trial.server.url, project="healthy", run_name=trial.name, model=disc,
+        optimizer=d_opt, system_metrics=False,
     ) as mon:  # fmt: skip
         for step in range(1, 1001):
             batch = tf.constant(real[rng.integers(0, len(real), 32)])
@@ -446,7 +480,7 @@ def gan(server: ServerProcess, name: str) -> None:
             g_opt.apply_gradients(zip(g_grads, gen.trainable_variables, strict=True))
 
 
-def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None:
+def resumed_from_checkpoint(trial: Trial) -> None:
     """The demo's CNN trained for a while, saved, and a new run that loads the checkpoint
     and carries on from its epoch at three times the learning rate (its loss starts low: no
     baseline to lean on)."""
@@ -456,14 +490,14 @@ def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None
 
     (x, y), validation = digits()
     first = build_model()
-    _fit(server, f"{name}-before", first, x, y, batch_size=32, epochs=10)
-    checkpoint = tmp / "resume.keras"
+    before = Trial(trial.server, f"{trial.name}-before", trial.seed, trial.tmp)
+    _fit(before, first, x, y, batch_size=32, epochs=10)
+    checkpoint = trial.tmp / "resume.keras"
     first.save(checkpoint)  # weights and the optimizer's state
     second = keras.models.load_model(checkpoint)
     second.optimizer.learning_rate = 3e-3  # resumed at another rate than it was saved with
     _fit(
-        server,
-        name,
+        trial,
         second,
         x,
         y,
@@ -474,7 +508,7 @@ def resumed_from_checkpoint(server: ServerProcess, name: str, tmp: Path) -> None
     )
 
 
-HEALTHY: dict[str, Callable[..., None]] = {
+HEALTHY: dict[str, Callable[[Trial], None]] = {
     "warmup-cosine-mlp": warmup_cosine_mlp,
     "tiny-noisy-batches": tiny_noisy_batches,
     "batchnorm-cnn": batchnorm_cnn,
@@ -489,15 +523,15 @@ HEALTHY: dict[str, Callable[..., None]] = {
 }
 
 
-def run_healthy(server: ServerProcess, name: str, tmp: Path) -> list[Outcome]:
-    """Train one healthy shape; the outcomes of its runs (the resumed one has two)."""
-    train = HEALTHY[name]
-    if name == "resumed-from-checkpoint":
-        train(server, name, tmp)
-        names = [f"{name}-before", name]
-    else:
-        train(server, name)
-        names = [name]
+def run_healthy(server: ServerProcess, shape: str, tmp: Path, seed: int = 0) -> list[Outcome]:
+    """Train one healthy shape with one seed; the outcomes of its runs (the resumed one has
+    two). Seed 0's run is named after the shape, another's ``<shape>-seed<N>``."""
+    import keras
+
+    name = f"{shape}-seed{seed}" if seed else shape
+    keras.utils.set_random_seed(seed)
+    HEALTHY[shape](Trial(server, name, seed, tmp))
+    names = [f"{name}-before", name] if shape == "resumed-from-checkpoint" else [name]
     return [outcome(server, "healthy", n) for n in names]
 
 

@@ -19,10 +19,15 @@ def vector(norm: float, nonfinite_grads: float = 0.0) -> np.ndarray:
     return np.array([*head, norm, 0.1], np.float32)
 
 
-def recorded(vitals: StepVitals, step: int, norm: float, nonfinite: float = 0.0) -> bool:
-    measured = Measured(loss=True, inputs=True, grads=True, names=NAMES)
-    values, _ = decode_one(vector(norm, nonfinite), step, measured, vitals)
-    return "grad/norm/dense/kernel" in values
+def recorded(
+    vitals: StepVitals, step: int, norm: float, nonfinite: float = 0.0, names: int = 2
+) -> bool:
+    """Whether the step records its per-variable norms (``names``: how many variables its
+    gradients are of: the last ``names`` of ``dense/kernel``, ``dense/bias``)."""
+    measured = Measured(loss=True, inputs=True, grads=True, names=NAMES[-names:])
+    packed = vector(norm, nonfinite)
+    values, _ = decode_one(packed[: len(packed) - 2 + names], step, measured, vitals)
+    return f"grad/norm/{NAMES[-1]}" in values
 
 
 def test_per_variable_norms_every_n_steps_and_when_something_happens() -> None:
@@ -32,6 +37,14 @@ def test_per_variable_norms_every_n_steps_and_when_something_happens() -> None:
     assert not recorded(vitals, 12, 13.0)  # no longer a jump against the new reference
     assert recorded(vitals, 13, math.inf)
     assert recorded(vitals, 14, 1.0, nonfinite=3)
+
+
+def test_per_variable_norms_at_once_when_the_trained_variables_change() -> None:
+    vitals = StepVitals(grad_norms_every=10)
+    assert [s for s in range(1, 6) if recorded(vitals, s, 1.0, names=1)] == []
+    assert recorded(vitals, 6, 1.5, names=2)  # a frozen layer unfrozen: its gradient joins
+    assert not recorded(vitals, 7, 1.5, names=2)
+    assert recorded(vitals, 8, 1.0, names=1)  # and frozen again
 
 
 def test_only_what_the_step_measured() -> None:

@@ -27,6 +27,21 @@ def stream(steps: range, dt: float, **series: Callable[[int], float]) -> Stream:
     }
 
 
+def unfrozen(unfreeze: int, last: int, norm: Callable[[int], float]) -> Stream:
+    """Per-variable gradient norms as the agent records them in a fine-tune: a head's two
+    variables every ten steps; from ``unfreeze`` on, a backbone's eight convolutions too, the
+    first time at that very step (the agent records them when the trained variables change)."""
+    sampled = [*range(10, unfreeze, 10), unfreeze, *range(unfreeze - unfreeze % 10 + 10, last, 10)]
+    head = ("head/kernel", "head/bias")
+    columns: Stream = {}
+    for name in (*head, *(f"conv_{i}/kernel" for i in range(8))):
+        steps = [s for s in sampled if name in head or s >= unfreeze]
+        columns[f"grad/norm/{name}"] = Columns(
+            steps, [T0 + s * 0.01 for s in steps], [norm(s) for s in steps]
+        )
+    return columns
+
+
 def frames(columns: Stream, steps_per_frame: int) -> list[Stream]:
     """Cut a stream into the frames an agent would send (every series up to a step)."""
     last = max(max(steps) for steps, _, _ in columns.values())

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.detect.streams import FRAMINGS, feed, fired, run_through, stream
+from tests.detect.streams import FRAMINGS, Stream, feed, fired, run_through, stream, unfrozen
 from trainvitals.detect import (
     Detector,
 )
@@ -147,6 +147,39 @@ def test_noisy_healthy_gradients_raise_nothing(seed: int, framing: int | None) -
     assert fired(feed(Detector(), columns, framing), "grad_explosion") == []
 
 
+def fine_tune(unfreeze: int, last: int, after: Callable[[int], float]) -> Stream:
+    """A fine-tune's gradients as recorded (the figures of the healthy suite's
+    ``finetune-unfrozen``): a new head on a frozen backbone, its noisy gradient norm around
+    0.5, then from ``unfreeze`` the backbone's variables join and the norm is ``after(step)``,
+    some 25x."""
+    noise = random.Random(7)
+    norm = {s: 0.5 * math.exp(noise.gauss(0, 0.3)) for s in range(1, unfreeze)}
+    norm.update({s: after(s) * math.exp(noise.gauss(0, 0.3)) for s in range(unfreeze, last)})
+    columns = stream(range(1, last), 0.01, **{"grad/global_norm": norm.__getitem__})
+    return {**columns, **unfrozen(unfreeze, last, lambda s: norm[s] / 3)}
+
+
+@FRAMINGS
+def test_a_backbone_unfrozen_is_a_new_regime_not_an_explosion(framing: int | None) -> None:
+    columns = fine_tune(400, 1000, lambda s: 12.5)
+    assert fired(feed(Detector(), columns, framing), "grad_explosion") == []
+    # The same jump without new variables joining is an explosion (the test can fail).
+    same = {n: c for n, c in columns.items() if not n.startswith("grad/norm/conv_")}
+    assert [f.severity for f in fired(feed(Detector(), same, framing), "grad_explosion")] == [
+        "warning"
+    ]
+
+
+@FRAMINGS
+def test_an_explosion_after_the_unfreeze_is_measured_from_the_new_regime(
+    framing: int | None,
+) -> None:
+    columns = fine_tune(400, 800, lambda s: 12.5 if s < 600 else 12.5 * 1.2 ** (s - 600))
+    found = fired(feed(Detector(), columns, framing), "grad_explosion")
+    assert found and 600 < found[0].step < 625, [(f.step, f.severity) for f in found]
+    assert found[0].evidence["baseline"] > 5 and found[0].evidence["baseline_since"] == 400
+
+
 def deep_sigmoid_layers() -> dict[str, Callable[[int], float]]:
     """Per-layer gradient norms ten times smaller at each layer back from the output."""
 
@@ -194,6 +227,28 @@ def test_a_loss_that_climbs_back_warns_then_turns_critical(framing: int | None) 
     assert 400 < divergence[0][3] < 520
     assert ("updated", "loss_divergence", "critical") == divergence[1][:3]
     assert book.alerts[("loss_divergence", "")].evidence["start"] == pytest.approx(0.77, rel=0.2)
+
+
+@FRAMINGS
+def test_a_loss_that_jumps_back_to_its_start_warns_within_fifty_steps(framing: int | None) -> None:
+    """The issue's learning-rate ramp (six ReLU layers, SGD, x1.006 a step, seed 2) as
+    recorded: a mean-squared loss that falls from 8 to about 2 while swinging ever wider as
+    the rate grows, then at step 628 jumps back to where it started (the network has
+    collapsed) 140 steps before the first NaN. The swings before the jump are no reason to
+    wait until the window holds nothing else."""
+    noise = random.Random(2)
+
+    def loss(s: int) -> float:
+        if s >= 628:
+            return 8.0 * math.exp(noise.gauss(0, 0.3))
+        level = 8.0 * math.exp(-s / 80) + 1.8
+        swing = 0.2 + 0.5 * min(s / 600, 1.0)  # wider as the rate grows
+        return level * math.exp(noise.gauss(0, swing))
+
+    found = fired(
+        feed(Detector(), stream(range(1, 768), 0.01, loss=loss), framing), "loss_divergence"
+    )
+    assert found and 628 < found[0].step <= 678, [(f.step, f.severity) for f in found]
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.detect.streams import FRAMINGS, T0, GiB, host, run_through, stream
+from tests.detect.streams import FRAMINGS, T0, GiB, host, run_through, stream, unfrozen
 from trainvitals.detect import (
     Detector,
 )
@@ -17,6 +17,22 @@ def test_slowdown_after_a_steady_baseline(framing: int | None) -> None:
     _, changes = run_through(Detector(), columns, framing)
     assert [(c[0], c[1]) for c in changes] == [("fired", "slowdown")]
     assert 550 <= changes[0][3] <= 600
+
+
+@FRAMINGS
+def test_steps_slower_once_a_backbone_is_unfrozen_are_a_new_baseline(framing: int | None) -> None:
+    """Unfrozen at step 500, the backbone's backward pass makes every step four times longer
+    (as in the healthy suite's fine-tune): no slowdown; one that comes later is measured
+    against the new steps."""
+
+    def step_time(s: int) -> float:
+        return 0.01 if s < 500 else 0.04 if s < 1200 else 0.16
+
+    columns = stream(range(1, 1600), 0.01, step_time=step_time)
+    _, changes = run_through(Detector(), {**columns, **unfrozen(500, 1600, lambda s: 1.0)}, framing)
+    assert changes[0][:2] == ("fired", "slowdown") and 1250 <= changes[0][3] <= 1300, changes
+    _, changes = run_through(Detector(), columns, framing)  # the same without the variables
+    assert changes[0][:2] == ("fired", "slowdown") and changes[0][3] < 600, changes
 
 
 def test_stall_hint_reads_the_stacks() -> None:

@@ -5,6 +5,7 @@ shapes raise none. The lead times are printed at the end of the session."""
 from __future__ import annotations
 
 import signal
+import statistics
 from pathlib import Path
 
 import pytest
@@ -119,11 +120,20 @@ def _skipped_steps(server: ServerProcess, run_id: str) -> None:
 
 
 def _backbone_joins_at_the_unfreeze(server: ServerProcess, run_id: str) -> None:
+    """The backbone's variables join at the very step it is unfrozen, beside the head's, and
+    the gradient norm jumps there (tenfold and more at seeds 0-2): a jump the rule must not
+    call an explosion."""
     run = server.get(f"/api/v1/runs/{run_id}")
     norms = [n for n in run["series"] if n.startswith("grad/norm/")]
     first = {n: s[n]["step"][0] for n in norms for s in [run_series(server, run_id, n)]}
     late = {n for n, step in first.items() if step >= sc.UNFREEZE}
-    assert late and late != set(norms), first  # new variables mid-run, beside the head's
+    assert late and late != set(norms), first
+    assert {first[n] for n in late} == {sc.UNFREEZE}, first
+    norm = run_series(server, run_id, "grad/global_norm")["grad/global_norm"]
+    at = dict(zip(norm["step"], norm["value"], strict=True))
+    before = statistics.median(at[s] for s in range(sc.UNFREEZE - 50, sc.UNFREEZE))
+    after = statistics.median(at[s] for s in range(sc.UNFREEZE, sc.UNFREEZE + 10))
+    assert after >= 8 * before, (before, after)
 
 
 #: Per shape, a check that its difficulty really occurred (loss-scale skips, new variables).

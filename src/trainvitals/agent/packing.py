@@ -161,7 +161,7 @@ def decode(
     norms = block[:, len(HEAD) :]
     if norms.shape[1] != len(names):
         return Decoded(columns, sick_rows, None)
-    due = [j for j in range(len(steps)) if vitals.due(steps[j], norm[j], nonfinite[j])]
+    due = [j for j in range(len(steps)) if vitals.due(steps[j], norm[j], nonfinite[j], len(names))]
     if not due:
         return Decoded(columns, sick_rows, None)
     due_steps = [steps[j] for j in due]

@@ -3,7 +3,8 @@
 No TensorFlow here: the tensors are computed by ``tf_vitals.step_vitals`` and fetched as one
 vector, which :mod:`trainvitals.agent.packing` decodes; this says when the per-variable
 gradient norms are worth recording (every N steps, and at once when the gradients turn
-non-finite or jump), and whether a step's series values are all finite.
+non-finite or jump, or when the set of trained variables changes), and whether a step's
+series values are all finite.
 """
 
 from __future__ import annotations
@@ -46,14 +47,20 @@ class StepVitals:
     def __init__(self, grad_norms_every: int = 10) -> None:
         self._every = max(int(grad_norms_every), 1)
         self._last_norm = math.nan
+        self._variables: int | None = None
         self._lock = threading.Lock()
 
-    def due(self, step: int, norm: float, nonfinite: float) -> bool:
+    def due(self, step: int, norm: float, nonfinite: float, variables: int = 0) -> bool:
         """Whether step ``step`` records the per-variable norms: every N steps, and on a step
-        whose gradients are non-finite or whose global norm jumps."""
+        whose gradients are non-finite or whose global norm jumps, or whose gradients are of
+        another number of ``variables`` than the last step's (a backbone unfrozen or frozen:
+        the server learns at once which variables train now)."""
         with self._lock:
+            changed = self._variables is not None and variables != self._variables
+            self._variables = variables
             due = (
                 step % self._every == 0
+                or changed
                 or norm > JUMP * self._last_norm
                 or not math.isfinite(norm)
                 or nonfinite > 0

@@ -39,6 +39,10 @@ class Context:
         self.step_time: float | None = None
         self.step = 0
         self._variable_order: dict[str, int] = {}
+        #: The step at which variables never trained before last joined mid-run (a backbone
+        #: unfrozen for fine-tuning), or None: the run's gradients and step times before it
+        #: are no baseline for those after it.
+        self.trained_from: int | None = None
         self._steps: deque[tuple[float, int]] = deque(maxlen=64)
         #: The optimizer's first recorded learning rate; None until the agent records ``lr``.
         self.lr_first: float | None = None
@@ -52,6 +56,7 @@ class Context:
 
     def note(self, record: Record) -> None:
         stepped = False
+        trained = bool(self._variable_order)  # the first per-variable norms are no change
         for name, value in record.values.items():
             if is_system(name):
                 self.latest[name] = value
@@ -60,6 +65,8 @@ class Context:
                 stepped = True
                 if name.startswith(GRAD_NORM_PREFIX) and name not in self._variable_order:
                     self._variable_order[name] = len(self._variable_order)
+                    if trained:
+                        self.trained_from = record.step
         if stepped and record.step > self.step:
             self.step = record.step
             self._steps.append((record.time, record.step))
@@ -133,6 +140,24 @@ class Rule:
     def __init__(self, context: Context) -> None:
         self.context = context
         self.firing: dict[str, Severity] = {}  # subject -> severity, as last reported
+        #: The change of the trained variables this rule last started again from.
+        self.regime: int | None = None
+
+    @property
+    def regime_pending(self) -> bool:
+        """Whether the trained variables changed since this rule last started again: a rule
+        that keeps a baseline of the run's steps judges the next frame step by step, to
+        start again at the very step (:meth:`new_regime`)."""
+        return self.context.trained_from != self.regime
+
+    def new_regime(self, step: int) -> bool:
+        """Whether ``step`` is the first this rule sees of a new regime (variables never
+        trained before joined at or before it); then the regime counts as seen."""
+        since = self.context.trained_from
+        if since is None or since == self.regime or step < since:
+            return False
+        self.regime = since
+        return True
 
     def observe(self, record: Record) -> list[Finding]:
         return []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -198,7 +199,13 @@ GRAD_EXPLOSION_HINT = (
 
 
 class GradExplosionRule(Rule):
-    """The global gradient norm far above its robust baseline (median/MAD of log10 norms)."""
+    """The global gradient norm far above its robust baseline (median/MAD of log10 norms).
+
+    Variables that join the training mid-run (a backbone unfrozen for fine-tuning) start a
+    new regime: the global norm now sums more gradients, and may well jump tenfold at once.
+    The baseline starts again from that step, so the jump is measured against nothing older
+    than the change.
+    """
 
     id = "grad_explosion"
     watches = (GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX)
@@ -219,8 +226,8 @@ class GradExplosionRule(Rule):
         if column is None:
             return []
         cfg = self.settings
-        if self.firing or len(self._baseline) < cfg.min_history:
-            return None  # firing, or about to judge for the first time: step by step
+        if self.firing or len(self._baseline) < cfg.min_history or self.regime_pending:
+            return None  # firing, about to judge for the first time, a new regime: step by step
         values = column[2]
         levels = np.log10(values[np.isfinite(values) & (values > 0)])
         centre = self._baseline.median
@@ -238,6 +245,10 @@ class GradExplosionRule(Rule):
 
     def observe(self, record: Record) -> list[Finding]:
         cfg = self.settings
+        if self.new_regime(record.step):  # the norms before it are no baseline for after
+            self._baseline = RollingWindow(cfg.window)
+            self._lagging.clear()
+            self._above = 0
         for name, value in record.values.items():
             if name.startswith(GRAD_NORM_PREFIX) and finite(value) and value > 0:
                 window = self._variables.get(name)
@@ -290,6 +301,8 @@ class GradExplosionRule(Rule):
             ],
             **self.context.lr_evidence(record.step),
         }
+        if self.regime is not None:
+            evidence["baseline_since"] = self.regime
         message = (
             f"Gradient norm {number(norm)} is {ratio:.0f}x its recent baseline {number(baseline)}"
         )
@@ -535,9 +548,13 @@ class LossDivergenceRule(Rule):
             self._minimum = min(self._minimum, slow_level)
         low = min(self._minimum, slow_level)
         # The standard error of the level (a median of `smooth` losses), from the spread of
-        # the recent losses: 1.4826 x MAD estimates their standard deviation, and a median's
+        # the recent losses: taken from one loss to the next, so that the rise itself is no
+        # "noise" (a spread around the window's median counts the jump from the old level to
+        # the new as noise, and hides it until the window is all new): 1.4826 x the median
+        # step, over sqrt(2), estimates the losses' standard deviation, and a median's
         # standard error is 1.2533 x that over the square root of its count.
-        spread = 1.4826 * median([abs(v - slow_level) for v in slow])
+        steps = [abs(b - a) for a, b in pairwise(slow)]
+        spread = MAD_TO_SIGMA * median(steps) / math.sqrt(2) if steps else 0.0
         noise = 1.2533 * spread / math.sqrt(min(len(slow), cfg.smooth))
         learned = start - low
         if learned > 0.05 * abs(start):

@@ -108,7 +108,10 @@ class StallRule(Rule):
 
 
 class SlowdownRule(Rule):
-    """The recent median step time far above its baseline median."""
+    """The recent median step time far above its baseline median.
+
+    Variables that join the training mid-run (a backbone unfrozen) make every step do more
+    work: the baseline starts again from there, warm-up included."""
 
     id = "slowdown"
     watches = (STEP_TIME,)
@@ -129,6 +132,10 @@ class SlowdownRule(Rule):
         if value is None or not finite(value) or value <= 0:
             return []
         cfg = self.settings
+        if self.new_regime(record.step):
+            self._baseline = RollingWindow(cfg.baseline_window)
+            self._recent.clear()
+            self._seen = self._since = self._above = 0
         self._seen += 1
         if self._seen <= cfg.warmup_steps:
             return []
@@ -146,7 +153,7 @@ class SlowdownRule(Rule):
         if column is None:
             return []
         cfg = self.settings
-        if self._seen < cfg.warmup_steps:
+        if self._seen < cfg.warmup_steps or self.regime_pending:
             return None
         values = column[2]
         fresh = values[np.isfinite(values) & (values > 0)].tolist()
