@@ -264,9 +264,9 @@ def in_step_cost(
 
 def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     """The callback's per-step work on the training thread alone: ``on_train_batch_begin`` and
-    ``on_train_batch_end`` called as Keras calls them, with the device ring in place (so the
-    hooks note the clock and the step, and read the ring every ``capacity // 2`` steps, as in
-    ``fit`` when the sender thread has not). CPU time of this thread, the lowest of 5 blocks:
+    ``on_train_batch_end`` called as Keras calls them, with the device ring in place, so the
+    hooks note the clock and the step (the ring's reads, every flush interval, are the sender
+    thread's CPU, counted with it in ``fit``). CPU time of this thread, the lowest of 5 blocks:
     no train step runs in between, so nothing else is timed."""
     from trainvitals.agent import packing
     from trainvitals.agent.ring import DeviceRing
@@ -293,11 +293,14 @@ def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
             best = min(best, (time.thread_time() - start) / steps)
         return best
 
+    ring = tap.ring
+
     def hooks(_: int) -> None:
         nonlocal step
         callback.on_train_batch_begin(step)
         callback.on_train_batch_end(step, {"accuracy": 0.5, "loss": 0.7})
         step += 1
+        ring.read_upto = step  # as if the sender thread had read: its reads are its CPU
 
     try:
         seconds = block(hooks)
