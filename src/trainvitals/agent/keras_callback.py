@@ -293,11 +293,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             if steps[-1] > known[-1][0]:
                 known.append((steps[-1], now))
             at = np.interp(numbers, [k[0] for k in known], [k[1] for k in known])
-            # to the microsecond, as protocol.whole_micros, for the whole block at once
-            times = (np.floor((at + _to_unix()) * 1e6 + 0.5) / 1e6).tolist()
+            times = [whole_micros(t) for t in (at + _to_unix()).tolist()]
         if clock:
             self._last_end = clock[-1]
-        decoded = packing.decode_ring(block, steps, times, measured, self._vitals)
+        decoded = packing.decode(block, steps, times, measured, self._vitals)
         columns = decoded.columns
         step_times = self._take_step_times()
         if step_times:

@@ -240,7 +240,7 @@ class Monitor:
 
             steps = [row[0] for row in rows]
             times = [row[1] for row in rows]
-            decoded = packing.decode_ring(block, steps, times, measured, self._vitals)
+            decoded = packing.decode(block, steps, times, measured, self._vitals)
             self.run.add_columns(decoded.columns)
             if decoded.healthy_norms is not None:
                 self._healthy_norms = decoded.healthy_norms

@@ -136,8 +136,9 @@ def decode(
     vitals: StepVitals,
 ) -> Decoded:
     """The series of ``block``'s rows (one vector a row, at ``steps`` and unix ``times``):
-    what ``measured`` says the step measured, and the per-variable norms of the rows that
-    ``vitals`` says are due."""
+    what ``measured`` says the step measured, the per-variable norms of the rows that
+    ``vitals`` says are due, and Keras's metrics that follow the norms in a row of the device
+    ring (:mod:`trainvitals.agent.ring`)."""
     head = block[:, : len(HEAD)]
     by_row = head.tolist()
     sick_rows = [j for j, row in enumerate(by_row) if _sick(row, measured)]
@@ -152,14 +153,17 @@ def decode(
         columns[LR] = Columns(steps, times, by_series[_LR])
     if measured.loss_scale:
         columns[LOSS_SCALE] = Columns(steps, times, by_series[_SCALE])
+    width = len(HEAD) + len(measured.names)
+    for j, name in enumerate(measured.metrics):
+        columns[name] = Columns(steps, times, block[:, width + j].tolist())
     if not measured.grads:
         return Decoded(columns, sick_rows, None)
     norm, nonfinite = by_series[_NORM], by_series[_NONFINITE_GRADS]
     columns[GRAD_GLOBAL_NORM] = Columns(steps, times, norm)
     columns[NONFINITE_GRADS] = Columns(steps, times, nonfinite)
     names = measured.names
-    norms = block[:, len(HEAD) :]
-    if norms.shape[1] != len(names):
+    norms = block[:, len(HEAD) : width]
+    if block.shape[1] != width + len(measured.metrics):
         return Decoded(columns, sick_rows, None)
     due = [j for j in range(len(steps)) if vitals.due(steps[j], norm[j], nonfinite[j], len(names))]
     if not due:
@@ -174,22 +178,6 @@ def decode(
     if healthy_due:
         healthy_norms = dict(zip(names, norms[healthy_due[-1]].tolist(), strict=True))
     return Decoded(columns, sick_rows, healthy_norms)
-
-
-def decode_ring(
-    block: npt.NDArray[np.float64],
-    steps: list[int],
-    times: list[float],
-    measured: Measured,
-    vitals: StepVitals,
-) -> Decoded:
-    """Rows read from the device ring (:mod:`trainvitals.agent.ring`): the packed vector's
-    series as :func:`decode` makes them, then Keras's metrics that follow it in each row."""
-    width = len(HEAD) + len(measured.names)
-    decoded = decode(block[:, :width], steps, times, measured, vitals)
-    for j, name in enumerate(measured.metrics):
-        decoded.columns[name] = Columns(steps, times, block[:, width + j].tolist())
-    return decoded
 
 
 def decode_one(
