@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 # TensorFlow is the user's; this is the build the demo and tests train with.
 TF_PACKAGE ?= tensorflow-cpu==2.21.0
 DEPS_STAMP := $(VENV)/.deps-installed
+# pytest-xdist workers: the suite mostly waits (servers starting, runs streaming, deadlines),
+# so even on 2 cores several workers finish it sooner. TEST_JOBS=0: one process.
+TEST_JOBS ?= 3
 
 .PHONY: demo test lint typecheck bench screenshot system clean
 
@@ -29,7 +32,7 @@ typecheck: $(DEPS_STAMP)
 	$(PY) -m mypy -p trainvitals -p tests -p harness
 
 test: $(DEPS_STAMP) system lint typecheck
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_JOBS)
 
 bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/ingest.py

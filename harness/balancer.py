@@ -25,8 +25,15 @@ REDIS = os.environ.get("TRAINVITALS_TEST_REDIS", "redis://127.0.0.1:6379")
 
 def redis_url() -> str:
     """The test Redis with a database number of its own: pub/sub channels are named after it
-    (:mod:`trainvitals.server.broker`), so tests running at once don't hear each other."""
-    return f"{REDIS}/{random.randrange(1, 16)}"
+    (:mod:`trainvitals.server.broker`), so tests running at once don't hear each other. Each
+    pytest-xdist worker draws from numbers of its own (1 to 15 shared out)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # A worker that replaces a crashed one gets the next number (gw3 of 3): it shares.
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) % workers
+    if workers > 15:
+        return f"{REDIS}/{random.randrange(1, 16)}"
+    share = 15 // workers
+    return f"{REDIS}/{1 + worker * share + random.randrange(share)}"
 
 
 _CONFIG = """\

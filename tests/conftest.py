@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,11 +49,31 @@ def store(db_url: str) -> Iterator[Store]:
     store.dispose()
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The scenario suite's detections and lead times, after the results."""
+#: The scenario lines of every test, gathered where the results are reported (with
+#: pytest-xdist, in the controller: each worker's lines ride in its reports).
+_SCENARIO_LINES: list[str] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     from harness.outcomes import REPORT
 
-    if REPORT:
+    report: pytest.TestReport = yield
+    if report.when == "call" and REPORT:
+        report.user_properties.extend(("scenario", line) for line in REPORT)
+        REPORT.clear()
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SCENARIO_LINES.extend(str(line) for key, line in report.user_properties if key == "scenario")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The scenario suite's detections and lead times, after the results."""
+    if _SCENARIO_LINES:
         terminalreporter.section("trainvitals scenarios: detection and lead time")
-        for line in REPORT:
+        for line in _SCENARIO_LINES:
             terminalreporter.write_line(line)

@@ -5,6 +5,7 @@ sight."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import threading
 import time
@@ -301,9 +302,15 @@ def test_a_flood_of_lost_runs_pages_each_channel_a_few_times(
 
         hooks = wait_for(all_told, timeout=60, what="every lost run's crash alert")
         assert {i["alert"]["rule"] for r in hooks for i in items(r)} == {"crash"}
-        assert len(hooks) <= 3
+        # One sweep finds them all unless the host was too busy to hear their last words
+        # together: then the alerts spread over a few windows, each still one message (and
+        # the first, sent at once). Either way fewer than the ten messages that 20 alerts a
+        # message would take.
+        raised = [i["alert"]["time"] for r in hooks for i in items(r)]
+        most = min(2 + math.ceil((max(raised) - min(raised)) / 1.0), runs // 20 - 1)
+        assert len(hooks) <= most, (len(hooks), max(raised) - min(raised))
         slacks = receiver.wait(SLACK_PATH, len(hooks))
-        assert len(slacks) <= 3
+        assert len(slacks) <= most
         texts = [[b.get("text", {}).get("text", "") for b in m.json()["blocks"]] for m in slacks]
         digests = [t for t in texts if t[-1].startswith("… and ")]  # the first may come alone
         assert digests and "CRITICAL `crash`" in digests[0][1], texts
