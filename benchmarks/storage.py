@@ -6,8 +6,11 @@ codec's encode and decode time for a million points.
    they are into a fresh PostgreSQL database.
 2. On each: the points' payload bytes per point for the loss, the gradient norms and the
    system series, and the database's size (SQLite: the file after ``VACUUM``; PostgreSQL:
-   ``pg_total_relation_size`` of ``chunks`` after ``VACUUM FULL``), before and after the
-   compactor merges the ended run.
+   ``pg_total_relation_size`` of ``chunks`` and ``clocks`` after ``VACUUM FULL``), before and
+   after the compactor merges the ended run. A shared clock's bytes (steps and times kept once
+   for the series that have the same) are shared out among the blocks that use it, so the
+   kinds add up to the whole; beside them, the same blocks each with steps and times of its
+   own (as before the shared clocks), and in the first codec's wide forms.
 3. A million points like the run's loss, encoded in 65,536-point blocks and decoded in one
    call (median of 5).
 4. ``read_series`` of a 1M-point series as the writer stores it and once compacted, on each.
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
@@ -39,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.processes import ServerProcess, demo_command, postgres_database
 from trainvitals.server.storage import codec
-from trainvitals.server.storage.schema import chunks, metadata
+from trainvitals.server.storage.schema import chunks, clocks, metadata
 from trainvitals.server.storage.series import BLOCK_POINTS
 from trainvitals.server.store import Store
 
@@ -51,30 +55,37 @@ KINDS: dict[str, Callable[[str], bool]] = {
 }
 
 
-def payload(store: Store) -> dict[str, tuple[int, int, int]]:
-    """{kind: (points, payload bytes, rows)}."""
+def payload(store: Store) -> tuple[dict[str, tuple[int, float, int]], int]:
+    """{kind: (points, payload bytes, rows)}, and the clocks' rows. A row's payload: its
+    steps, times and values, and with a shared clock its 8-byte id and its share of the
+    clock's steps and times (split evenly among the rows that use it)."""
     with store.engine.connect() as conn:
         rows = conn.execute(
             select(
                 chunks.c.series,
-                func.sum(chunks.c.n),
-                func.sum(
-                    func.length(chunks.c.steps)
-                    + func.length(chunks.c.times)
-                    + func.length(chunks.c.vals)
-                ),
-                func.count(),
-            ).group_by(chunks.c.series)
+                chunks.c.n,
+                func.length(chunks.c.steps)
+                + func.length(chunks.c.times)
+                + func.length(chunks.c.vals),
+                chunks.c.clock,
+            )
         ).all()
+        shared = dict(
+            conn.execute(
+                select(clocks.c.id, func.length(clocks.c.steps) + func.length(clocks.c.times))
+            ).all()
+        )
+    users = Counter(r[3] for r in rows if r[3] is not None)
+
+    def size(row: Sequence[object]) -> float:
+        own = float(cast(int, row[2]))
+        return own if row[3] is None else own + 8 + shared[row[3]] / users[row[3]]
+
     out = {}
     for kind, wanted in KINDS.items():
         mine = [r for r in rows if wanted(r[0])]
-        out[kind] = (
-            sum(int(r[1]) for r in mine),
-            sum(int(r[2]) for r in mine),
-            sum(int(r[3]) for r in mine),
-        )
-    return out
+        out[kind] = (sum(int(r[1]) for r in mine), sum(size(r) for r in mine), len(mine))
+    return out, len(shared)
 
 
 def database_bytes(store: Store, path: str | None) -> int:
@@ -84,13 +95,18 @@ def database_bytes(store: Store, path: str | None) -> int:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         return os.path.getsize(path)
     with store.engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("VACUUM FULL chunks"))
-        return int(conn.execute(text("SELECT pg_total_relation_size('chunks')")).scalar() or 0)
+        autocommit = conn.execution_options(isolation_level="AUTOCOMMIT")
+        autocommit.execute(text("VACUUM FULL chunks"))
+        autocommit.execute(text("VACUUM FULL clocks"))
+        query = "SELECT pg_total_relation_size('chunks') + pg_total_relation_size('clocks')"
+        return int(conn.execute(text(query)).scalar() or 0)
 
 
-def wide_payload(store: Store) -> dict[str, int]:
-    """{kind: payload bytes} of the same points in blocks of the wide forms only (what the
-    first codec, encoding 1, stored, give or take a byte a column), side by side."""
+def own_payload(store: Store, narrow: bool) -> dict[str, int]:
+    """{kind: payload bytes} of the same points in blocks each with its own steps and times
+    (what the compactor wrote before the shared clocks, encoding 2), or also in the wide forms
+    only (``narrow=False``: what the first codec, encoding 1, stored, give or take a byte a
+    column), side by side."""
     run = store.runs.get_run(store.runs.list_runs()[0]["id"])
     assert run is not None
     sizes = {}
@@ -100,22 +116,25 @@ def wide_payload(store: Store) -> dict[str, int]:
             len(part)
             for i in range(0, steps.size, BLOCK_POINTS)
             for part in codec.encode(*(c[i : i + BLOCK_POINTS] for c in (steps, times, values)),
-                                     narrow=False)
+                                     narrow=narrow)
         )  # fmt: skip
     return {kind: sum(b for n, b in sizes.items() if wanted(n)) for kind, wanted in KINDS.items()}
 
 
 def measure(store: Store, path: str | None, name: str) -> None:
-    before, size_before = payload(store), database_bytes(store, path)
+    (before, _), size_before = payload(store), database_bytes(store, path)
     started = time.perf_counter()
     merged = sum(store.series.compact(due) for due in store.series.runs_to_compact(0, 1))
     took = time.perf_counter() - started
-    after, size_after = payload(store), database_bytes(store, path)
-    wide = wide_payload(store)
-    what = "file after VACUUM" if path else "chunks table and index, after VACUUM FULL"
-    print(f"\n{name}: compacted {merged} rows in {took:.2f} s")
+    (after, clock_rows), size_after = payload(store), database_bytes(store, path)
+    own, wide = own_payload(store, narrow=True), own_payload(store, narrow=False)
+    what = (
+        "file after VACUUM" if path else "chunks and clocks tables and indexes, after VACUUM FULL"
+    )
+    print(f"\n{name}: compacted {merged} rows in {took:.2f} s, into blocks and {clock_rows} "
+          "shared clocks")  # fmt: skip
     print(f"  {'series':24s} {'points':>8s} {'rows':>11s} {'payload B/pt':>16s} "
-          f"{'wide forms only':>16s}")  # fmt: skip
+          f"{'own steps, times':>17s} {'wide forms only':>16s}")  # fmt: skip
     for kind in KINDS:
         (points, bytes_before, rows_before), (_, bytes_after, rows_after) = (
             before[kind],
@@ -123,7 +142,7 @@ def measure(store: Store, path: str | None, name: str) -> None:
         )
         print(f"  {kind:24s} {points:8d} {rows_before:5d}->{rows_after:<5d} "
               f"{bytes_before / points:7.2f}->{bytes_after / points:<6.2f} "
-              f"{wide[kind] / points:16.2f}")  # fmt: skip
+              f"{own[kind] / points:17.2f} {wide[kind] / points:16.2f}")  # fmt: skip
     points = before["every series"][0]
     print(f"  database ({what}): {size_before:,} -> {size_after:,} bytes, "
           f"{size_before / points:.1f} -> {size_after / points:.1f} B/pt")  # fmt: skip
@@ -176,12 +195,14 @@ def codec_timing(store: Store) -> None:
             decode_s[kind].append(time.perf_counter() - started)
             assert got.values.tobytes() == all_values.tobytes()
 
-    def size(these: Sequence[codec.Row]) -> float:
-        return sum(len(cast(bytes, part)) for row in these for part in row[2:]) / n
+    def size(these: Sequence[codec.Row], first: int = 2) -> float:
+        return sum(len(cast(bytes, part)) for row in these for part in row[first:]) / n
 
     took = {kind: statistics.median(times) * 1e3 for kind, times in decode_s.items()}
     print(f"\ncodec, {n:,} points like the demo's loss, in {len(rows)} blocks: "
-          f"{size(rows):.2f} B/pt (wide forms only {size(wide):.2f}); "
+          f"{size(rows):.2f} B/pt, values alone {size(rows, 4):.2f} (what a series whose run "
+          f"keeps its steps and times in a shared clock stores; wide forms only "
+          f"{size(wide):.2f}); "
           f"encode {statistics.median(encode_s) * 1e3:.0f} ms, decode {took['narrow']:.0f} ms "
           f"(wide forms {took['wide']:.0f} ms, packed layout {took['packed']:.0f} ms)")  # fmt: skip
 

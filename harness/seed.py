@@ -19,10 +19,13 @@ def seed_runs(
     projects: Sequence[str] = ("vision", "nlp"),
     steps: int = 0,
     started_at: float = 1_700_000_000.0,
+    also: Sequence[str] = (),
 ) -> list[str]:
     """``count`` ended runs named ``run-00000``... (run ``i`` started ``i`` seconds after
     ``started_at``, project ``projects[i % len]``, config ``{"lr": ..., "batch": ...}``), each
-    with ``steps`` points of ``loss``. Returns their ids, oldest first."""
+    with ``steps`` points of ``loss`` (step ``s`` at ``s`` seconds after its start) and of each
+    series named in ``also`` (the ``k``-th: ``k + 2`` times the loss). Returns their ids,
+    oldest first."""
     store = Store(db)
     store.create_schema()
     ids = [f"seed{i:06d}" for i in range(count)]
@@ -43,9 +46,12 @@ def seed_runs(
                 store.runs.open_run(conn, {**hello, "run_secret": run_id}, now=at)
                 if steps:
                     points = range(1, steps + 1)
-                    loss = Columns(list(points), [at + s for s in points],
-                                   [1.0 / (s + i % 7) for s in points])  # fmt: skip
-                    store.series.add_points(conn, run_id, 1, {"loss": loss}, now=at + steps)
+                    times = [at + s for s in points]
+                    losses = [1.0 / (s + i % 7) for s in points]
+                    columns = {"loss": Columns(list(points), times, losses)}
+                    for k, name in enumerate(also):
+                        columns[name] = Columns(list(points), times, [(k + 2) * v for v in losses])
+                    store.series.add_points(conn, run_id, 1, columns, now=at + steps)
                 reason = ENDINGS[i % len(ENDINGS)]
                 store.runs.end_run(conn, run_id, 2, RunEnd(reason, at + steps + 1, None))
     finally:

@@ -21,10 +21,11 @@ from trainvitals.server.notify.store import OutboxStore, outbox
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage.alerts import AlertStore
 from trainvitals.server.storage.leases import RUN, LeaseStore, leases
-from trainvitals.server.storage.runs import RunStore, archived_past
+from trainvitals.server.storage.runs import RunStore, archived_past, lock_run
 from trainvitals.server.storage.schema import (
     alerts,
     chunks,
+    clocks,
     connect,
     database_url,
     events,
@@ -66,9 +67,10 @@ class Store:
     def delete_run(self, conn: Connection, run_id: str) -> bool:
         """Delete a run and everything of it: its points, events, alerts, silences, notices
         and its detector's lease. Returns whether there was such a run."""
+        lock_run(conn, run_id)  # no compactor's block or clock written after, to outlive it
         alert_ids = select(alerts.c.id).where(alerts.c.run_id == run_id)
         conn.execute(delete(outbox).where(outbox.c.alert_id.in_(alert_ids)))
-        for table in (alerts, silences, chunks, series, events):
+        for table in (alerts, silences, chunks, clocks, series, events):
             conn.execute(delete(table).where(table.c.run_id == run_id))
         conn.execute(delete(leases).where(leases.c.name == RUN + run_id))
         self.series.forget(run_id)

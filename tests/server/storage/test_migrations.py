@@ -116,6 +116,48 @@ def test_runs_archived_before_revision_0006_count_their_days_from_the_upgrade(
         store.dispose()
 
 
+def test_shared_clocks_go_back_into_their_blocks_below_revision_0007_and_read_after(
+    db_url: str,
+) -> None:
+    """Downgraded below 0007, every block holds its steps and times again, as revision 0006's
+    code reads them; upgraded again, those blocks (with no clock) read as they are."""
+    import numpy as np
+
+    from tests.server.storage.rows import hello
+    from trainvitals.protocol import ArrayColumns, Columns
+    from trainvitals.server.storage import codec
+    from trainvitals.server.storage.series import Due
+
+    def same(a: ArrayColumns, b: ArrayColumns) -> bool:
+        return all(x.tobytes() == y.tobytes() for x, y in zip(a, b, strict=True))
+
+    steps = np.arange(1000)
+    times = 1.7e9 + steps * 0.01
+    sent = {name: Columns(steps, times, np.sin(steps + i)) for i, name in enumerate("abc")}
+    store = Store(db_url)
+    try:
+        store.create_schema()
+        with store.engine.begin() as conn:
+            store.runs.open_run(conn, hello("r"), now=1.0)
+            store.series.add_points(conn, "r", 1, sent, now=2.0)
+        store.series.compact(Due("r", 1, True))
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM clocks")).scalar() == 1
+            command.downgrade(alembic_config(conn), "0006")
+            conn.commit()
+            rows = conn.execute(
+                text("SELECT series, encoding, n, steps, times, vals FROM chunks ORDER BY series")
+            ).all()
+        assert [(row[0], row[1]) for row in rows] == [(name, codec.CURRENT) for name in "abc"]
+        for row in rows:
+            assert same(codec.decode([row[1:]]), sent[row[0]])
+        assert store.create_schema() == head_revision()
+        for name, columns in sent.items():
+            assert same(store.series.read_series("r", name), columns)
+    finally:
+        store.dispose()
+
+
 def test_replicas_starting_together_migrate_once(postgres_url: str) -> None:
     stores = [Store(postgres_url) for _ in range(4)]
     start = threading.Barrier(len(stores))

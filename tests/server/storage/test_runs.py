@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from sqlalchemy import select
+
 from harness.processes import RUN_CONTRACT_FIELDS
 from tests.server.storage.rows import alert_row, hello, job_of
 from trainvitals.protocol import Columns
 from trainvitals.server.storage import RunEnd, RunFilter, Silence
+from trainvitals.server.storage.schema import runs
 from trainvitals.server.store import Store
 
 
@@ -226,3 +229,36 @@ def test_a_renamed_run_renames_its_alerts_and_a_deleted_run_leaves_nothing(store
     assert [s["run_id"] for s in store.alerts.active_silences(now=3.0)] == ["kept"]
     kept = store.runs.get_run("kept")
     assert kept is not None and kept["series"] == ["loss"] and store.alerts.get_alert("a-kept")
+
+
+def test_a_transactions_frames_leave_each_run_as_written_one_by_one(store: Store) -> None:
+    """The frames' updates of the runs' rows go at once as the transaction commits (or before
+    its next statement), merged run by run: what each row ends up as must be what one update
+    a frame, in order, left; a rolled-back transaction's updates are not kept for the next."""
+    with store.engine.begin() as conn:
+        for run_id in ("r1", "r2"):
+            store.runs.open_run(conn, hello(run_id), now=1.0)
+    with store.engine.begin() as conn:
+        add = store.series.add_points
+        add(conn, "r1", 2, {"loss": Columns([3, 4], [3.0, 4.0], [0.5, 0.4])}, now=5.0)
+        add(conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.7, 0.6])}, now=6.0)  # resent
+        add(conn, "r1", 3, {"host/rss": Columns([4], [6.5], [1e9])}, now=7.0)
+        add(conn, "r2", 1, {}, now=8.0)
+    rows = {r["id"]: r for r in store.runs.list_runs()}
+    r1, r2 = rows["r1"], rows["r2"]
+    assert (r1["last_step"], r1["last_seen"], r1["status"]) == (4, 7.0, "running")
+    assert (r2["last_step"], r2["last_seen"]) == (None, 8.0)
+    with store.engine.connect() as conn:
+        seqs = dict(conn.execute(select(runs.c.id, runs.c.last_seq)).all())
+    assert seqs == {"r1": 3, "r2": 1}
+
+    try:
+        with store.engine.begin() as conn:
+            store.series.add_points(conn, "r1", 4, {"loss": Columns([9], [9.0], [0.1])}, now=10.0)
+            raise RuntimeError("the transaction fails")
+    except RuntimeError:
+        pass
+    with store.engine.begin() as conn:
+        store.series.add_points(conn, "r2", 2, {"loss": Columns([1], [11.0], [0.2])}, now=11.0)
+    rows = {r["id"]: r for r in store.runs.list_runs()}
+    assert (rows["r1"]["last_step"], rows["r2"]["last_step"]) == (4, 1)

@@ -34,6 +34,12 @@ values each begin with a byte that says their form, chosen per block:
 Every float64 comes back bit for bit: NaN payloads, -0.0, ±Inf and subnormals included (a
 block whose times or values a narrow form would not give back exactly keeps the wide one).
 Rows of every encoding read, mixed in any order.
+
+The encoded steps and times of a block depend on nothing else, so series with the very same
+steps at the very same times (a run's per-step series; its system series) encode them to the
+very same bytes: storage keeps those once a run, in its ``clocks``
+(:mod:`~trainvitals.server.storage.series`), and a block row then holds only its values. What
+is left of a noisy float32 series is its values' noise: about 3.4 of their 4 bytes a point.
 """
 
 from __future__ import annotations
@@ -216,6 +222,8 @@ def _decode_narrow(row: Row) -> ArrayColumns:
     """One ``NARROW`` row (a compacted block: tens of thousands of points, so a row at a
     time costs little)."""
     n = int(row[1])  # type: ignore[call-overload]
+    if row[2] is None or row[3] is None:
+        raise StorageError("a stored block's steps and times (its clock) are missing")
     start = np.zeros(1, dtype=np.int64)
     steps = _undo_delta_of_delta(_unzigzag(_inflate(row[2])), start)
     form, body = _form(row[3])

@@ -6,6 +6,7 @@ made in the database by :func:`_moved`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -19,7 +20,22 @@ from typing import (
     cast,
 )
 
-from sqlalchemy import Connection, Engine, and_, case, false, func, or_, select, true, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Engine,
+    Float,
+    and_,
+    bindparam,
+    case,
+    false,
+    func,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.elements import ColumnElement
 from typing_extensions import TypedDict
 
@@ -479,22 +495,77 @@ class RunStore:
         return cast(list[RunEvent], rows)
 
 
-def record_progress(
-    conn: Connection, run_id: str, seq: int, now: float, last_step: int | None
-) -> None:
-    """The run's row after its frame ``seq`` of points, whose highest step is ``last_step``
-    (None: no points): last seen, last frame, and its step when that is progress. Called by
-    :meth:`SeriesStore.add_points <trainvitals.server.storage.series.SeriesStore.add_points>`,
-    in the frame's transaction."""
-    changes: dict[str, Any] = {"last_seq": seq, "last_seen": now}
-    if last_step is not None:
+def lock_run(conn: Connection, run_id: str) -> None:
+    """Hold the run's row lock until the transaction ends, on PostgreSQL (SQLite has one
+    writer anyway): the compactor, the thinner and a deletion of the run take it, so that
+    no block or clock is written beside another replica's change of the same run."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
+
+
+#: A run's progress over the frames of one transaction: its last frame, when that was heard,
+#: and the highest step in them (None: they held no points).
+FrameProgress = tuple[int, float, int | None]
+
+
+def merge_progress(
+    before: FrameProgress | None, seq: int, now: float, step: int | None
+) -> FrameProgress:
+    """A run's progress after one more frame (``seq``, heard at ``now``, highest ``step``):
+    what :func:`write_progress` writing the two at once leaves is what writing them one after
+    the other would (the row's guard is its last frame)."""
+    if before is None:
+        return seq, now, step
+    steps = [s for s in (before[2], step) if s is not None]
+    return max(before[0], seq), max(before[1], now), max(steps) if steps else None
+
+
+def write_progress(conn: Connection, progress: Mapping[str, FrameProgress]) -> None:
+    """The runs' rows after frames of points (run id -> :data:`FrameProgress`): last seen, last
+    frame, and their step when that is progress; one ``executemany`` (a round trip) for all of
+    them, on the driver's connection (run as the transaction commits, when SQLAlchemy's is
+    committing). A frame's update, made and sent alone, took more time than storing its
+    points."""
+    raw: Any = conn.connection.driver_connection
+    for stepped in (True, False):
+        rows = [
+            {"run_id": run_id, "seq": seq, "now": now, "step": step}
+            for run_id, (seq, now, step) in progress.items()
+            if (step is not None) == stepped
+        ]
+        if not rows:
+            continue
+        sql, constants, order = _progress(conn.dialect, stepped)
+        params = [{**constants, **row} for row in rows]
+        if order is None:  # named parameters (psycopg)
+            with raw.cursor() as cursor:
+                cursor.executemany(sql, params)
+        else:  # positional (sqlite3)
+            raw.executemany(sql, [tuple(p[name] for name in order) for p in params])
+
+
+@functools.lru_cache(maxsize=8)  # by the engine's dialect: one or two in a server
+def _progress(dialect: Dialect, stepped: bool) -> tuple[str, dict[str, Any], list[str] | None]:
+    """:func:`write_progress`'s statement as the driver takes it, compiled once: its SQL, the
+    values of its constant parameters (the statuses :func:`_moved` compares with), and the
+    order of the parameters where they are positional (None: by name)."""
+    seq = bindparam("seq", type_=BigInteger)
+    changes: dict[str, Any] = {"last_seq": seq, "last_seen": bindparam("now", type_=Float)}
+    if stepped:
         # Only a step beyond the stored last one is progress (see trainvitals.lifecycle):
         # the per-second samples filed under the latest step do not end a stall.
-        advanced = func.coalesce(runs.c.last_step, -1) < last_step
-        changes["status"] = _moved(Progress(last_step), advanced)
-        larger = func.greatest if conn.dialect.name == "postgresql" else func.max
-        changes["last_step"] = larger(func.coalesce(runs.c.last_step, last_step), last_step)
-    conn.execute(update(runs).where(runs.c.id == run_id, runs.c.last_seq < seq).values(**changes))
+        step = bindparam("step", type_=BigInteger)
+        advanced = func.coalesce(runs.c.last_step, -1) < step
+        changes["status"] = _moved(Progress(0), advanced)
+        larger = func.greatest if dialect.name == "postgresql" else func.max
+        changes["last_step"] = larger(func.coalesce(runs.c.last_step, step), step)
+    where = (runs.c.id == bindparam("run_id"), runs.c.last_seq < seq)
+    compiled = update(runs).where(*where).values(**changes).compile(dialect=dialect)
+    placeholders = {"run_id": "", "seq": 0, "now": 0.0, "step": 0}
+    every = compiled.construct_params(placeholders)
+    constants = {k: v for k, v in every.items() if k not in placeholders}
+    order = None if compiled.positiontup is None else list(compiled.positiontup)
+    return compiled.string, constants, order
 
 
 def past_days(

@@ -8,6 +8,9 @@ and the primary key ``(run_id, series, seq)`` makes replayed frames harmless
 <trainvitals.server.storage.series.SeriesStore.compact>`) merges a series' frames into blocks
 of up to 65,536 points in the compact ``encoding`` of :mod:`~trainvitals.server.storage.codec`,
 each keyed by the last ``seq`` it holds; ``runs.compacted_seq`` says how far it has gone.
+A block's steps and times are kept in ``clocks``, once for every series of the run that has the
+very same ones (the per-step series of a run share their steps and times, and so do its system
+series), and the block row refers to them by ``chunks.clock``.
 """
 
 from __future__ import annotations
@@ -110,6 +113,20 @@ chunks = Table(
     # packed arrays as every row before the codec; 1, delta-of-delta and XOR, deflated; 2, as
     # 1 with float32 values and whole-microsecond times in narrower forms (what is written now).
     Column("encoding", SmallInteger),
+    # NULL: steps and times are in this row; else the ``clocks`` row of the run that holds
+    # them (this row's are empty), shared with the other series' blocks that have the same.
+    Column("clock", BigInteger),
+)
+
+#: Encoded steps and times that compacted blocks of a run's series share (``chunks.clock``):
+#: stored once however many series have exactly those. ``id``: a hash of them.
+clocks = Table(
+    "clocks",
+    metadata,
+    Column("run_id", String(64), primary_key=True),
+    Column("id", BigInteger, primary_key=True, autoincrement=False),
+    Column("steps", LargeBinary, nullable=False),
+    Column("times", LargeBinary, nullable=False),
 )
 
 alerts = Table(

@@ -1,8 +1,10 @@
 """The points of runs' series: one ``chunks`` row per series and frame, and the ``series``
-index of each run's names (see :mod:`~trainvitals.server.storage.schema`)."""
+index of each run's names (see :mod:`~trainvitals.server.storage.schema`). Compacted blocks keep
+their steps and times in the run's ``clocks``, once for all the series that have the same."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,14 +15,17 @@ from sqlalchemy import (
     Engine,
     Row,
     and_,
+    case,
     delete,
     event,
+    exists,
     func,
     insert,
     or_,
     select,
     update,
 )
+from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainvitals.lifecycle import ALIVE
@@ -28,17 +33,30 @@ from trainvitals.protocol import AnyColumns, ArrayColumns, Columns
 from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage import codec
-from trainvitals.server.storage.runs import past_days, record_progress
-from trainvitals.server.storage.schema import chunks, dialect_insert, runs, series
+from trainvitals.server.storage.runs import lock_run, merge_progress, past_days, write_progress
+from trainvitals.server.storage.schema import chunks, clocks, dialect_insert, runs, series
 
 _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
 _PENDING_CHUNKS = "trainvitals.pending_chunks"  # in Connection.info: [chunk row]
+_PENDING_PROGRESS = "trainvitals.pending_progress"  # in Connection.info: {run id: progress}
 _CHUNK_COLUMNS = ("run_id", "series", "seq", "n", "steps", "times", "vals")
 _CHUNK_TYPES = ["text", "text", "int8", "int4", "bytea", "bytea", "bytea"]
 #: Chunks in one transaction from which COPY is worth its extra round trips.
 _COPY_FROM_ROWS = 200
-#: A chunk row's points as :func:`codec.decode` takes them.
-_POINTS = (chunks.c.encoding, chunks.c.n, chunks.c.steps, chunks.c.times, chunks.c.vals)
+#: The chunk rows beside the clocks that hold their steps and times (see :func:`_points`).
+_WITH_CLOCKS = chunks.outerjoin(
+    clocks, and_(clocks.c.run_id == chunks.c.run_id, clocks.c.id == chunks.c.clock)
+)
+_OWN = chunks.c.clock.is_(None)
+#: A chunk row's points as :func:`codec.decode` takes them (NULL steps and times: a block whose
+#: clock is missing, which decoding names).
+_POINTS = (
+    chunks.c.encoding,
+    chunks.c.n,
+    case((_OWN, chunks.c.steps), else_=clocks.c.steps),
+    case((_OWN, chunks.c.times), else_=clocks.c.times),
+    chunks.c.vals,
+)
 #: Chunk rows (agent frames of one series) read at a time by :meth:`SeriesStore.iter_series`.
 EXPORT_BATCH_ROWS = 32
 
@@ -68,6 +86,7 @@ class SeriesStore:
         self._known: dict[str, set[str]] = {}
         event.listen(engine, "commit", self._flush)
         event.listen(engine, "rollback", self._drop)
+        event.listen(engine, "before_execute", self._before_execute)
 
     # -- writes (writer thread) --------------------------------------------------------------
 
@@ -101,8 +120,18 @@ class SeriesStore:
                 # Remembered once committed (see ``committed``): a rolled-back insert must be
                 # made again when the frame is replayed.
                 conn.info.setdefault(_PENDING_SERIES, []).append((run_id, new))
-        record_progress(conn, run_id, seq, now, last_step)
+        # The run's row is updated with the transaction's other frames', in one round trip as
+        # it commits (``_flush``), or before any other statement of it (``_before_execute``).
+        pending = conn.info.setdefault(_PENDING_PROGRESS, {})
+        pending[run_id] = merge_progress(pending.get(run_id), seq, now, last_step)
         return last_step
+
+    def _before_execute(self, conn: Connection, *_: object) -> None:
+        """A statement is about to run in a transaction that holds frames' progress: the runs'
+        rows are brought up to date first, so that it reads or changes them as they are."""
+        progress = conn.info.pop(_PENDING_PROGRESS, None)
+        if progress:
+            write_progress(conn, progress)
 
     def _flush(self, conn: Connection) -> None:
         """Insert the chunks of every frame of the transaction at once, as it commits (the
@@ -110,6 +139,9 @@ class SeriesStore:
         ``COPY``, into a temporary table and then on with an insert that skips the frames
         stored already: three round trips for the lot, not one a frame; a few rows go in one
         pipelined ``executemany``, which is one round trip."""
+        progress = conn.info.pop(_PENDING_PROGRESS, None)
+        if progress:
+            write_progress(conn, progress)
         rows = conn.info.pop(_PENDING_CHUNKS, None)
         if not rows:
             return
@@ -151,11 +183,13 @@ class SeriesStore:
         """The transaction on ``conn`` failed: what it stored is not there."""
         conn.info.pop(_PENDING_SERIES, None)
         conn.info.pop(_PENDING_CHUNKS, None)
+        conn.info.pop(_PENDING_PROGRESS, None)
 
     def _drop(self, conn: Connection) -> None:
         """The transaction rolls back: its held chunks are not to be stored."""
         if not conn.invalidated:  # else they go with the connection (``rolled_back``)
             conn.info.pop(_PENDING_CHUNKS, None)
+            conn.info.pop(_PENDING_PROGRESS, None)
 
     def forget(self, run_id: str) -> None:
         """The run ended: stop remembering its series."""
@@ -166,7 +200,7 @@ class SeriesStore:
     def read_series(self, run_id: str, name: str) -> ArrayColumns:
         """Every point of one series, ordered by step."""
         query = (
-            select(*_POINTS)
+            _points()
             .where(chunks.c.run_id == run_id, chunks.c.series == name)
             .order_by(chunks.c.seq)
         )
@@ -186,7 +220,7 @@ class SeriesStore:
         PostgreSQL), so it reads one snapshot: a compaction meanwhile, which replaces frames
         by a block keyed by the last of them, is seen entirely or not at all."""
         query = (
-            select(*_POINTS)
+            _points()
             .where(chunks.c.run_id == run_id, chunks.c.series == name)
             .order_by(chunks.c.seq)
         )
@@ -203,7 +237,7 @@ class SeriesStore:
             if last is None:
                 return {}
             rows = conn.execute(
-                select(chunks.c.series, *_POINTS)
+                _points(chunks.c.series)
                 .where(chunks.c.run_id == run_id, chunks.c.seq > last - frames)
                 .order_by(chunks.c.seq)
             ).all()
@@ -304,9 +338,8 @@ class SeriesStore:
             rows = _locked_rows(conn, run_id, where)
             if [row[0] for row in rows] != group:
                 return 0  # merged meanwhile (another replica)
-            points = codec.decode([row[1:] for row in rows])
-            conn.execute(delete(chunks).where(*where))
-            self._insert_block(conn, run_id, name, group[-1], points)
+            points = codec.decode([row[2:] for row in rows])
+            _replace(conn, run_id, name, where, rows, points)
         return len(rows)
 
     # -- retention (the compactor's thread) -------------------------------------------------
@@ -344,26 +377,14 @@ class SeriesStore:
                 total = sum(int(row.n) for row in rows)
                 if total <= max_points:
                     continue
-                steps, times, values = codec.decode([row[1:] for row in rows])
+                steps, times, values = codec.decode([row[2:] for row in rows])
                 keep = downsample_indices(values, max_points)
-                conn.execute(delete(chunks).where(*where))
                 kept = Columns(steps[keep], times[keep], values[keep])
-                self._insert_block(conn, run_id, name, rows[-1][0], kept)
+                _replace(conn, run_id, name, where, rows, kept)
                 removed += total - int(keep.size)
         with self._engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.id == run_id).values(thinned_at=now))
         return removed
-
-    def _insert_block(
-        self, conn: Connection, run_id: str, name: str, seq: int, points: ArrayColumns
-    ) -> None:
-        steps, times, values = codec.encode(*points)
-        conn.execute(
-            insert(chunks).values(
-                run_id=run_id, series=name, seq=seq, n=int(points.steps.size),
-                steps=steps, times=times, vals=values, encoding=codec.CURRENT,
-            )
-        )  # fmt: skip
 
     def last_values(self, run_id: str, prefixes: tuple[str, ...]) -> dict[str, float]:
         """The last stored value of each of the run's series whose name starts with one of
@@ -385,12 +406,71 @@ class SeriesStore:
         return out
 
 
+#: A chunk row as :func:`_locked_rows` reads it: seq, clock, then :data:`_POINTS`.
+_ChunkRow = Row[Any, Any, Any, Any, Any, Any, Any]
+
+
+def _points(*first: ColumnElement[Any]) -> Select[Any]:
+    """A query of chunk rows: ``first``, then :data:`_POINTS`."""
+    return select(*first, *_POINTS).select_from(_WITH_CLOCKS)
+
+
 def _locked_rows(
     conn: Connection, run_id: str, where: tuple[ColumnElement[bool], ...]
-) -> Sequence[Row[Any, Any, Any, Any, Any, Any]]:
-    """The chunk rows ``where`` (seq first, then :data:`_POINTS`), in seq order, read under
-    the run's row lock on PostgreSQL: one compactor or thinner a run at a time across
-    replicas (SQLite has one writer anyway)."""
-    if conn.dialect.name == "postgresql":
-        conn.execute(select(runs.c.id).where(runs.c.id == run_id).with_for_update())
-    return conn.execute(select(chunks.c.seq, *_POINTS).where(*where).order_by(chunks.c.seq)).all()
+) -> Sequence[_ChunkRow]:
+    """The chunk rows ``where`` (seq and clock first, then :data:`_POINTS`), in seq order,
+    read under the run's row lock on PostgreSQL: one compactor or thinner a run at a time
+    across replicas (SQLite has one writer anyway); the clocks too are written under it."""
+    lock_run(conn, run_id)
+    query = _points(chunks.c.seq, chunks.c.clock).where(*where).order_by(chunks.c.seq)
+    return conn.execute(query).all()
+
+
+def _replace(
+    conn: Connection,
+    run_id: str,
+    name: str,
+    where: tuple[ColumnElement[bool], ...],
+    rows: Sequence[_ChunkRow],
+    points: ArrayColumns,
+) -> None:
+    """Put ``points`` in one block in place of the chunk ``rows`` (all those ``where``), keyed
+    by the last of them; then drop the clocks that they used and no block uses any more."""
+    conn.execute(delete(chunks).where(*where))
+    steps, times, values = codec.encode(*points)
+    clock = _clock(conn, run_id, steps, times)
+    if clock is not None:
+        steps = times = b""  # in the clock
+    conn.execute(
+        insert(chunks).values(
+            run_id=run_id, series=name, seq=rows[-1][0], n=int(points.steps.size),
+            steps=steps, times=times, vals=values, encoding=codec.CURRENT, clock=clock,
+        )
+    )  # fmt: skip
+    freed = {row[1] for row in rows if row[1] is not None}
+    if freed:
+        used = select(chunks.c.clock).where(
+            chunks.c.run_id == run_id, chunks.c.clock == clocks.c.id
+        )
+        conn.execute(
+            delete(clocks).where(clocks.c.run_id == run_id, clocks.c.id.in_(freed), ~exists(used))
+        )
+
+
+def _clock(conn: Connection, run_id: str, steps: bytes, times: bytes) -> int | None:
+    """The id of the run's clock that holds exactly these encoded ``steps`` and ``times``,
+    stored now if no block of the run has them yet. Its id is a hash of them: None (the block
+    keeps them in its own row) if a different pair had the same one."""
+    digest = hashlib.blake2b(len(steps).to_bytes(8, "little"), digest_size=8)
+    digest.update(steps)
+    digest.update(times)
+    clock = int.from_bytes(digest.digest(), "little", signed=True)
+    stored = conn.execute(
+        select(clocks.c.steps, clocks.c.times).where(
+            clocks.c.run_id == run_id, clocks.c.id == clock
+        )
+    ).first()
+    if stored is None:
+        conn.execute(insert(clocks).values(run_id=run_id, id=clock, steps=steps, times=times))
+        return clock
+    return clock if bytes(stored[0]) == steps and bytes(stored[1]) == times else None
