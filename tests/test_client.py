@@ -77,6 +77,9 @@ def test_runs_history_and_alerts(team: Team) -> None:
             assert frame["step"].to_numpy().tobytes() == steps.astype(np.int64).tobytes()
             assert frame["time"].to_numpy().tobytes() == times.tobytes()
             assert frame["value"].to_numpy().tobytes() == values.tobytes(), fmt
+        window = detail.history(["loss"], min_step=100, max_step=199)
+        assert window["step"].tolist() == list(range(100, 200))
+        assert window["value"].to_numpy().tobytes() == values[99:199].tobytes()
         everything = api.run(nan_run).history()
         assert sorted(set(everything["name"])) == ["loss", "nonfinite/loss"]
         assert api.run(nan_run).history(["loss"], format="jsonl")["step"].tolist() == [1, 2]
@@ -165,9 +168,47 @@ def test_a_server_without_pyarrow_answers_501_and_history_reads_json_lines(
         server.stop()
 
 
-def test_the_clients_alert_has_the_servers_fields() -> None:
-    """``trainvitals.client.Alert`` is the light twin of the server's ``AlertRow``."""
-    from trainvitals.client import Alert
+def test_the_clients_alert_and_sorts_are_the_servers() -> None:
+    """``trainvitals.client.Alert`` is the light twin of the server's ``AlertRow``, and its
+    sort keys those of the runs list (the client imports nothing of the server)."""
+    from typing import get_args
+
+    from trainvitals.client import Alert, RunSort
     from trainvitals.server.storage import AlertRow
+    from trainvitals.server.storage.runs import SORTS
 
     assert list(Alert.__annotations__) == list(AlertRow.__annotations__)
+    assert get_args(RunSort) == SORTS
+
+
+def test_runs_filtered_sorted_paged_edited_and_deleted(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = create_token(db_url, "*", "admin", "lead")
+    ingest = create_token(db_url, "*", "ingest", "agents")
+    server = ServerProcess(db_url, args=["--auth", "required"])
+    try:
+        first, second, third = (stream(server, ingest, p) for p in ("p", "p", "q"))
+        with trainvitals.Api(server=server.url, token=admin) as api:
+            assert api.projects() == ["p", "q"]
+            run = api.run(second).edit(name="lr-3e-4", tags=["sweep"], notes="warmup 500")
+            assert (run.id, run.name, run.tags, run.notes) == (second, "lr-3e-4", ["sweep"],
+                                                                "warmup 500")  # fmt: skip
+            assert run.health["worst"] is not None and run.archived is False
+            assert [r.id for r in api.runs(tag="sweep")] == [second]
+            assert [r.id for r in api.runs(name="3e-4")] == [second]
+            oldest_first = [r.id for r in api.runs(sort="started_at", descending=False)]
+            assert oldest_first == [first, second, third]
+            assert [r.id for r in api.runs(limit=1, offset=1)] == [second]
+            monkeypatch.setattr(trainvitals.client, "_PAGE", 2)  # every run, two a request
+            assert [r.id for r in api.runs(limit=None)] == [third, second, first]
+            assert [r.id for r in api.runs(status=["finished", "crashed"], project="q")] == [third]
+            api.run(first).edit(archived=True)
+            assert [r.id for r in api.runs(archived="only")] == [first]
+            api.run(third).delete()
+            assert [r.id for r in api.runs()] == [second]
+            with pytest.raises(ApiError) as missing:
+                api.run(third)
+            assert missing.value.status == 404
+    finally:
+        server.stop()

@@ -36,6 +36,11 @@ __all__ = ["Alert", "Api", "ApiRun", "ExportFormat"]
 CLIENT_HINT = "trainvitals.Api needs httpx: pip install 'trainvitals[client]'"
 ExportFormat = Literal["csv", "jsonl", "parquet"]
 RunStatus = Literal["running", "stalled", "finished", "crashed", "lost"]
+RunSort = Literal[
+    "started_at", "name", "project", "status", "last_step", "last_seen", "host", "ended_at"
+]
+#: Runs fetched a request when :meth:`Api.runs` pages through every match (the route's cap).
+_PAGE = 10_000
 
 
 class Alert(TypedDict):
@@ -91,6 +96,12 @@ class ApiRun:
     end_reason: str | None
     job_id: str | None = None
     worker: str | None = None
+    tags: list[str] = field(default_factory=list)
+    notes: str = ""
+    archived: bool = False
+    #: The worst alert it raised, firing or not: ``{"worst": "critical", "rules": [...],
+    #: "firing": [...]}`` (``worst`` None: it raised none).
+    health: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     series: list[str] = field(default_factory=list)
     traceback: str | None = None
@@ -101,12 +112,17 @@ class ApiRun:
         return cls(api=api, **{k: v for k, v in answer.items() if k in known})
 
     def history(
-        self, names: Sequence[str] = (), format: Literal["parquet", "jsonl"] | None = None
+        self,
+        names: Sequence[str] = (),
+        format: Literal["parquet", "jsonl"] | None = None,
+        *,
+        min_step: int | None = None,
+        max_step: int | None = None,
     ) -> pandas.DataFrame:
         """Every point of the run's series ``names`` (all of them when empty), at full
         resolution: a DataFrame of ``name`` (categorical), ``step`` (int64), ``time`` and
         ``value`` (float64; NaN and ±Inf as they were sent), one row a point, each series in
-        the order it was sent.
+        the order it was sent. ``min_step`` and ``max_step`` (inclusive): only those steps.
 
         Read as Parquet when pyarrow is installed here (and on the server), else as JSON
         Lines; ``format`` picks one.
@@ -116,6 +132,7 @@ class ApiRun:
             frame = api.run(run_id).history(["loss", "grad/global_norm"])
             wide = frame.pivot_table(index="step", columns="name", values="value")
             wide.plot(logy=True)
+            before = api.run(run_id).history(["loss"], min_step=900, max_step=1000)
             ```
         """
         try:
@@ -125,15 +142,16 @@ class ApiRun:
                 "ApiRun.history needs pandas: pip install 'trainvitals[client]'"
             ) from exc
         chosen = format or ("parquet" if _has_pyarrow() else "jsonl")
+        steps = {"min_step": min_step, "max_step": max_step}
         body = io.BytesIO()
         try:
-            self.api.export(self.id, names, format=chosen, to=body)
+            self.api.export(self.id, names, format=chosen, to=body, **steps)
         except ApiError as exc:
             if format is not None or exc.status != 501:
                 raise
             chosen = "jsonl"  # a server without pyarrow: the other exact format
             body = io.BytesIO()
-            self.api.export(self.id, names, format=chosen, to=body)
+            self.api.export(self.id, names, format=chosen, to=body, **steps)
         body.seek(0)
         if chosen == "parquet":
             frame = pandas.read_parquet(body)
@@ -141,6 +159,37 @@ class ApiRun:
             frame = _read_jsonl(body)
         frame["name"] = frame["name"].astype("category")
         return frame
+
+    def edit(
+        self,
+        *,
+        name: str | None = None,
+        tags: Sequence[str] | None = None,
+        notes: str | None = None,
+        archived: bool | None = None,
+    ) -> ApiRun:
+        """Rename, tag (the whole list), note or archive the run (a token with the ``admin``
+        role on its project); returns it as the server now has it.
+
+        Example:
+            ```python
+            run = run.edit(tags=[*run.tags, "baseline"], notes="lr 3e-4, warmup 500")
+            ```
+        """
+        edit = {"name": name, "tags": None if tags is None else list(tags), "notes": notes,
+                "archived": archived}  # fmt: skip
+        answer = self.api._request(
+            "PATCH",
+            f"/api/v1/runs/{_path(self.id)}",
+            body={k: v for k, v in edit.items() if v is not None},
+        )
+        kept = {f.name: getattr(self, f.name) for f in fields(self)}
+        return ApiRun._from(self.api, {**kept, **answer})
+
+    def delete(self) -> None:
+        """Delete the run with its points, alerts and notices (``admin``; a run still running
+        is refused with ``409``)."""
+        self.api._request("DELETE", f"/api/v1/runs/{_path(self.id)}")
 
     def alerts(self, state: Literal["firing", "resolved", "closed"] | None = None) -> list[Alert]:
         """The run's alerts, newest first (``state``: only firing or only resolved ones)."""
@@ -201,20 +250,61 @@ class Api:
     def runs(
         self,
         project: str | None = None,
-        status: RunStatus | None = None,
+        status: RunStatus | Sequence[RunStatus] | None = None,
         job: str | None = None,
-        limit: int = 500,
+        limit: int | None = 500,
+        *,
+        name: str | None = None,
+        tag: str | None = None,
+        health: Literal["critical", "warning", "healthy"] | None = None,
+        archived: Literal["hide", "only", "include"] = "hide",
+        sort: RunSort = "started_at",
+        descending: bool = True,
+        offset: int = 0,
     ) -> list[ApiRun]:
-        """Runs, newest first: of ``project``, in ``status``, the workers of ``job``.
+        """Runs, newest first (or by ``sort``): of ``project``, in ``status`` (one or several),
+        the workers of ``job``, whose name contains ``name``, tagged ``tag``, whose worst alert
+        was ``health`` (``healthy``: none); archived runs only with ``archived``. The first
+        ``limit`` from ``offset``; ``limit=None``: every run that matches, a page at a time
+        (pages read one after another, not one snapshot: a run is listed once).
 
         Example:
             ```python
             crashed = api.runs(project="mnist", status="crashed")
+            sweep = api.runs(tag="sweep-3", sort="name", descending=False, limit=None)
             ```
         """
-        params = {"project": project, "status": status, "job": job, "limit": limit}
-        answer = self._get_json("/api/v1/runs", {k: v for k, v in params.items() if v})
-        return [ApiRun._from(self, run) for run in answer["runs"]]
+        params: dict[str, Any] = {
+            "project": project,
+            "status": [status] if isinstance(status, str) else list(status or ()),
+            "job": job,
+            "q": name,
+            "tag": tag,
+            "health": health,
+            "archived": archived,
+            "sort": sort,
+            "order": "desc" if descending else "asc",
+        }
+        params = {k: v for k, v in params.items() if v}
+        found: dict[str, ApiRun] = {}
+        read = 0
+        while limit is None or read < limit:
+            size = _PAGE if limit is None else min(_PAGE, limit - read)
+            page = {**params, "limit": size, "offset": offset + read}
+            runs = self._get_json("/api/v1/runs", page)["runs"]
+            read += len(runs)
+            # Pages are read one after the other, not from one snapshot: a run that a new one
+            # pushed onto the next page is not listed twice.
+            for run in runs:
+                found.setdefault(run["id"], ApiRun._from(self, run))
+            if len(runs) < size:
+                break
+        return list(found.values())
+
+    def projects(self) -> list[str]:
+        """The projects that have a run, sorted (those the token may read)."""
+        projects: list[str] = self._get_json("/api/v1/projects")["projects"]
+        return projects
 
     def run(self, run_id: str) -> ApiRun:
         """One run, with its config and series names (``ApiError`` 404 when there is none)."""
@@ -226,9 +316,13 @@ class Api:
         names: Sequence[str] = (),
         format: ExportFormat = "csv",
         to: IO[bytes] | None = None,
+        *,
+        min_step: int | None = None,
+        max_step: int | None = None,
     ) -> int:
         """Stream the run's series ``names`` (all when empty) at full resolution into ``to``
         as it arrives (the layout: docs/contract.md#export); returns the bytes written.
+        ``min_step`` and ``max_step`` (inclusive): only the points of those steps.
 
         Example:
             ```python
@@ -243,6 +337,7 @@ class Api:
         params: list[tuple[str, str | int | float | bool | None]] = [
             ("format", format),
             *(("name", n) for n in names),
+            *((k, v) for k, v in (("min_step", min_step), ("max_step", max_step)) if v is not None),
         ]
         written = 0
         try:
@@ -260,10 +355,15 @@ class Api:
         return written
 
     def _get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        return self._request("GET", path, params=params)
+
+    def _request(
+        self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
+    ) -> Any:
         import httpx
 
         try:
-            response = self._http.get(path, params=params)
+            response = self._http.request(method, path, params=params, json=body)
         except httpx.HTTPError as exc:
             raise _unreached(self.server, exc) from exc
         if response.status_code != 200:

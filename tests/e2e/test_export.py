@@ -231,6 +231,10 @@ def test_the_cli_writes_the_export_to_a_file_or_stdout(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         lines = [json.loads(line) for line in done.stdout.splitlines()]
         assert {line["name"] for line in lines} == {"loss", "nonfinite/loss"}
+        done = export_cli(run_id, "--name", "loss", "--format", "jsonl", "--min-step", "2",
+                          "--max-step", "2", env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["step"] for line in done.stdout.splitlines()] == [2]
 
         refused = export_cli(run_id, "--server", server.url, "-o", str(tmp_path / "no.csv"))
         assert refused.returncode == 1

@@ -200,6 +200,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--format", choices=["csv", "jsonl", "parquet"], default="csv", help="(default csv)"
     )
     export.add_argument(
+        "--min-step", type=int, default=None, metavar="N", help="only points from step N on"
+    )
+    export.add_argument(
+        "--max-step", type=int, default=None, metavar="N", help="only points up to step N"
+    )
+    export.add_argument(
         "--server",
         default=None,
         help=f"server URL (default $TRAINVITALS_SERVER, else {DEFAULT_SERVER})",

@@ -17,9 +17,12 @@ def export_command(args: argparse.Namespace) -> int:
     except ConfigurationError as exc:
         print(f"trainvitals export: {exc}", file=sys.stderr)
         return 2
+    steps = {"min_step": args.min_step, "max_step": args.max_step}
     try:
         if args.output in (None, "-"):
-            api.export(args.run_id, args.name or (), format=args.format, to=sys.stdout.buffer)
+            api.export(
+                args.run_id, args.name or (), format=args.format, to=sys.stdout.buffer, **steps
+            )
             sys.stdout.buffer.flush()
             return 0
         # Written beside the file and moved over it once whole: a failed export leaves
@@ -27,7 +30,9 @@ def export_command(args: argparse.Namespace) -> int:
         partial = args.output + ".part"
         try:
             with open(partial, "wb") as out:
-                written = api.export(args.run_id, args.name or (), format=args.format, to=out)
+                written = api.export(
+                    args.run_id, args.name or (), format=args.format, to=out, **steps
+                )
             os.replace(partial, args.output)
         finally:
             if os.path.exists(partial):
