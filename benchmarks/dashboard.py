@@ -22,11 +22,14 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.browser import chromium
 from harness.processes import ServerProcess

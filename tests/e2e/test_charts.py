@@ -28,6 +28,9 @@ def loss_at(step: int) -> float:
     return 1e30 if step > STEPS - 10 else 1.0 / math.sqrt(step) + 0.1 * math.sin(step)
 
 
+#: Bytes free on a disk that barely changes: its ticks must still read apart.
+DISK_FREE = 81.33e9
+
 #: The points of the long run: more than the series route gives at most (its max_points cap).
 LONG = MAX_POINTS_LIMIT + 500
 
@@ -44,8 +47,9 @@ def charted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
                   system_metrics=False, watchdog=False)  # fmt: skip
         run.start()
         for step in range(1, STEPS + 1):
-            run.log(step, {"loss": loss_at(step), "grad/global_norm": 1.0 + step % 7},
-                    time_=T0 + 0.5 * step)  # fmt: skip
+            values = {"loss": loss_at(step), "grad/global_norm": 1.0 + step % 7,
+                      "host/disk_free": DISK_FREE + 4096.0 * (step % 100)}  # fmt: skip
+            run.log(step, values, time_=T0 + 0.5 * step)
         assert run.finish()
         yield server, run.id
     finally:
@@ -79,6 +83,20 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     page.goto(f"{server.url}/#/runs/{run_id}")
     loss = page.locator('[data-chart="loss"]')
     assert 1900 < drawn(page) <= 2000  # downsampled from 3000
+
+    # Bytes that vary in their sixth digit are labelled with as many: no two ticks alike.
+    drawn(page, "disk_free")
+    ticks = page.locator('[data-chart="disk_free"] .ytick text').evaluate_all(
+        "(texts) => texts.map((text) => text.textContent)"
+    )
+    assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), ticks
+    assert all(tick.startswith("81.33") and tick.endswith("GB") for tick in ticks), ticks
+    digits = page.evaluate(
+        """async () => { const { siDigits } = await import('/static/plotmath.js');
+                         return [siDigits([81.33e9, 81.34e9]), siDigits([0, 2e9]),
+                                 siDigits(null)]; }"""
+    )
+    assert digits == [5, 4, 4]
 
     # The explosion does not flatten the loss: its y-range holds the bulk of the values.
     expect(loss).to_have_attribute("data-clipped", "true")

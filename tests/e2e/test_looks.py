@@ -173,12 +173,14 @@ def test_a_phone_never_scrolls_sideways(
     assert not errors, errors
 
 
-#: A control's key, the same when the page draws it anew (a live list redraws its rows).
+#: A control's key, the same when the page draws it anew (a live list redraws its rows) or a
+#: live count in it changes (the Alerts link's firing count).
 KEY = """(el) => [el.closest('[data-run-id]')?.dataset.runId,
                   el.closest('[data-chart]')?.dataset.chart, el.tagName.toLowerCase(),
                   el.getAttribute('class'), el.getAttribute('href'), el.getAttribute('name'),
                   el.dataset.tool, el.dataset.series, el.dataset.title, el.dataset.alertAction,
-                  el.textContent.trim().slice(0, 40)].join('|')"""
+                  [...el.childNodes].filter((n) => !n.classList?.contains('nav-count'))
+                    .map((n) => n.textContent).join('').trim().slice(0, 40)].join('|')"""
 
 #: Every control of the page that is shown: what Tab must reach. plotly's legend entries are
 #: controls too (the page makes them focusable; its toolbar's are buttons).

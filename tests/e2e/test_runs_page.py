@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -18,12 +19,13 @@ from tests.e2e.test_dashboard import expect
 from trainvitals import Run, resolve
 
 RUNS = 60  # more than a page (50)
+STEPS = 30
 
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     db = str(tmp_path_factory.mktemp("runs-page") / "runs.db")
-    seed_runs(db, RUNS, steps=30)
+    seed_runs(db, RUNS, steps=STEPS, also=("lr",))
     server = ServerProcess(db)
     try:
         yield server
@@ -148,7 +150,7 @@ def test_open_pages_follow_a_run_live_its_health_and_its_points(
     # A point streamed after the compare view opened is drawn on its run's trace.
     runs[1].log(6, {"loss": 0.125})
     expect(loss).to_have_attribute("data-drawn", "12")
-    steps = loss.locator(".plot").evaluate("(plot) => plot.data.map((t) => [t.meta, t.x])")
+    steps = loss.locator(".plot").evaluate("(plot) => plot.data.map((t) => [t.legendgroup, t.x])")
     assert steps == [[bad.id, [1, 2, 3, 4, 5, 6]], [runs[1].id, [1, 2, 3, 4, 5, 6]]]
     for page in pages:
         assert page.evaluate("window.notReloaded") is True
@@ -172,7 +174,9 @@ def test_selected_runs_are_compared_one_colour_each_on_every_chart(
     alt = "loss of run-00003, run-00005: 2 series, 60 points"
     expect(loss).to_have_attribute("aria-label", alt)
     expect(page.locator('[data-chart="loss"]')).to_have_attribute("data-drawn", "60")
-    traces = loss.evaluate("(plot) => plot.data.map((t) => [t.meta, t.line.color, t.x.length])")
+    traces = loss.evaluate(
+        "(plot) => plot.data.map((t) => [t.legendgroup, t.line.color, t.x.length])"
+    )
     assert [(run, length) for run, _, length in traces] == [("seed000003", 30), ("seed000005", 30)]
     colours = {run: colour for run, colour, _ in traces}
     assert len(set(colours.values())) == 2
@@ -193,6 +197,88 @@ def test_selected_runs_are_compared_one_colour_each_on_every_chart(
     again = open_page(seeded, browser, "/#/compare?runs=seed000003,seed000005")
     expect(again.locator('[data-chart="loss"]')).to_have_attribute("data-series", "2")
     assert not page.errors and not again.errors
+
+
+def traces_of(page: Any, chart: str, fields: str) -> Any:
+    """``[fields]`` of each trace a chart of the page draws (a JS array of ``t``'s fields)."""
+    return page.locator(f'[data-chart="{chart}"] .plot').evaluate(
+        f"(plot) => plot.data.map((t) => {fields})"
+    )
+
+
+def test_compared_runs_smooth_overlay_from_their_starts_and_zoom_together(
+    seeded: ServerProcess, browser: Any
+) -> None:
+    page = open_page(seeded, browser, "/#/compare?runs=seed000003,seed000005")
+    reads: list[str] = []
+    page.on("request", lambda request: reads.append(request.url))
+    for chart in ("loss", "lr"):
+        expect(page.locator(f'[data-chart="{chart}"]')).to_have_attribute("data-drawn", "60")
+    runs = ["seed000003", "seed000005"]
+    colours = dict(traces_of(page, "loss", "[t.legendgroup, t.line.color]"))
+
+    # Smoothing, the run page's: each run's trace smoothed, its raw one faint behind in its colour.
+    page.locator(".chart-controls [name=smoothing]").fill("0.6")
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="lr"] .plot').data.length === 4"""
+    )
+    for chart in ("loss", "lr"):
+        fields = "[t.legendgroup, t.meta, t.line.color, t.opacity ?? 1, t.y]"
+        traces = traces_of(page, chart, fields)
+        assert [trace[:4] for trace in traces] == [
+            [run, role, colours[run], opacity]
+            for run in runs for role, opacity in (("raw", 0.25), ("smoothed", 1))
+        ]  # fmt: skip
+        for raw, smoothed in zip(traces[::2], traces[1::2], strict=True):
+            assert smoothed[4][0] == raw[4][0] and smoothed[4][1] != raw[4][1]
+    expect(page.locator('[data-chart="loss"]')).to_have_attribute("data-drawn", "60")
+    page.locator(".chart-controls [name=smoothing]").fill("0")
+
+    # Time since start is each run's own: run 5 started 2 s after run 3, and both start at 1 s.
+    page.locator(".chart-controls [name=xaxis]").select_option("relative")
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="loss"] .plot').layout.xaxis.title.text
+                 === 'time since start (s)'"""
+    )
+    assert traces_of(page, "loss", "t.x.slice(0, 2)") == [[1, 2], [1, 2]]
+
+    # A zoom in wall-clock time zooms every chart, and reads each run's own steps in view again.
+    page.locator(".chart-controls [name=xaxis]").select_option("wall")
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="loss"] .plot').layout.xaxis.type === 'date'"""
+    )
+    reads.clear()
+    zoom = page.evaluate(
+        """() => { const plot = document.querySelector('[data-chart="loss"] .plot');
+                   const at = (s) => { const d = new Date(s * 1000);
+                                       const p = (n) => String(n).padStart(2, '0');
+                                       return `${d.getFullYear()}-${p(d.getMonth() + 1)}-`
+                                         + `${p(d.getDate())} ${p(d.getHours())}:`
+                                         + `${p(d.getMinutes())}:${p(d.getSeconds())}`; };
+                   const range = [at(1700000013), at(1700000023)];
+                   Plotly.relayout(plot, {'xaxis.range[0]': range[0], 'xaxis.range[1]': range[1]});
+                   return range; }"""
+    )
+    expect(page.locator("#charts")).to_have_attribute("data-detail", "8-20")
+    lr = page.locator('[data-chart="lr"] .plot')
+    assert lr.evaluate("(plot) => plot.layout.xaxis.range") == zoom
+    ranged = []
+    for url in reads:
+        address = urlsplit(url)
+        query = parse_qs(address.query)
+        if address.path.endswith("/series"):
+            ranged.append((address.path.split("/")[4], query["min_step"], query["max_step"]))
+    assert sorted(ranged) == [("seed000003", ["10"], ["20"]), ("seed000005", ["8"], ["18"])]
+    expect(page.locator(".chart-controls [name=reset-zoom]")).to_be_visible()
+
+    # A double-click zooms every chart out to the overview.
+    page.locator('[data-chart="lr"] .nsewdrag').dblclick()
+    page.wait_for_function(
+        """() => document.querySelector('[data-chart="loss"] .plot').layout.xaxis.autorange"""
+    )
+    expect(page.locator(".chart-controls [name=reset-zoom]")).to_be_hidden()
+    assert page.locator("#charts").get_attribute("data-detail") is None
+    assert not page.errors, page.errors
 
 
 def test_nothing_from_a_run_is_run_as_html_in_the_list_or_compare(

@@ -6,7 +6,7 @@
 
 import { SEVERITY_COLOURS } from "./alert-feed.js";
 import { escapeHTML, formatDuration } from "./format.js";
-import { clippedRange, debiasedEma, fullRange, logTicks, stepsBetween, withDetail } from "./plotmath.js";
+import { clippedRange, debiasedEma, fullRange, logTicks, siDigits, stepsBetween, withDetail } from "./plotmath.js";
 import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
   GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
@@ -234,7 +234,8 @@ function legendByKeys(plot, legend) {
 }
 
 // How every chart of a page draws: smoothing weight (0 to 0.99), the x-axis (step, time since
-// the run started, or wall-clock time) and whether outliers are left out of the y-range.
+// the run started, or wall-clock time), whether outliers are left out of the y-range, and
+// when the run started (for a series whose seriesOf gives no start of its own).
 export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
 const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" };
 
@@ -245,12 +246,15 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
 // when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON Lines;
 // onDrawn(chart) after each redraw; styleOf(name): a series' trace attributes (its label as
-// name, line, meta, ...) where the series' own name would not do (runs compared).
+// name, line, ...) where the series' own name would not do (runs compared); seriesOf(key):
+// what a series key stands for, { name, start } (the series' own name, and the time its run
+// started, from which "time since start" counts for it: runs compared each start at 0),
+// where the key is not the series' name (runs compared) or the runs started apart.
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
-  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, styleOf, view } = {}) {
+  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, styleOf, seriesOf, view } = {}) {
     const { id, title, log = false, height = LAYOUT.height } = spec;
-    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, styleOf });
+    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, styleOf, seriesOf });
     this.view = { ...DEFAULT_VIEW, ...view };
     this.log = log;
     this.card = document.createElement("section");
@@ -267,7 +271,7 @@ export class Chart {
     container.appendChild(this.card);
     this.plot = this.card.querySelector(".plot");
     this.series = new Map(); // series name -> { step, time, value }, as fetched and streamed
-    this.detail = null; // { min, max, series: { name: points } }: a zoom read at full detail
+    this.detail = null; // { key: { min, max, points } }: a zoom's steps read at full detail
     this.visible = new Map(); // series name -> plotly's visible (true or "legendonly")
     this.xrange = null; // the zoom, in the x-axis' units; null: everything
     this.alerts = [];
@@ -374,17 +378,28 @@ export class Chart {
     this.schedule();
   }
 
-  // The zoomed steps read again at full detail: { min, max, series: { name: points } }.
+  // The zoomed steps read again at full detail: { key: { min, max, points } }, each series'
+  // points of its steps min to max (those of a series not in it stay as they are).
   setDetail(detail) { this.detail = detail; this.schedule(); }
 
-  // The steps the zoom shows, { min, max }; null when not zoomed.
-  stepRange() {
+  // The series' own name and the time its run started, for a series key.
+  source(key) {
+    const { name = key, start = this.view.start } = this.seriesOf?.(key) ?? {};
+    return { name, start };
+  }
+
+  // The steps the zoom shows, { min, max }, as the longest of these series (all of the chart's
+  // by default) has them; null when not zoomed, or when none of them has a point in view.
+  stepRange(keys = null) {
     if (!this.xrange) return null;
     const [a, b] = this.xrange;
     if (this.view.xaxis === "step") return { min: Math.floor(a), max: Math.ceil(b) };
-    const seconds = (x) => (this.view.xaxis === "wall" ? Date.parse(x) / 1000 : this.view.start + Number(x));
-    const longest = [...this.series.values()].sort((p, q) => q.step.length - p.step.length)[0];
-    return longest ? stepsBetween(longest, seconds(a), seconds(b)) : null;
+    const held = (keys ?? [...this.series.keys()]).filter((key) => this.series.has(key));
+    const longest = held.sort((p, q) => this.series.get(q).step.length - this.series.get(p).step.length)[0];
+    if (longest == null) return null;
+    const start = this.source(longest).start;
+    const seconds = (x) => (this.view.xaxis === "wall" ? Date.parse(x) / 1000 : start + Number(x));
+    return stepsBetween(this.series.get(longest), seconds(a), seconds(b));
   }
 
   zoomed(event) {
@@ -401,17 +416,17 @@ export class Chart {
     this.onZoom?.(xrange, this);
   }
 
-  // x of a point in the view's x-axis.
-  xOf(step, time) {
-    if (this.view.xaxis === "relative") return time - this.view.start;
+  // x of a point in the view's x-axis (start: when its run started).
+  xOf(step, time, start = this.view.start) {
+    if (this.view.xaxis === "relative") return time - start;
     if (this.view.xaxis === "wall") return new Date(time * 1000);
     return step;
   }
 
   shown(name) {
     const whole = this.series.get(name);
-    const detail = this.detail?.series?.[name];
-    return detail ? withDetail(whole, detail, this.detail.min, this.detail.max) : whole;
+    const detail = this.detail?.[name];
+    return detail ? withDetail(whole, detail.points, detail.min, detail.max) : whole;
   }
 
   // Show the per-variable gradient norms that reached the highest values; the others stay
@@ -512,6 +527,7 @@ export class Chart {
     const weight = this.view.smoothing;
     for (const name of this.series.keys()) {
       const { name: label = name, ...style } = this.styleOf?.(name) ?? traceStyle(name);
+      const source = this.source(name);
       const visible = this.visible.get(name) ?? style.visible ?? true;
       if (visible !== true && this.spec.pick?.(name) != null) continue; // not chosen: not drawn at all
       const data = this.shown(name);
@@ -520,11 +536,11 @@ export class Chart {
       // none, plotly would leave it out of the legend too, where it is shown again.
       const points = visible === true ? data.step.length : Math.min(1, data.step.length);
       const x = this.view.xaxis === "step" && points === data.step.length ? data.step
-        : data.step.slice(0, points).map((step, i) => this.xOf(step, data.time[i]));
+        : data.step.slice(0, points).map((step, i) => this.xOf(step, data.time[i], source.start));
       // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
       const y = points === data.value.length ? data.value : data.value.slice(0, points);
       const trace = { legendgroup: name, ...style, name: escapeHTML(label), x, y, type: "scatter", visible };
-      if (weight > 0 && smoothable(name)) {
+      if (weight > 0 && smoothable(source.name)) {
         traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
         this.traceNames.push(name);
         traces.push({ ...trace, y: debiasedEma(y, weight), meta: "smoothed" });
@@ -545,9 +561,11 @@ export class Chart {
     if (this.view.xaxis === "wall") layout.xaxis.type = "date";
     if (this.xrange) Object.assign(layout.xaxis, { range: [...this.xrange], autorange: false });
     if (this.log) Object.assign(layout.yaxis, { type: "log", exponentformat: "power" });
-    if (this.spec.bytes) Object.assign(layout.yaxis, { tickformat: ".4~s", ticksuffix: "B" });
     const values = this.valuesInView(traces);
     const range = this.yRange(values);
+    // In bytes, as many digits as tell the ticks apart: disk free varies in its sixth.
+    const digits = this.log ? 4 : siDigits(range ?? fullRange(values));
+    if (this.spec.bytes) Object.assign(layout.yaxis, { tickformat: `.${digits}~s`, ticksuffix: "B" });
     layout.yaxis.range = range ?? undefined;
     layout.yaxis.autorange = !range;
     // A log axis labels a few decades at most, however many it spans.

@@ -1,9 +1,12 @@
 // Runs side by side: #/compare?runs=ID,ID,... (a link that can be shared). Every chart draws
 // one trace per run and series, each run in one colour on every chart, live as the runs
-// stream, and a table of their configs marks the keys whose values differ.
+// stream, and a table of their configs marks the keys whose values differ. The charts take
+// the run page's controls (smoothing, x-axis, clipping) and zoom together as its charts do;
+// in time since start, each run counts from its own start.
 
 import { getRun, getSeries } from "./api.js";
-import { Chart, chartOf, chartOrder, plotlyReady } from "./charts.js";
+import { CHART_CONTROLS, ChartSet } from "./chart-set.js";
+import { Chart, chartOf, plotlyReady } from "./charts.js";
 import { escapeHTML, healthBadge, runPath, setTitle, statusBadge } from "./format.js";
 import { withSummary } from "./live.js";
 
@@ -50,7 +53,7 @@ class CompareView {
   constructor(root, runs) {
     this.root = root;
     this.runs = runs;
-    this.charts = new Map(); // chart id -> its Chart
+    this.set = new ChartSet({ seriesOf: (key) => this.seriesOf(key) });
     this.dashes = new Map(); // chart id -> its series names, in the order their dashes go
     this.traces = new Map(); // trace key -> { r: the run's place, name: the series }
     this.reloading = new Set();
@@ -60,8 +63,10 @@ class CompareView {
       <ul class="compared-runs"></ul>
       <details class="panel" open><summary>Configuration <span class="muted">(differing keys marked)</span></summary>
         <div class="table-scroll"><table class="kv config-compare" id="config-compare"></table></div></details>
+      ${CHART_CONTROLS}
       <div class="charts" id="charts"></div>`;
     this.chartsRoot = root.querySelector("#charts");
+    this.set.mount(root.querySelector(".chart-controls"), this.chartsRoot);
     this.drawLegend();
     drawConfig(root.querySelector("#config-compare"), runs);
   }
@@ -79,7 +84,7 @@ class CompareView {
     answers.forEach(({ series }, r) => {
       for (const [name, data] of Object.entries(series)) this.add(r, name, data);
     });
-    if (!this.charts.size) this.chartsRoot.innerHTML = `<p class="muted">No points yet.</p>`;
+    if (!this.set.charts.size) this.chartsRoot.innerHTML = `<p class="muted">No points yet.</p>`;
   }
 
   // One run's series, whole (live: only its new points).
@@ -95,26 +100,32 @@ class CompareView {
   }
 
   chartFor(spec) {
-    let chart = this.charts.get(spec.id);
+    let chart = this.set.charts.get(spec.id);
     if (!chart) {
       const alt = `${spec.title} of ${this.runs.map((run) => run.name).join(", ")}`;
       chart = new Chart(this.chartsRoot, { ...spec, alt, legend: false }, {
+        ...this.set.chartOptions,
         styleOf: (key) => this.styleOf(key),
         onTooLong: (key) => this.reloadTrace(key),
       });
-      this.charts.set(spec.id, chart);
-      const ordered = [...this.charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
-      this.chartsRoot.replaceChildren(...ordered.map((c) => c.card));
+      this.set.add(chart);
     }
     return chart;
   }
 
+  // A trace's run and series, and when that run started: time since start is each run's own.
+  seriesOf(key) {
+    const { r, name } = this.traces.get(key);
+    return { run: this.runs[r].id, name, start: this.runs[r].started_at };
+  }
+
+  // Smoothed, the raw trace behind is in its run's colour too.
   styleOf(key) {
     const { r, name } = this.traces.get(key);
     const run = this.runs[r];
     const dash = DASHES[this.dashes.get(chartOf(name).id).indexOf(name) % DASHES.length];
     return {
-      name: `${run.name} · ${name}`, mode: "lines", meta: run.id, legendgroup: run.id,
+      name: `${run.name} · ${name}`, mode: "lines", legendgroup: run.id,
       line: { width: 1.4, color: RUN_COLOURS[r % RUN_COLOURS.length], dash },
     };
   }
@@ -147,7 +158,7 @@ class CompareView {
     }
   }
 
-  destroy() { for (const chart of this.charts.values()) chart.destroy(); }
+  destroy() { this.set.destroy(); }
 }
 
 // Keys as rows, runs as columns; a row whose values are not all equal is marked.

@@ -56,6 +56,19 @@ export function logTicks(range) {
   return decades > 3 ? Math.ceil(decades / 6) : "D2";
 }
 
+// The significant digits that SI labels ("81.3312G") on a linear axis over range need so that
+// no two ticks read the same: down to the digit of a tenth of the span, since plotly spaces
+// ticks at least that far apart (10 at most on an axis); 4 at least, 15 at most (a double's).
+// 81.33G to 81.34G has ticks every 2M: 5 digits (81.332G).
+export function siDigits(range) {
+  if (!range) return 4;
+  const [lo, hi] = range;
+  const top = Math.max(Math.abs(lo), Math.abs(hi)), span = hi - lo;
+  if (!(span > 0) || !(top > 0) || !Number.isFinite(top)) return 4;
+  const digits = Math.floor(Math.log10(top)) - Math.floor(Math.log10(span / 10)) + 1;
+  return Math.min(15, Math.max(4, digits));
+}
+
 // The range of every value (in decades on a log axis), a little wider; null for none.
 export function fullRange(values, log = false) {
   let min = Infinity, max = -Infinity;
@@ -86,11 +99,13 @@ export function withDetail(whole, detail, min, max) {
 // { min, max }; null when none do.
 export function stepsBetween(series, t0, t1) {
   const times = series.time;
-  const first = (t) => { // the first index whose time is at or after t
+  // The first index whose time is after t (at or after it, unless `after`). Not t + epsilon:
+  // at Unix times a double's resolution is 2.4e-7 s.
+  const first = (t, after = false) => {
     let lo = 0, hi = times.length;
-    while (lo < hi) { const mid = (lo + hi) >> 1; if (times[mid] < t) lo = mid + 1; else hi = mid; }
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (times[mid] < t || (after && times[mid] === t)) lo = mid + 1; else hi = mid; }
     return lo;
   };
-  const a = first(t0), b = first(t1 + 1e-9) - 1;
+  const a = first(t0), b = first(t1, true) - 1;
   return a <= b ? { min: series.step[a], max: series.step[b] } : null;
 }

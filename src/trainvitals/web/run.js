@@ -4,7 +4,8 @@
 import { AlertList, alertItem } from "./alert-items.js";
 import { deleteRun, editRun, exportPath, getRun, getRunAlerts, getSeries } from "./api.js";
 import { setBannerScope } from "./banner.js";
-import { Chart, DEFAULT_VIEW, alertChartIds, chartOf, chartOrder, plotlyReady } from "./charts.js";
+import { CHART_CONTROLS, ChartSet } from "./chart-set.js";
+import { Chart, alertChartIds, chartOf, plotlyReady } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
 import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
@@ -35,14 +36,7 @@ const LAYOUT = `
     <h2 id="run-alerts-title">Alerts <span class="muted" id="run-alert-count"></span></h2>
     <div class="alert-list" id="run-alert-list"><p class="muted">Loading alerts…</p></div>
   </section>
-  <form class="chart-controls" aria-label="How the charts draw">
-    <label>Smoothing <input type="range" name="smoothing" min="0" max="0.99" step="0.01" value="0">
-      <output name="smoothing-value">0</output></label>
-    <label>X axis <select name="xaxis"><option value="step">step</option>
-      <option value="relative">time since start</option><option value="wall">wall-clock time</option></select></label>
-    <label><input type="checkbox" name="clip" checked> Leave outliers out of the y-range</label>
-    <button type="button" name="reset-zoom" hidden>Zoom out</button>
-  </form>
+  ${CHART_CONTROLS}
   <div class="charts" id="charts"></div>
   <div id="run-job"></div>
   <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
@@ -57,17 +51,21 @@ export class RunPage {
     this.run = null;
     this.job = null;
     this.alertList = null;
-    this.charts = new Map(); // chart id -> its chart, made when its first series arrives
+    // The page's charts, each made when its first series arrives; the heatmap after the
+    // gradient norm chart.
+    this.set = new ChartSet({
+      seriesOf: (name) => ({ run: runId, name }),
+      cardsAfter: (chart) => (chart.id === "grad_norm" && this.heatmap ? [this.heatmap.card] : []),
+    });
     this.chartsRoot = null;
     this.following = null; // the live stream of this run, from before its history loads
     this.refreshes = 0;
     this.reloading = null;
     this.ticker = null;
     this.off = [];
-    this.view = { ...DEFAULT_VIEW, smoothing: Number(localStorage.getItem("trainvitals.smoothing")) || 0 };
-    this.zoom = null; // { xrange, steps } of the page's charts, all zoomed together
-    this.zooms = 0;
   }
+
+  get charts() { return this.set.charts; }
 
   async load() {
     this.root.innerHTML = `<p class="muted">Loading run…</p>`;
@@ -103,11 +101,11 @@ export class RunPage {
       else if (alert.run_id === this.runId) this.alertList.upsert(alert);
     }));
 
-    this.view.start = this.run.started_at;
+    this.set.view.start = this.run.started_at;
     setBannerScope(this.run.project);
     this.drawHeader();
     this.mountEditor();
-    this.mountChartControls();
+    this.set.mount(this.root.querySelector(".chart-controls"), this.chartsRoot);
     this.root.querySelector("#run-config").innerHTML = kvRows(this.run.config);
     this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
     await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
@@ -165,7 +163,7 @@ export class RunPage {
     this.alertList?.destroy();
     this.job?.destroy();
     this.following?.stop();
-    for (const chart of this.charts.values()) chart.destroy();
+    this.set.destroy();
     this.heatmap?.destroy();
   }
 
@@ -200,22 +198,6 @@ export class RunPage {
     }
   }
 
-  // Smoothing, x-axis and clipping for every chart of the page.
-  mountChartControls() {
-    const form = this.root.querySelector(".chart-controls");
-    form.elements.smoothing.value = String(this.view.smoothing);
-    form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
-    form.addEventListener("input", () => {
-      const xaxis = form.elements.xaxis.value;
-      if (xaxis !== this.view.xaxis) this.zoomTo(null); // a zoom in steps is no zoom in time
-      this.view = { ...this.view, smoothing: Number(form.elements.smoothing.value), xaxis, clip: form.elements.clip.checked };
-      form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
-      localStorage.setItem("trainvitals.smoothing", String(this.view.smoothing));
-      for (const chart of this.charts.values()) chart.setView(this.view);
-    });
-    form.elements["reset-zoom"].addEventListener("click", () => this.zoomTo(null));
-  }
-
   // Every layer's gradient norm, under the gradient norm chart, once there are per-layer norms.
   drawHeatmap(gradients) {
     if (!this.heatmap) {
@@ -223,22 +205,7 @@ export class RunPage {
       this.heatmap = new GradHeatmap(this.chartsRoot, gradients.card);
       this.heatmap.setAlerts([...(this.alertList?.alerts.values() ?? [])]);
     }
-    this.heatmap.update(gradients.series, this.view.xaxis === "step" ? gradients.xrange : null);
-  }
-
-  // A zoom on one chart zooms them all, and reads the steps in view again at full detail.
-  async zoomTo(xrange, source = null) {
-    const current = ++this.zooms;
-    for (const chart of this.charts.values()) if (chart !== source) chart.setXRange(xrange);
-    this.root.querySelector('.chart-controls [name="reset-zoom"]').hidden = !xrange;
-    const steps = xrange ? (source ?? [...this.charts.values()][0])?.stepRange() : null;
-    this.zoom = xrange ? { xrange, steps } : null;
-    if (!steps) return;
-    const names = [...this.charts.values()].flatMap((chart) => [...chart.series.keys()]);
-    const { series } = await getSeries(this.runId, names, 2000, steps);
-    if (current !== this.zooms) return; // zoomed again meanwhile
-    for (const chart of this.charts.values()) chart.setDetail({ ...steps, series });
-    this.root.querySelector("#charts").dataset.detail = `${steps.min}-${steps.max}`;
+    this.heatmap.update(gradients.series, this.set.view.xaxis === "step" ? gradients.xrange : null);
   }
 
   // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file the
@@ -332,16 +299,12 @@ export class RunPage {
     let chart = this.charts.get(spec.id);
     if (!chart) {
       chart = new Chart(this.chartsRoot, spec, {
-        view: this.view,
+        ...this.set.chartOptions,
         onTooLong: (trace) => this.reloadLater(trace),
-        onZoom: (xrange, source) => this.zoomTo(xrange, source),
         onDownload: (format, source) => this.download(format, source),
         onDrawn: spec.id === "grad_norm" ? (drawn) => this.drawHeatmap(drawn) : undefined,
       });
-      if (this.zoom) chart.setXRange(this.zoom.xrange);
-      this.charts.set(spec.id, chart);
-      const ordered = [...this.charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
-      this.chartsRoot.replaceChildren(...ordered.flatMap((c) => (c.id === "grad_norm" && this.heatmap ? [c.card, this.heatmap.card] : [c.card])));
+      this.set.add(chart);
       this.drawMarkers();
     }
     return chart;

@@ -1,0 +1,118 @@
+// The charts of a page as one set: the controls above them (smoothing, x-axis, outlier
+// clipping, zoom out) apply to every chart, and a zoom on one chart zooms them all and reads
+// the steps in view again at full detail, run by run. The run page and the compare view each
+// hold one.
+
+import { getSeries } from "./api.js";
+import { DEFAULT_VIEW, chartOrder } from "./charts.js";
+
+// The form a page puts above its charts; ChartSet.mount() wires it.
+export const CHART_CONTROLS = `
+  <form class="chart-controls" aria-label="How the charts draw">
+    <label>Smoothing <input type="range" name="smoothing" min="0" max="0.99" step="0.01" value="0">
+      <output name="smoothing-value">0</output></label>
+    <label>X axis <select name="xaxis"><option value="step">step</option>
+      <option value="relative">time since start</option><option value="wall">wall-clock time</option></select></label>
+    <label><input type="checkbox" name="clip" checked> Leave outliers out of the y-range</label>
+    <button type="button" name="reset-zoom" hidden>Zoom out</button>
+  </form>`;
+
+const SMOOTHING_KEY = "trainvitals.smoothing"; // the weight, remembered across pages and runs
+const DETAIL_POINTS = 2000; // per series and run, read again for a zoom
+
+// seriesOf(key): the run and series a chart's series key stands for, and when that run
+// started, { run, name, start }: the page's charts are given it (Chart's option), and a zoom
+// reads each run's series again. cardsAfter(chart): cards the page shows right after a
+// chart's (the run page's heatmap). Charts are made by the page with chartOptions and add()ed.
+export class ChartSet {
+  constructor({ seriesOf, cardsAfter = () => [] }) {
+    Object.assign(this, { seriesOf, cardsAfter });
+    this.charts = new Map(); // chart id -> its chart
+    this.view = { ...DEFAULT_VIEW, smoothing: Number(localStorage.getItem(SMOOTHING_KEY)) || 0 };
+    this.zoom = null; // the charts' x-range, all zoomed together; null: everything
+    this.zooms = 0;
+    this.form = null;
+    this.container = null;
+  }
+
+  // The page's controls (CHART_CONTROLS) and the element its charts' cards go in.
+  mount(form, container) {
+    Object.assign(this, { form, container });
+    form.elements.smoothing.value = String(this.view.smoothing);
+    form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
+    form.addEventListener("input", () => {
+      const xaxis = form.elements.xaxis.value;
+      if (xaxis !== this.view.xaxis) this.zoomTo(null); // a zoom in steps is no zoom in time
+      this.view = { ...this.view, smoothing: Number(form.elements.smoothing.value), xaxis, clip: form.elements.clip.checked };
+      form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
+      localStorage.setItem(SMOOTHING_KEY, String(this.view.smoothing));
+      for (const chart of this.charts.values()) chart.setView(this.view);
+    });
+    form.elements["reset-zoom"].addEventListener("click", () => this.zoomTo(null));
+  }
+
+  // What a chart of the set is made with (beside the page's own options).
+  get chartOptions() {
+    return { view: this.view, seriesOf: this.seriesOf, onZoom: (xrange, source) => this.zoomTo(xrange, source) };
+  }
+
+  // A chart the page made: zoomed as the others are, its card put in the charts' order.
+  add(chart) {
+    if (this.zoom) chart.setXRange(this.zoom);
+    this.charts.set(chart.id, chart);
+    this.arrange();
+  }
+
+  arrange() {
+    const ordered = [...this.charts.values()].sort((a, b) => chartOrder(a.spec, b.spec));
+    this.container.replaceChildren(...ordered.flatMap((chart) => [chart.card, ...this.cardsAfter(chart)]));
+  }
+
+  // A zoom on one chart (source; none: the controls) zooms them all, and reads each run's
+  // series again in the steps in view at full detail (in time, each run's own steps).
+  async zoomTo(xrange, source = null) {
+    const current = ++this.zooms;
+    for (const chart of this.charts.values()) if (chart !== source) chart.setXRange(xrange);
+    this.form.elements["reset-zoom"].hidden = !xrange;
+    this.zoom = xrange;
+    delete this.container.dataset.detail;
+    if (!xrange) return;
+    const charts = [...new Set([source, ...this.charts.values()])].filter(Boolean);
+    const reads = await Promise.all([...this.keysByRun()].map(async ([run, keys]) => {
+      // The steps in view, from the zoomed chart when it draws this run.
+      const steps = charts.map((chart) => chart.stepRange(keys)).find(Boolean);
+      if (!steps) return [];
+      const names = keys.map((key) => this.seriesOf(key).name);
+      let series;
+      try {
+        ({ series } = await getSeries(run, names, DETAIL_POINTS, steps));
+      } catch (error) { // a run deleted meanwhile, a network blip: the others still get theirs
+        console.warn(`trainvitals: no detail for run ${run}:`, error);
+        return [];
+      }
+      return keys.flatMap((key, i) => (series[names[i]] ? [[key, { ...steps, points: series[names[i]] }]] : []));
+    }));
+    if (current !== this.zooms) return; // zoomed again meanwhile
+    const detail = Object.fromEntries(reads.flat());
+    for (const chart of this.charts.values()) chart.setDetail(detail);
+    const ranges = Object.values(detail);
+    if (ranges.length) {
+      this.container.dataset.detail = `${Math.min(...ranges.map((r) => r.min))}-${Math.max(...ranges.map((r) => r.max))}`;
+    }
+  }
+
+  // Every series key of the charts, by the run it reads.
+  keysByRun() {
+    const byRun = new Map();
+    for (const chart of this.charts.values()) {
+      for (const key of chart.series.keys()) {
+        const { run } = this.seriesOf(key);
+        if (!byRun.has(run)) byRun.set(run, []);
+        byRun.get(run).push(key);
+      }
+    }
+    return byRun;
+  }
+
+  destroy() { for (const chart of this.charts.values()) chart.destroy(); }
+}
