@@ -27,6 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from harness.balancer import Team, redis_url, team
@@ -151,6 +154,41 @@ async def handover_ms(running: Team, frames: int) -> float:
         return 1000 * (time.perf_counter() - started)
 
 
+def pauses(server: ServerProcess) -> dict[tuple[str, str], float]:
+    """A replica's pause histograms (``GET /metrics``): (sample name, ``le`` or generation)
+    -> value."""
+    assert server.token is not None
+    request = urllib.request.Request(server.url + "/metrics", headers=bearer(server.token))
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, sample.labels.get("le", sample.labels.get("generation", ""))): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name in ("trainvitals_event_loop_lag_seconds", "trainvitals_gc_pause_seconds")
+        for sample in family.samples
+    }
+
+
+def pauses_line(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> str:
+    """What a replica's pauses were between two scrapes."""
+
+    def grew(key: tuple[str, str]) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    lag = "trainvitals_event_loop_lag_seconds"
+    looks = grew((lag + "_count", ""))
+    late = {le: looks - grew((lag + "_bucket", le)) for le in ("0.05", "0.1", "0.25")}
+    gc_line = ", ".join(
+        f"gen{g} {grew(('trainvitals_gc_pause_seconds_count', str(g))):.0f} "
+        f"({1000 * grew(('trainvitals_gc_pause_seconds_sum', str(g))):.0f} ms)"
+        for g in range(3)
+    )
+    return (
+        f"event loop late > 50 / 100 / 250 ms: {late['0.05']:.0f} / {late['0.1']:.0f} / "
+        f"{late['0.25']:.0f} of {looks:.0f} looks; garbage collections: {gc_line}"
+    )
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -201,6 +239,7 @@ def main() -> None:
             what=f"{args.agents} agents connected",
         )
         connected = sum(rss_bytes(pid) for pid in pids)
+        scraped = [pauses(replica) for replica in running.replicas]
         latencies: list[float] = []
         watched = run_ids[: args.watched]
 
@@ -214,6 +253,10 @@ def main() -> None:
         for loader in loaders:
             loader.join()
         busy = sum(rss_bytes(pid) for pid in pids)
+        paused = [
+            pauses_line(before, pauses(replica))
+            for before, replica in zip(scraped, running.replicas, strict=True)
+        ]
         handovers = [asyncio.run(handover_ms(running, 3000)) for _ in range(3)]
     points = sum(r[0] for r in results)
     acks = [a for r in results for a in r[1]]
@@ -246,6 +289,8 @@ def main() -> None:
         f"every agent connected, {busy / 2**20:.0f} MiB after the run: "
         f"{(connected - idle) / args.agents / 1024:.0f} KiB per agent connection"
     )
+    for index, line in enumerate(paused):
+        print(f"replica {index + 1} while measured: {line}")
     print(
         "handover of a run with 3000 frames of history to the other replica (hello -> "
         f"welcome, detector rebuilt): {', '.join(f'{ms:.0f}' for ms in handovers)} ms"

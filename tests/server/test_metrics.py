@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.sync.client import connect
 
@@ -167,6 +171,40 @@ def test_run_vitals_are_bounded() -> None:
     assert value(samples, "trainvitals_run_vitals_omitted") == 3
     labels = {"run_id": "a", "run": 'say "hi"\n', "project": "p", "gpu": "0"}
     assert value(samples, "trainvitals_run_gpu_temperature_celsius", **labels) == 60.0
+
+
+def test_a_stalled_event_loop_and_each_garbage_collection_are_measured() -> None:
+    metrics = Metrics()
+    callbacks = list(gc.callbacks)
+
+    def count(samples: Samples, name: str, **labels: str) -> float:
+        return value(samples, name, **labels) or 0.0
+
+    async def stall_and_collect() -> Samples:
+        metrics.watch_pauses()
+        try:
+            await asyncio.sleep(0)  # the lag watch has set its first timer
+            time.sleep(0.6)  # a frame's handler that holds the loop up for 0.6 s
+            gc.collect()
+            lag = "trainvitals_event_loop_lag_seconds_count"
+            deadline = time.monotonic() + 10
+            while not count(samples := parse(generate_latest(metrics.registry).decode()), lag):
+                assert time.monotonic() < deadline, "the stall was never measured"
+                await asyncio.sleep(0.05)
+            return samples
+        finally:
+            await metrics.stop_watching()
+
+    samples = asyncio.run(stall_and_collect())
+    lag = "trainvitals_event_loop_lag_seconds_bucket"
+    assert count(samples, lag, le="0.25") < count(samples, lag, le="+Inf")  # 0.35 s late
+    assert count(samples, "trainvitals_gc_pause_seconds_count", generation="2") >= 1
+    assert gc.callbacks == callbacks  # the watch took its callback away
+    gc.collect()
+    after = parse(generate_latest(metrics.registry).decode())
+    assert after[("trainvitals_gc_pause_seconds_count", frozenset({("generation", "2")}))] == (
+        count(samples, "trainvitals_gc_pause_seconds_count", generation="2")
+    )
 
 
 def test_the_grafana_board_uses_only_exported_metrics() -> None:

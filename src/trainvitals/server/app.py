@@ -112,9 +112,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ),
             metrics=gauges,
         )
+        gauges.watch_pauses()
         try:
             yield
         finally:
+            await gauges.stop_watching()
             await compactor.stop()
             if team is not None:
                 await team.stop()

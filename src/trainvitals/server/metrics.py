@@ -15,8 +15,12 @@ several apps can live in one process.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -25,6 +29,11 @@ from prometheus_client.registry import Collector
 
 from trainvitals.protocol import RunStatus
 from trainvitals.series import GPU_MEM_TOTAL, GPU_MEM_USED, GPU_TEMP, HOST_LIMIT, HOST_RSS
+
+#: Seconds between two looks at how late the event loop runs.
+LAG_INTERVAL = 0.25
+#: Buckets of the pause histograms (seconds): a live push's budget is 0.25 s.
+_PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 #: The labels of a run's vitals: few, and bounded by ``metrics_max_runs``.
 RUN_LABELS = ("run_id", "run", "project")
@@ -104,6 +113,55 @@ class Metrics:
         self.browsers = Gauge(
             "trainvitals_browser_connections", "open browser live connections", registry=registry
         )
+
+        self.loop_lag = Histogram(
+            "trainvitals_event_loop_lag_seconds",
+            f"how late the event loop woke for a timer (one look every {LAG_INTERVAL} s): what"
+            " every frame, acknowledgement and live push waited for then",
+            buckets=_PAUSE_BUCKETS,
+            registry=registry,
+        )
+        self.gc_pause = Histogram(
+            "trainvitals_gc_pause_seconds",
+            "Python's garbage collections, by generation: every thread of the process stops",
+            ["generation"],
+            buckets=_PAUSE_BUCKETS,
+            registry=registry,
+        )
+        self._pauses: tuple[Callable[[str, dict[str, int]], None], asyncio.Task[None]] | None
+        self._pauses = None
+
+    def watch_pauses(self) -> None:
+        """Measure the event loop's lateness and each garbage collection from now until
+        :meth:`stop_watching`; call from the event loop."""
+        generations = [self.gc_pause.labels(str(generation)) for generation in range(3)]
+        began: list[float] = []
+
+        def collecting(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                began[:] = [time.perf_counter()]
+            elif began:
+                generations[info["generation"]].observe(time.perf_counter() - began.pop())
+
+        gc.callbacks.append(collecting)
+        self._pauses = collecting, asyncio.create_task(self._lag(), name="trainvitals-loop-lag")
+
+    async def stop_watching(self) -> None:
+        if self._pauses is None:
+            return
+        collecting, task = self._pauses
+        self._pauses = None
+        gc.callbacks.remove(collecting)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _lag(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LAG_INTERVAL
+            await asyncio.sleep(LAG_INTERVAL)
+            self.loop_lag.observe(max(0.0, loop.time() - due))
 
     def frame(self, kind: str) -> None:
         """One agent frame of ``kind`` arrived (a valid one: the type is from the protocol)."""
