@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -189,6 +190,12 @@ def pauses_line(before: dict[tuple[str, str], float], after: dict[tuple[str, str
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) process ``pid`` has used, its threads included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -240,6 +247,8 @@ def main() -> None:
         )
         connected = sum(rss_bytes(pid) for pid in pids)
         scraped = [pauses(replica) for replica in running.replicas]
+        used = [cpu_seconds(pid) for pid in pids]
+        measured_from = time.monotonic()
         latencies: list[float] = []
         watched = run_ids[: args.watched]
 
@@ -252,6 +261,10 @@ def main() -> None:
         results = [out.get() for _ in loaders]
         for loader in loaders:
             loader.join()
+        cores = [
+            (cpu_seconds(pid) - before) / (time.monotonic() - measured_from)
+            for pid, before in zip(pids, used, strict=True)
+        ]
         busy = sum(rss_bytes(pid) for pid in pids)
         paused = [
             pauses_line(before, pauses(replica))
@@ -289,8 +302,8 @@ def main() -> None:
         f"every agent connected, {busy / 2**20:.0f} MiB after the run: "
         f"{(connected - idle) / args.agents / 1024:.0f} KiB per agent connection"
     )
-    for index, line in enumerate(paused):
-        print(f"replica {index + 1} while measured: {line}")
+    for index, (line, share) in enumerate(zip(paused, cores, strict=True)):
+        print(f"replica {index + 1} while measured: {share:.2f} of a core; {line}")
     print(
         "handover of a run with 3000 frames of history to the other replica (hello -> "
         f"welcome, detector rebuilt): {', '.join(f'{ms:.0f}' for ms in handovers)} ms"
