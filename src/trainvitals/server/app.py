@@ -115,7 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         # What start-up built (modules, classes, routes, the detectors' code) lives as long
         # as the process: out of the collector's sight, a full collection walks only what
-        # serving made. Under load that halves its pause (docs/scaling.md).
+        # serving made: under load, a third shorter (docs/scaling.md).
         gc.collect()
         gc.freeze()
         gauges.watch_pauses()

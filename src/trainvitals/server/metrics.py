@@ -16,6 +16,7 @@ several apps can live in one process.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import re
@@ -113,7 +114,6 @@ class Metrics:
         self.browsers = Gauge(
             "trainvitals_browser_connections", "open browser live connections", registry=registry
         )
-
         self.loop_lag = Histogram(
             "trainvitals_event_loop_lag_seconds",
             f"how late the event loop woke for a timer (one look every {LAG_INTERVAL} s): what"
@@ -134,17 +134,21 @@ class Metrics:
     def watch_pauses(self) -> None:
         """Measure the event loop's lateness and each garbage collection from now until
         :meth:`stop_watching`; call from the event loop."""
-        generations = [self.gc_pause.labels(str(generation)) for generation in range(3)]
         began: list[float] = []
+        #: Collections seen, (generation, seconds): a collection may start in any thread and
+        #: at any allocation, so it only notes its pause here (no lock taken, nothing
+        #: tracked allocated); the loop moves them into the histogram.
+        collected: collections.deque[tuple[int, float]] = collections.deque(maxlen=10_000)
 
         def collecting(phase: str, info: dict[str, int]) -> None:
             if phase == "start":
                 began[:] = [time.perf_counter()]
             elif began:
-                generations[info["generation"]].observe(time.perf_counter() - began.pop())
+                collected.append((info["generation"], time.perf_counter() - began.pop()))
 
         gc.callbacks.append(collecting)
-        self._pauses = collecting, asyncio.create_task(self._lag(), name="trainvitals-loop-lag")
+        task = asyncio.create_task(self._watch(collected), name="trainvitals-pauses")
+        self._pauses = collecting, task
 
     async def stop_watching(self) -> None:
         if self._pauses is None:
@@ -156,12 +160,16 @@ class Metrics:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    async def _lag(self) -> None:
+    async def _watch(self, collected: collections.deque[tuple[int, float]]) -> None:
+        generations = [self.gc_pause.labels(str(generation)) for generation in range(3)]
         loop = asyncio.get_running_loop()
         while True:
             due = loop.time() + LAG_INTERVAL
             await asyncio.sleep(LAG_INTERVAL)
             self.loop_lag.observe(max(0.0, loop.time() - due))
+            while collected:
+                generation, seconds = collected.popleft()
+                generations[generation].observe(seconds)
 
     def frame(self, kind: str) -> None:
         """One agent frame of ``kind`` arrived (a valid one: the type is from the protocol)."""
