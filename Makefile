@@ -41,6 +41,7 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/reliability.py
 	$(PY) benchmarks/notify.py
 	$(PY) benchmarks/scenarios.py
+	$(PY) benchmarks/detector.py
 	$(PY) benchmarks/abuse.py
 	$(PY) benchmarks/scale.py
 	$(PY) benchmarks/storage.py

@@ -99,7 +99,11 @@ def test_metrics_of_a_streaming_run(team: tuple[ServerProcess, dict[str, str]]) 
             points = value(samples, "trainvitals_points_ingested_total") or 0
             temp = value(samples, "trainvitals_run_gpu_temperature_celsius", **labels, gpu="0")
             stepped = value(samples, "trainvitals_run_step_seconds", **labels)
-            return samples if points >= 2 * steps and temp and stepped == 0.01 * steps else None
+            # The NaN's alert is raised once its frame is stored: under load, a scrape between
+            # the two finds the points but not yet the alert.
+            nan = value(samples, "trainvitals_alerts_firing", rule="nonfinite", severity="critical")
+            done = points >= 2 * steps and temp and stepped == 0.01 * steps and nan == 1
+            return samples if done else None
 
         samples = wait_for(vitals_in, timeout=30, what="the run's vitals in /metrics")
         assert value(samples, "trainvitals_run_gpu_temperature_celsius", **labels, gpu="0") == 71

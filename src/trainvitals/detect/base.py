@@ -13,6 +13,10 @@ from trainvitals.detect.types import Finding, Record, Severity
 from trainvitals.protocol import ArrayColumns
 from trainvitals.series import GRAD_NORM_PREFIX, LR, STEP_TIME, is_system
 
+#: Kinds of record (sets of names) whose facts are worked out once and kept: a client that
+#: sends ever other names only makes them be worked out again.
+KINDS_KEPT = 64
+
 #: Prefixes of per-second system series; everything else is a per-step vital.
 
 
@@ -39,6 +43,8 @@ class Context:
         self.step_time: float | None = None
         self.step = 0
         self._variable_order: dict[str, int] = {}
+        #: A record's names -> (its system series, whether it is a step's): :meth:`note`.
+        self._kinds: dict[tuple[str, ...], tuple[tuple[str, ...], bool]] = {}
         #: The step at which variables never trained before last joined mid-run (a backbone
         #: unfrozen for fine-tuning), or None: the run's gradients and step times before it
         #: are no baseline for those after it.
@@ -55,21 +61,34 @@ class Context:
         return str(self.env.get("mixed_precision_policy", "")).startswith("mixed")
 
     def note(self, record: Record) -> None:
-        stepped = False
-        trained = bool(self._variable_order)  # the first per-variable norms are no change
-        for name, value in record.values.items():
-            if is_system(name):
-                self.latest[name] = value
-                self.latest_time = record.time
-            else:
-                stepped = True
-                if name.startswith(GRAD_NORM_PREFIX) and name not in self._variable_order:
-                    self._variable_order[name] = len(self._variable_order)
-                    if trained:
-                        self.trained_from = record.step
+        values = record.values
+        names = tuple(values)
+        kind = self._kinds.get(names)
+        if kind is None:  # the first record of its kind: its new variables are noted too
+            kind = self._kind(names, record.step)
+        system, stepped = kind
+        for name in system:
+            self.latest[name] = values[name]
+        if system:
+            self.latest_time = record.time
         if stepped and record.step > self.step:
             self.step = record.step
             self._steps.append((record.time, record.step))
+
+    def _kind(self, names: tuple[str, ...], step: int) -> tuple[tuple[str, ...], bool]:
+        """A kind of record (the set of names it holds): its system series, and whether it is
+        a step's. Its per-variable norms never seen before join the model order."""
+        trained = bool(self._variable_order)  # the first per-variable norms are no change
+        for name in names:
+            if name.startswith(GRAD_NORM_PREFIX) and name not in self._variable_order:
+                self._variable_order[name] = len(self._variable_order)
+                if trained:
+                    self.trained_from = step
+        system = tuple(name for name in names if is_system(name))
+        if len(self._kinds) >= KINDS_KEPT:  # a client sending ever other names
+            self._kinds.clear()
+        kind = self._kinds[names] = system, len(system) < len(names)
+        return kind
 
     def note_dense(self, dense: Mapping[str, ArrayColumns]) -> None:
         rates = dense.get(LR)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from trainvitals.detect import settings as s
-from trainvitals.detect.base import Context, Rule, finite, last_record
+from trainvitals.detect.base import KINDS_KEPT, Context, Rule, finite, last_record
 from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
 from trainvitals.detect.text import listing, number
 from trainvitals.detect.types import Finding, Record, Severity
@@ -198,6 +198,10 @@ GRAD_EXPLOSION_HINT = (
 )
 
 
+#: Norms of a variable before its last that its rise is measured against.
+_VARIABLE_WINDOW = 20
+
+
 class GradExplosionRule(Rule):
     """The global gradient norm far above its robust baseline (median/MAD of log10 norms).
 
@@ -217,9 +221,10 @@ class GradExplosionRule(Rule):
         self._lagging: deque[float] = deque()
         self._above = 0
         self._calm = 0
-        # Per-variable norms arrive every few steps: each one's rise over its own median.
-        self._variables: dict[str, RollingWindow] = {}
-        self._rise: dict[str, tuple[float, float]] = {}  # name -> (norm, ratio)
+        # Per-variable norms: each one's last few, from which the variables that rose most
+        # over their own median are named when the rule fires (worked out then, not at every
+        # step: a run logs them for every layer at every step).
+        self._norms: dict[str, deque[float]] = {}
 
     def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         column = dense.get(GRAD_GLOBAL_NORM)
@@ -250,14 +255,12 @@ class GradExplosionRule(Rule):
             self._lagging.clear()
             self._above = 0
         for name, value in record.values.items():
-            if name.startswith(GRAD_NORM_PREFIX) and finite(value) and value > 0:
-                window = self._variables.get(name)
-                if window is None:
-                    window = self._variables[name] = RollingWindow(20, refresh=1)
-                level = math.log10(value)
-                if len(window) >= 3:
-                    self._rise[name] = (value, 10 ** (level - window.median))
-                window.add(level)
+            # finite and positive (NaN compares false, None is no norm)
+            if value is not None and 0.0 < value < math.inf and name.startswith(GRAD_NORM_PREFIX):
+                norms = self._norms.get(name)
+                if norms is None:
+                    norms = self._norms[name] = deque(maxlen=_VARIABLE_WINDOW + 1)
+                norms.append(value)
         norm = record.values.get(GRAD_GLOBAL_NORM)
         if norm is None or not finite(norm) or norm <= 0:
             return []
@@ -286,10 +289,21 @@ class GradExplosionRule(Rule):
             return [self.resolve("", record)]
         return []
 
+    def _rises(self) -> list[tuple[str, float, float]]:
+        """(variable, its last norm, that norm over the median of its up to 20 before), for
+        each variable with 3 norms or more before its last, the largest rise first."""
+        rises = []
+        for name, norms in self._norms.items():
+            if len(norms) > 3:
+                *before, last = norms
+                level = median([math.log10(norm) for norm in before])  # the median level
+                rises.append((name, last, 10 ** (math.log10(last) - level)))
+        return sorted(rises, key=lambda rise: -rise[2])
+
     def _fire(
         self, record: Record, norm: float, baseline: float, ratio: float, severity: Any
     ) -> Finding:
-        layers = sorted(self._rise.items(), key=lambda item: -item[1][1])[:3]
+        layers = self._rises()[:3]
         evidence: dict[str, Any] = {
             "norm": norm,
             "baseline": baseline,
@@ -297,7 +311,7 @@ class GradExplosionRule(Rule):
             "steps_above": self._above,
             "layers": [
                 {"variable": name.removeprefix(GRAD_NORM_PREFIX), "norm": n, "ratio": r}
-                for name, (n, r) in layers
+                for name, n, r in layers
             ],
             **self.context.lr_evidence(record.step),
         }
@@ -306,8 +320,8 @@ class GradExplosionRule(Rule):
         message = (
             f"Gradient norm {number(norm)} is {ratio:.0f}x its recent baseline {number(baseline)}"
         )
-        if layers and layers[0][1][1] >= 3:
-            name, (_, rise) = layers[0]
+        if layers and layers[0][2] >= 3:
+            name, _, rise = layers[0]
             message += f"; the largest rise is in {name.removeprefix('grad/norm/')} ({rise:.0f}x)"
         return self.fire("", record, severity, message, GRAD_EXPLOSION_HINT, evidence)
 
@@ -334,6 +348,8 @@ class GradVanishingRule(Rule):
         self._low = 0
         self._recovered = 0
         self._losses: deque[float] = deque(maxlen=settings.window)
+        #: A record's names -> its per-variable norms in model order (:meth:`_ordered`).
+        self._layers: dict[tuple[str, ...], list[str]] = {}
 
     def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         cfg = self.settings
@@ -375,10 +391,7 @@ class GradVanishingRule(Rule):
             self._tiny = self._tiny + 1 if norm < cfg.min_norm else 0  # type: ignore[operator]
             if self._tiny >= cfg.window and not self.firing:
                 out.append(self._all_tiny(record, norm))  # type: ignore[arg-type]
-        kernels = [n for n in values if n.startswith(GRAD_NORM_PREFIX) and "kernel" in n]
-        if not kernels:
-            kernels = [n for n in values if n.startswith(GRAD_NORM_PREFIX)]
-        ordered = [n for n in self.context.in_model_order(kernels) if finite(values[n])]
+        ordered = self._ordered(values)
         if len(ordered) < 3:
             return out
         early = ordered[: max(1, len(ordered) // 3)]
@@ -392,13 +405,8 @@ class GradVanishingRule(Rule):
         else:
             self._low = 0
             self._recovered += 1 if ratio >= cfg.layer_ratio * 10 else 0
-        change = self._loss_change()
-        if (
-            not self.firing
-            and self._low >= cfg.samples
-            and change is not None
-            and change < cfg.flat_loss
-        ):
+        change = self._loss_change() if not self.firing and self._low >= cfg.samples else None
+        if change is not None and change < cfg.flat_loss:
             low, top_short = (
                 low_name.removeprefix(GRAD_NORM_PREFIX),
                 top_name.removeprefix(GRAD_NORM_PREFIX),
@@ -422,6 +430,23 @@ class GradVanishingRule(Rule):
         elif self.firing and self._recovered >= cfg.samples:
             out.append(self.resolve("", record))
         return out
+
+    def _ordered(self, values: Mapping[str, float]) -> list[str]:
+        """The per-variable norms of a record that are finite, in model order: kernels only,
+        where there are any."""
+        names = tuple(values)
+        layers = self._layers.get(names)
+        if layers is None:  # records of one kind share their names: sorted once per kind
+            # (each name's place in the model is fixed once noted, and noted before this)
+            kernels = [n for n in names if n.startswith(GRAD_NORM_PREFIX) and "kernel" in n]
+            if not kernels:
+                kernels = [n for n in names if n.startswith(GRAD_NORM_PREFIX)]
+            if len(self._layers) >= KINDS_KEPT:  # a client sending ever other names
+                self._layers.clear()
+            layers = self._layers[names] = self.context.in_model_order(kernels)
+        if all(finite(values[n]) for n in layers):
+            return layers
+        return [n for n in layers if finite(values[n])]
 
     def _loss_change(self) -> float | None:
         """Relative improvement of the loss from the first to the second half of the window."""
