@@ -73,14 +73,20 @@ def drawn(page: Any, chart: str = "loss") -> int:
     return int(page.locator(f'[data-chart="{chart}"]').get_attribute("data-drawn"))
 
 
-def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
-    charted: tuple[ServerProcess, str], browser: Any
-) -> None:
-    server, run_id = charted
+def run_page(browser: Any, server: ServerProcess, run_id: str) -> tuple[Any, list[str]]:
+    """A new page on the run's page, and the errors it raises, as they come."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(f"{server.url}/#/runs/{run_id}")
+    return page, errors
+
+
+def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
+    charted: tuple[ServerProcess, str], browser: Any
+) -> None:
+    server, run_id = charted
+    page, errors = run_page(browser, server, run_id)
     loss = page.locator('[data-chart="loss"]')
     assert 1900 < drawn(page) <= 2000  # downsampled from 3000
 
@@ -166,6 +172,43 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
         """() => document.querySelector('[data-chart="loss"] .plot').layout.xaxis.type === 'date'"""
     )
     assert not errors, errors
+
+
+def test_the_charts_view_is_in_the_address_a_link_draws_them_the_same(
+    charted: tuple[ServerProcess, str], browser: Any
+) -> None:
+    server, run_id = charted
+    page, errors = run_page(browser, server, run_id)
+    drawn(page)
+    controls = page.locator(".chart-controls")
+    controls.locator("[name=xaxis]").select_option("wall")
+    controls.locator("[name=smoothing]").fill("0.6")
+    controls.locator("[name=clip]").uncheck()
+    expect(page).to_have_url(f"{server.url}/#/runs/{run_id}?x=wall&smooth=0.60&clip=0")
+    assert page.evaluate("history.length") == 2  # the page and its view: no entry per change
+
+    # Opened from the link in a fresh browser (nothing remembered), the charts are drawn so.
+    fresh = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    fresh.on("pageerror", lambda exc: errors.append(str(exc)))
+    fresh.goto(page.url)
+    drawn(fresh)
+    fresh_controls = fresh.locator(".chart-controls")
+    expect(fresh_controls.locator("[name=xaxis]")).to_have_value("wall")
+    expect(fresh_controls.locator("output")).to_have_text("0.60")
+    expect(fresh_controls.locator("[name=clip]")).not_to_be_checked()
+    assert plot(fresh, "loss", "plot.layout.xaxis.type") == "date"
+    expect(fresh.locator('[data-chart="loss"]')).to_have_attribute("data-clipped", "false")
+    assert plot(fresh, "loss", "plot.data.map((t) => t.meta)") == ["raw", "smoothed"]
+
+    # What the address says otherwise is ignored: the default view, nothing run from it.
+    fresh.goto(f"{server.url}/#/runs/{run_id}?x=%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E"
+               "&smooth=lots&clip=2")  # fmt: skip
+    drawn(fresh)
+    expect(fresh_controls.locator("[name=xaxis]")).to_have_value("step")
+    expect(fresh_controls.locator("[name=clip]")).to_be_checked()
+    assert plot(fresh, "loss", "plot.layout.xaxis.type") == "linear"
+    assert not errors, errors
+    fresh.context.close()
 
 
 def download(page: Any, chart: str, tool: str, folder: Path) -> tuple[str, list[str]]:

@@ -29,7 +29,8 @@ async function mount(page) {
 }
 
 const VIEWS = [
-  [/^#\/runs\/([^/?]+)$/, (match) => mount(new RunPage(root, live, feed, decodeURIComponent(match[1])))],
+  [/^#\/runs\/([^/?]+)(?:\?(.*))?$/,
+    (match) => mount(new RunPage(root, live, feed, decodeURIComponent(match[1]), new URLSearchParams(match[2] ?? "")))],
   [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
   [/^#\/compare(?:\?(.*))?$/, (match) => renderCompare(root, live, new URLSearchParams(match[1] ?? ""))],
   [/^(?:#\/?(?:\?(.*))?)?/, (match) => renderRuns(root, live, feed, new URLSearchParams(match[1] ?? ""))],

@@ -19,16 +19,42 @@ export const CHART_CONTROLS = `
 
 const SMOOTHING_KEY = "trainvitals.smoothing"; // the weight, remembered across pages and runs
 const DETAIL_POINTS = 2000; // per series and run, read again for a zoom
+const X_AXES = new Set(["step", "relative", "wall"]);
+
+// The charts' view as a page's address gives it (?x=relative&smooth=0.6&clip=0), so that a
+// link shows them drawn as they were; what it leaves out is the default (the smoothing: the
+// weight last chosen). Anything else in those keys is ignored.
+export function viewOf(params) {
+  const view = { ...DEFAULT_VIEW, smoothing: Number(localStorage.getItem(SMOOTHING_KEY)) || 0 };
+  if (X_AXES.has(params.get("x"))) view.xaxis = params.get("x");
+  const smoothing = Number(params.get("smooth") ?? NaN);
+  if (Number.isFinite(smoothing)) view.smoothing = Math.min(0.99, Math.max(0, smoothing));
+  if (params.get("clip") === "0") view.clip = false;
+  return view;
+}
+
+// The view into the page's address, the rest of the address as it was (no new history entry:
+// Back still leaves the page).
+function remember(view) {
+  const [path, query = ""] = location.hash.split("?");
+  const params = new URLSearchParams(query);
+  if (view.xaxis === DEFAULT_VIEW.xaxis) params.delete("x"); else params.set("x", view.xaxis);
+  if (view.smoothing) params.set("smooth", view.smoothing.toFixed(2)); else params.delete("smooth");
+  if (view.clip) params.delete("clip"); else params.set("clip", "0");
+  const kept = params.toString().replaceAll("%2C", ","); // run ids stay readable
+  history.replaceState(history.state, "", `${path}${kept ? `?${kept}` : ""}`);
+}
 
 // seriesOf(key): the run and series a chart's series key stands for, and when that run
 // started, { run, name, start }: the page's charts are given it (Chart's option), and a zoom
 // reads each run's series again. cardsAfter(chart): cards the page shows right after a
 // chart's (the run page's heatmap). Charts are made by the page with chartOptions and add()ed.
+// params: the page address's query (viewOf).
 export class ChartSet {
-  constructor({ seriesOf, cardsAfter = () => [] }) {
+  constructor({ seriesOf, cardsAfter = () => [], params = new URLSearchParams() }) {
     Object.assign(this, { seriesOf, cardsAfter });
     this.charts = new Map(); // chart id -> its chart
-    this.view = { ...DEFAULT_VIEW, smoothing: Number(localStorage.getItem(SMOOTHING_KEY)) || 0 };
+    this.view = viewOf(params);
     this.zoom = null; // the charts' x-range, all zoomed together; null: everything
     this.zooms = 0;
     this.form = null;
@@ -40,12 +66,15 @@ export class ChartSet {
     Object.assign(this, { form, container });
     form.elements.smoothing.value = String(this.view.smoothing);
     form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
+    form.elements.xaxis.value = this.view.xaxis;
+    form.elements.clip.checked = this.view.clip;
     form.addEventListener("input", () => {
       const xaxis = form.elements.xaxis.value;
       if (xaxis !== this.view.xaxis) this.zoomTo(null); // a zoom in steps is no zoom in time
       this.view = { ...this.view, smoothing: Number(form.elements.smoothing.value), xaxis, clip: form.elements.clip.checked };
       form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
       localStorage.setItem(SMOOTHING_KEY, String(this.view.smoothing));
+      remember(this.view);
       for (const chart of this.charts.values()) chart.setView(this.view);
     });
     form.elements["reset-zoom"].addEventListener("click", () => this.zoomTo(null));

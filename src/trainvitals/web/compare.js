@@ -36,7 +36,7 @@ export async function renderCompare(root, live, params) {
   const following = live.follow(ids, { onMessage: (message) => view.onLive(message), onReconnect: () => view?.reload() });
   try {
     const [runs] = await Promise.all([Promise.all(ids.map((id) => getRun(id))), plotlyReady()]);
-    view = new CompareView(root, runs);
+    view = new CompareView(root, runs, params);
     await view.reload();
   } catch (error) {
     following.stop();
@@ -50,10 +50,10 @@ export async function renderCompare(root, live, params) {
 // The compared runs' charts: one Chart per chart id (as a run's page has), whose series are
 // the traces "<run id>\n<series>", each drawn in its run's colour and its series' dash.
 class CompareView {
-  constructor(root, runs) {
+  constructor(root, runs, params) {
     this.root = root;
     this.runs = runs;
-    this.set = new ChartSet({ seriesOf: (key) => this.seriesOf(key) });
+    this.set = new ChartSet({ seriesOf: (key) => this.seriesOf(key), params });
     this.dashes = new Map(); // chart id -> its series names, in the order their dashes go
     this.traces = new Map(); // trace key -> { r: the run's place, name: the series }
     this.reloading = new Set();

@@ -46,7 +46,8 @@ const ENDED = new Set(["crashed", "lost"]);
 
 // The run page, live: load() draws it, onLive(message) follows the websocket, destroy() stops.
 export class RunPage {
-  constructor(root, live, feed, runId) {
+  // params: the address's query (the charts' view: chart-set.js viewOf).
+  constructor(root, live, feed, runId, params = new URLSearchParams()) {
     Object.assign(this, { root, live, feed, runId });
     this.run = null;
     this.job = null;
@@ -56,6 +57,7 @@ export class RunPage {
     this.set = new ChartSet({
       seriesOf: (name) => ({ run: runId, name }),
       cardsAfter: (chart) => (chart.id === "grad_norm" && this.heatmap ? [this.heatmap.card] : []),
+      params,
     });
     this.chartsRoot = null;
     this.following = null; // the live stream of this run, from before its history loads
