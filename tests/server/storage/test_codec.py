@@ -4,7 +4,6 @@ rows of the old packed layout and blocks of the first codec still read."""
 
 from __future__ import annotations
 
-import time
 from typing import cast
 
 import numpy as np
@@ -156,7 +155,9 @@ def test_the_special_values_by_name() -> None:
     assert same_bits(got.values, values) and same_bits(got.steps, step)
 
 
-def test_a_real_looking_series_is_small_and_a_million_points_decode_fast() -> None:
+def test_a_real_looking_series_of_a_million_points_is_small_and_comes_back_whole() -> None:
+    # How fast it decodes is benchmarks/storage.py's to say (74 ms here): a timed assertion
+    # fails on a busy host (1.1 s once, under the suite's workers) whatever the code does.
     rng = np.random.default_rng(0)
     n = 1_000_000
     step = np.arange(n, dtype=np.int64)
@@ -167,9 +168,7 @@ def test_a_real_looking_series_is_small_and_a_million_points_decode_fast() -> No
     rows = rows_of(*chunks)
     size = sum(len(cast(bytes, part)) for row in rows for part in row[2:])
     assert size / n < 5  # 24 packed; 5.3 with the first codec
-    started = time.perf_counter()
     got = codec.decode(rows)
-    assert time.perf_counter() - started < 0.5
     assert same_bits(got.values, loss) and same_bits(got.times, times)
 
 
