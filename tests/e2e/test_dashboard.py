@@ -309,7 +309,12 @@ def test_an_alert_reaches_the_banner_the_run_page_and_its_charts(
         # Clean steps resolve it, live; its marker stays on the chart, dotted.
         clean_steps(run, range(60, 200))
         expect(item).to_have_attribute("data-state", "resolved", timeout=30_000)
-        assert chart_shapes(page, "loss")[0]["line"]["dash"] == "dot"
+        # The chart redraws at its own pace (at most every 250 ms, more under load).
+        page.wait_for_function(
+            """() => (document.querySelector('[data-chart="loss"] .plot').layout.shapes ?? [])
+                     [0]?.line?.dash === 'dot'"""
+        )
+        assert chart_shapes(page, "loss")[0]["line"]["color"] == "#d64545"
 
         # The alerts page: firing ones by default (none now), resolved ones on request.
         page.get_by_role("navigation").get_by_role("link", name="Alerts").click()
