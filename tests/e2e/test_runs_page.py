@@ -301,6 +301,23 @@ def test_nothing_from_a_run_is_run_as_html_in_the_list_or_compare(
     )
 
 
+def test_a_run_archived_elsewhere_leaves_an_open_list_that_hides_archived_runs(
+    server: ServerProcess, browser: Any
+) -> None:
+    seed_runs(server.db, 2, steps=5)
+    hiding = open_page(server, browser, "/#/")
+    showing = open_page(server, browser, "/#/?archived=include")
+    for page in (hiding, showing):
+        expect(page.locator("tr.run-row")).to_have_count(2)
+    assert server.send("PATCH", "/api/v1/runs/seed000001", {"archived": True})[0] == 200
+    # Pushed live: gone from the list that hides archived runs, marked in the other.
+    expect(hiding.locator("tr.run-row")).to_have_count(1)
+    expect(hiding.locator("#run-count")).to_have_text("1 run")
+    expect(showing.locator("tr.run-row.archived")).to_have_count(1)
+    expect(showing.locator("tr.run-row")).to_have_count(2)
+    assert not hiding.errors and not showing.errors
+
+
 def test_a_run_is_renamed_tagged_noted_archived_and_deleted_from_its_page(
     server: ServerProcess, browser: Any
 ) -> None:

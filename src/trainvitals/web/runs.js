@@ -210,11 +210,17 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     && (!state.status || run.status === state.status)
     && !state.health // a new run's alerts are not known here
     && (!state.tag || (run.tags ?? []).includes(state.tag))
-    && state.archived !== "only";
+    && state.archived !== "only" // an old run archived elsewhere: not at the top of the list
+    && (state.archived === "include" || !run.archived);
+  // Whether the archived filter still shows a run of the list (archived or back elsewhere).
+  const archivedShown = (run) => state.archived === "include" || (state.archived === "only") === Boolean(run.archived);
   const apply = (summaries) => {
     for (const summary of summaries) {
-      if (runs.has(summary.id)) runs.set(summary.id, withSummary(runs.get(summary.id), summary));
-      else if (state.page === "0" && isNewestFirst() && matches(summary)) {
+      if (runs.has(summary.id)) {
+        const run = withSummary(runs.get(summary.id), summary);
+        if (archivedShown(run)) runs.set(summary.id, run);
+        else { runs.delete(summary.id); selected.delete(summary.id); total -= 1; }
+      } else if (state.page === "0" && isNewestFirst() && matches(summary)) {
         runs = new Map([[summary.id, summary], ...runs]);
         total += 1;
         if (runs.size > PAGE_SIZE) runs.delete([...runs.keys()].pop());
