@@ -177,6 +177,9 @@ def test_the_run_page_shows_the_status_the_server_sends(
     run.start()
     try:
         clean_steps(run, range(1, 20))
+        # The agent says hello from its own thread: on a busy host the page could ask first.
+        known = f"/api/v1/runs/{run.id}"
+        wait_for(lambda: server.get_status(known)[0] == 200, what="the run on the server")
         page = browser.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
