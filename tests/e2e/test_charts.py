@@ -174,6 +174,20 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     assert not errors, errors
 
 
+@pytest.mark.parametrize(("scheme", "ink"), [("light", "#1d2330"), ("dark", "#e5e7eb")])
+def test_the_global_norm_is_drawn_in_the_pages_ink_light_or_dark(
+    charted: tuple[ServerProcess, str], browser: Any, scheme: str, ink: str
+) -> None:
+    server, run_id = charted
+    page = browser.new_page(color_scheme=scheme)
+    page.goto(f"{server.url}/#/runs/{run_id}")
+    drawn(page, "grad_norm")
+    colours = plot(
+        page, "grad_norm", "Object.fromEntries(plot.data.map((t) => [t.name, t.line.color]))"
+    )
+    assert colours["grad/global_norm"] == ink  # near-black on a dark page could not be seen
+
+
 def test_the_charts_view_is_in_the_address_a_link_draws_them_the_same(
     charted: tuple[ServerProcess, str], browser: Any
 ) -> None:

@@ -121,7 +121,10 @@ function traceStyle(name) {
   if (name.startsWith(NONFINITE_PREFIX)) return { mode: "lines+markers", line: { width: 1.2, shape: "hv", color: colourOf(name) }, marker: { size: 4 } };
   if (name.startsWith(GRAD_NORM_PREFIX)) return { mode: "lines", line: { width: 1, color: colourOf(name) }, visible: "legendonly" };
   if (name === HOST_AVAILABLE) return { mode: "lines", line: { width: 1.2, color: colourOf(name) }, visible: "legendonly" };
-  if (name === GRAD_GLOBAL_NORM) return { mode: "lines", line: { width: 2, color: "#111827" } };
+  if (name === GRAD_GLOBAL_NORM) { // above the layers, in the page's ink: dark on light, light on dark
+    const ink = getComputedStyle(document.documentElement).getPropertyValue("--ink").trim();
+    return { mode: "lines", line: { width: 2, color: ink || "#1d2330" } };
+  }
   return { mode: "lines", line: { width: 1.2, color: colourOf(name) } };
 }
 

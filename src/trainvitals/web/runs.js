@@ -201,6 +201,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     drawCompare();
   };
 
+  // Whether the archived filter still shows a run of the list (archived or back elsewhere).
+  const archivedShown = (run) => state.archived === "include" || (state.archived === "only") === Boolean(run.archived);
   // A run the server pushes: updated in place when on this page; a new run appears at the top
   // of the first page of the newest-first list when it passes the filters.
   const matches = (run) =>
@@ -211,9 +213,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     && !state.health // a new run's alerts are not known here
     && (!state.tag || (run.tags ?? []).includes(state.tag))
     && state.archived !== "only" // an old run archived elsewhere: not at the top of the list
-    && (state.archived === "include" || !run.archived);
-  // Whether the archived filter still shows a run of the list (archived or back elsewhere).
-  const archivedShown = (run) => state.archived === "include" || (state.archived === "only") === Boolean(run.archived);
+    && archivedShown(run);
   const apply = (summaries) => {
     for (const summary of summaries) {
       if (runs.has(summary.id)) {
