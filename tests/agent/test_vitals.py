@@ -240,6 +240,17 @@ def test_many_weights_checks_do_not_warn_of_retracing(caplog: pytest.LogCaptureF
     assert not [r for r in caplog.records if "retracing" in r.getMessage()]
 
 
+def test_the_callbacks_weights_check_is_traced_before_training_and_never_again() -> None:
+    """The trace (tens of ms) happens as the check is made, in on_train_begin, not at the
+    first check on the sender thread in the middle of training."""
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    check = tf_vitals.WeightsCheck.create(model)
+    assert check is not None
+    assert check._count.experimental_get_tracing_count() == 1
+    assert check() == 0 and check() == 0
+    assert check._count.experimental_get_tracing_count() == 1
+
+
 def test_weights_check_keeps_to_its_interval() -> None:
     clock = [100.0]
     check = tf_vitals.WeightsCheck(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))

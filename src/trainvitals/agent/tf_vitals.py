@@ -68,9 +68,15 @@ class WeightsCheck:
 
     @classmethod
     def create(cls, model: Any) -> WeightsCheck | None:
-        """A check of ``model``'s weights, or None after one warning if it cannot have one."""
+        """A check of ``model``'s weights, traced now (before training starts: the trace, some
+        50 ms of CPU on a small CNN, against well under 1 ms a check after it, would
+        otherwise land on the sender thread in the middle of training), or None after one
+        warning if it cannot have one."""
         try:
-            return cls(model)
+            check = cls(model)
+            if check._variables:
+                check._count.get_concrete_function()
+            return check
         except Exception as exc:  # an unusual model must still train
             log.warning(
                 "trainvitals: no NaN/Inf check of the weights (%s: %s)", type(exc).__name__, exc
