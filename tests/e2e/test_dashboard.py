@@ -143,6 +143,29 @@ def test_unknown_run_page_says_so(server: ServerProcess, browser: Any) -> None:
     page = browser.new_page()
     page.goto(server.url + "/#/runs/does-not-exist")
     page.get_by_text("No run with id 'does-not-exist'").wait_for(timeout=10_000)
+    expect(page.locator("h1")).to_have_text("Waiting for this run")
+
+
+def test_a_run_page_opened_before_its_run_exists_opens_it_when_the_agent_connects(
+    server: ServerProcess, browser: Any
+) -> None:
+    """The address a training script prints can be opened before its agent's hello reaches
+    the server: the page waits for the run's first push instead of staying "not found"."""
+    run = Run(
+        resolve(server=server.url, run_name="late-arrival"), system_metrics=False, watchdog=False
+    )
+    page = browser.new_page()
+    page.goto(f"{server.url}/#/runs/{run.id}")
+    expect(page.locator("#run-waiting")).to_contain_text(f"No run with id '{run.id}'")
+    run.start()
+    try:
+        run.log(1, {"loss": 1.0})
+        run.log(2, {"loss": 0.5})
+        expect(page.locator("#run-name")).to_have_text("late-arrival", timeout=15_000)
+        expect(page.locator('[data-chart="loss"]')).to_be_visible(timeout=15_000)
+        assert page.locator("#run-waiting").count() == 0
+    finally:
+        run.finish()
 
 
 def test_a_crashed_run_shows_its_traceback_its_last_readings_and_its_closed_alert(

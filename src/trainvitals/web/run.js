@@ -64,6 +64,8 @@ export class RunPage {
     this.refreshes = 0;
     this.reloading = null;
     this.ticker = null;
+    this.waiting = null; // stops waiting for a run not there yet (waitForRun)
+    this.destroyed = false;
     this.off = [];
   }
 
@@ -75,12 +77,18 @@ export class RunPage {
     try {
       this.run = await getRun(this.runId);
     } catch (error) {
+      if (this.destroyed) return;
+      if (error.status === 404) {
+        this.waitForRun(error);
+        return;
+      }
       setTitle("Run not found");
       this.root.innerHTML = `<div class="page-head"><h1>Run not found</h1></div>
         <p class="error">${escapeHTML(error.message)}</p><p><a href="#/">Back to runs</a></p>`;
       return;
     }
     await ready;
+    if (this.destroyed) return; // left while it loaded (a load that waitForRun started)
     this.root.innerHTML = LAYOUT;
     this.chartsRoot = this.root.querySelector("#charts");
     this.job = this.run.job ? new JobPanel(this.root.querySelector("#run-job"), this.live, this.run) : null;
@@ -117,6 +125,30 @@ export class RunPage {
     if (!this.charts.size) this.chartsRoot.innerHTML = `<p class="muted" id="no-data">No points yet.</p>`;
     // Redrawn now and then: "last seen" ages, and a forecast's time left shrinks.
     this.ticker = setInterval(() => { this.drawHeader(); this.drawMarkers(); }, 5000);
+  }
+
+  // No such run yet: the page was opened from an address printed or shared before the run's
+  // agent reached the server (or the run was deleted). It waits for the run's first summary,
+  // which every browser is sent, and then loads; a reconnect looks again.
+  waitForRun(error) {
+    setTitle("Waiting for run");
+    this.root.innerHTML = `<div class="page-head"><h1>Waiting for this run</h1></div>
+      <p class="error" id="run-waiting">${escapeHTML(error.message)}</p>
+      <p class="muted">This page opens the run as soon as its agent connects to the server.</p>
+      <p><a href="#/">Back to runs</a></p>`;
+    const retry = () => {
+      if (this.waiting !== stop) return; // already retrying, or the page is gone
+      stop();
+      this.load();
+    };
+    const offMessage = this.live.on((message) => {
+      if (message.type === "runs" && message.runs.some((run) => run.id === this.runId)) retry();
+    });
+    const offReconnect = this.live.onReconnect(retry);
+    const stop = () => { offMessage(); offReconnect(); this.waiting = null; };
+    this.waiting = stop;
+    // A run that arrived between the answer above and now was pushed before anyone listened.
+    getRun(this.runId).then(retry, () => {});
   }
 
   onLive(message) {
@@ -159,6 +191,8 @@ export class RunPage {
   }
 
   destroy() {
+    this.destroyed = true;
+    this.waiting?.();
     for (const off of this.off) off();
     clearInterval(this.ticker);
     clearTimeout(this.reloading);
