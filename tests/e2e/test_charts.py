@@ -225,6 +225,44 @@ def test_the_charts_view_is_in_the_address_a_link_draws_them_the_same(
     fresh.context.close()
 
 
+def test_each_charts_log_switch_is_in_the_address_and_a_link_draws_it_the_same(
+    charted: tuple[ServerProcess, str], browser: Any
+) -> None:
+    server, run_id = charted
+    page, errors = run_page(browser, server, run_id)
+    drawn(page, "grad_norm")
+
+    def log_switch(on: Any, chart: str) -> Any:
+        return on.locator(f'[data-chart="{chart}"] [data-tool="log"]')
+
+    log_switch(page, "loss").click()  # linear by default
+    log_switch(page, "grad_norm").click()  # log by default
+    expect(page).to_have_url(f"{server.url}/#/runs/{run_id}?log=loss&lin=grad_norm")
+
+    fresh = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    fresh.on("pageerror", lambda exc: errors.append(str(exc)))
+    fresh.goto(page.url)
+    drawn(fresh)
+    drawn(fresh, "grad_norm")
+    expect(log_switch(fresh, "loss")).to_have_attribute("aria-pressed", "true")
+    expect(log_switch(fresh, "grad_norm")).to_have_attribute("aria-pressed", "false")
+    assert plot(fresh, "loss", "plot.layout.yaxis.type") == "log"
+    assert plot(fresh, "grad_norm", "plot._fullLayout.yaxis.type") == "linear"
+    # Switched back to its own default, a chart leaves the address.
+    log_switch(fresh, "loss").click()
+    expect(fresh).to_have_url(f"{server.url}/#/runs/{run_id}?lin=grad_norm")
+
+    # Ids that do not decode, name no chart, or carry markup change nothing and run nothing.
+    fresh.goto(f"{server.url}/#/runs/{run_id}?log=%25E0%25A4,%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E"
+               "&lin=nope")  # fmt: skip
+    expect(log_switch(fresh, "grad_norm")).to_have_attribute("aria-pressed", "true")
+    expect(log_switch(fresh, "loss")).to_have_attribute("aria-pressed", "false")
+    drawn(fresh, "grad_norm")
+    assert fresh.locator("#app img").count() == 0
+    assert not errors, errors
+    fresh.context.close()
+
+
 def download(page: Any, chart: str, tool: str, folder: Path) -> tuple[str, list[str]]:
     """Click a chart's download button: the file's suggested name and its lines. The file is
     streamed by the export route, not built in the page from the (capped) series route."""

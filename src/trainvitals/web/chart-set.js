@@ -21,16 +21,42 @@ const SMOOTHING_KEY = "trainvitals.smoothing"; // the weight, remembered across 
 const DETAIL_POINTS = 2000; // per series and run, read again for a zoom
 const X_AXES = new Set(["step", "relative", "wall"]);
 
-// The charts' view as a page's address gives it (?x=relative&smooth=0.6&clip=0), so that a
-// link shows them drawn as they were; what it leaves out is the default (the smoothing: the
-// weight last chosen). Anything else in those keys is ignored.
+const MAX_SCALED = 100; // charts whose log switch an address keeps
+const MAX_ID_LENGTH = 300;
+
+// The chart ids of an address's log= or lin= list (each encoded, comma-separated); what does
+// not decode, or is too long, is left out. An id that names no chart of the page does nothing.
+function chartIds(text) {
+  return (text ?? "").split(",").slice(0, MAX_SCALED).flatMap((part) => {
+    try {
+      const id = decodeURIComponent(part);
+      return id && id.length <= MAX_ID_LENGTH ? [id] : [];
+    } catch {
+      return [];
+    }
+  });
+}
+
+// The charts' view as a page's address gives it (?x=relative&smooth=0.6&clip=0&log=loss
+// &lin=step_time), so that a link shows them drawn as they were; what it leaves out is the
+// default (the smoothing: the weight last chosen; a chart's y-axis: its own, log or linear).
+// Anything else in those keys is ignored. scales: chart id -> log (true) or linear (false).
 export function viewOf(params) {
   const view = { ...DEFAULT_VIEW, smoothing: Number(localStorage.getItem(SMOOTHING_KEY)) || 0 };
   if (X_AXES.has(params.get("x"))) view.xaxis = params.get("x");
   const smoothing = Number(params.get("smooth") ?? NaN);
   if (Number.isFinite(smoothing)) view.smoothing = Math.min(0.99, Math.max(0, smoothing));
   if (params.get("clip") === "0") view.clip = false;
+  view.scales = new Map([
+    ...chartIds(params.get("lin")).map((id) => [id, false]),
+    ...chartIds(params.get("log")).map((id) => [id, true]),
+  ]);
   return view;
+}
+
+function setList(params, key, ids) {
+  if (ids.length) params.set(key, ids.map(encodeURIComponent).join(","));
+  else params.delete(key);
 }
 
 // The view into the page's address, the rest of the address as it was (no new history entry:
@@ -41,6 +67,9 @@ function remember(view) {
   if (view.xaxis === DEFAULT_VIEW.xaxis) params.delete("x"); else params.set("x", view.xaxis);
   if (view.smoothing) params.set("smooth", view.smoothing.toFixed(2)); else params.delete("smooth");
   if (view.clip) params.delete("clip"); else params.set("clip", "0");
+  const scaled = [...view.scales];
+  setList(params, "log", scaled.filter(([, log]) => log).map(([id]) => id));
+  setList(params, "lin", scaled.filter(([, log]) => !log).map(([id]) => id));
   const kept = params.toString().replaceAll("%2C", ","); // run ids stay readable
   history.replaceState(history.state, "", `${path}${kept ? `?${kept}` : ""}`);
 }
@@ -82,7 +111,19 @@ export class ChartSet {
 
   // What a chart of the set is made with (beside the page's own options).
   get chartOptions() {
-    return { view: this.view, seriesOf: this.seriesOf, onZoom: (xrange, source) => this.zoomTo(xrange, source) };
+    return {
+      view: this.view, seriesOf: this.seriesOf,
+      onZoom: (xrange, source) => this.zoomTo(xrange, source), onLog: (chart) => this.scaleChanged(chart),
+    };
+  }
+
+  // A chart's log switch, kept in the address when it differs from the chart's own default.
+  scaleChanged(chart) {
+    const scales = new Map(this.view.scales);
+    if (chart.log === Boolean(chart.spec.log)) scales.delete(chart.id);
+    else scales.set(chart.id, chart.log);
+    this.view = { ...this.view, scales };
+    remember(this.view);
   }
 
   // A chart the page made: zoomed as the others are, its card put in the charts' order.

@@ -248,18 +248,20 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 // pickTitle, null for the others; those not chosen are not drawn). Options:
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
 // when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON Lines;
-// onDrawn(chart) after each redraw; styleOf(name): a series' trace attributes (its label as
+// onDrawn(chart) after each redraw; onLog(chart) when people switch its y-axis between log
+// and linear (view.scales: chart id -> log or not, as the page's address gave it, over the
+// spec's own); styleOf(name): a series' trace attributes (its label as
 // name, line, ...) where the series' own name would not do (runs compared); seriesOf(key):
 // what a series key stands for, { name, start } (the series' own name, and the time its run
 // started, from which "time since start" counts for it: runs compared each start at 0),
 // where the key is not the series' name (runs compared) or the runs started apart.
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
-  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, styleOf, seriesOf, view } = {}) {
+  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, onLog, styleOf, seriesOf, view } = {}) {
     const { id, title, log = false, height = LAYOUT.height } = spec;
-    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, styleOf, seriesOf });
+    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, onLog, styleOf, seriesOf });
     this.view = { ...DEFAULT_VIEW, ...view };
-    this.log = log;
+    this.log = this.view.scales?.get(id) ?? log;
     this.card = document.createElement("section");
     this.card.className = "chart-card";
     this.card.dataset.chart = id;
@@ -288,7 +290,11 @@ export class Chart {
     this.picked = ""; // what the series list shows, to redraw it only when that changed
     this.onScreen = true;
     this.stale = false;
-    this.card.querySelector('[data-tool="log"]').addEventListener("click", () => { this.log = !this.log; this.schedule(); });
+    this.card.querySelector('[data-tool="log"]').addEventListener("click", () => {
+      this.log = !this.log;
+      this.onLog?.(this);
+      this.schedule();
+    });
     for (const format of ["csv", "jsonl"]) {
       this.card.querySelector(`[data-tool="${format}"]`)?.addEventListener("click", () => this.onDownload(format, this));
     }
