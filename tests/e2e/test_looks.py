@@ -4,6 +4,7 @@ a 390 px phone never scrolls sideways."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -18,8 +19,11 @@ from trainvitals import Run, resolve
 
 
 def nan_run(server: ServerProcess, project: str) -> Run:
-    """A run with a NaN loss, left running (the alerts of a run that ended resolve)."""
-    run = Run(resolve(server=server.url, project=project, run_name=f"nan-{project}"),
+    """A run with a NaN loss, left running (the alerts of a run that ended resolve). It never
+    stalls: the module outlasts the default 30 s, and a stall alert firing in the middle of a
+    test redraws the page it is reading (seen in CI: a Tab walk and a cell's box)."""
+    config = resolve(server=server.url, project=project, run_name=f"nan-{project}")
+    run = Run(dataclasses.replace(config, stall_floor=24 * 3600.0),
               system_metrics=False, watchdog=False)  # fmt: skip
     run.start()
     run.log(1, {"loss": 0.5})
@@ -168,8 +172,11 @@ def test_a_phone_never_scrolls_sideways(
         )
         assert outside == [], path
         if path == "/":  # how each run ended, and its health, without scrolling the table
-            status = page.locator("tr.run-row td:has([data-status])").first.bounding_box()
-            assert status is not None and status["x"] + status["width"] <= widths[1], status
+            # Polled: a live push can redraw the rows between finding the cell and measuring
+            # it, and a cell gone from the page has no box (None: seen once in CI).
+            cell = page.locator("tr.run-row td:has([data-status])").first
+            status = wait_for(cell.bounding_box, timeout=15, what="the status cell's box")
+            assert status["x"] + status["width"] <= widths[1], status
     assert not errors, errors
 
 
