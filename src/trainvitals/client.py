@@ -312,7 +312,7 @@ class Api:
 
     def export(
         self,
-        run_id: str,
+        run_id: str | Sequence[str],
         names: Sequence[str] = (),
         format: ExportFormat = "csv",
         to: IO[bytes] | None = None,
@@ -322,7 +322,9 @@ class Api:
     ) -> int:
         """Stream the run's series ``names`` (all when empty) at full resolution into ``to``
         as it arrives (the layout: docs/contract.md#export); returns the bytes written.
-        ``min_step`` and ``max_step`` (inclusive): only the points of those steps.
+        ``min_step`` and ``max_step`` (inclusive): only the points of those steps. A list of
+        run ids: their points in one file, each row with its run's id and name (a series one
+        run lacks is left out of it).
 
         Example:
             ```python
@@ -334,16 +336,19 @@ class Api:
 
         if to is None:
             raise ConfigurationError("Api.export needs a binary file to write to (to=...)")
+        if isinstance(run_id, str):
+            path, runs = f"/api/v1/runs/{_path(run_id)}/export", []
+        else:
+            path, runs = "/api/v1/export", [("run", r) for r in run_id]
         params: list[tuple[str, str | int | float | bool | None]] = [
+            *runs,
             ("format", format),
             *(("name", n) for n in names),
             *((k, v) for k, v in (("min_step", min_step), ("max_step", max_step)) if v is not None),
         ]
         written = 0
         try:
-            with self._http.stream(
-                "GET", f"/api/v1/runs/{_path(run_id)}/export", params=params
-            ) as response:
+            with self._http.stream("GET", path, params=params) as response:
                 if response.status_code != 200:
                     response.read()
                     raise _refused(response)

@@ -161,6 +161,71 @@ def test_the_servers_compactor_keeps_every_point(db_url: str) -> None:
         server.stop()
 
 
+def named_run(server: ServerProcess, name: str, series: dict[str, list[float]]) -> str:
+    """A finished run called ``name`` with ``series``, each a value a step from step 1."""
+    run = Run(resolve(server=server.url, project="p", run_name=name),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    for name_, values in series.items():
+        steps = list(range(1, len(values) + 1))
+        run.add_columns({name_: Columns(steps, [1.7e9 + s for s in steps], values)})
+    assert run.finish()
+    return run.id
+
+
+def test_several_runs_export_as_one_file_each_row_naming_its_run(server: ServerProcess) -> None:
+    """The compare view's download: the runs' points in one file, run after run in the order
+    asked, each row with its run's id and name; a series one run lacks is left out of it."""
+    first = named_run(server, 'base, "lr=1e-3"', {"loss": [0.9, 0.5, math.nan], "acc": [0.1]})
+    second = named_run(server, "wide", {"loss": [1.2, -math.inf]})
+    runs = f"run={second}&run={first}&run={second}"  # a run asked twice is given once
+
+    status, body = fetch(server, f"/api/v1/export?{runs}&name=loss&name=acc")
+    assert status == 200
+    rows = list(csv.reader(io.StringIO(body.decode())))
+    assert rows[0] == ["run_id", "run_name", "name", "step", "time", "value"]
+    assert [(r[0], r[1], r[2], r[3], r[5]) for r in rows[1:]] == [
+        (second, "wide", "loss", "1", "1.2"),
+        (second, "wide", "loss", "2", "-inf"),
+        (first, 'base, "lr=1e-3"', "loss", "1", "0.9"),
+        (first, 'base, "lr=1e-3"', "loss", "2", "0.5"),
+        (first, 'base, "lr=1e-3"', "loss", "3", "nan"),
+        (first, 'base, "lr=1e-3"', "acc", "1", "0.1"),
+    ]
+    assert float(rows[1][4]) == 1.7e9 + 1
+
+    status, body = fetch(server, f"/api/v1/export?run={first}&run={second}&format=jsonl"
+                                 "&min_step=2&max_step=2")  # fmt: skip
+    assert status == 200
+    assert [json.loads(line) for line in body.splitlines()] == [
+        {"run_id": first, "run_name": 'base, "lr=1e-3"', "name": "loss", "step": 2,
+         "time": 1.7e9 + 2, "value": 0.5},
+        {"run_id": second, "run_name": "wide", "name": "loss", "step": 2, "time": 1.7e9 + 2,
+         "value": None, "nonfinite": "-inf"},
+    ]  # fmt: skip
+
+    status, body = fetch(server, f"/api/v1/export?run={first}&run={second}&format=parquet")
+    assert status == 200
+    table = pq.read_table(io.BytesIO(body))
+    assert table.column_names == ["run_id", "run_name", "name", "step", "time", "value"]
+    assert table["run_name"].to_pylist() == ['base, "lr=1e-3"'] * 4 + ["wide"] * 2
+    assert table["name"].to_pylist() == ["acc", "loss", "loss", "loss", "loss", "loss"]
+    assert table["step"].to_pylist() == [1, 1, 2, 3, 1, 2]
+
+    with urllib.request.urlopen(f"{server.url}/api/v1/export?run={first}") as response:
+        assert response.headers["Content-Disposition"] == 'attachment; filename="runs.csv"'
+
+    # Refused with a reason: an unknown run, a series no run has, no run, too many runs.
+    status, body = fetch(server, f"/api/v1/export?run={first}&run=nope")
+    assert (status, json.loads(body)) == (404, {"detail": "No run with id 'nope'"})
+    status, body = fetch(server, f"/api/v1/export?run={first}&run={second}&name=lost")
+    assert (status, json.loads(body)) == (404, {"detail": "No run asked for has a series 'lost'"})
+    status, body = fetch(server, "/api/v1/export?name=loss")
+    assert status == 422 and json.loads(body)["detail"][0]["loc"] == ["query", "run"]
+    status, body = fetch(server, "/api/v1/export?" + "&".join(f"run=r{i}" for i in range(51)))
+    assert status == 422 and json.loads(body)["detail"][0]["loc"] == ["query", "run"]
+
+
 def test_unknown_runs_series_and_formats_are_refused_with_a_reason(
     server: ServerProcess,
 ) -> None:
@@ -197,6 +262,17 @@ def test_export_needs_read_on_the_runs_project(tmp_path: Path) -> None:
         assert status == 200 and header == "name,step,time,value"
         assert first.startswith("loss,1,") and first.endswith(",0.5")
         assert second.startswith("loss,2,") and second.endswith(",nan")
+
+        # Several runs at once: each must be readable, or the whole export is refused as if
+        # the run did not exist (one readable run does not open another project's).
+        theirs = stream(server, create_token(db, "q", "ingest", "agents-q"), "q")
+        both = f"/api/v1/export?run={run_id}&run={theirs}&name=loss"
+        status, body = fetch(server, both, reader)
+        assert (status, json.loads(body)) == (404, {"detail": f"No run with id {theirs!r}"})
+        assert fetch(server, both)[0] == 401
+        assert fetch(server, f"/api/v1/export?run={run_id}", ingest)[0] == 403
+        status, body = fetch(server, f"/api/v1/export?run={run_id}&name=loss", reader)
+        assert status == 200 and body.decode().splitlines()[1].startswith(f"{run_id},")
     finally:
         server.stop()
 
@@ -235,6 +311,14 @@ def test_the_cli_writes_the_export_to_a_file_or_stdout(tmp_path: Path) -> None:
                           "--max-step", "2", env=env)  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert [json.loads(line)["step"] for line in done.stdout.splitlines()] == [2]
+        # Several runs: one file, each row with its run.
+        other = stream(server, ingest, "p")
+        done = export_cli(run_id, other, "--name", "loss", "--format", "jsonl", env=env)
+        assert done.returncode == 0, done.stderr
+        rows = [json.loads(line) for line in done.stdout.splitlines()]
+        assert [(row["run_id"], row["step"]) for row in rows] == [
+            (run_id, 1), (run_id, 2), (other, 1), (other, 2)
+        ]  # fmt: skip
 
         refused = export_cli(run_id, "--server", server.url, "-o", str(tmp_path / "no.csv"))
         assert refused.returncode == 1

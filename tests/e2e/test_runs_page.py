@@ -15,6 +15,7 @@ import pytest
 
 from harness.processes import ServerProcess
 from harness.seed import seed_runs
+from tests.e2e.test_charts import download
 from tests.e2e.test_dashboard import expect
 from trainvitals import Run, resolve
 
@@ -278,6 +279,49 @@ def test_compared_runs_smooth_overlay_from_their_starts_and_zoom_together(
     )
     expect(page.locator(".chart-controls [name=reset-zoom]")).to_be_hidden()
     assert page.locator("#charts").get_attribute("data-detail") is None
+    assert not page.errors, page.errors
+
+
+def test_a_compared_chart_downloads_every_runs_points_in_one_file(
+    seeded: ServerProcess, browser: Any, tmp_path: Path
+) -> None:
+    """Each row names its run; zoomed, the steps in view (on a time axis, from the first step
+    any run has in view to the last)."""
+    page = open_page(seeded, browser, "/#/compare?runs=seed000005,seed000003")
+    expect(page.locator('[data-chart="loss"]')).to_have_attribute("data-drawn", "60")
+    name, lines = download(page, "loss", "csv", tmp_path)
+    assert name == "compare-loss.csv"
+    assert lines[0] == "run_id,run_name,name,step,time,value"
+    rows = [line.split(",") for line in lines[1:]]
+    assert [(r[0], r[1], r[2], int(r[3])) for r in rows] == [
+        (run, f"run-0000{run[-1]}", "loss", step)
+        for run in ("seed000005", "seed000003") for step in range(1, STEPS + 1)
+    ]  # fmt: skip
+
+    plot = "document.querySelector('[data-chart=\"loss\"] .plot')"
+    page.evaluate(f"Plotly.relayout({plot}, {{'xaxis.range[0]': 4.6, 'xaxis.range[1]': 9.2}})")
+    expect(page.locator("#charts")).to_have_attribute("data-detail", "4-10")
+    _, lines = download(page, "loss", "jsonl", tmp_path)
+    got = [(json.loads(line)["run_id"], json.loads(line)["step"]) for line in lines]
+    assert got == [(run, step) for run in ("seed000005", "seed000003") for step in range(4, 11)]
+
+    # In wall-clock time the runs' steps in view differ (run 5 started 2 s after run 3: 8-18
+    # and 10-20): the file holds 8-20 of both.
+    page.locator(".chart-controls [name=xaxis]").select_option("wall")
+    page.wait_for_function(f"{plot}.layout.xaxis.type === 'date'")
+    page.evaluate(
+        f"""() => {{ const at = (s) => {{ const d = new Date(s * 1000);
+                                         const p = (n) => String(n).padStart(2, '0');
+                                         return `${{d.getFullYear()}}-${{p(d.getMonth() + 1)}}-`
+                                           + `${{p(d.getDate())}} ${{p(d.getHours())}}:`
+                                           + `${{p(d.getMinutes())}}:${{p(d.getSeconds())}}`; }};
+                    Plotly.relayout({plot}, {{'xaxis.range[0]': at(1700000013),
+                                              'xaxis.range[1]': at(1700000023)}}); }}"""
+    )
+    expect(page.locator("#charts")).to_have_attribute("data-detail", "8-20")
+    _, lines = download(page, "loss", "csv", tmp_path)
+    got = [(line.split(",")[0], int(line.split(",")[3])) for line in lines[1:]]
+    assert got == [(run, step) for run in ("seed000005", "seed000003") for step in range(8, 21)]
     assert not page.errors, page.errors
 
 

@@ -1,6 +1,6 @@
 """The ``trainvitals`` command: ``serve`` runs the server, ``demo`` a real training run,
 ``token`` manages access tokens, ``db upgrade`` migrates the database, ``notify-test`` checks
-a notification channel, ``export`` writes a run's series to a file.
+a notification channel, ``export`` writes a run's series (or several runs') to a file.
 
 This module only builds the parser; each command lives beside it (:mod:`.server`,
 :mod:`.demo`) and imports what it needs when it runs."""
@@ -185,10 +185,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export",
         help="write a run's series at full resolution (CSV, JSON Lines or Parquet)",
         description="Write every point of a run's series, as the server stored them, one row "
-        "a point: name, step, time, value (see docs/contract.md#export). Reads the server's "
-        "HTTP API; needs httpx (pip install 'trainvitals[client]').",
+        "a point: name, step, time, value; of several runs, in one file: run_id, run_name, "
+        "name, step, time, value (see docs/contract.md#export). Reads the server's HTTP API; "
+        "needs httpx (pip install 'trainvitals[client]').",
     )
-    export.add_argument("run_id", metavar="RUN_ID", help="the run's id (trainvitals.Api().runs())")
+    export.add_argument(
+        "run_id",
+        metavar="RUN_ID",
+        nargs="+",
+        help="the run's id (trainvitals.Api().runs()); several: their points in one file",
+    )
     export.add_argument(
         "--name",
         action="append",

@@ -1,4 +1,5 @@
-"""``trainvitals export RUN_ID``: a run's series at full resolution, from a server's HTTP API."""
+"""``trainvitals export RUN_ID [RUN_ID ...]``: a run's series at full resolution (several
+runs' in one file), from a server's HTTP API."""
 
 from __future__ import annotations
 
@@ -18,11 +19,10 @@ def export_command(args: argparse.Namespace) -> int:
         print(f"trainvitals export: {exc}", file=sys.stderr)
         return 2
     steps = {"min_step": args.min_step, "max_step": args.max_step}
+    runs = args.run_id[0] if len(args.run_id) == 1 else args.run_id
     try:
         if args.output in (None, "-"):
-            api.export(
-                args.run_id, args.name or (), format=args.format, to=sys.stdout.buffer, **steps
-            )
+            api.export(runs, args.name or (), format=args.format, to=sys.stdout.buffer, **steps)
             sys.stdout.buffer.flush()
             return 0
         # Written beside the file and moved over it once whole: a failed export leaves
@@ -30,9 +30,7 @@ def export_command(args: argparse.Namespace) -> int:
         partial = args.output + ".part"
         try:
             with open(partial, "wb") as out:
-                written = api.export(
-                    args.run_id, args.name or (), format=args.format, to=out, **steps
-                )
+                written = api.export(runs, args.name or (), format=args.format, to=out, **steps)
             os.replace(partial, args.output)
         finally:
             if os.path.exists(partial):

@@ -1,7 +1,8 @@
 """A run's series at full resolution, as CSV, JSON Lines or Parquet, made piece by piece.
 
 One row a point, in long format: ``name, step, time, value``, series after series in the
-order asked, each series' points in the order the agent sent them. Nothing is lost:
+order asked, each series' points in the order the agent sent them (several runs at once:
+``run_id, run_name, name, step, time, value``, run after run). Nothing is lost:
 
 - **CSV**: a header line, then each value as Python's ``repr`` writes it, the shortest text
   that reads back as the same float64; NaN and ±Inf as ``nan``, ``inf``, ``-inf`` (what
@@ -12,8 +13,10 @@ order asked, each series' points in the order the agent sent them. Nothing is lo
 - **Parquet**: columns ``name`` (string), ``step`` (int64), ``time`` and ``value`` (float64,
   NaN and ±Inf as they are), one row group per :data:`PARQUET_ROW_GROUP` points or fewer.
 
-Every function here takes the points as an iterable of ``(name, Columns)`` batches and yields
-``bytes``, so a series of any length goes out without being held whole.
+Every function here takes the points as an iterable of ``(labels, Columns)`` batches, the
+labels being the values of the file's label columns (:data:`SERIES` or :data:`RUN_SERIES`)
+for those points, and yields ``bytes``, so a series of any length goes out without being
+held whole.
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ PARQUET_ROW_GROUP = 65_536
 TEXT_PIECE = 8192
 PARQUET_HINT = "Parquet export needs pyarrow on the server: pip install 'trainvitals[parquet]'"
 
-Batches = Iterable[tuple[str, ArrayColumns]]
+#: The label columns of one run's export, and of several runs' export.
+SERIES = ("name",)
+RUN_SERIES = ("run_id", "run_name", "name")
+
+Batches = Iterable[tuple[tuple[str, ...], ArrayColumns]]
 
 
 class ExportFormat(StrEnum):
@@ -47,8 +54,6 @@ MEDIA_TYPES = {
     ExportFormat.PARQUET: "application/vnd.apache.parquet",
 }
 
-CSV_HEADER = b"name,step,time,value\n"
-
 
 def parquet_available() -> bool:
     try:
@@ -58,27 +63,30 @@ def parquet_available() -> bool:
     return True
 
 
-def export(fmt: ExportFormat, batches: Batches) -> Iterator[bytes]:
-    """The file of ``batches`` in ``fmt``, piece by piece."""
+def export(
+    fmt: ExportFormat, batches: Batches, labels: tuple[str, ...] = SERIES
+) -> Iterator[bytes]:
+    """The file of ``batches`` in ``fmt``, piece by piece, with ``labels`` as the columns
+    before ``step, time, value``."""
     if fmt is ExportFormat.CSV:
-        return _csv(batches)
+        return _csv(batches, labels)
     if fmt is ExportFormat.JSONL:
-        return _jsonl(batches)
-    return _parquet(batches)
+        return _jsonl(batches, labels)
+    return _parquet(batches, labels)
 
 
-def _pieces(batches: Batches) -> Iterator[tuple[str, ArrayColumns]]:
+def _pieces(batches: Batches) -> Iterator[tuple[tuple[str, ...], ArrayColumns]]:
     """``batches`` cut to at most :data:`TEXT_PIECE` points: a piece's text is made whole."""
-    for name, (steps, times, values) in batches:
+    for keys, (steps, times, values) in batches:
         for start in range(0, steps.size, TEXT_PIECE):
             part = slice(start, start + TEXT_PIECE)
-            yield name, Columns(steps[part], times[part], values[part])
+            yield keys, Columns(steps[part], times[part], values[part])
 
 
-def _csv(batches: Batches) -> Iterator[bytes]:
-    yield CSV_HEADER
-    for name, (steps, times, values) in _pieces(batches):
-        prefix = _csv_field(name) + ","
+def _csv(batches: Batches, labels: tuple[str, ...]) -> Iterator[bytes]:
+    yield (",".join(labels) + ",step,time,value\n").encode()
+    for keys, (steps, times, values) in _pieces(batches):
+        prefix = "".join(_csv_field(key) + "," for key in keys)
         yield "".join(
             f"{prefix}{step},{time!r},{value!r}\n"
             for step, time, value in zip(
@@ -93,9 +101,11 @@ def _csv_field(text: str) -> str:
     return text
 
 
-def _jsonl(batches: Batches) -> Iterator[bytes]:
-    for name, (steps, times, values) in _pieces(batches):
-        prefix = '{"name": ' + json.dumps(name) + ', "step": '
+def _jsonl(batches: Batches, labels: tuple[str, ...]) -> Iterator[bytes]:
+    for keys, (steps, times, values) in _pieces(batches):
+        pairs = zip(labels, keys, strict=True)
+        prefix = "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in pairs)
+        prefix += ', "step": '
         yield "".join(
             f'{prefix}{step}, "time": {time!r}, "value": {_json_value(value)}}}\n'
             for step, time, value in zip(
@@ -139,28 +149,30 @@ class _Drain:
         return out
 
 
-def _parquet(batches: Batches) -> Iterator[bytes]:
+def _parquet(batches: Batches, labels: tuple[str, ...]) -> Iterator[bytes]:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.schema([
-        ("name", pa.string()), ("step", pa.int64()), ("time", pa.float64()),
-        ("value", pa.float64()),
+        *((label, pa.string()) for label in labels),
+        ("step", pa.int64()), ("time", pa.float64()), ("value", pa.float64()),
     ])  # fmt: skip
     sink = _Drain()
     writer = pq.ParquetWriter(sink, schema, compression="zstd")
-    pending: list[tuple[str, ArrayColumns]] = []
+    pending: list[tuple[tuple[str, ...], ArrayColumns]] = []
     size = 0
 
     def row_group() -> bytes:
-        names = np.repeat(
-            np.array([name for name, _ in pending], dtype=object),
-            [columns.steps.size for _, columns in pending],
-        )
+        sizes = [columns.steps.size for _, columns in pending]
+        label_columns = [
+            pa.array(np.repeat(np.array([keys[i] for keys, _ in pending], dtype=object), sizes),
+                     pa.string())
+            for i in range(len(labels))
+        ]  # fmt: skip
         table = pa.table(
             [
-                pa.array(names, pa.string()),
+                *label_columns,
                 pa.array(np.concatenate([c.steps for _, c in pending])),
                 pa.array(np.concatenate([c.times for _, c in pending])),
                 pa.array(np.concatenate([c.values for _, c in pending])),
@@ -173,8 +185,8 @@ def _parquet(batches: Batches) -> Iterator[bytes]:
         pa.default_memory_pool().release_unused()
         return sink.take()
 
-    for name, columns in batches:
-        pending.append((name, columns))
+    for keys, columns in batches:
+        pending.append((keys, columns))
         size += columns.steps.size
         if size >= PARQUET_ROW_GROUP:
             yield row_group()

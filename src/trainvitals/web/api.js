@@ -61,10 +61,32 @@ export function getSeries(id, names, maxPoints = 2000, range = null) {
 // the server streams: format "csv" or "jsonl", named filename.<format>. No cap and no
 // downsampling; a link to it is followed with the session cookie like any request of the page.
 export function exportPath(id, names, format, range = null, filename = null) {
+  return `/api/v1/runs/${encodeURIComponent(id)}/export?${exportQuery(names, format, range, filename)}`;
+}
+
+// The same for several runs in one file, each row with its run's id and name (a series one
+// run lacks is left out of it).
+export function exportRunsPath(ids, names, format, range = null, filename = null) {
+  const query = exportQuery(names, format, range, filename);
+  for (const id of ids) query.append("run", id);
+  return `/api/v1/export?${query}`;
+}
+
+// Follows an export's address as a download (the server names the file).
+export function download(path) {
+  const link = document.createElement("a");
+  link.href = path;
+  link.download = "";
+  document.body.appendChild(link);
+  link.click();
+  link.remove();
+}
+
+function exportQuery(names, format, range, filename) {
   const params = { format };
   // The server takes plain ASCII names (it puts them in a header).
   if (filename) params.filename = filename.replace(/[^\w.-]+/g, "_").replace(/^\./, "_").slice(0, 128);
-  return `/api/v1/runs/${encodeURIComponent(id)}/export?${seriesQuery(names, range, params)}`;
+  return seriesQuery(names, range, params);
 }
 
 export const getRunAlerts = (id) => getJSON(`/api/v1/runs/${encodeURIComponent(id)}/alerts`);

@@ -4,7 +4,7 @@
 // the run page's controls (smoothing, x-axis, clipping) and zoom together as its charts do;
 // in time since start, each run counts from its own start.
 
-import { getRun, getSeries } from "./api.js";
+import { download, exportRunsPath, getRun, getSeries } from "./api.js";
 import { CHART_CONTROLS, ChartSet } from "./chart-set.js";
 import { Chart, chartOf, plotlyReady } from "./charts.js";
 import { escapeHTML, healthBadge, runPath, setTitle, statusBadge } from "./format.js";
@@ -107,10 +107,30 @@ class CompareView {
         ...this.set.chartOptions,
         styleOf: (key) => this.styleOf(key),
         onTooLong: (key) => this.reloadTrace(key),
+        onDownload: (format, source) => this.download(format, source),
       });
       this.set.add(chart);
     }
     return chart;
+  }
+
+  // Every point of a chart's series, of every compared run, in one file with each row's run
+  // (the zoomed steps only, when zoomed; on a time axis, from the first step any run has in
+  // view to the last, since each run's steps meet the view apart).
+  download(format, chart) {
+    const keys = [...chart.series.keys()];
+    const names = [...new Set(keys.map((key) => this.traces.get(key).name))];
+    let range = null;
+    if (chart.xrange) {
+      const ranges = this.runs
+        .map((_, r) => chart.stepRange(keys.filter((key) => this.traces.get(key).r === r)))
+        .filter(Boolean);
+      range = ranges.length
+        ? { min: Math.min(...ranges.map((s) => s.min)), max: Math.max(...ranges.map((s) => s.max)) }
+        : { min: 1, max: 0 }; // nothing in view: a file of the header alone
+    }
+    const ids = this.runs.map((run) => run.id);
+    download(exportRunsPath(ids, names, format, range, `compare-${chart.id}`));
   }
 
   // A trace's run and series, and when that run started: time since start is each run's own.

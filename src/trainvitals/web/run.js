@@ -2,7 +2,7 @@
 // marked at their steps.
 
 import { AlertList, alertItem } from "./alert-items.js";
-import { deleteRun, editRun, exportPath, getRun, getRunAlerts, getSeries } from "./api.js";
+import { deleteRun, download, editRun, exportPath, getRun, getRunAlerts, getSeries } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { CHART_CONTROLS, ChartSet } from "./chart-set.js";
 import { Chart, alertChartIds, chartOf, plotlyReady } from "./charts.js";
@@ -247,12 +247,7 @@ export class RunPage {
   // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file the
   // server streams: nothing capped, nothing held in the page.
   download(format, chart) {
-    const link = document.createElement("a");
-    link.href = exportPath(this.runId, [...chart.series.keys()], format, chart.stepRange(), `${this.run.name}-${chart.id}`);
-    link.download = ""; // the server names the file
-    document.body.appendChild(link);
-    link.click();
-    link.remove();
+    download(exportPath(this.runId, [...chart.series.keys()], format, chart.stepRange(), `${this.run.name}-${chart.id}`));
   }
 
   // Rename, tag, note, archive or delete the run (the server asks for the admin role).

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Iterator
 from functools import partial
-from typing import Annotated, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 import numpy as np
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
@@ -50,6 +51,9 @@ from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.export import (
     MEDIA_TYPES,
     PARQUET_HINT,
+    RUN_SERIES,
+    SERIES,
+    Batches,
     ExportFormat,
     export,
     parquet_available,
@@ -57,6 +61,7 @@ from trainvitals.server.export import (
 from trainvitals.server.live import finite_or_none
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.tokens import Principal, Role
+from trainvitals.server.store import Store
 
 router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
@@ -65,6 +70,8 @@ MAX_POINTS_LIMIT = 100_000
 STEP_BOUND = 2**53
 #: Series one request may read: a run with thousands of series must not hold a worker.
 MAX_SERIES_PER_REQUEST = 200
+#: Runs one export may hold (the dashboard compares at most 10).
+MAX_RUNS_PER_EXPORT = 50
 
 
 SortParam = Literal[
@@ -279,21 +286,48 @@ def get_series(
 _FILENAME = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$"
 
 
-@router.get(
-    "/runs/{run_id}/export",
-    response_class=StreamingResponse,
-    responses={200: {"content": {media: {} for media in MEDIA_TYPES.values()}}},
-)
-def export_series(
-    run_id: str,
-    store: StoreDep,
-    who: Reader,
-    name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
-    fmt: Annotated[ExportFormat, Query(alias="format")] = ExportFormat.CSV,
-    min_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
-    max_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
-    filename: Annotated[str | None, Query(pattern=_FILENAME)] = None,
-) -> StreamingResponse:
+class ExportQuery:
+    """What both export routes take besides the runs: the series, the file's format, a step
+    range and the file's name."""
+
+    def __init__(
+        self,
+        name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
+        fmt: Annotated[ExportFormat, Query(alias="format")] = ExportFormat.CSV,
+        min_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
+        max_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
+        filename: Annotated[str | None, Query(pattern=_FILENAME)] = None,
+    ) -> None:
+        self.names = list(dict.fromkeys(name)) if name else None
+        self.fmt, self.filename = fmt, filename
+        self._steps = min_step, max_step
+
+    def points(self, store: Store, run_id: str, name: str) -> Iterator[ArrayColumns]:
+        """The run's points of series ``name`` in the step range, a stored batch at a time."""
+        for points in store.series.iter_series(run_id, name):
+            yield _in_range(points, *self._steps)
+
+    def answer(self, batches: Batches, labels: tuple[str, ...], filename: str) -> StreamingResponse:
+        """The file, streamed (``501`` for Parquet on a server without pyarrow)."""
+        if self.fmt is ExportFormat.PARQUET and not parquet_available():
+            raise HTTPException(501, PARQUET_HINT)
+        disposition = f'attachment; filename="{self.filename or filename}.{self.fmt.value}"'
+        return StreamingResponse(
+            export(self.fmt, batches, labels),
+            media_type=MEDIA_TYPES[self.fmt],
+            headers={"Content-Disposition": disposition},
+        )
+
+
+ExportDep = Annotated[ExportQuery, Depends()]
+#: The export routes' answer in the OpenAPI document: a file in one of the media types.
+EXPORTED: dict[int | str, dict[str, Any]] = {
+    200: {"content": {media: {} for media in MEDIA_TYPES.values()}}
+}
+
+
+@router.get("/runs/{run_id}/export", response_class=StreamingResponse, responses=EXPORTED)
+def export_series(run_id: str, store: StoreDep, who: Reader, query: ExportDep) -> StreamingResponse:
     """Every point of the run's series (all of them when no ``name`` is given) at full
     resolution, streamed as CSV, JSON Lines or Parquet (see docs/contract.md#export);
     ``min_step`` and ``max_step`` (inclusive): only the points in that range; ``filename``:
@@ -302,22 +336,48 @@ def export_series(
     if run is None:
         raise run_not_found(run_id)
     check_project(who, Role.READ, run["project"], run_not_found(run_id))
-    names = list(dict.fromkeys(name)) if name else run["series"]
+    names = query.names or run["series"]
     missing = sorted(set(names) - set(run["series"]))
     if missing:
         raise HTTPException(404, f"Run {run_id!r} has no series {missing[0]!r}")
-    if fmt is ExportFormat.PARQUET and not parquet_available():
-        raise HTTPException(501, PARQUET_HINT)
-    batches = (
-        (n, _in_range(points, min_step, max_step))
-        for n in names
-        for points in store.series.iter_series(run_id, n)
+    batches = (((n,), p) for n in names for p in query.points(store, run_id, n))
+    return query.answer(batches, SERIES, run_id)
+
+
+@router.get("/export", response_class=StreamingResponse, responses=EXPORTED)
+def export_runs(
+    store: StoreDep,
+    who: Reader,
+    query: ExportDep,
+    run: Annotated[list[str], Query(min_length=1, max_length=MAX_RUNS_PER_EXPORT)],
+) -> StreamingResponse:
+    """Every point of several runs' series (``run`` repeated; every series of each when no
+    ``name`` is given) at full resolution, streamed as one file with the run's id and name
+    on each row (see docs/contract.md#export), run after run in the order asked; the other
+    parameters as for one run's export. A series one run lacks is left out of that run;
+    ``404`` when a run is unknown (or in a project the token cannot read) or when no run has
+    one of the series asked for."""
+    runs = []
+    for run_id in dict.fromkeys(run):
+        found = store.runs.get_run(run_id, job=False)
+        if found is None:
+            raise run_not_found(run_id)
+        check_project(who, Role.READ, found["project"], run_not_found(run_id))
+        runs.append(found)
+    names = query.names
+    if names is not None:
+        held = {n for found in runs for n in found["series"]}
+        missing = [n for n in names if n not in held]
+        if missing:
+            raise HTTPException(404, f"No run asked for has a series {missing[0]!r}")
+    batches: Batches = (
+        ((found["id"], found["name"], n), points)
+        for found in runs
+        for n in (found["series"] if names is None else names)
+        if n in found["series"]
+        for points in query.points(store, found["id"], n)
     )
-    return StreamingResponse(
-        export(fmt, batches),
-        media_type=MEDIA_TYPES[fmt],
-        headers={"Content-Disposition": f'attachment; filename="{filename or run_id}.{fmt.value}"'},
-    )
+    return query.answer(batches, RUN_SERIES, "runs")
 
 
 def _in_range(points: ArrayColumns, min_step: int | None, max_step: int | None) -> ArrayColumns:
