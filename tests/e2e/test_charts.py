@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -123,7 +124,7 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
 
     # TensorBoard's debiased EMA, the raw series faint behind it.
     page.locator(".chart-controls [name=smoothing]").fill("0.9")
-    expect(page.locator(".chart-controls output")).to_have_text("0.90")
+    expect(page.locator(".chart-controls output[name=smoothing-value]")).to_have_text("0.90")
     wait_traces = "plot.data.map((t) => [t.meta ?? null, t.opacity ?? 1, t.y.slice(0, 3)])"
     page.wait_for_function(
         """() => document.querySelector('[data-chart="loss"] .plot').data.length === 2"""
@@ -137,7 +138,7 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
         expected.append(last / (1 - 0.9**n))
     assert smoothed == pytest.approx(expected) and smoothed[0] == pytest.approx(raw[0])
     page.locator(".chart-controls [name=smoothing]").fill("0")
-    expect(page.locator(".chart-controls output")).to_have_text("0.00")
+    expect(page.locator(".chart-controls output[name=smoothing-value]")).to_have_text("0.00")
 
     # A zoom on one chart zooms the others and reads its steps again at full detail.
     page.evaluate(
@@ -208,7 +209,7 @@ def test_the_charts_view_is_in_the_address_a_link_draws_them_the_same(
     drawn(fresh)
     fresh_controls = fresh.locator(".chart-controls")
     expect(fresh_controls.locator("[name=xaxis]")).to_have_value("wall")
-    expect(fresh_controls.locator("output")).to_have_text("0.60")
+    expect(fresh_controls.locator("output[name=smoothing-value]")).to_have_text("0.60")
     expect(fresh_controls.locator("[name=clip]")).not_to_be_checked()
     assert plot(fresh, "loss", "plot.layout.xaxis.type") == "date"
     expect(fresh.locator('[data-chart="loss"]')).to_have_attribute("data-clipped", "false")
@@ -259,6 +260,63 @@ def test_each_charts_log_switch_is_in_the_address_and_a_link_draws_it_the_same(
     expect(log_switch(fresh, "loss")).to_have_attribute("aria-pressed", "false")
     drawn(fresh, "grad_norm")
     assert fresh.locator("#app img").count() == 0
+    assert not errors, errors
+    fresh.context.close()
+
+
+def shown_charts(page: Any) -> list[str]:
+    return list(page.locator("#charts .chart-card:visible").evaluate_all(
+        "(cards) => cards.map((card) => card.dataset.chart)"))  # fmt: skip
+
+
+def test_the_chart_filter_shows_the_charts_it_names_and_a_link_keeps_it(
+    charted: tuple[ServerProcess, str], browser: Any
+) -> None:
+    """TensorBoard's tag filter: |-separated words, any case, matched against each chart's
+    name and its series' names; kept in the address; Enter does not leave the page."""
+    server, run_id = charted
+    page, errors = run_page(browser, server, run_id)
+    drawn(page, "grad_norm")
+    every = shown_charts(page)
+    assert every == ["loss", "grad_norm", "disk_free"], every
+    box = page.locator(".chart-controls input[name=filter]")
+    box.fill("LOSS | disk")
+    expect(page.locator(".chart-controls output[name=filter-count]")).to_have_text(
+        f"2 of {len(every)} charts"
+    )
+    assert shown_charts(page) == ["loss", "disk_free"]
+    expect(page).to_have_url(re.compile(r"\?filter=LOSS\+%7C\+disk$"))
+    box.press("Enter")
+    expect(box).to_have_value("LOSS | disk")
+    assert shown_charts(page) == ["loss", "disk_free"]
+    box.fill("global_norm")  # a series' name (grad/global_norm) finds its chart
+    expect(page.locator(".chart-controls output[name=filter-count]")).to_have_text(
+        f"1 of {len(every)} charts"
+    )
+    assert shown_charts(page) == ["grad_norm"]
+
+    # A link opens with the filter; a chart hidden while the window changed size takes the
+    # new width once shown.
+    fresh = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    fresh.on("pageerror", lambda exc: errors.append(str(exc)))
+    fresh.goto(f"{server.url}/#/runs/{run_id}?filter=nothing-is-called-this")
+    expect(fresh.locator(".chart-controls output[name=filter-count]")).to_have_text(
+        f"0 of {len(every)} charts"
+    )
+    expect(fresh.locator(".chart-controls input[name=filter]")).to_have_value(
+        "nothing-is-called-this"
+    )
+    fresh.set_viewport_size({"width": 900, "height": 1000})
+    fresh.locator(".chart-controls input[name=filter]").fill("")
+    expect(fresh.locator(".chart-controls output[name=filter-count]")).to_have_text("")
+    assert shown_charts(fresh) == every
+    drawn(fresh)
+    fresh.wait_for_function(  # plotly resizes after a short wait of its own
+        """() => { const card = document.querySelector('[data-chart="loss"]');
+                   const width = card.querySelector('.plot')._fullLayout.width;
+                   return width > card.clientWidth * 0.9 && width <= card.clientWidth; }"""
+    )
+    assert "filter" not in fresh.url
     assert not errors, errors
     fresh.context.close()
 

@@ -322,6 +322,13 @@ def test_a_compared_chart_downloads_every_runs_points_in_one_file(
     _, lines = download(page, "loss", "csv", tmp_path)
     got = [(line.split(",")[0], int(line.split(",")[3])) for line in lines[1:]]
     assert got == [(run, step) for run in ("seed000005", "seed000003") for step in range(8, 21)]
+
+    # The run page's chart filter works here too, on the compared runs' series names.
+    page.goto(f"{seeded.url}/#/compare?runs=seed000005,seed000003&filter=LR")
+    expect(page.locator(".chart-controls output[name=filter-count]")).to_have_text("1 of 2 charts")
+    assert page.locator("#charts .chart-card:visible").evaluate_all(
+        "(cards) => cards.map((card) => card.dataset.chart)"
+    ) == ["lr"]
     assert not page.errors, page.errors
 
 

@@ -14,6 +14,9 @@ export const CHART_CONTROLS = `
     <label>X axis <select name="xaxis"><option value="step">step</option>
       <option value="relative">time since start</option><option value="wall">wall-clock time</option></select></label>
     <label><input type="checkbox" name="clip" checked> Leave outliers out of the y-range</label>
+    <label>Charts <input type="search" name="filter" placeholder="filter: loss|val_" maxlength="200"
+      autocomplete="off" spellcheck="false" title="the charts whose name, or a series' name, holds one of these |-separated words (any case)"></label>
+    <output name="filter-count"></output>
     <button type="button" name="reset-zoom" hidden>Zoom out</button>
   </form>`;
 
@@ -23,6 +26,16 @@ const X_AXES = new Set(["step", "relative", "wall"]);
 
 const MAX_SCALED = 100; // charts whose log switch an address keeps
 const MAX_ID_LENGTH = 300;
+const MAX_FILTER = 200;
+
+// Whether any of names holds one of filter's |-separated words, in any case (TensorBoard's
+// "loss|acc" without its regular expressions: a link's filter cannot hang the page on a
+// pathological pattern). An empty filter, or one of empty words only, holds every chart.
+export function chartFilter(filter) {
+  const words = filter.toLowerCase().split("|").map((word) => word.trim()).filter(Boolean);
+  if (!words.length) return () => true;
+  return (names) => names.some((name) => words.some((word) => name.toLowerCase().includes(word)));
+}
 
 // The chart ids of an address's log= or lin= list (each encoded, comma-separated); what does
 // not decode, or is too long, is left out. An id that names no chart of the page does nothing.
@@ -38,7 +51,7 @@ function chartIds(text) {
 }
 
 // The charts' view as a page's address gives it (?x=relative&smooth=0.6&clip=0&log=loss
-// &lin=step_time), so that a link shows them drawn as they were; what it leaves out is the
+// &lin=step_time&filter=loss|val_), so that a link shows them drawn as they were; what it leaves out is the
 // default (the smoothing: the weight last chosen; a chart's y-axis: its own, log or linear).
 // Anything else in those keys is ignored. scales: chart id -> log (true) or linear (false).
 export function viewOf(params) {
@@ -47,6 +60,7 @@ export function viewOf(params) {
   const smoothing = Number(params.get("smooth") ?? NaN);
   if (Number.isFinite(smoothing)) view.smoothing = Math.min(0.99, Math.max(0, smoothing));
   if (params.get("clip") === "0") view.clip = false;
+  view.filter = (params.get("filter") ?? "").slice(0, MAX_FILTER);
   view.scales = new Map([
     ...chartIds(params.get("lin")).map((id) => [id, false]),
     ...chartIds(params.get("log")).map((id) => [id, true]),
@@ -67,6 +81,7 @@ function remember(view) {
   if (view.xaxis === DEFAULT_VIEW.xaxis) params.delete("x"); else params.set("x", view.xaxis);
   if (view.smoothing) params.set("smooth", view.smoothing.toFixed(2)); else params.delete("smooth");
   if (view.clip) params.delete("clip"); else params.set("clip", "0");
+  if (view.filter) params.set("filter", view.filter); else params.delete("filter");
   const scaled = [...view.scales];
   setList(params, "log", scaled.filter(([, log]) => log).map(([id]) => id));
   setList(params, "lin", scaled.filter(([, log]) => !log).map(([id]) => id));
@@ -86,6 +101,7 @@ export class ChartSet {
     this.view = viewOf(params);
     this.zoom = null; // the charts' x-range, all zoomed together; null: everything
     this.zooms = 0;
+    this.filtering = false;
     this.form = null;
     this.container = null;
   }
@@ -97,7 +113,15 @@ export class ChartSet {
     form.elements["smoothing-value"].value = this.view.smoothing.toFixed(2);
     form.elements.xaxis.value = this.view.xaxis;
     form.elements.clip.checked = this.view.clip;
-    form.addEventListener("input", () => {
+    form.elements.filter.value = this.view.filter;
+    form.addEventListener("submit", (event) => event.preventDefault()); // Enter in the filter
+    form.addEventListener("input", (event) => {
+      if (event.target === form.elements.filter) {
+        this.view = { ...this.view, filter: form.elements.filter.value.slice(0, MAX_FILTER) };
+        remember(this.view);
+        this.applyFilter();
+        return;
+      }
       const xaxis = form.elements.xaxis.value;
       if (xaxis !== this.view.xaxis) this.zoomTo(null); // a zoom in steps is no zoom in time
       this.view = { ...this.view, smoothing: Number(form.elements.smoothing.value), xaxis, clip: form.elements.clip.checked };
@@ -131,6 +155,29 @@ export class ChartSet {
     if (this.zoom) chart.setXRange(this.zoom);
     this.charts.set(chart.id, chart);
     this.arrange();
+    this.filterSoon();
+  }
+
+  // The filter applied once the page has given the new chart its series (their names count).
+  filterSoon() {
+    if (this.filtering) return;
+    this.filtering = true;
+    queueMicrotask(() => { this.filtering = false; this.applyFilter(); });
+  }
+
+  // The charts the filter holds shown, the others hidden (and not redrawn), with their count.
+  applyFilter() {
+    const holds = chartFilter(this.view.filter);
+    let shown = 0;
+    for (const chart of this.charts.values()) {
+      const names = [chart.id, chart.spec.title, ...[...chart.series.keys()].map((key) => this.seriesOf(key).name)];
+      const on = holds(names);
+      chart.setShown(on);
+      for (const card of this.cardsAfter(chart)) card.hidden = !on;
+      shown += on ? 1 : 0;
+    }
+    const count = this.form?.elements["filter-count"];
+    if (count) count.value = this.view.filter.trim() ? `${shown} of ${this.charts.size} ${this.charts.size === 1 ? "chart" : "charts"}` : "";
   }
 
   arrange() {

@@ -379,6 +379,10 @@ export class Chart {
 
   setView(view) { this.view = { ...this.view, ...view }; this.schedule(); }
 
+  // Shown or hidden by the page's chart filter (hidden, it is off screen: not redrawn until
+  // shown again, at the width it has then).
+  setShown(on) { this.card.hidden = !on; }
+
   // The zoom of another chart of the page (the same x-axis), or none.
   setXRange(xrange) {
     if (JSON.stringify(xrange) === JSON.stringify(this.xrange)) return;
