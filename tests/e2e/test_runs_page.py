@@ -207,6 +207,28 @@ def traces_of(page: Any, chart: str, fields: str) -> Any:
     )
 
 
+def test_the_compare_views_config_shows_only_the_keys_that_differ_at_a_switch(
+    seeded: ServerProcess, browser: Any
+) -> None:
+    """Runs 0 and 7 share their lr and differ in batch; the switch is kept in the address."""
+    page = open_page(seeded, browser, "/#/compare?runs=seed000000,seed000007")
+    rows = page.locator("#config-compare tr[data-config-key]")
+    expect(page.locator("#config-differ")).to_have_text("(1 of 2 keys differ, marked)")
+    expect(rows).to_have_count(2)
+    page.get_by_label("Only the keys that differ").check()
+    expect(rows).to_have_count(1)
+    assert rows.evaluate_all("(rows) => rows.map((r) => r.dataset.configKey)") == ["batch"]
+    assert page.evaluate("location.hash") == "#/compare?runs=seed000000,seed000007&config=differing"
+
+    again = open_page(seeded, browser, "/#/compare?runs=seed000000,seed000007&config=differing")
+    expect(again.get_by_label("Only the keys that differ")).to_be_checked()
+    expect(again.locator("#config-compare tr[data-config-key]")).to_have_count(1)
+    again.get_by_label("Only the keys that differ").uncheck()
+    expect(again.locator("#config-compare tr[data-config-key]")).to_have_count(2)
+    assert again.evaluate("location.hash") == "#/compare?runs=seed000000,seed000007"
+    assert not page.errors and not again.errors
+
+
 def test_compared_runs_smooth_overlay_from_their_starts_and_zoom_together(
     seeded: ServerProcess, browser: Any
 ) -> None:

@@ -73,11 +73,22 @@ function setList(params, key, ids) {
   else params.delete(key);
 }
 
-// The view into the page's address, the rest of the address as it was (no new history entry:
-// Back still leaves the page).
-function remember(view) {
+// The page's address with its query changed by update(params), the rest as it was (no new
+// history entry: Back still leaves the page).
+export function replaceQuery(update) {
   const [path, query = ""] = location.hash.split("?");
   const params = new URLSearchParams(query);
+  update(params);
+  const kept = params.toString().replaceAll("%2C", ","); // run ids stay readable
+  history.replaceState(history.state, "", `${path}${kept ? `?${kept}` : ""}`);
+}
+
+// The view into the page's address.
+function remember(view) {
+  replaceQuery((params) => rememberIn(params, view));
+}
+
+function rememberIn(params, view) {
   if (view.xaxis === DEFAULT_VIEW.xaxis) params.delete("x"); else params.set("x", view.xaxis);
   if (view.smoothing) params.set("smooth", view.smoothing.toFixed(2)); else params.delete("smooth");
   if (view.clip) params.delete("clip"); else params.set("clip", "0");
@@ -85,8 +96,6 @@ function remember(view) {
   const scaled = [...view.scales];
   setList(params, "log", scaled.filter(([, log]) => log).map(([id]) => id));
   setList(params, "lin", scaled.filter(([, log]) => !log).map(([id]) => id));
-  const kept = params.toString().replaceAll("%2C", ","); // run ids stay readable
-  history.replaceState(history.state, "", `${path}${kept ? `?${kept}` : ""}`);
 }
 
 // seriesOf(key): the run and series a chart's series key stands for, and when that run

@@ -5,7 +5,7 @@
 // in time since start, each run counts from its own start.
 
 import { download, exportRunsPath, getRun, getSeries } from "./api.js";
-import { CHART_CONTROLS, ChartSet } from "./chart-set.js";
+import { CHART_CONTROLS, ChartSet, replaceQuery } from "./chart-set.js";
 import { Chart, chartOf, plotlyReady } from "./charts.js";
 import { escapeHTML, healthBadge, runPath, setTitle, statusBadge } from "./format.js";
 import { withSummary } from "./live.js";
@@ -61,14 +61,23 @@ class CompareView {
     root.innerHTML = `
       <div class="page-head"><h1>Compare ${escapeHTML(runs.length)} runs</h1></div>
       <ul class="compared-runs"></ul>
-      <details class="panel" open><summary>Configuration <span class="muted">(differing keys marked)</span></summary>
+      <details class="panel" open><summary>Configuration <span class="muted" id="config-differ"></span></summary>
+        <label class="config-only"><input type="checkbox" name="only-differing"> Only the keys that differ</label>
         <div class="table-scroll"><table class="kv config-compare" id="config-compare"></table></div></details>
       ${CHART_CONTROLS}
       <div class="charts" id="charts"></div>`;
     this.chartsRoot = root.querySelector("#charts");
     this.set.mount(root.querySelector(".chart-controls"), this.chartsRoot);
     this.drawLegend();
-    drawConfig(root.querySelector("#config-compare"), runs);
+    // Only the keys that differ, when the switch (kept in the address: config=differing) says.
+    const only = root.querySelector("[name=only-differing]");
+    only.checked = params.get("config") === "differing";
+    const draw = () => drawConfig(root.querySelector("#config-compare"), root.querySelector("#config-differ"), runs, only.checked);
+    only.addEventListener("change", () => {
+      replaceQuery((query) => (only.checked ? query.set("config", "differing") : query.delete("config")));
+      draw();
+    });
+    draw();
   }
 
   drawLegend() {
@@ -181,16 +190,20 @@ class CompareView {
   destroy() { this.set.destroy(); }
 }
 
-// Keys as rows, runs as columns; a row whose values are not all equal is marked.
-function drawConfig(table, runs) {
+// Keys as rows, runs as columns; a row whose values are not all equal is marked (and the
+// others left out when onlyDiffering); how many differ in count.
+function drawConfig(table, count, runs, onlyDiffering) {
   const keys = [...new Set(runs.flatMap((run) => Object.keys(run.config ?? {})))].sort();
+  const differing = keys.filter((key) => new Set(runs.map((run) => shown(run.config?.[key]))).size > 1);
+  count.textContent = `(${differing.length} of ${keys.length} ${keys.length === 1 ? "key differs" : "keys differ"}, marked)`;
   const head = `<tr><th>key</th>${runs.map((run, i) => `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}</th>`).join("")}</tr>`;
-  const rows = keys.map((key) => {
+  const rows = (onlyDiffering ? differing : keys).map((key) => {
     const values = runs.map((run) => shown(run.config?.[key]));
     const differs = new Set(values).size > 1;
     return `<tr class="${differs ? "differs" : ""}" data-config-key="${escapeHTML(key)}" data-differs="${differs}">
       <th>${escapeHTML(key)}${differs ? ' <span class="visually-hidden">(differs)</span>' : ""}</th>
       ${values.map((value) => `<td>${escapeHTML(value)}</td>`).join("")}</tr>`;
   });
-  table.innerHTML = head + (rows.join("") || `<tr><td class="muted">no config</td></tr>`);
+  const none = keys.length ? "no key differs" : "no config";
+  table.innerHTML = head + (rows.join("") || `<tr><td class="muted">${none}</td></tr>`);
 }
