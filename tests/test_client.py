@@ -3,6 +3,7 @@ full resolution as a DataFrame, its alerts, and the server's reasons as ``ApiErr
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import subprocess
@@ -113,6 +114,9 @@ def test_errors_carry_the_servers_status_and_reason(team: Team) -> None:
         with pytest.raises(ApiError, match="could not read from") as unreached:
             nobody.runs()
         assert unreached.value.status is None
+        # Refused before any request (no server is there to answer): no run to export.
+        with pytest.raises(ConfigurationError, match="a list of at least one"):
+            nobody.export([], to=io.BytesIO())
 
 
 def test_server_and_token_come_from_the_environment(

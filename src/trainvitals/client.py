@@ -338,6 +338,8 @@ class Api:
             raise ConfigurationError("Api.export needs a binary file to write to (to=...)")
         if isinstance(run_id, str):
             path, runs = f"/api/v1/runs/{_path(run_id)}/export", []
+        elif not run_id:
+            raise ConfigurationError("Api.export needs a run id, or a list of at least one")
         else:
             path, runs = "/api/v1/export", [("run", r) for r in run_id]
         params: list[tuple[str, str | int | float | bool | None]] = [

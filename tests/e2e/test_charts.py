@@ -317,6 +317,25 @@ def test_the_chart_filter_shows_the_charts_it_names_and_a_link_keeps_it(
                    return width > card.clientWidth * 0.9 && width <= card.clientWidth; }"""
     )
     assert "filter" not in fresh.url
+
+    # A series that arrives later can bring its chart into the filter: val_loss is drawn on
+    # the loss chart, which "val_" hid while it held the loss alone.
+    live = Run(resolve(server=server.url, project="charts", run_name="validates"),
+               system_metrics=False, watchdog=False)  # fmt: skip
+    live.start()
+    try:
+        live.log(1, {"loss": 0.9})
+        fresh.goto(f"{server.url}/#/runs/{live.id}?filter=val_")
+        expect(fresh.locator(".chart-controls output[name=filter-count]")).to_have_text(
+            "0 of 1 chart"
+        )
+        live.log(2, {"val_loss": 0.8})
+        expect(fresh.locator(".chart-controls output[name=filter-count]")).to_have_text(
+            "1 of 1 chart"
+        )
+        expect(fresh.locator('[data-chart="loss"]')).to_be_visible()
+    finally:
+        live.finish()
     assert not errors, errors
     fresh.context.close()
 

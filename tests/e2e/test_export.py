@@ -224,6 +224,10 @@ def test_several_runs_export_as_one_file_each_row_naming_its_run(server: ServerP
     assert status == 422 and json.loads(body)["detail"][0]["loc"] == ["query", "run"]
     status, body = fetch(server, "/api/v1/export?" + "&".join(f"run=r{i}" for i in range(51)))
     assert status == 422 and json.loads(body)["detail"][0]["loc"] == ["query", "run"]
+    assert "at most 50 distinct runs, got 51" in json.loads(body)["detail"][0]["msg"]
+    # The cap counts runs, not how often one is named.
+    status, body = fetch(server, f"/api/v1/export?{f'run={first}&' * 60}name=acc")
+    assert status == 200 and body.decode().count(first) == 1
 
 
 def test_unknown_runs_series_and_formats_are_refused_with_a_reason(

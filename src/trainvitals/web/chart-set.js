@@ -147,6 +147,7 @@ export class ChartSet {
     return {
       view: this.view, seriesOf: this.seriesOf,
       onZoom: (xrange, source) => this.zoomTo(xrange, source), onLog: (chart) => this.scaleChanged(chart),
+      onSeries: () => this.filterSoon(), // a series' name can bring its chart into the filter
     };
   }
 
@@ -167,7 +168,7 @@ export class ChartSet {
     this.filterSoon();
   }
 
-  // The filter applied once the page has given the new chart its series (their names count).
+  // The filter applied once the page has given a chart its new series (their names count).
   filterSoon() {
     if (this.filtering) return;
     this.filtering = true;

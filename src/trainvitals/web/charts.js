@@ -248,7 +248,8 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 // pickTitle, null for the others; those not chosen are not drawn). Options:
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
 // when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON Lines;
-// onDrawn(chart) after each redraw; onLog(chart) when people switch its y-axis between log
+// onDrawn(chart) after each redraw; onSeries(chart) when it gets a series it did not have;
+// onLog(chart) when people switch its y-axis between log
 // and linear (view.scales: chart id -> log or not, as the page's address gave it, over the
 // spec's own); styleOf(name): a series' trace attributes (its label as
 // name, line, ...) where the series' own name would not do (runs compared); seriesOf(key):
@@ -257,9 +258,9 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 // where the key is not the series' name (runs compared) or the runs started apart.
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
-  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, onLog, styleOf, seriesOf, view } = {}) {
+  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, onLog, onSeries, styleOf, seriesOf, view } = {}) {
     const { id, title, log = false, height = LAYOUT.height } = spec;
-    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, onLog, styleOf, seriesOf });
+    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, onLog, onSeries, styleOf, seriesOf });
     this.view = { ...DEFAULT_VIEW, ...view };
     this.log = this.view.scales?.get(id) ?? log;
     this.card = document.createElement("section");
@@ -340,7 +341,8 @@ export class Chart {
 
   // Replace (or create) a series with a full, possibly downsampled, copy.
   setSeries(name, data) {
-    if (!this.series.has(name) && name.startsWith(GRAD_NORM_PREFIX)) {
+    const fresh = !this.series.has(name);
+    if (fresh && name.startsWith(GRAD_NORM_PREFIX)) {
       // The first variables to arrive are shown; showTopVariables() ranks them later.
       const shown = [...this.visible].filter(([n, v]) => n.startsWith(GRAD_NORM_PREFIX) && v === true).length;
       if (shown < TOP_VARIABLES) this.visible.set(name, true);
@@ -348,6 +350,7 @@ export class Chart {
     this.series.set(name, { step: [...data.step], time: [...data.time], value: [...data.value] });
     this.updateCount();
     this.schedule();
+    if (fresh) this.onSeries?.(this);
   }
 
   // Append live points newer than what the series holds.
