@@ -422,6 +422,16 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
     assert plot(page, "grad_heatmap", "plot.data[0].z.length") == 27
     ticks = plot(page, "grad_heatmap", "plot.layout.yaxis.ticktext")
     assert ticks[-1] == "<b>▶ sigmoid_0/kernel</b>" and ticks[0] == "dense_0/kernel"
+    # The chart filter hides the heatmap with its chart, also when it is made after the
+    # filter was applied (a page opened with one).
+    filtered = browser.new_page(viewport={"width": 1400, "height": 1000})
+    filtered.goto(f"{server.url}/#/runs/{run.id}?filter=loss")
+    expect(filtered.locator('[data-chart="grad_heatmap"]')).to_have_attribute("data-layers", "27")
+    expect(filtered.locator('[data-chart="grad_heatmap"]')).to_be_hidden()
+    expect(filtered.locator('[data-chart="grad_norm"]')).to_be_hidden()
+    filtered.locator(".chart-controls input[name=filter]").fill("")
+    expect(filtered.locator('[data-chart="grad_heatmap"]')).to_be_visible()
+    filtered.close()
     # On the line chart, the named layer is shown although its norm ranks last.
     page.wait_for_function(
         """() => document.querySelector('[data-chart="grad_norm"] .plot').data

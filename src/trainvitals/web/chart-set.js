@@ -4,7 +4,7 @@
 // hold one.
 
 import { getSeries } from "./api.js";
-import { DEFAULT_VIEW, chartOrder } from "./charts.js";
+import { DEFAULT_VIEW, chartOrder, filterOut } from "./charts.js";
 
 // The form a page puts above its charts; ChartSet.mount() wires it.
 export const CHART_CONTROLS = `
@@ -31,7 +31,7 @@ const MAX_FILTER = 200;
 // Whether any of names holds one of filter's |-separated words, in any case (TensorBoard's
 // "loss|acc" without its regular expressions: a link's filter cannot hang the page on a
 // pathological pattern). An empty filter, or one of empty words only, holds every chart.
-export function chartFilter(filter) {
+function chartFilter(filter) {
   const words = filter.toLowerCase().split("|").map((word) => word.trim()).filter(Boolean);
   if (!words.length) return () => true;
   return (names) => names.some((name) => words.some((word) => name.toLowerCase().includes(word)));
@@ -183,7 +183,7 @@ export class ChartSet {
       const names = [chart.id, chart.spec.title, ...[...chart.series.keys()].map((key) => this.seriesOf(key).name)];
       const on = holds(names);
       chart.setShown(on);
-      for (const card of this.cardsAfter(chart)) card.hidden = !on;
+      for (const card of this.cardsAfter(chart)) filterOut(card, !on);
       shown += on ? 1 : 0;
     }
     const count = this.form?.elements["filter-count"];

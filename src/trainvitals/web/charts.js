@@ -239,6 +239,10 @@ function legendByKeys(plot, legend) {
 // How every chart of a page draws: smoothing weight (0 to 0.99), the x-axis (step, time since
 // the run started, or wall-clock time), whether outliers are left out of the y-range, and
 // when the run started (for a series whose seriesOf gives no start of its own).
+// A card hidden by the chart filter, or shown again. A class, not the hidden attribute: a card
+// may hide itself for reasons of its own (the heatmap, until it has two layers).
+export function filterOut(card, out) { card.classList.toggle("filtered-out", out); }
+
 export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
 const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" };
 
@@ -384,7 +388,7 @@ export class Chart {
 
   // Shown or hidden by the page's chart filter (hidden, it is off screen: not redrawn until
   // shown again, at the width it has then).
-  setShown(on) { this.card.hidden = !on; }
+  setShown(on) { filterOut(this.card, !on); }
 
   // The zoom of another chart of the page (the same x-axis), or none.
   setXRange(xrange) {

@@ -240,7 +240,7 @@ export class RunPage {
       if ([...gradients.series.keys()].filter((name) => name !== GRAD_GLOBAL_NORM).length < 2) return;
       this.heatmap = new GradHeatmap(this.chartsRoot, gradients.card);
       this.heatmap.setAlerts([...(this.alertList?.alerts.values() ?? [])]);
-      this.heatmap.card.hidden = gradients.card.hidden; // the chart filter's, as its chart's
+      this.set.filterSoon(); // the chart filter hides it with its chart (cardsAfter)
     }
     this.heatmap.update(gradients.series, this.set.view.xaxis === "step" ? gradients.xrange : null);
   }
