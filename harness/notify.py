@@ -175,8 +175,10 @@ def notifying_server(
 
 
 def agent(server: ServerProcess, run_id: str, project: str = "default") -> ClientConnection:
-    """A hand-made agent connection that has said hello."""
-    ws = connect(server.url.replace("http", "ws") + "/api/v1/ingest")
+    """A hand-made agent connection that has said hello. Patient: a test opens hundreds of
+    these one after another while the server sweeps the first ones as lost, and on a busy CI
+    machine one opening handshake took longer than websockets' default 10 s."""
+    ws = connect(server.url.replace("http", "ws") + "/api/v1/ingest", open_timeout=60)
     ws.send(
         json.dumps(
             {
@@ -194,7 +196,7 @@ def agent(server: ServerProcess, run_id: str, project: str = "default") -> Clien
             }
         )
     )
-    json.loads(ws.recv(timeout=10))
+    json.loads(ws.recv(timeout=60))
     return ws
 
 
