@@ -23,8 +23,15 @@ thread, the agent's sender and sampler, TensorFlow's own threads) and in the ser
 (``/proc``), each against the bare run's: CPU time does not count the time a thread waits
 for a core, so these are steadier than the wall-clock ratios here.
 
+Last, within one fit (``--windowed``, ``WindowGate``): the agent's background work (its
+sender and sampler threads, and with them the server's work on the same cores) held and let go
+in alternate 0.4 s windows, each adjacent pair giving one ratio; beside it, the same for a
+known load (10 ms of CPU a second), which shows what the measurement resolves. The whole cost
+is then the in-step vitals and hooks (paired) times the background's ratio, with its spread,
+against the budgets: ``met`` only when the whole interval is within the budget.
+
     python benchmarks/agent_overhead.py [--rounds 7] [--steps 800] [--warmup 200]
-        [--cnn-batch 384] [--pairs 2000] [--hook-steps 5000]
+        [--cnn-batch 384] [--pairs 2000] [--hook-steps 5000] [--windowed-seconds 60]
 """
 
 from __future__ import annotations
@@ -309,6 +316,154 @@ def hook_cost(server_url: str, steps: int) -> tuple[str, float]:
     return f"{seconds * 1e6:.1f} µs CPU a step: the callback's two hooks", seconds
 
 
+class _GatedEvent(threading.Event):
+    """The sender's wake-up event, whose waits first wait for the gate to open."""
+
+    def __init__(self, gate: threading.Event, was_set: bool) -> None:
+        super().__init__()
+        self._gate = gate
+        if was_set:
+            self.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._gate.wait()
+        return super().wait(timeout)
+
+
+class WindowGate(keras.callbacks.Callback):  # type: ignore[misc]
+    """Alternates the agent's background work on and off in windows of ``window`` seconds
+    within one ``fit``, and times the steps of each window.
+
+    Off, the gate holds the agent's sender and sampler threads in their waits (their work
+    waits for the next on window: the server then has nothing to judge either); the train
+    step keeps writing the device ring (a window holds far fewer steps than half the ring, so
+    the training thread never reads it for them). Each pair of adjacent windows, in an order
+    drawn at random, gives one ratio on / off: the machine's drift over a second cancels out
+    of it, which it does not between two processes a minute apart. ``load``: instead of the
+    agent, a thread of this process that burns ``load`` seconds of CPU outside the GIL every
+    0.2 s in on windows, the known cost that shows what the measurement resolves.
+
+    The first callback of the list (its ``on_train_end`` opens the gate before the agent's
+    closes the run); the agent's threads are gated at the first step, once they exist.
+    """
+
+    async_safe = False
+
+    def __init__(self, window: float, warmup: int, seconds: float, load: float = 0.0) -> None:
+        super().__init__()
+        self.window, self.warmup, self.seconds, self.load = window, warmup, seconds, load
+        self.gate = threading.Event()
+        self.gate.set()
+        self.vitals: Any = None  # the VitalsCallback whose threads are gated
+        self.order = np.random.default_rng(0).integers(0, 2, size=100_000)
+        self.sums: dict[int, list[float]] = {}  # window -> [seconds, steps]
+        self.started = 0.0
+        self.last: tuple[float, int] | None = None  # the last step's start and window
+        self._burning = threading.Event()
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        now = time.perf_counter()
+        if batch < self.warmup:
+            return
+        if batch == self.warmup:
+            self.started = now
+            self._gate_agent()
+        if self.last is not None:
+            start, window = self.last
+            totals = self.sums.setdefault(window, [0.0, 0])
+            totals[0] += now - start
+            totals[1] += 1
+        window = int((now - self.started) / self.window)
+        if self._on(window):
+            self.gate.set()
+        else:
+            self.gate.clear()
+        self.last = (now, window)
+        if now - self.started >= self.seconds:
+            self.model.stop_training = True
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._burning.set()
+        self.gate.set()
+
+    def _on(self, window: int) -> bool:
+        return bool(self.order[window // 2] == window % 2)
+
+    def _gate_agent(self) -> None:
+        if self.load > 0:
+            threading.Thread(target=self._burn, daemon=True).start()
+            return
+        run = self.vitals.run
+        sender, sampler = run._sender, run._sampler
+        sender._wake = _GatedEvent(self.gate, sender._wake.is_set())
+        if sampler is not None:
+            wait = sampler._wait
+
+            def gated(timeout: float) -> bool:
+                self.gate.wait()
+                return bool(wait(timeout))
+
+            sampler._wait = gated
+
+    def _burn(self) -> None:
+        import hashlib
+
+        block = bytes(1 << 20)
+        due = time.monotonic()
+        while not self._burning.is_set():
+            self.gate.wait()
+            end = time.thread_time() + self.load
+            while time.thread_time() < end:
+                hashlib.sha256(block).digest()  # outside the GIL
+            due += 0.2
+            self._burning.wait(max(0.0, due - time.monotonic()))
+
+    def ratios(self) -> list[float]:
+        """Each complete pair's mean step on / mean step off."""
+        out = []
+        for pair in range(max(self.sums, default=-1) // 2 + 1):
+            on, off = (2 * pair, 2 * pair + 1) if self._on(2 * pair) else (2 * pair + 1, 2 * pair)
+            a, b = self.sums.get(on), self.sums.get(off)
+            if a and b and a[1] >= 3 and b[1] >= 3:
+                out.append((a[0] / a[1]) / (b[0] / b[1]))
+        return out
+
+
+def windowed(model_name: str, mode: str, seconds: float, batch: int, url: str) -> None:
+    """One ``fit`` with the agent's background work switched on and off in alternate windows
+    (``--windowed``); prints one JSON line: the pairs' ratios."""
+    import json
+
+    import tensorflow as tf
+
+    model, x, y = (mlp if model_name == "MLP" else cnn)()
+    model.compile(
+        optimizer="adam",
+        metrics=["accuracy"],
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    n = min(len(x), 100 * batch)
+    data = tf.data.Dataset.from_tensor_slices((x[:n], y[:n])).batch(batch, drop_remainder=True)
+    data = data.repeat()
+    warmup = 200
+    fit_steps(model, data, warmup + 10, warmup, [])  # traces the bare step
+    gate = WindowGate(WINDOW, warmup, seconds, load=LOAD if mode == "control" else 0.0)
+    extra: list[Any] = [gate]
+    if mode == "agent":
+        gate.vitals = trainvitals.VitalsCallback(server=url, project="bench", run_name="windows")
+        extra.append(gate.vitals)
+    model.fit(data, steps_per_epoch=10**9, epochs=1, verbose=0, callbacks=extra)
+    print(json.dumps({"ratios": gate.ratios()}), flush=True)
+
+
+#: The windows of the within-fit measurement (seconds): two flush intervals; far fewer steps
+#: of the ~1 ms MLP than half the ring.
+WINDOW = 0.4
+#: The control's known load: CPU seconds burnt every 0.2 s in on windows (10 ms a second,
+#: about what the agent's sender and a server on the same cores take together).
+LOAD = 0.002
+
+
 #: The fit-level configurations, alternated round by round.
 CONFIGS = ("bare", "VitalsCallback", "TensorBoard(batch)")
 #: The budgets of the fit-level ratio to bare: the ~2 ms MLP, and a step of 10 ms or more.
@@ -376,11 +531,22 @@ def main() -> None:
     )
     parser.add_argument("--pairs", type=int, default=2000, help="of the in-step measurement")
     parser.add_argument("--hook-steps", type=int, default=5000, help="of the hooks' measurement")
+    parser.add_argument(
+        "--windowed-seconds",
+        type=float,
+        default=60.0,
+        help="of each fit of the within-fit measurement (0: none)",
+    )
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    parser.add_argument("--windowed", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         name, config, steps, warmup, batch, url = args.worker
         worker(name, config, int(steps), int(warmup), int(batch), url)
+        return
+    if args.windowed:
+        name, mode, seconds, batch, url = args.windowed
+        windowed(name, mode, float(seconds), int(batch), url)
         return
     print("in-step vitals, paired step by step:")
     in_step: dict[str, float] = {}
@@ -464,8 +630,66 @@ def main() -> None:
                     f"{threads * 1e6:.0f}) against its {bare_step[name] * 1e3:.2f} ms fit step; "
                     f"a server on the same cores adds {server_cpu * 1e6:.0f} µs of CPU a step."
                 )
+            if args.windowed_seconds > 0:
+                within_fit(args, server, in_step, hooks, bare_step)
         finally:
             server.stop()
+
+
+def within_fit(
+    args: argparse.Namespace,
+    server: ServerProcess,
+    in_step: dict[str, float],
+    hooks: float,
+    bare_step: dict[str, float],
+) -> None:
+    """The agent's background work (sender, sampler, and the server it keeps busy) on and
+    off in alternate windows of one fit, beside the same for a known load; then the agent's
+    whole cost as the in-step vitals (paired) and hooks times that ratio, against the
+    budgets."""
+    import json
+    import subprocess
+
+    print(
+        f"\nwithin one fit of {args.windowed_seconds:.0f} s: the agent's background work "
+        f"(sender, sampler, the server on the same cores) on and off in alternate "
+        f"{WINDOW} s windows, each pair's ratio on/off, median [quartiles], mean ± 2 "
+        f"standard errors; the control: {LOAD * 5e3:.0f} ms a second of CPU burnt outside "
+        "the GIL in its on windows, in place of the agent"
+    )
+    for name in ("MLP", "CNN"):
+        batch = BATCH if name == "MLP" else args.cnn_batch
+        found: dict[str, tuple[float, float]] = {}
+        for mode in ("agent", "control"):
+            command = [sys.executable, __file__, "--windowed", name, mode]
+            command += [str(args.windowed_seconds), str(batch), server.url]
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            ratios = json.loads(done.stdout.strip().splitlines()[-1])["ratios"]
+            low, _, high = statistics.quantiles(ratios, n=4)
+            mean = statistics.fmean(ratios)
+            spread = 2 * statistics.stdev(ratios) / len(ratios) ** 0.5
+            found[mode] = (mean, spread)
+            print(
+                f"  {name} {mode:<8} {statistics.median(ratios):.3f}x [{low:.3f}-{high:.3f}], "
+                f"mean {mean:.4f} ± {spread:.4f} ({len(ratios)} pairs)",
+                flush=True,
+            )
+        mean, spread = found["agent"]
+        step = 1 + (in_step[name] + hooks) / bare_step[name]
+        whole, budget = step * mean, BUDGET_SMALL if bare_step[name] < 0.01 else BUDGET_LARGE
+        verdict = (
+            "met"
+            if step * (mean + spread) <= budget
+            else "NOT met"
+            if step * (mean - spread) > budget
+            else "not resolved"
+        )
+        print(
+            f"  {name}: in-step vitals and hooks {step:.4f}x x background {mean:.4f}x = "
+            f"{whole:.4f}x [{step * (mean - spread):.4f}-{step * (mean + spread):.4f}]; "
+            f"budget {budget:.2f}x: {verdict}",
+            flush=True,
+        )
 
 
 def _median_by_kind(samples: list[dict[str, float]]) -> dict[str, float]:
