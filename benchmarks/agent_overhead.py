@@ -360,6 +360,8 @@ class WindowGate(keras.callbacks.Callback):  # type: ignore[misc]
         self.started = 0.0
         self.last: tuple[float, int] | None = None  # the last step's start and window
         self._burning = threading.Event()
+        #: The control's load burns in Python, holding the GIL (as the sender's packing does).
+        self.holding_gil = False
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         now = time.perf_counter()
@@ -414,7 +416,10 @@ class WindowGate(keras.callbacks.Callback):  # type: ignore[misc]
             self.gate.wait()
             end = time.thread_time() + self.load
             while time.thread_time() < end:
-                hashlib.sha256(block).digest()  # outside the GIL
+                if self.holding_gil:
+                    sum(range(1000))
+                else:
+                    hashlib.sha256(block).digest()  # outside the GIL
             due += 0.2
             self._burning.wait(max(0.0, due - time.monotonic()))
 
@@ -447,10 +452,15 @@ def windowed(model_name: str, mode: str, seconds: float, batch: int, url: str) -
     data = data.repeat()
     warmup = 200
     fit_steps(model, data, warmup + 10, warmup, [])  # traces the bare step
-    gate = WindowGate(WINDOW, warmup, seconds, load=LOAD if mode == "control" else 0.0)
+    control = mode.startswith("control")
+    gate = WindowGate(WINDOW, warmup, seconds, load=LOAD if control else 0.0)
+    gate.holding_gil = mode == "control-gil"
     extra: list[Any] = [gate]
-    if mode == "agent":
-        gate.vitals = trainvitals.VitalsCallback(server=url, project="bench", run_name="windows")
+    if mode.startswith("agent"):  # "agent@1.0": sending every second instead
+        interval = float(mode.partition("@")[2] or 0.2)
+        gate.vitals = trainvitals.VitalsCallback(
+            server=url, project="bench", run_name="windows", flush_interval=interval
+        )
         extra.append(gate.vitals)
     model.fit(data, steps_per_epoch=10**9, epochs=1, verbose=0, callbacks=extra)
     print(json.dumps({"ratios": gate.ratios()}), flush=True)
@@ -536,6 +546,17 @@ def main() -> None:
         type=float,
         default=60.0,
         help="of each fit of the within-fit measurement (0: none)",
+    )
+    parser.add_argument(
+        "--windowed-extra",
+        nargs="*",
+        default=[],
+        metavar="MODE",
+        help="more within-fit rows: agent@SECONDS (another flush interval), control-gil "
+        "(the known load burnt in Python, holding the GIL)",
+    )
+    parser.add_argument(
+        "--windowed-models", nargs="*", default=["MLP", "CNN"], choices=["MLP", "CNN"]
     )
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--windowed", nargs=5, help=argparse.SUPPRESS)
@@ -657,10 +678,10 @@ def within_fit(
         f"standard errors; the control: {LOAD * 5e3:.0f} ms a second of CPU burnt outside "
         "the GIL in its on windows, in place of the agent"
     )
-    for name in ("MLP", "CNN"):
+    for name in args.windowed_models:
         batch = BATCH if name == "MLP" else args.cnn_batch
         found: dict[str, tuple[float, float]] = {}
-        for mode in ("agent", "control"):
+        for mode in ("agent", "control", *args.windowed_extra):
             command = [sys.executable, __file__, "--windowed", name, mode]
             command += [str(args.windowed_seconds), str(batch), server.url]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
