@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -437,6 +438,8 @@ class WindowGate(keras.callbacks.Callback):  # type: ignore[misc]
 def windowed(model_name: str, mode: str, seconds: float, batch: int, url: str) -> None:
     """One ``fit`` with the agent's background work switched on and off in alternate windows
     (``--windowed``); prints one JSON line: the pairs' ratios."""
+    if re.fullmatch(r"agent(@[0-9.]+)?|control(-gil)?", mode) is None:
+        raise SystemExit(f"unknown within-fit mode {mode!r}: agent[@SECONDS], control[-gil]")
     import json
 
     import tensorflow as tf
@@ -466,8 +469,8 @@ def windowed(model_name: str, mode: str, seconds: float, batch: int, url: str) -
     print(json.dumps({"ratios": gate.ratios()}), flush=True)
 
 
-#: The windows of the within-fit measurement (seconds): two flush intervals; far fewer steps
-#: of the ~1 ms MLP than half the ring.
+#: The windows of the within-fit measurement (seconds): two flush intervals, and fewer steps
+#: of a 1 ms MLP step than half the ring (the training thread's own read).
 WINDOW = 0.4
 #: The control's known load: CPU seconds burnt every 0.2 s in on windows (10 ms a second,
 #: about what the agent's sender and a server on the same cores take together).
