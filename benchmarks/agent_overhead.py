@@ -341,8 +341,9 @@ class WindowGate(keras.callbacks.Callback):  # type: ignore[misc]
     the training thread never reads it for them). Each pair of adjacent windows, in an order
     drawn at random, gives one ratio on / off: the machine's drift over a second cancels out
     of it, which it does not between two processes a minute apart. ``load``: instead of the
-    agent, a thread of this process that burns ``load`` seconds of CPU outside the GIL every
-    0.2 s in on windows, the known cost that shows what the measurement resolves.
+    agent, a thread of this process that burns ``load`` seconds of CPU outside the GIL (or,
+    ``holding_gil``, in Python) every 0.2 s in on windows: the known cost that shows what the
+    measurement resolves.
 
     The first callback of the list (its ``on_train_end`` opens the gate before the agent's
     closes the run); the agent's threads are gated at the first step, once they exist.
@@ -350,9 +351,18 @@ class WindowGate(keras.callbacks.Callback):  # type: ignore[misc]
 
     async_safe = False
 
-    def __init__(self, window: float, warmup: int, seconds: float, load: float = 0.0) -> None:
+    def __init__(
+        self,
+        window: float,
+        warmup: int,
+        seconds: float,
+        load: float = 0.0,
+        holding_gil: bool = False,
+    ) -> None:
         super().__init__()
         self.window, self.warmup, self.seconds, self.load = window, warmup, seconds, load
+        #: The control's load burns in Python, holding the GIL (as the sender's packing does).
+        self.holding_gil = holding_gil
         self.gate = threading.Event()
         self.gate.set()
         self.vitals: Any = None  # the VitalsCallback whose threads are gated
@@ -361,8 +371,6 @@ class WindowGate(keras.callbacks.Callback):  # type: ignore[misc]
         self.started = 0.0
         self.last: tuple[float, int] | None = None  # the last step's start and window
         self._burning = threading.Event()
-        #: The control's load burns in Python, holding the GIL (as the sender's packing does).
-        self.holding_gil = False
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         now = time.perf_counter()
@@ -435,13 +443,9 @@ class WindowGate(keras.callbacks.Callback):  # type: ignore[misc]
         return out
 
 
-def windowed(model_name: str, mode: str, seconds: float, batch: int, url: str) -> None:
-    """One ``fit`` with the agent's background work switched on and off in alternate windows
-    (``--windowed``); prints one JSON line: the pairs' ratios."""
-    if re.fullmatch(r"agent(@[0-9.]+)?|control(-gil)?", mode) is None:
-        raise SystemExit(f"unknown within-fit mode {mode!r}: agent[@SECONDS], control[-gil]")
-    import json
-
+def traced(model_name: str, batch: int, warmup: int) -> tuple[Any, Any]:
+    """A fresh process's model, compiled, and its endless dataset at ``batch``, with the bare
+    step traced by a short fit (so no configuration's time includes that tracing)."""
     import tensorflow as tf
 
     model, x, y = (mlp if model_name == "MLP" else cnn)()
@@ -453,11 +457,34 @@ def windowed(model_name: str, mode: str, seconds: float, batch: int, url: str) -
     n = min(len(x), 100 * batch)
     data = tf.data.Dataset.from_tensor_slices((x[:n], y[:n])).batch(batch, drop_remainder=True)
     data = data.repeat()
+    fit_steps(model, data, warmup + 10, warmup, [])
+    return model, data
+
+
+def child(*argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """This script run in a fresh process with ``argv``; the JSON line it prints last."""
+    import json
+    import subprocess
+
+    command = [sys.executable, __file__, *argv]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def windowed(model_name: str, mode: str, seconds: float, batch: int, url: str) -> None:
+    """One ``fit`` with the agent's background work switched on and off in alternate windows
+    (``--windowed``); prints one JSON line: the pairs' ratios."""
+    if re.fullmatch(r"agent(@[0-9.]+)?|control(-gil)?", mode) is None:
+        raise SystemExit(f"unknown within-fit mode {mode!r}: agent[@SECONDS], control[-gil]")
+    import json
+
     warmup = 200
-    fit_steps(model, data, warmup + 10, warmup, [])  # traces the bare step
+    model, data = traced(model_name, batch, warmup)
     control = mode.startswith("control")
-    gate = WindowGate(WINDOW, warmup, seconds, load=LOAD if control else 0.0)
-    gate.holding_gil = mode == "control-gil"
+    gate = WindowGate(
+        WINDOW, warmup, seconds, load=LOAD if control else 0.0, holding_gil=mode == "control-gil"
+    )
     extra: list[Any] = [gate]
     if mode.startswith("agent"):  # "agent@1.0": sending every second instead
         interval = float(mode.partition("@")[2] or 0.2)
@@ -489,18 +516,7 @@ def worker(model_name: str, config: str, steps: int, warmup: int, batch: int, ur
     and CPU a step by kind of thread."""
     import json
 
-    import tensorflow as tf
-
-    model, x, y = (mlp if model_name == "MLP" else cnn)()
-    model.compile(
-        optimizer="adam",
-        metrics=["accuracy"],
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    n = min(len(x), 100 * batch)
-    data = tf.data.Dataset.from_tensor_slices((x[:n], y[:n])).batch(batch, drop_remainder=True)
-    data = data.repeat()
-    fit_steps(model, data, warmup + 10, warmup, [])  # traces the bare step
+    model, data = traced(model_name, batch, warmup)
     server_pid = int(os.environ.get("BENCH_SERVER_PID", "0"))
     extra: list[Any] = []
     if config == "VitalsCallback":
@@ -522,16 +538,10 @@ def fit_steps(model: Any, data: Any, steps: int, warmup: int, extra: list[Any]) 
 def fresh_fit(
     model_name: str, config: str, args: argparse.Namespace, server: ServerProcess
 ) -> dict[str, Any]:
-    import json
-    import subprocess
-
     batch = BATCH if model_name == "MLP" else args.cnn_batch
-    command = [sys.executable, __file__, "--worker", model_name, config]
-    command += [str(args.steps), str(args.warmup), str(batch), server.url]
     env = {**os.environ, "BENCH_SERVER_PID": str(server.process.pid)}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return child("--worker", model_name, config, str(args.steps), str(args.warmup), str(batch),
+                 server.url, env=env)  # fmt: skip
 
 
 def main() -> None:
@@ -671,9 +681,6 @@ def within_fit(
     off in alternate windows of one fit, beside the same for a known load; then the agent's
     whole cost as the in-step vitals (paired) and hooks times that ratio, against the
     budgets."""
-    import json
-    import subprocess
-
     print(
         f"\nwithin one fit of {args.windowed_seconds:.0f} s: the agent's background work "
         f"(sender, sampler, the server on the same cores) on and off in alternate "
@@ -685,16 +692,14 @@ def within_fit(
         batch = BATCH if name == "MLP" else args.cnn_batch
         found: dict[str, tuple[float, float]] = {}
         for mode in ("agent", "control", *args.windowed_extra):
-            command = [sys.executable, __file__, "--windowed", name, mode]
-            command += [str(args.windowed_seconds), str(batch), server.url]
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
-            ratios = json.loads(done.stdout.strip().splitlines()[-1])["ratios"]
+            ratios = child("--windowed", name, mode, str(args.windowed_seconds), str(batch),
+                           server.url)["ratios"]  # fmt: skip
             low, _, high = statistics.quantiles(ratios, n=4)
             mean = statistics.fmean(ratios)
             spread = 2 * statistics.stdev(ratios) / len(ratios) ** 0.5
             found[mode] = (mean, spread)
             print(
-                f"  {name} {mode:<8} {statistics.median(ratios):.3f}x [{low:.3f}-{high:.3f}], "
+                f"  {name} {mode:<11} {statistics.median(ratios):.3f}x [{low:.3f}-{high:.3f}], "
                 f"mean {mean:.4f} ± {spread:.4f} ({len(ratios)} pairs)",
                 flush=True,
             )

@@ -236,13 +236,13 @@ function legendByKeys(plot, legend) {
   });
 }
 
-// How every chart of a page draws: smoothing weight (0 to 0.99), the x-axis (step, time since
-// the run started, or wall-clock time), whether outliers are left out of the y-range, and
-// when the run started (for a series whose seriesOf gives no start of its own).
 // A card hidden by the chart filter, or shown again. A class, not the hidden attribute: a card
 // may hide itself for reasons of its own (the heatmap, until it has two layers).
 export function filterOut(card, out) { card.classList.toggle("filtered-out", out); }
 
+// How every chart of a page draws: smoothing weight (0 to 0.99), the x-axis (step, time since
+// the run started, or wall-clock time), whether outliers are left out of the y-range, and
+// when the run started (for a series whose seriesOf gives no start of its own).
 export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
 const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" };
 
@@ -253,10 +253,9 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 // onTooLong(name) when a live trace grew long (reload it downsampled); onZoom(xrange, chart)
 // when people zoom (null: zoomed out); onDownload(format, chart) offers CSV and JSON Lines;
 // onDrawn(chart) after each redraw; onSeries(chart) when it gets a series it did not have;
-// onLog(chart) when people switch its y-axis between log
-// and linear (view.scales: chart id -> log or not, as the page's address gave it, over the
-// spec's own); styleOf(name): a series' trace attributes (its label as
-// name, line, ...) where the series' own name would not do (runs compared); seriesOf(key):
+// onLog(chart) when people switch its y-axis between log and linear (view.scales: chart id ->
+// log or not, as the page's address gave it, over the spec's own); styleOf(name): a series'
+// trace attributes (its label as name, line, ...) where the series' own name would not do (runs compared); seriesOf(key):
 // what a series key stands for, { name, start } (the series' own name, and the time its run
 // started, from which "time since start" counts for it: runs compared each start at 0),
 // where the key is not the series' name (runs compared) or the runs started apart.
