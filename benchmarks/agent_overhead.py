@@ -486,18 +486,20 @@ def windowed(model_name: str, mode: str, seconds: float, batch: int, url: str) -
         WINDOW, warmup, seconds, load=LOAD if control else 0.0, holding_gil=mode == "control-gil"
     )
     extra: list[Any] = [gate]
-    if mode.startswith("agent"):  # "agent@1.0": sending every second instead
-        interval = float(mode.partition("@")[2] or 0.2)
+    if mode.startswith("agent"):  # "agent@0.2": sending five times a second instead
+        interval = mode.partition("@")[2]
+        intervals = {"flush_interval": float(interval)} if interval else {}
         gate.vitals = trainvitals.VitalsCallback(
-            server=url, project="bench", run_name="windows", flush_interval=interval
+            server=url, project="bench", run_name="windows", **intervals
         )
         extra.append(gate.vitals)
     model.fit(data, steps_per_epoch=10**9, epochs=1, verbose=0, callbacks=extra)
     print(json.dumps({"ratios": gate.ratios()}), flush=True)
 
 
-#: The windows of the within-fit measurement (seconds): two flush intervals, and fewer steps
-#: of a 1 ms MLP step than half the ring (the training thread's own read).
+#: The windows of the within-fit measurement (seconds): two read intervals, and fewer steps
+#: of a 1 ms MLP step than half the ring (the training thread's own read). A send, once a
+#: second, waits for an on window, so it falls in every second or third of them.
 WINDOW = 0.4
 #: The control's known load: CPU seconds burnt every 0.2 s in on windows (10 ms a second,
 #: about what the agent's sender and a server on the same cores take together).

@@ -129,7 +129,7 @@ class ReadsProbe(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
 
 def test_the_vitals_are_fetched_every_n_steps_never_each_step(server: ServerProcess) -> None:
     """No host read of the vitals per step: the ring is read by one fetch every
-    ``ring_capacity // 2`` steps (here the sender thread, given a minute between flushes,
+    ``ring_capacity // 2`` steps (here the sender thread, given a minute between reads,
     leaves every read to the training thread) and at each epoch's end, and Keras's logs
     carry no vitals."""
     rng = np.random.default_rng(1)
@@ -141,6 +141,7 @@ def test_the_vitals_are_fetched_every_n_steps_never_each_step(server: ServerProc
         run_name="reads",
         ring_capacity=16,
         flush_interval=60,
+        read_interval=60,
         system_metrics=False,
         watchdog=False,
     )

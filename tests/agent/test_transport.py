@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from functools import partial
 
 import pytest
@@ -88,3 +89,31 @@ def test_a_server_that_does_not_welcome_is_reported_once_and_never_raises(
             assert not sender.close("completed", 2.0, None, timeout=0.2)
     outages = [r for r in caplog.records if "cannot reach" in r.getMessage()]
     assert len(outages) == 1 and "welcome" in outages[0].getMessage()
+
+
+def test_points_wait_for_the_flush_interval_unless_the_buffer_is_urgent() -> None:
+    with running_peer() as peer:
+        buffer = PointBuffer()
+        looks: list[int] = []
+        sender = Sender(
+            peer.url,
+            hello(),
+            buffer,
+            flush_interval=3600,
+            read_interval=0.01,
+            tick=lambda: looks.append(len(buffer)),
+        )
+        sender.start()
+        wait_for(lambda: len(looks) >= 1, what="the sender's first look")
+        buffer.add(1, 10.0, {"loss": 0.9})
+        seen = len(looks)
+        wait_for(lambda: len(looks) >= seen + 5, what="five looks at the new point")
+        assert peer.numbered() == []  # looked at, held: the next send is an hour away
+        buffer.add(2, 11.0, {"loss": math.nan})
+        buffer.hurry()
+        sender.hurry()
+        wait_for(lambda: peer.numbered() == [1], what="the urgent frame")
+        assert sender.close("completed", 12.0, None, timeout=10)
+        frames = peer.frames()
+    assert frames[1]["series"]["loss"]["step"] == [1, 2]  # what waited goes with it, in order
+    assert not buffer.urgent

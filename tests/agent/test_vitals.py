@@ -142,17 +142,22 @@ def test_vitals_under_xla_and_mixed_precision(server: ServerProcess, policy: str
         assert all(math.isfinite(v) for v in series["grad/global_norm"]["value"][3:])
 
 
-def test_nan_input_that_the_model_hides_is_still_counted(server: ServerProcess) -> None:
+def test_nan_input_that_the_forward_pass_hides_is_counted_through_the_gradients(
+    server: ServerProcess,
+) -> None:
+    """A healthy step does not read the inputs (docs/vitals.md): a NaN among them shows in the
+    first layer's kernel gradient even where the forward pass drops it, and the exact counts
+    then name the inputs."""
     x, y = data()
     x[BATCH + 2, 0] = np.nan
     keras.utils.set_random_seed(5)
-    # The model imputes NaN as 0 before its first layer, so loss and gradients stay finite.
-    # (TensorFlow's relu hides a NaN the same way on some CPUs and not on others.)
+    # After the first layer the model replaces NaN by 0, so the loss stays finite; that
+    # layer's kernel gradient still multiplies the NaN input (by a zero upstream gradient).
     model = keras.Sequential(
         [
             keras.Input((6,)),
+            keras.layers.Dense(8),
             keras.layers.Lambda(lambda t: keras.ops.nan_to_num(t, nan=0.0)),
-            keras.layers.Dense(8, activation="relu"),
             keras.layers.Dense(1),
         ]
     )
@@ -160,9 +165,11 @@ def test_nan_input_that_the_model_hides_is_still_counted(server: ServerProcess) 
     vitals = trainvitals.VitalsCallback(server=server.url, run_name="hidden", system_metrics=False)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[vitals])
     assert vitals.run is not None
-    series = run_series(server, vitals.run.id, "nonfinite/inputs", "nonfinite/loss")
-    assert series["nonfinite/inputs"]["value"] == [0, 1, 0, 0, 0, 0]
-    assert set(series["nonfinite/loss"]["value"]) == {0}
+    names = ("nonfinite/inputs", "nonfinite/loss", "nonfinite/grads")
+    series = run_series(server, vitals.run.id, *names)
+    inputs, loss, grads = (series[name]["value"] for name in names)
+    assert inputs == [0, 1, 0, 0, 0, 0]
+    assert loss[:2] == [0, 0] and grads[0] == 0 and grads[1] > 0
 
 
 def test_per_variable_norms_name_the_layer_that_blew_up(server: ServerProcess) -> None:
@@ -287,3 +294,9 @@ def test_step_vitals_in_a_compiled_step_count_only_when_something_is_not_finite(
     conditionals = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
     assert conditionals
     assert all(not op.get_attr("_lower_using_switch_merge") for op in conditionals)
+    # Outside that conditional, the batch is read by the forward pass only: the checksum sums
+    # the gradients' squares, one L2Loss for the kernel's gradient and none for the inputs.
+    batch = graph.get_tensor_by_name("x:0")
+    readers = {op.type for op in graph.get_operations() if any(t is batch for t in op.inputs)}
+    assert [op.type for op in graph.get_operations()].count("L2Loss") == 1
+    assert readers <= {"MatMul", "If", "StatelessIf"}, readers

@@ -31,6 +31,13 @@ class PointBuffer:
         self._on_step = on_step
         #: The highest training step recorded so far; per-second readings are filed under it.
         self.last_step = 0
+        #: Whether what is held must be sent now rather than at the next send
+        #: (:mod:`trainvitals.agent.urgency`); cleared by :meth:`drain`.
+        self.urgent = False
+
+    def hurry(self) -> None:
+        """Mark what is held as urgent: the sender sends it at its next look."""
+        self.urgent = True
 
     def add(self, step: int, time: float, values: Mapping[str, float]) -> None:
         with self._lock:
@@ -80,6 +87,7 @@ class PointBuffer:
     def drain(self) -> dict[str, ListColumns]:
         with self._lock:
             series, self._series, self._count = self._series, {}, 0
+            self.urgent = False
         return series
 
     def __len__(self) -> int:

@@ -21,6 +21,14 @@ DEFAULT_SPOOL_AFTER_BYTES = 32 * 2**20
 #: 0.2 s between reads, room for steps of 0.4 ms and up before the training thread has to
 #: read for itself (every ``capacity // 2`` steps).
 DEFAULT_RING_CAPACITY = 1024
+#: The most seconds a recorded point waits before it is sent, when nothing is urgent (see
+#: :mod:`trainvitals.agent.urgency`). Each frame costs the training process and the server a
+#: few milliseconds of CPU whatever it holds: at five a second, some 3% of a 2 ms CPU step
+#: (``benchmarks/agent_overhead.py``); at one a second, within the measurement's resolution.
+DEFAULT_FLUSH_INTERVAL = 1.0
+#: Seconds between two looks at what training recorded (the device ring read, the hang check,
+#: the NaN/Inf and gradient-rise checks that send at once): what an urgent point waits at most.
+DEFAULT_READ_INTERVAL = 0.2
 
 
 def default_spool_dir() -> Path:
@@ -38,7 +46,10 @@ class AgentConfig:
     run_name: str
     token: str | None
     config: dict[str, Any] = field(default_factory=dict)
-    flush_interval: float = 0.2
+    #: The most seconds a point waits before it is sent, unless it is urgent.
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL
+    #: Seconds between looks at what training recorded; at most ``flush_interval``.
+    read_interval: float = DEFAULT_READ_INTERVAL
     #: Seconds without anything sent before a heartbeat goes out ($TRAINVITALS_HEARTBEAT_INTERVAL).
     heartbeat_interval: float = 5.0
     #: A stall is max(stall_factor x p95 step interval, stall_floor) seconds without a step
@@ -109,8 +120,9 @@ def resolve(
     run_name: str | None = None,
     token: str | None = None,
     config: dict[str, Any] | None = None,
-    flush_interval: float = 0.2,
+    flush_interval: float = DEFAULT_FLUSH_INTERVAL,
     *,
+    read_interval: float = DEFAULT_READ_INTERVAL,
     spool_dir: str | os.PathLike[str] | None = None,
     spool_max_bytes: int | None = None,
     spool_after_bytes: int | None = None,
@@ -130,6 +142,7 @@ def resolve(
         token=token or os.environ.get("TRAINVITALS_TOKEN") or None,
         config=dict(config or {}),
         flush_interval=flush_interval,
+        read_interval=min(read_interval, flush_interval),
         heartbeat_interval=_positive_env("TRAINVITALS_HEARTBEAT_INTERVAL", 5.0),
         stall_factor=_positive_env("TRAINVITALS_STALL_FACTOR", 10.0),
         stall_floor=_positive_env("TRAINVITALS_STALL_FLOOR", 30.0),
@@ -144,6 +157,7 @@ def resolve(
         ),
     )
     resolved.ingest_url  # noqa: B018 - validates the URL now, not in the sender thread
-    if flush_interval <= 0:
-        raise ConfigurationError(f"flush_interval must be > 0 seconds, got {flush_interval!r}")
+    for name, value in (("flush_interval", flush_interval), ("read_interval", read_interval)):
+        if not value > 0:
+            raise ConfigurationError(f"{name} must be > 0 seconds, got {value!r}")
     return resolved

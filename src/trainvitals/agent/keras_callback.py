@@ -20,7 +20,12 @@ import keras
 import numpy as np
 
 from trainvitals.agent import autopsy, packing, tf_vitals
-from trainvitals.agent.config import DEFAULT_RING_CAPACITY, resolve
+from trainvitals.agent.config import (
+    DEFAULT_FLUSH_INTERVAL,
+    DEFAULT_READ_INTERVAL,
+    DEFAULT_RING_CAPACITY,
+    resolve,
+)
 from trainvitals.agent.packing import Row, StepTime
 from trainvitals.agent.protect import Guard, Protection
 from trainvitals.agent.run import Run
@@ -44,7 +49,7 @@ log = logging.getLogger("trainvitals")
 
 #: Without a device ring (a strategy with several replicas, a step the tap could not wrap):
 #: steps collected from the logs before they become points all at once. A step with a
-#: NaN/Inf is handled at once, and no step waits longer than half the flush interval.
+#: NaN/Inf is handled at once, and no step waits longer than half the read interval.
 BATCH_STEPS = 32
 
 
@@ -61,11 +66,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     The train step writes its vitals into a ring on the device (:mod:`trainvitals.agent.ring`)
     and nothing is fetched per step: a background thread reads the ring every
-    ``flush_interval`` with one fetch (and the training thread every ``ring_capacity // 2``
+    ``read_interval`` with one fetch (and the training thread every ``ring_capacity // 2``
     steps if that thread has not), so every step is recorded, under ``steps_per_execution``
-    too, and a NaN/Inf is reported with its exact step within about ``flush_interval``. Per
-    step, the hooks note the time and the step number; a background thread sends, and an
-    unreachable server costs one warning, never an exception or a slower step. The callback
+    too. The points are sent every ``flush_interval``, and at once when urgent
+    (:mod:`trainvitals.agent.urgency`): a NaN/Inf is reported with its exact step within about
+    ``read_interval``, and so is a steep rise of the gradient norm. Per step, the hooks note
+    the time and the step number; a background thread sends, and an unreachable server costs
+    one warning, never an exception or a slower step. The callback
     is ``async_safe``: a Keras backend that delivers batch ends on a thread pool need not
     wait for it.
 
@@ -76,7 +83,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         run_name: shown in the dashboard; generated when not given.
         token: bearer token for the server. Default: ``$TRAINVITALS_TOKEN``.
         config: hyper-parameters to show with the run (``fit``'s epochs and steps are added).
-        flush_interval: seconds between sends (default 0.2).
+        flush_interval: the most seconds a point waits before it is sent (default 1); a
+            NaN/Inf or a steep rise of the gradient norm goes at the next read.
+        read_interval: seconds between reads of the device ring (default 0.2; at most
+            ``flush_interval``).
         grad_norms_every: steps between per-variable gradient norms (default 10).
         weights_every: steps between NaN/Inf checks of the weights (default 50, and at most
             one check a second; 0: never).
@@ -111,7 +121,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         token: str | None = None,
         config: dict[str, Any] | None = None,
         *,
-        flush_interval: float = 0.2,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        read_interval: float = DEFAULT_READ_INTERVAL,
         grad_norms_every: int = 10,
         weights_every: int = 50,
         system_metrics: float | bool = 1.0,
@@ -127,7 +138,9 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._autopsied = False
         self._healthy_norms: dict[str, float] = {}
         self._autopsy_lock = threading.Lock()
-        self._settings = resolve(server, project, run_name, token, config, flush_interval)
+        self._settings = resolve(
+            server, project, run_name, token, config, flush_interval, read_interval=read_interval
+        )
         self._vitals = StepVitals(grad_norms_every)
         self._weights_every = int(weights_every)
         self._system_metrics = system_metrics
@@ -237,7 +250,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             pending.append((step, now, packed, numbers))
             if (
                 len(pending) < BATCH_STEPS
-                and now - self._pending_since < self._settings.flush_interval / 2
+                and now - self._pending_since < self._settings.read_interval / 2
                 and self.guard is None
                 and (packed is None or not packing.sick(packed, tap.measured))
             ):

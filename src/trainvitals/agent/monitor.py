@@ -10,7 +10,12 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from trainvitals.agent.config import DEFAULT_RING_CAPACITY, resolve
+from trainvitals.agent.config import (
+    DEFAULT_FLUSH_INTERVAL,
+    DEFAULT_READ_INTERVAL,
+    DEFAULT_RING_CAPACITY,
+    resolve,
+)
 from trainvitals.agent.packing import Measured
 from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
@@ -80,7 +85,8 @@ class Monitor:
         *,
         model: Any = None,
         optimizer: Any = None,
-        flush_interval: float = 0.2,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        read_interval: float = DEFAULT_READ_INTERVAL,
         grad_norms_every: int = 10,
         weights_every: int = 50,
         system_metrics: float | bool = 1.0,
@@ -89,7 +95,9 @@ class Monitor:
         ring_capacity: int = DEFAULT_RING_CAPACITY,
         replay_bytes: int = REPLAY_BYTES,
     ) -> None:
-        settings = resolve(server, project, run_name, token, config, flush_interval)
+        settings = resolve(
+            server, project, run_name, token, config, flush_interval, read_interval=read_interval
+        )
         self._model = model
         self._optimizer = optimizer
         self._vitals = StepVitals(grad_norms_every)

@@ -31,6 +31,7 @@ from trainvitals.agent.sampler import Sampler, Source
 from trainvitals.agent.spool import PendingFrames, Spool
 from trainvitals.agent.stall import StallDetector, thread_stacks
 from trainvitals.agent.transport import Sender
+from trainvitals.agent.urgency import Urgency
 from trainvitals.agent.watchdog import Watchdog
 from trainvitals.protocol import (
     AUTOPSY,
@@ -90,6 +91,7 @@ class Run:
         self.id = uuid.uuid4().hex
         self.started_at = time.time()
         self._stall = StallDetector(config.stall_factor, config.stall_floor)
+        self._urgency = Urgency()
         self._buffer = PointBuffer(
             on_step=lambda steps, at: self._stall.step(
                 time.monotonic() if at is None else at, steps
@@ -142,6 +144,7 @@ class Run:
             hello,
             self._buffer,
             flush_interval=self.config.flush_interval,
+            read_interval=self.config.read_interval,
             token=self.config.token,
             heartbeat_interval=self.config.heartbeat_interval,
             tick=self._tick,
@@ -168,6 +171,8 @@ class Run:
         """Record ``values`` at ``step`` (at ``time_``, default now to the microsecond): cheap,
         never blocks on the network."""
         self._buffer.add(step, whole_micros(time.time()) if time_ is None else time_, values)
+        if self._urgency.values(values):
+            self._hurry()
 
     def add_columns(
         self, columns: Mapping[str, SeqColumns], clock: Sequence[tuple[int, float]] = ()
@@ -175,6 +180,14 @@ class Run:
         """Record many steps at once: ``{name: (steps, unix times, values)}``; ``clock`` is
         ``(step, time.monotonic())`` of each step's end, for the hang detector."""
         self._buffer.add_columns(columns, clock)
+        if self._urgency.columns(columns):
+            self._hurry()
+
+    def _hurry(self) -> None:
+        """Send what is held at the sender's next look, not at its next send."""
+        self._buffer.hurry()
+        if self._sender is not None:
+            self._sender.hurry()
 
     def finish(
         self,

@@ -140,6 +140,16 @@ def step_vitals(
     always make a sum of squares non-finite. So the sums of squares (which the norms need
     anyway) are checked, and the exact counts run, inside one ``tf.cond``, only on a step
     that has a NaN or an Inf somewhere.
+
+    With gradients, the input batch is not read on a healthy step: a NaN or an Inf among the
+    inputs reaches the gradients of the first trainable layer that reads them whatever the
+    forward pass did with it (that layer's kernel gradient multiplies every input value it
+    reads, and NaN times anything, or Inf times zero, is NaN), so the gradients' checksum
+    already catches it, and the exact counts then name the inputs as the origin. Reading the
+    batch cost as much as the gradients on an image model (its size grows with the batch, the
+    gradients' with the model). What goes unreported is a bad value that reached neither the
+    loss nor a gradient: one that a layer replaced before any weight saw it, which left
+    training as it was. Without gradients, the inputs stay in the checksum.
     """
     # Few operations: no reduction of a scalar loss, one sum for the checksum, one
     # concatenation at the end. (Fewer still, with the square roots on the host, measured
@@ -151,9 +161,9 @@ def step_vitals(
     squares = squared_norms(grads) if grads is not None else tf.zeros([0], tf.float32)
     # A NaN or Inf anywhere makes this sum non-finite (the mean of a loss with a NaN/Inf
     # in it is NaN or Inf); a finite sum that overflows only costs an exact count.
-    parts = [_float32(tf.nn.l2_loss(tensor)) for tensor in input_tensors]
-    if grads is not None:
-        parts.append(tf.reduce_sum(squares))
+    parts = [] if grads is None else [tf.reduce_sum(squares)]
+    if not present:  # no gradient to show bad inputs: read them
+        parts.extend(_float32(tf.nn.l2_loss(tensor)) for tensor in input_tensors)
     if loss is not None:
         parts.append(loss32)
     checksum = tf.add_n(parts) if parts else zero

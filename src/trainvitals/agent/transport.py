@@ -1,12 +1,15 @@
 """The sender thread: ships recorded points to the server over one websocket.
 
 Training never waits on this module. The training thread only appends to a
-:class:`~trainvitals.agent.buffer.PointBuffer`; one named daemon thread drains it every
-``flush_interval`` seconds, numbers each frame, sends it and forgets it once the server
-acknowledges it. Frames not yet acknowledged wait in :class:`~trainvitals.agent.spool.PendingFrames`
-(memory, then a spool on disk during a long outage) and are re-sent in order after a
-reconnect; the server drops the ones it already stored (it is idempotent on the run's
-sequence numbers), so an outage costs nothing but a delay. Network trouble is logged once
+:class:`~trainvitals.agent.buffer.PointBuffer`; one named daemon thread looks every
+``read_interval`` seconds (running the run's tick: the device ring's read, the hang check),
+drains the buffer every ``flush_interval`` seconds, or at once when what it holds is urgent
+(:mod:`~trainvitals.agent.urgency`), numbers each frame, sends it and forgets it once the
+server acknowledges it. Frames not yet acknowledged wait in
+:class:`~trainvitals.agent.spool.PendingFrames` (memory, then a spool on disk during a long
+outage) and are re-sent in order after a reconnect; the server drops the ones it already
+stored (it is idempotent on the run's sequence numbers), so an outage costs nothing but a
+delay. Network trouble is logged once
 per outage, never raised.
 """
 
@@ -48,11 +51,13 @@ class Sender:
         url: the server's ingest websocket URL (``ws://host:port/api/v1/ingest``).
         hello: the run's ``hello`` frame, sent first on every connection.
         buffer: where the training thread records points.
-        flush_interval: seconds between sends.
+        flush_interval: the most seconds a point waits before it is sent, unless urgent.
+        read_interval: seconds between looks (the tick, then a send if one is due or the
+            buffer is urgent); at most ``flush_interval``, which it is by default.
         token: sent as ``Authorization: Bearer <token>`` when set.
         heartbeat_interval: seconds without anything sent before a ``heartbeat`` goes out, so
             the server knows the process lives while no step completes.
-        tick: called on this thread at every send interval, connected or not (the run's
+        tick: called on this thread at every look, connected or not (the run's reads and
             hang check: this thread keeps running while the training thread is stuck).
         pending: where unacknowledged frames wait (default: 32 MiB in memory, no spool).
     """
@@ -62,16 +67,19 @@ class Sender:
         url: str,
         hello: HelloFrame,
         buffer: PointBuffer,
-        flush_interval: float = 0.2,
+        flush_interval: float = 1.0,
         token: str | None = None,
         heartbeat_interval: float = 5.0,
         tick: Callable[[], None] | None = None,
         pending: PendingFrames | None = None,
+        read_interval: float | None = None,
     ) -> None:
         self._url = url
         self._hello = hello
         self._buffer = buffer
-        self._interval = flush_interval
+        self._flush_interval = flush_interval
+        self._read_interval = min(read_interval or flush_interval, flush_interval)
+        self._next_send = 0.0  # time.monotonic() from which points are due to go
         self._heartbeat_interval = heartbeat_interval
         self._tick = tick
         self._events: deque[dict[str, Any]] = deque()  # numbered frames other than points
@@ -101,6 +109,10 @@ class Sender:
         self._wake.set()
         self._done.wait(timeout)
         return self._done.is_set()
+
+    def hurry(self) -> None:
+        """Look now (from another thread: the buffer was marked urgent there)."""
+        self._wake.set()
 
     def send_event(self, frame: dict[str, Any]) -> None:
         """Queue a frame (e.g. a ``stall``) to be numbered and sent after the points so far."""
@@ -156,7 +168,7 @@ class Sender:
         while True:
             self._pack()
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._wake.wait(min(self._interval, remaining)):
+            if remaining <= 0 or self._wake.wait(min(self._read_interval, remaining)):
                 break
         self._wake.clear()
 
@@ -192,7 +204,7 @@ class Sender:
             while True:
                 if time.monotonic() >= next_pack or self._closing.is_set():
                     self._pack()
-                    next_pack = time.monotonic() + self._interval
+                    next_pack = time.monotonic() + self._read_interval
                 for _, text in self._pending.take():
                     ws.send(text)
                     last_send = time.monotonic()
@@ -206,10 +218,10 @@ class Sender:
                 if self._closing.is_set() or self._pending.spooled:
                     # Flushing, or replaying the spool as acks make room: block on acks
                     # rather than polling.
-                    self._read_acks(ws, timeout=self._interval)
+                    self._read_acks(ws, timeout=self._read_interval)
                 else:
                     self._read_acks(ws, timeout=0)
-                    self._wake.wait(self._interval)
+                    self._wake.wait(self._read_interval)
                     self._wake.clear()
                     next_pack = 0.0  # an interval has passed, or an event is waiting
 
@@ -229,6 +241,12 @@ class Sender:
                 self._tick()
             except Exception:
                 log.exception("trainvitals: hang check failed")
+        now = time.monotonic()
+        if not (
+            now >= self._next_send or self._buffer.urgent or self._events or self._closing.is_set()
+        ):
+            return
+        self._next_send = now + self._flush_interval
         points = self._buffer.drain()
         if points:
             for frame in points_frames(points, self._next_seq):

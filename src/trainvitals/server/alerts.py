@@ -43,7 +43,8 @@ from trainvitals.server.writer import Writer
 
 log = logging.getLogger("trainvitals.server")
 
-#: Frames of history replayed into a rebuilt detector (about 10 minutes at 5 frames/s).
+#: Frames of history replayed into a rebuilt detector (about 10 minutes of an agent sending five
+#: frames a second, 50 of one at its default of one a second).
 REPLAY_FRAMES = 3000
 
 

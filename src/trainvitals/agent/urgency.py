@@ -1,0 +1,88 @@
+"""Which recorded points must leave at once rather than at the next send.
+
+Points wait up to ``flush_interval`` (1 s) before they are sent: each frame costs the training
+process and the server a few milliseconds of CPU whatever it holds, so fewer, fuller frames
+keep the agent's cost down on small steps. Some points cannot wait that long, because an alert
+on them is worth most in the second after they happen:
+
+- a NaN/Inf (a count above zero, or a loss or gradient norm that is not finite): the
+  ``nonfinite`` alert, critical in the very step;
+- a global gradient norm at least :data:`RISE` times the median of the norms before it: the
+  rise that the server's ``grad_explosion`` warning is made of, which leads the NaN it
+  foretells by well under a second when the norm climbs fast. The server warns at ten times a
+  robust baseline, sustained; three times the recent median comes first on any fast climb. A
+  slow climb does not trip it, and then the warning comes at most one send interval later,
+  seconds before a NaN that is itself seconds or more away.
+
+Such points, and everything recorded before them, are sent at the next look at the ring
+(``read_interval``, 0.2 s). Events (a stall, an autopsy) go at once anyway
+(:meth:`Sender.send_event <trainvitals.agent.transport.Sender.send_event>`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from trainvitals.protocol import SeqColumns
+from trainvitals.series import GRAD_GLOBAL_NORM, LOSS, NONFINITE_PREFIX
+
+#: A global gradient norm this many times the median of the ones before it is sent at once.
+RISE = 3.0
+#: Norms the median is taken over, and how many are needed before a rise counts.
+WINDOW = 200
+MIN_HISTORY = 30
+
+
+class Urgency:
+    """Says whether newly recorded values must be sent now; keeps the recent gradient norms.
+
+    A few NumPy operations per call, on blocks of steps from the device ring; safe to call
+    from the training thread and the sender thread at once.
+    """
+
+    def __init__(self) -> None:
+        self._norms: deque[float] = deque(maxlen=WINDOW)
+        self._lock = threading.Lock()
+
+    def columns(self, columns: Mapping[str, SeqColumns]) -> bool:
+        """Whether these columns (``{name: (steps, times, values)}``) hold an urgent point."""
+        return self._judge({name: column[2] for name, column in columns.items()})
+
+    def values(self, values: Mapping[str, float]) -> bool:
+        """Whether one step's values (``{name: value}``) hold an urgent point."""
+        return self._judge({name: (value,) for name, value in values.items()})
+
+    def _judge(self, series: Mapping[str, Sequence[float]]) -> bool:
+        urgent = False  # every series looked at: the norms' history must see each block
+        for name, values in series.items():
+            if name.startswith(NONFINITE_PREFIX):
+                urgent |= _any_count(values)
+            elif name == LOSS:
+                urgent |= not _all_finite(values)
+            elif name == GRAD_GLOBAL_NORM:
+                urgent |= self._norms_urgent(values)
+        return urgent
+
+    def _norms_urgent(self, values: Iterable[float]) -> bool:
+        norms = np.asarray(values, dtype=np.float64)
+        if not np.all(np.isfinite(norms)):
+            return True
+        with self._lock:
+            urgent = False
+            if len(self._norms) >= MIN_HISTORY and len(norms):
+                urgent = bool(norms.max() >= RISE * float(np.median(np.asarray(self._norms))))
+            self._norms.extend(norms[-WINDOW:].tolist())
+        return urgent
+
+
+def _any_count(values: Iterable[float]) -> bool:
+    # a NaN count is as alarming as a positive one: `!= 0` keeps it
+    return bool(np.any(np.asarray(values, dtype=np.float64) != 0))
+
+
+def _all_finite(values: Iterable[float]) -> bool:
+    return bool(np.all(np.isfinite(np.asarray(values, dtype=np.float64))))
