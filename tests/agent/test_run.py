@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from harness.processes import wait_for
@@ -9,6 +10,7 @@ from tests.agent.peer import running_peer
 from trainvitals.agent.config import resolve
 from trainvitals.agent.run import Run
 from trainvitals.protocol import END, HELLO, POINTS, Columns, EndReason
+from trainvitals.series import GRAD_GLOBAL_NORM
 
 
 class Steady:
@@ -52,3 +54,43 @@ def test_a_run_says_hello_streams_its_points_and_ends_with_its_reason() -> None:
     assert (end["type"], end["reason"], end["traceback"]) == (END, "exception", "Traceback: boom")
     assert [f["seq"] for f in frames[1:]] == list(range(1, len(frames)))
     assert run.finish() is True  # a second finish is harmless
+
+
+def test_a_nan_or_a_steep_gradient_rise_is_sent_at_the_next_read_not_the_next_send() -> None:
+    """With an hour between sends, healthy points wait (looked at, held) and an urgent one
+    leaves at the next look, taking everything recorded before it."""
+    with running_peer() as peer:
+        server = peer.url.replace("ws://", "http://").removesuffix("/api/v1/ingest")
+        config = resolve(server=server, flush_interval=3600, read_interval=0.01)
+        run = Run(config, system_metrics=False, watchdog=False)
+        looks: list[int] = []
+        run.on_tick(lambda: looks.append(1))
+        run.start()
+
+        def held_for_looks() -> None:
+            seen = len(looks)
+            wait_for(lambda: len(looks) >= seen + 3, what="three more looks")
+
+        def sent() -> dict[str, list[int]]:
+            steps: dict[str, list[int]] = {}
+            for frame in peer.frames():
+                if frame["type"] == POINTS:
+                    for name, column in frame["series"].items():
+                        steps.setdefault(name, []).extend(column["step"])
+            return steps
+
+        held_for_looks()  # the first look's send is behind us
+        run.log(1, {"loss": 0.5})
+        held_for_looks()
+        assert sent() == {}
+        run.log(2, {"loss": math.nan})
+        wait_for(lambda: sent() == {"loss": [1, 2]}, what="the NaN, with the step before it")
+        norms = [1.0 + 0.01 * (step % 5) for step in range(3, 43)]
+        run.add_columns({GRAD_GLOBAL_NORM: Columns(list(range(3, 43)), [0.0] * 40, norms)})
+        held_for_looks()
+        assert GRAD_GLOBAL_NORM not in sent()
+        run.add_columns({GRAD_GLOBAL_NORM: Columns([43], [0.0], [5.0])})
+        rise = list(range(3, 44))
+        wait_for(lambda: sent().get(GRAD_GLOBAL_NORM) == rise, what="the rise, with the rest")
+        assert run.finish()
+    assert len([f for f in peer.frames() if f["type"] == POINTS]) == 2  # one a send

@@ -117,3 +117,31 @@ def test_points_wait_for_the_flush_interval_unless_the_buffer_is_urgent() -> Non
         frames = peer.frames()
     assert frames[1]["series"]["loss"]["step"] == [1, 2]  # what waited goes with it, in order
     assert not buffer.urgent
+
+
+def test_urgent_points_in_an_outage_go_to_the_spool_without_cutting_the_backoff_short() -> None:
+    """A NaN at every step of a custom loop marks the buffer urgent at every step: during an
+    outage that must not turn into a reconnection at every step."""
+    with running_peer() as peer:
+        peer.welcome_override = {"type": "nonsense"}  # every connection fails
+        buffer = PointBuffer()
+        looks: list[int] = []
+        sender = Sender(
+            peer.url,
+            hello(),
+            buffer,
+            flush_interval=3600,
+            read_interval=0.01,
+            tick=lambda: looks.append(1),
+        )
+        sender.start()
+        wait_for(lambda: len(peer.connections) >= 1, what="the first attempt")
+        for step in range(40):
+            seen = len(looks)
+            buffer.add(step, float(step), {"loss": math.nan})
+            buffer.hurry()
+            sender.hurry()
+            wait_for(lambda: len(looks) > seen, what="a look")  # noqa: B023
+        assert len(peer.connections) <= 12, len(peer.connections)  # one a step: 40
+        assert len(buffer) == 0  # each point left for the pending frames at its look
+        assert not sender.close("completed", 50.0, None, timeout=0.2)

@@ -9,8 +9,7 @@ server acknowledges it. Frames not yet acknowledged wait in
 :class:`~trainvitals.agent.spool.PendingFrames` (memory, then a spool on disk during a long
 outage) and are re-sent in order after a reconnect; the server drops the ones it already
 stored (it is idempotent on the run's sequence numbers), so an outage costs nothing but a
-delay. Network trouble is logged once
-per outage, never raised.
+delay. Network trouble is logged once per outage, never raised.
 """
 
 from __future__ import annotations
@@ -111,8 +110,10 @@ class Sender:
         return self._done.is_set()
 
     def hurry(self) -> None:
-        """Look now (from another thread: the buffer was marked urgent there)."""
-        self._wake.set()
+        """Look now: the buffer was marked urgent. (On this thread, the look under way sends
+        it: no second look.)"""
+        if threading.current_thread() is not self._thread:
+            self._wake.set()
 
     def send_event(self, frame: dict[str, Any]) -> None:
         """Queue a frame (e.g. a ``stall``) to be numbered and sent after the points so far."""
@@ -168,9 +169,12 @@ class Sender:
         while True:
             self._pack()
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._wake.wait(min(self._read_interval, remaining)):
+            if remaining <= 0:
                 break
-        self._wake.clear()
+            if self._wake.wait(min(self._read_interval, remaining)):
+                self._wake.clear()  # urgent points and events go to the spool at once;
+                if self._closing.is_set():  # only the end cuts the backoff short
+                    break
 
     def _connection(self) -> None:
         with connect(
