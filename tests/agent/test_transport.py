@@ -91,18 +91,19 @@ def test_a_server_that_does_not_welcome_is_reported_once_and_never_raises(
     assert len(outages) == 1 and "welcome" in outages[0].getMessage()
 
 
+def looking_sender(url: str, buffer: PointBuffer, looks: list[int]) -> Sender:
+    """A sender that looks every 10 ms (adding to ``looks``) and sends only what is urgent:
+    its next regular send is an hour away."""
+    return Sender(
+        url, hello(), buffer, flush_interval=3600, read_interval=0.01, tick=lambda: looks.append(1)
+    )
+
+
 def test_points_wait_for_the_flush_interval_unless_the_buffer_is_urgent() -> None:
     with running_peer() as peer:
         buffer = PointBuffer()
         looks: list[int] = []
-        sender = Sender(
-            peer.url,
-            hello(),
-            buffer,
-            flush_interval=3600,
-            read_interval=0.01,
-            tick=lambda: looks.append(len(buffer)),
-        )
+        sender = looking_sender(peer.url, buffer, looks)
         sender.start()
         wait_for(lambda: len(looks) >= 1, what="the sender's first look")
         buffer.add(1, 10.0, {"loss": 0.9})
@@ -126,14 +127,7 @@ def test_urgent_points_in_an_outage_go_to_the_spool_without_cutting_the_backoff_
         peer.welcome_override = {"type": "nonsense"}  # every connection fails
         buffer = PointBuffer()
         looks: list[int] = []
-        sender = Sender(
-            peer.url,
-            hello(),
-            buffer,
-            flush_interval=3600,
-            read_interval=0.01,
-            tick=lambda: looks.append(1),
-        )
+        sender = looking_sender(peer.url, buffer, looks)
         sender.start()
         wait_for(lambda: len(peer.connections) >= 1, what="the first attempt")
         for step in range(40):
