@@ -72,9 +72,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     (:mod:`trainvitals.agent.urgency`): a NaN/Inf is reported with its exact step within about
     ``read_interval``, and so is a steep rise of the gradient norm. Per step, the hooks note
     the time and the step number; a background thread sends, and an unreachable server costs
-    one warning, never an exception or a slower step. The callback
-    is ``async_safe``: a Keras backend that delivers batch ends on a thread pool need not
-    wait for it.
+    one warning, never an exception or a slower step. The callback is ``async_safe``: a Keras
+    backend that delivers batch ends on a thread pool need not wait for it.
 
     Args:
         server: base URL of the server, e.g. ``"http://10.0.0.5:8600"``. Default:

@@ -1,8 +1,8 @@
 """Which recorded points must leave at once rather than at the next send.
 
-Points wait up to ``flush_interval`` (1 s) before they are sent: each frame costs the training
-process and the server a few milliseconds of CPU whatever it holds, so fewer, fuller frames
-keep the agent's cost down on small steps. Some points cannot wait that long, because an alert
+Points wait up to ``flush_interval`` (1 s) before they are sent: each frame costs the server
+about 2 ms of CPU whatever it holds, and the sender its share, so fewer, fuller frames keep
+the agent's cost down on a small machine. Some points cannot wait that long, because an alert
 on them is worth most in the second after they happen:
 
 - a NaN/Inf (a count above zero, or a loss or gradient norm that is not finite): the
