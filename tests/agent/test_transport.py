@@ -111,7 +111,6 @@ def test_points_wait_for_the_flush_interval_unless_the_buffer_is_urgent() -> Non
         wait_for(lambda: len(looks) >= seen + 5, what="five looks at the new point")
         assert peer.numbered() == []  # looked at, held: the next send is an hour away
         buffer.add(2, 11.0, {"loss": math.nan})
-        buffer.hurry()
         sender.hurry()
         wait_for(lambda: peer.numbered() == [1], what="the urgent frame")
         assert sender.close("completed", 12.0, None, timeout=10)
@@ -133,7 +132,6 @@ def test_urgent_points_in_an_outage_go_to_the_spool_without_cutting_the_backoff_
         for step in range(40):
             seen = len(looks)
             buffer.add(step, float(step), {"loss": math.nan})
-            buffer.hurry()
             sender.hurry()
             wait_for(lambda: len(looks) > seen, what="a look")  # noqa: B023
         assert len(peer.connections) <= 12, len(peer.connections)  # one a step: 40

@@ -171,8 +171,8 @@ class Run:
         """Record ``values`` at ``step`` (at ``time_``, default now to the microsecond): cheap,
         never blocks on the network."""
         self._buffer.add(step, whole_micros(time.time()) if time_ is None else time_, values)
-        if self._urgency.values(values):
-            self._hurry()
+        if self._urgency.values(values) and self._sender is not None:
+            self._sender.hurry()  # (before start, the first look sends whatever is held)
 
     def add_columns(
         self, columns: Mapping[str, SeqColumns], clock: Sequence[tuple[int, float]] = ()
@@ -180,13 +180,7 @@ class Run:
         """Record many steps at once: ``{name: (steps, unix times, values)}``; ``clock`` is
         ``(step, time.monotonic())`` of each step's end, for the hang detector."""
         self._buffer.add_columns(columns, clock)
-        if self._urgency.columns(columns):
-            self._hurry()
-
-    def _hurry(self) -> None:
-        """Send what is held at the sender's next look, not at its next send."""
-        self._buffer.hurry()
-        if self._sender is not None:
+        if self._urgency.columns(columns) and self._sender is not None:
             self._sender.hurry()
 
     def finish(

@@ -146,8 +146,9 @@ def step_vitals(
     forward pass did with it (that layer's kernel gradient multiplies every input value it
     reads, and NaN times anything, or Inf times zero, is NaN), so the gradients' checksum
     already catches it, and the exact counts then name the inputs as the origin. Reading the
-    batch cost as much as the gradients on an image model (its size grows with the batch, the
-    gradients' with the model). What goes unreported is a bad value that reached neither the
+    batch was the largest read of the vitals on the benchmark's image model (301,056 input
+    values against 5,130 weights): its size grows with the batch, the gradients' with the
+    model. What goes unreported is a bad value that reached neither the
     loss nor a gradient: one that a layer replaced before any weight saw it, which left
     training as it was. Without gradients, the inputs stay in the checksum.
     """

@@ -110,8 +110,9 @@ class Sender:
         return self._done.is_set()
 
     def hurry(self) -> None:
-        """Look now: the buffer was marked urgent. (On this thread, the look under way sends
-        it: no second look.)"""
+        """Send what the buffer holds at the next look, not at the next send: mark it urgent,
+        and look now (on this thread, the look under way sends it: no second look)."""
+        self._buffer.hurry()
         if threading.current_thread() is not self._thread:
             self._wake.set()
 

@@ -255,10 +255,11 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 // onDrawn(chart) after each redraw; onSeries(chart) when it gets a series it did not have;
 // onLog(chart) when people switch its y-axis between log and linear (view.scales: chart id ->
 // log or not, as the page's address gave it, over the spec's own); styleOf(name): a series'
-// trace attributes (its label as name, line, ...) where the series' own name would not do (runs compared); seriesOf(key):
-// what a series key stands for, { name, start } (the series' own name, and the time its run
-// started, from which "time since start" counts for it: runs compared each start at 0),
-// where the key is not the series' name (runs compared) or the runs started apart.
+// trace attributes (its label as name, line, ...) where the series' own name would not do
+// (runs compared); seriesOf(key): what a series key stands for, { name, start } (the series'
+// own name, and the time its run started, from which "time since start" counts for it: runs
+// compared each start at 0), where the key is not the series' name (runs compared) or the runs
+// started apart.
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
 export class Chart {
   constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, onLog, onSeries, styleOf, seriesOf, view } = {}) {
