@@ -92,18 +92,18 @@ def test_a_run_that_blew_up_never_looks_like_a_clean_finish(
     seeded: ServerProcess, browser: Any
 ) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 900})
-
-    # The server's health field (the worst alert a run raised), on the first run listed.
-    def with_health(route: Any) -> None:
-        answer = route.fetch().json()
-        answer["runs"][0]["health"] = {
-            "worst": "critical",
-            "rules": ["nonfinite", {"rule": "grad_explosion"}],
-        }
-        answer["runs"][1]["health"] = {"worst": None, "rules": []}
-        route.fulfill(json=answer)
-
-    page.route("**/api/v1/runs?*", with_health)
+    # The server's health field (the worst alert a run raised), on the first run listed: the
+    # server's own answer, fetched here and given to every list request of the page. (It was
+    # fetched inside the route's handler, by a Playwright call nested in that dispatch; twice
+    # under a full parallel run the page's list request then never completed. A handler that
+    # only fulfils cannot hold it.)
+    answer = seeded.get("/api/v1/runs?status=finished")
+    answer["runs"][0]["health"] = {
+        "worst": "critical",
+        "rules": ["nonfinite", {"rule": "grad_explosion"}],
+    }
+    answer["runs"][1]["health"] = {"worst": None, "rules": []}
+    page.route("**/api/v1/runs?*", lambda route: route.fulfill(json=answer))
     page.goto(seeded.url + "/#/?status=finished")
     first = page.locator("tr.run-row").first
     expect(first.locator("[data-health=critical]")).to_have_text("critical: nonfinite +1")
