@@ -5,7 +5,6 @@ sight."""
 from __future__ import annotations
 
 import json
-import math
 import signal
 import threading
 import time
@@ -302,13 +301,15 @@ def test_a_flood_of_lost_runs_pages_each_channel_a_few_times(
 
         hooks = wait_for(all_told, timeout=60, what="every lost run's crash alert")
         assert {i["alert"]["rule"] for r in hooks for i in items(r)} == {"crash"}
-        # One sweep finds them all unless the host was too busy to hear their last words
-        # together: then the alerts spread over a few windows, each still one message (and
-        # the first, sent at once). Either way fewer than the ten messages that 20 alerts a
-        # message would take.
-        raised = [i["alert"]["time"] for r in hooks for i in items(r)]
-        most = min(2 + math.ceil((max(raised) - min(raised)) / 1.0), runs // 20 - 1)
-        assert len(hooks) <= most, (len(hooks), max(raised) - min(raised))
+        # The first goes at once; what piles up in each later window goes as one digest.
+        # How many windows the flood spans depends on how fast a busy host hands the alerts
+        # to the channel (not on their raised times, which one sweep stamps together: twice
+        # they spanned 16-27 ms and came in four messages), so the bound is the digest's
+        # own: every message between the first and the last holds more than a group (20),
+        # and there are fewer than the ten messages that 20 alerts a message would take.
+        sizes = [len(items(r)) for r in hooks]
+        most = runs // 20 - 1
+        assert len(hooks) <= most and all(n > 20 for n in sizes[1:-1]), sizes
         slacks = receiver.wait(SLACK_PATH, len(hooks))
         assert len(slacks) <= most
         texts = [[b.get("text", {}).get("text", "") for b in m.json()["blocks"]] for m in slacks]
