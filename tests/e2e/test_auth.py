@@ -70,11 +70,12 @@ def test_tokens_are_listed_without_secrets_and_stored_hashed(tmp_path: Path) -> 
     token = create_token(db, "p", "read", "viewer")
     listed = trainvitals("token", "list", "--db", db)
     assert "viewer" in listed.stdout and token not in listed.stdout
-    secret = token.rsplit("_", 1)[-1]
+    # tv_<id>_<secret>; the secret is URL-safe base64, which may itself hold "_".
+    prefix, token_id, secret = token.split("_", 2)
+    assert prefix == "tv" and len(secret) >= 40
     with sqlite3.connect(db) as conn:
         dump = "\n".join(conn.iterdump())
     assert secret not in dump
-    token_id = token.split("_")[1]
     assert trainvitals("token", "revoke", "--db", db, token_id).returncode == 0
     assert trainvitals("token", "revoke", "--db", db, token_id).returncode == 1
 
