@@ -99,23 +99,43 @@ class Liveness:
         return True
 
     async def check(self, now: float) -> list[str]:
-        """Mark every run silent for longer than ``lost_after`` as lost; returns their ids."""
-        silent = [run_id for run_id, seen in self._seen.items() if now - seen > self.lost_after]
+        """Mark every run silent for longer than ``lost_after`` as lost; returns their ids.
+
+        The runs are given up together, not one after another: when a node or a whole
+        cluster dies, its runs' writes share the writer's transactions and their ``crash``
+        alerts reach the notification channels together, so that a flood of lost runs pages
+        each channel with the first alert and a digest of the rest rather than with a
+        message for each window that one run after another took. A run whose write failed
+        is judged again at the next sweep; the others go on."""
+        silent = {r: seen for r, seen in self._seen.items() if now - seen > self.lost_after}
         for run_id in silent:
-            self._seen.pop(run_id, None)
+            self._seen.pop(run_id)
+        outcomes = await asyncio.gather(
+            *(self._give_up(run_id, seen, now) for run_id, seen in silent.items()),
+            return_exceptions=True,
+        )
+        for run_id, outcome in zip(silent, outcomes, strict=True):
+            if isinstance(outcome, WriterClosed):  # the server is stopping
+                break
+            if isinstance(outcome, BaseException):
+                log.error("giving up run %s as lost failed", run_id, exc_info=outcome)
+        return list(silent)
+
+    async def _give_up(self, run_id: str, seen: float, now: float) -> None:
+        try:
             run = await self._writer.submit(partial(self._runs.mark_lost, run_id=run_id, now=now))
-            if run is not None:
-                self._lost.add(run_id)
-                log.warning(
-                    "run %s (%s) lost: nothing heard for %.0f s",
-                    run_id,
-                    run["name"],
-                    self.lost_after,
-                )
-                self._hub.run_changed(run, fresh=True)
-                if self._on_lost is not None:
-                    await self._on_lost(run_id, run["ended_at"] or now)
-        return silent
+        except Exception:
+            self._seen.setdefault(run_id, seen)  # nothing changed: judged at the next sweep
+            raise
+        if run is None:
+            return
+        self._lost.add(run_id)
+        log.warning(
+            "run %s (%s) lost: nothing heard for %.0f s", run_id, run["name"], self.lost_after
+        )
+        self._hub.run_changed(run, fresh=True)
+        if self._on_lost is not None:
+            await self._on_lost(run_id, run["ended_at"] or now)
 
     async def _watch(self) -> None:
         interval = min(1.0, self.lost_after / 4)
