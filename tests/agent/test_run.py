@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from harness.processes import wait_for
 from tests.agent.peer import running_peer
 from trainvitals.agent.config import resolve
+from trainvitals.agent.gpu import SimulatedGpu
 from trainvitals.agent.run import Run
 from trainvitals.protocol import END, HELLO, POINTS, Columns, EndReason
 from trainvitals.series import GRAD_GLOBAL_NORM
@@ -94,3 +95,32 @@ def test_a_nan_or_a_steep_gradient_rise_is_sent_at_the_next_read_not_the_next_se
         wait_for(lambda: sent().get(GRAD_GLOBAL_NORM) == rise, what="the rise, with the rest")
         assert run.finish()
     assert len([f for f in peer.frames() if f["type"] == POINTS]) == 2  # one a send
+
+
+def test_memory_racing_to_its_limit_is_sent_at_the_next_read_not_the_next_send() -> None:
+    """An OOM kill takes every point not yet sent with it: a memory reading that, at its
+    rate, meets its limit within seconds leaves at the next look; steady readings wait."""
+    gpu = SimulatedGpu(mem_total=16e9, mem_start=2e9)
+    with running_peer() as peer:
+        server = peer.url.replace("ws://", "http://").removesuffix("/api/v1/ingest")
+        config = resolve(server=server, flush_interval=3600, read_interval=0.01)
+        run = Run(config, system_metrics=0.02, gpu=gpu, watchdog=False)
+        looks: list[int] = []
+        run.on_tick(lambda: looks.append(1))
+        run.start()
+
+        def sent() -> list[float]:
+            return [
+                value
+                for frame in peer.frames()
+                if frame["type"] == POINTS
+                for value in frame["series"].get("gpu0/tf_current", {}).get("value", [])
+            ]
+
+        wait_for(lambda: gpu.ticks >= 10 and len(looks) >= 10, what="steady samples, looks")
+        assert sent() == [] or set(sent()) == {2e9}  # the first look's send only
+        before = len(sent())
+        gpu.mem_growth = 1e9  # a gigabyte a sample: the card is full within a second
+        wait_for(lambda: any(v > 2e9 for v in sent()), what="the climb, sent at once")
+        assert len(sent()) > before + 1  # with the steady readings that waited before it
+        assert run.finish()

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import math
 
-from trainvitals.agent.urgency import MIN_HISTORY, RISE, Urgency
+from trainvitals.agent.urgency import MEMORY_ETA, MIN_HISTORY, RISE, Urgency
 from trainvitals.protocol import Columns, SeqColumns
-from trainvitals.series import GRAD_GLOBAL_NORM, LOSS, NONFINITE_GRADS, NONFINITE_INPUTS
+from trainvitals.series import (
+    GRAD_GLOBAL_NORM,
+    HOST_LIMIT,
+    HOST_RSS,
+    LOSS,
+    NONFINITE_GRADS,
+    NONFINITE_INPUTS,
+)
 
 
 def norms(values: list[float]) -> dict[str, SeqColumns]:
@@ -34,3 +41,30 @@ def test_a_steep_rise_of_the_gradient_norm_is_urgent_once_there_is_a_history() -
     # The median moves with the norm: the new level, held, is no longer a rise.
     assert not urgency.values({GRAD_GLOBAL_NORM: RISE * 1.1})
     assert urgency.values({GRAD_GLOBAL_NORM: RISE * RISE * 1.1})
+
+
+def test_memory_about_to_reach_its_limit_is_urgent_and_memory_standing_still_is_not() -> None:
+    """Judged on the rate since the reading before: an OOM kill seconds away takes the points
+    not yet sent with it; a high but steady memory waits its turn."""
+    urgency = Urgency()
+    gib = 2.0**30
+
+    def host(used: float, now: float, limit: float = 16 * gib) -> bool:
+        return urgency.memory({HOST_RSS: used, HOST_LIMIT: limit, "host/cpu_percent": 50}, now)
+
+    assert not host(15 * gib, 0.0)  # high, but one reading has no rate
+    assert not host(15 * gib, 1.0)  # and standing still
+    assert not host(10 * gib, 2.0)  # falling
+    assert not host(10.4 * gib, 3.0)  # 0.4 GiB/s: 14 s left
+    assert host(11 * gib, 4.0)  # 0.6 GiB/s: 8.3 s left (< MEMORY_ETA)
+    assert host(16 * gib, 4.5)  # at the limit
+    assert not host(1 * gib, 9.0) and not host(1.5 * gib, 10.0)  # 0.5 GiB/s, far off
+    # A GPU by TensorFlow's allocator where it reports (NVML's "used" is the reservation),
+    # by NVML otherwise; each memory on its own history.
+    tf_gpu = {"gpu0/mem_total": 80e9, "gpu0/mem_used": 79e9, "gpu1/mem_total": 80e9}
+    assert not urgency.memory({**tf_gpu, "gpu0/tf_current": 10e9, "gpu1/mem_used": 5e9}, 20.0)
+    assert not urgency.memory({**tf_gpu, "gpu0/tf_current": 10e9, "gpu1/mem_used": 5e9}, 21.0)
+    assert urgency.memory({**tf_gpu, "gpu0/tf_current": 75e9, "gpu1/mem_used": 5e9}, 22.0)
+    assert urgency.memory({**tf_gpu, "gpu0/tf_current": 75e9, "gpu1/mem_used": 75e9}, 23.0)
+    assert not urgency.memory({HOST_RSS: math.nan, HOST_LIMIT: 16 * gib}, 24.0)
+    assert MEMORY_ETA == 10.0

@@ -70,10 +70,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     steps if that thread has not), so every step is recorded, under ``steps_per_execution``
     too. The points are sent every ``flush_interval``, and at once when urgent
     (:mod:`trainvitals.agent.urgency`): a NaN/Inf is reported with its exact step within about
-    ``read_interval``, and so is a steep rise of the gradient norm. Per step, the hooks note
-    the time and the step number; a background thread sends, and an unreachable server costs
-    one warning, never an exception or a slower step. The callback is ``async_safe``: a Keras
-    backend that delivers batch ends on a thread pool need not wait for it.
+    ``read_interval``, and so are a steep rise of the gradient norm and memory racing to its
+    limit. Per step, the hooks note the time and the step number; a background thread sends,
+    and an unreachable server costs one warning, never an exception or a slower step. The
+    callback is ``async_safe``: a Keras backend that delivers batch ends on a thread pool need
+    not wait for it.
 
     Args:
         server: base URL of the server, e.g. ``"http://10.0.0.5:8600"``. Default:
@@ -83,7 +84,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         token: bearer token for the server. Default: ``$TRAINVITALS_TOKEN``.
         config: hyper-parameters to show with the run (``fit``'s epochs and steps are added).
         flush_interval: the most seconds a point waits before it is sent (default 1); a
-            NaN/Inf or a steep rise of the gradient norm goes at the next read.
+            NaN/Inf, a steep rise of the gradient norm or memory racing to its limit goes at
+            the next read.
         read_interval: seconds between reads of the device ring (default 0.2; at most
             ``flush_interval``).
         grad_norms_every: steps between per-variable gradient norms (default 10).

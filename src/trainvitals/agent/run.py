@@ -260,6 +260,8 @@ class Run:
     def _record_system(self, values: Mapping[str, float]) -> None:
         step, now = self._buffer.last_step, whole_micros(time.time())
         self._buffer.add(step, now, values)
+        if self._urgency.memory(values, now) and self._sender is not None:
+            self._sender.hurry()  # an OOM kill would take these readings with it
         if self._on_system is not None:
             try:
                 self._on_system(step, now, values)

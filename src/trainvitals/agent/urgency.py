@@ -12,7 +12,12 @@ on them is worth most in the second after they happen:
   foretells by well under a second when the norm climbs fast. The server warns at ten times a
   robust baseline, sustained; three times the recent median comes first on any fast climb. A
   slow climb does not trip it, and then the warning comes at most one send interval later,
-  seconds before a NaN that is itself seconds or more away.
+  seconds before a NaN that is itself seconds or more away;
+- memory (the host's, or a GPU's) that, growing as fast as it did since the reading before,
+  would reach its limit within :data:`MEMORY_ETA` seconds: the OOM kill that follows takes
+  every point not yet sent with it, and the readings of the last second before it are the
+  run's evidence. Memory that stands still, however high, waits its turn (the
+  ``memory_pressure`` alert is judged on readings a second apart just as well).
 
 Such points, and everything recorded before them, are sent at the next look at the ring
 (``read_interval``, 0.2 s). Events (a stall, an autopsy) go at once anyway
@@ -28,13 +33,26 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from trainvitals.protocol import SeqColumns
-from trainvitals.series import GRAD_GLOBAL_NORM, LOSS, NONFINITE_PREFIX
+from trainvitals.series import (
+    GPU_MEM_TOTAL,
+    GPU_MEM_USED,
+    GPU_PREFIX,
+    GPU_TF_CURRENT,
+    GRAD_GLOBAL_NORM,
+    HOST_LIMIT,
+    HOST_RSS,
+    LOSS,
+    NONFINITE_PREFIX,
+)
 
 #: A global gradient norm this many times the median of the ones before it is sent at once.
 RISE = 3.0
 #: Norms the median is taken over, and how many are needed before a rise counts.
 WINDOW = 200
 MIN_HISTORY = 30
+#: Memory that would reach its limit within this many seconds, at its latest rate, is sent
+#: at once (ten sends' worth: a leak that fast ends the run before many more sends).
+MEMORY_ETA = 10.0
 
 
 class Urgency:
@@ -47,6 +65,8 @@ class Urgency:
     def __init__(self) -> None:
         self._norms: deque[float] = deque(maxlen=WINDOW)
         self._lock = threading.Lock()
+        #: Each memory's previous reading: ``{subject: (unix time, bytes used)}``.
+        self._memory: dict[str, tuple[float, float]] = {}
 
     def columns(self, columns: Mapping[str, SeqColumns]) -> bool:
         """Whether these columns (``{name: (steps, times, values)}``) hold an urgent point."""
@@ -55,6 +75,21 @@ class Urgency:
     def values(self, values: Mapping[str, float]) -> bool:
         """Whether one step's values (``{name: value}``) hold an urgent point."""
         return self._judge({name: (value,) for name, value in values.items()})
+
+    def memory(self, readings: Mapping[str, float], now: float) -> bool:
+        """Whether one sample of the system readings (``{name: value}``, taken at ``now``)
+        shows a memory about to reach its limit (see :data:`MEMORY_ETA`)."""
+        urgent = False
+        with self._lock:
+            for subject, used, limit in _memories(readings):
+                before = self._memory.get(subject)
+                self._memory[subject] = (now, used)
+                if used >= limit:
+                    urgent = True
+                elif before is not None and now > before[0] and used > before[1]:
+                    rate = (used - before[1]) / (now - before[0])
+                    urgent |= (limit - used) / rate < MEMORY_ETA
+        return urgent
 
     def _judge(self, series: Mapping[str, Sequence[float]]) -> bool:
         urgent = False  # every series looked at: the norms' history must see each block
@@ -77,6 +112,25 @@ class Urgency:
                 urgent = bool(norms.max() >= RISE * float(np.median(np.asarray(self._norms))))
             self._norms.extend(norms[-WINDOW:].tolist())
         return urgent
+
+
+def _memories(readings: Mapping[str, float]) -> list[tuple[str, float, float]]:
+    """``(subject, used, limit)`` of each memory in a sample: the host's resident set against
+    its limit, and each GPU's use against its size (TensorFlow's allocator where it reports:
+    NVML's "used" is what TensorFlow reserved at start, most of the card)."""
+    pairs = [("host", readings.get(HOST_RSS), readings.get(HOST_LIMIT))]
+    for name, total in readings.items():
+        device, _, field = name.partition("/")
+        if device.startswith(GPU_PREFIX) and field == GPU_MEM_TOTAL:
+            used = readings.get(
+                f"{device}/{GPU_TF_CURRENT}", readings.get(f"{device}/{GPU_MEM_USED}")
+            )
+            pairs.append((device, used, total))
+    return [
+        (subject, used, limit)
+        for subject, used, limit in pairs
+        if used is not None and limit is not None and np.isfinite(used) and limit > 0
+    ]
 
 
 def _any_count(values: Iterable[float]) -> bool:
