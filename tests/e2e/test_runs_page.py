@@ -22,6 +22,9 @@ from trainvitals import Run, resolve
 RUNS = 60  # more than a page (50)
 STEPS = 30
 
+#: The text colour of each cell of a table row, key first.
+CELL_COLOURS = "(row) => [...row.children].map((cell) => getComputedStyle(cell).color)"
+
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
@@ -190,6 +193,10 @@ def test_selected_runs_are_compared_one_colour_each_on_every_chart(
         "(rows) => rows.map((r) => r.dataset.configKey)"
     )
     assert differs == ["batch", "lr"]
+    # A key that differs reads as strongly as its values (a muted key was easy to miss on the
+    # marked row, in dark mode most).
+    marked = page.locator('#config-compare tr[data-config-key="lr"]').evaluate(CELL_COLOURS)
+    assert len(set(marked)) == 1, marked
     wanted = os.environ.get("TRAINVITALS_SCREENSHOT")
     if wanted:  # the README's picture of the compare view
         shot = Path(wanted).with_name("compare.png")
@@ -215,6 +222,8 @@ def test_the_compare_views_config_shows_only_the_keys_that_differ_at_a_switch(
     rows = page.locator("#config-compare tr[data-config-key]")
     expect(page.locator("#config-differ")).to_have_text("(1 of 2 keys differ, marked)")
     expect(rows).to_have_count(2)
+    shared = page.locator('#config-compare tr[data-config-key="lr"]').evaluate(CELL_COLOURS)
+    assert shared[0] != shared[1], shared  # a shared key stays muted beside its values
     page.get_by_label("Only the keys that differ").check()
     expect(rows).to_have_count(1)
     assert rows.evaluate_all("(rows) => rows.map((r) => r.dataset.configKey)") == ["batch"]

@@ -194,11 +194,12 @@ class CompareView {
 // others left out when onlyDiffering); how many differ in count.
 function drawConfig(table, count, runs, onlyDiffering) {
   const keys = [...new Set(runs.flatMap((run) => Object.keys(run.config ?? {})))].sort();
-  const differing = new Set(keys.filter((key) => new Set(runs.map((run) => shown(run.config?.[key]))).size > 1));
+  const valuesOf = new Map(keys.map((key) => [key, runs.map((run) => shown(run.config?.[key]))]));
+  const differing = new Set(keys.filter((key) => new Set(valuesOf.get(key)).size > 1));
   count.textContent = `(${differing.size} of ${keys.length} ${keys.length === 1 ? "key differs" : "keys differ"}, marked)`;
   const head = `<tr><th>key</th>${runs.map((run, i) => `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}</th>`).join("")}</tr>`;
   const rows = (onlyDiffering ? [...differing] : keys).map((key) => {
-    const values = runs.map((run) => shown(run.config?.[key]));
+    const values = valuesOf.get(key);
     const differs = differing.has(key);
     return `<tr class="${differs ? "differs" : ""}" data-config-key="${escapeHTML(key)}" data-differs="${differs}">
       <th>${escapeHTML(key)}${differs ? ' <span class="visually-hidden">(differs)</span>' : ""}</th>
