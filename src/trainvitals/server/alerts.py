@@ -43,9 +43,15 @@ from trainvitals.server.writer import Writer
 
 log = logging.getLogger("trainvitals.server")
 
-#: Frames of history replayed into a rebuilt detector (about 10 minutes of an agent sending five
-#: frames a second, 50 of one at its default of one a second).
-REPLAY_FRAMES = 3000
+#: Frames of history replayed into a rebuilt detector: about ten minutes of an agent's frames
+#: at its default of one a second (two at five a second)...
+REPLAY_FRAMES = 600
+#: ...and of each series at most this many points: twenty times the longest window a rule
+#: counts in steps (500), and all of the once-a-second system readings. A frame holds a
+#: second of steps, 450 of a 2 ms step: the 3000 frames replayed before one frame a second
+#: became the default would be 1.35 million steps of each series, and 600 whole ones took
+#: 10x as long to replay as 600 cut (``benchmarks/replay.py``).
+REPLAY_POINTS = 10_000
 
 
 @dataclass
@@ -250,7 +256,9 @@ class AlertEngine:
         await self._leases.take(RUN + run_id)
         state = self._fresh(run_id, run["project"], run["name"], run["env"])
         state.leased_at = leased_at
-        history = await asyncio.to_thread(self._store.series.recent_points, run_id, REPLAY_FRAMES)
+        history = await asyncio.to_thread(
+            self._store.series.recent_points, run_id, REPLAY_FRAMES, REPLAY_POINTS
+        )
         if history:
             columns = {
                 n: Columns(s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()

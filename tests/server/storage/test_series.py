@@ -103,6 +103,13 @@ def test_recent_points_and_last_readings(store: Store) -> None:
             )
     recent = store.series.recent_points("r1", frames=2)
     assert list(recent["loss"][0]) == [4, 5]
+    # At most the last `points` of each series, however many the frames hold.
+    recent = store.series.recent_points("r1", frames=5, points=3)
+    assert {name: list(column.steps) for name, column in recent.items()} == {
+        "loss": [3, 4, 5],
+        "host/rss": [3, 4, 5],
+    }
+    assert list(recent["host/rss"].values) == [30.0, 40.0, 50.0]
     assert store.series.last_values("r1", ("host/",)) == {"host/rss": 50.0}
 
 

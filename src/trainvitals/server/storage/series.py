@@ -229,9 +229,12 @@ class SeriesStore:
             for rows in result.partitions():
                 yield codec.decode(rows)
 
-    def recent_points(self, run_id: str, frames: int) -> dict[str, ArrayColumns]:
-        """The points of the run's last ``frames`` frames, per series, in frame order: the
-        history the alert engine replays to rebuild its state after a restart."""
+    def recent_points(
+        self, run_id: str, frames: int, points: int | None = None
+    ) -> dict[str, ArrayColumns]:
+        """The points of the run's last ``frames`` frames, per series, in frame order, and of
+        each series at most its last ``points``: the history the alert engine replays to
+        rebuild its state after a restart."""
         with self._engine.connect() as conn:
             last = conn.execute(select(runs.c.last_seq).where(runs.c.id == run_id)).scalar()
             if last is None:
@@ -244,7 +247,13 @@ class SeriesStore:
         parts: dict[str, list[codec.Row]] = {}
         for row in rows:
             parts.setdefault(row[0], []).append(row[1:])
-        return {name: codec.decode(chunk) for name, chunk in parts.items()}
+        decoded = {name: codec.decode(chunk) for name, chunk in parts.items()}
+        if points is None:
+            return decoded
+        return {
+            name: Columns(steps[-points:], times[-points:], values[-points:])
+            for name, (steps, times, values) in decoded.items()
+        }
 
     # -- compaction (the compactor's thread) ------------------------------------------------
 
