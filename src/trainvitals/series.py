@@ -8,6 +8,8 @@ metric names (every Keras log key as-is) travel beside them unchanged.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Container
 from typing import Final
 
 #: The loss of that very batch, taken inside the train step (not Keras's running mean).
@@ -63,6 +65,25 @@ GPU_XID_ERRORS: Final = "xid_errors"
 def gpu(index: int, field: str) -> str:
     """The series name of one GPU reading: ``gpu(0, GPU_MEM_USED) == "gpu0/mem_used"``."""
     return f"{GPU_PREFIX}{index}/{field}"
+
+
+_GPU_MEMORY = re.compile(rf"({GPU_PREFIX}\d+)/({GPU_TF_CURRENT}|{GPU_MEM_USED})$")
+
+
+def memory_in_use(name: str, present: Container[str]) -> tuple[str, str] | None:
+    """``(subject, limit series)`` when ``name`` is a memory's use ("host", "gpu0", ...), else
+    None. A GPU is measured by TensorFlow's allocator where it reports among ``present``: NVML's
+    "used" is then what TensorFlow reserved at start, most of the card, flat while the
+    allocator's own count grows."""
+    if name == HOST_RSS:
+        return "host", HOST_LIMIT
+    match = _GPU_MEMORY.match(name)
+    if match is None:
+        return None
+    device, field = match.groups()
+    if field == GPU_MEM_USED and f"{device}/{GPU_TF_CURRENT}" in present:
+        return None
+    return device, f"{device}/{GPU_MEM_TOTAL}"
 
 
 def is_system(name: str) -> bool:

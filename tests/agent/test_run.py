@@ -4,14 +4,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from harness.processes import wait_for
-from tests.agent.peer import running_peer
+from tests.agent.peer import Peer, running_peer
 from trainvitals.agent.config import resolve
 from trainvitals.agent.gpu import SimulatedGpu
 from trainvitals.agent.run import Run
 from trainvitals.protocol import END, HELLO, POINTS, Columns, EndReason
 from trainvitals.series import GRAD_GLOBAL_NORM
+
+
+def server_of(peer: Peer) -> str:
+    """The server URL an agent is given for the scripted peer."""
+    return peer.url.replace("ws://", "http://").removesuffix("/api/v1/ingest")
+
+
+def looking_run(peer: Peer, **sampling: Any) -> tuple[Run, list[int]]:
+    """A started run that looks every 10 ms (adding to the list) and sends only what is
+    urgent: its next regular send is an hour away."""
+    config = resolve(server=server_of(peer), flush_interval=3600, read_interval=0.01)
+    run = Run(config, watchdog=False, **sampling)
+    looks: list[int] = []
+    run.on_tick(lambda: looks.append(1))
+    run.start()
+    return run, looks
 
 
 class Steady:
@@ -29,7 +46,7 @@ class Steady:
 def test_a_run_says_hello_streams_its_points_and_ends_with_its_reason() -> None:
     samples: list[tuple[int, Mapping[str, float]]] = []
     with running_peer() as peer:
-        config = resolve(server=peer.url.replace("ws://", "http://").removesuffix("/api/v1/ingest"))
+        config = resolve(server=server_of(peer))
         run = Run(
             config,
             system_metrics=0.05,
@@ -61,12 +78,7 @@ def test_a_nan_or_a_steep_gradient_rise_is_sent_at_the_next_read_not_the_next_se
     """With an hour between sends, healthy points wait (looked at, held) and an urgent one
     leaves at the next look, taking everything recorded before it."""
     with running_peer() as peer:
-        server = peer.url.replace("ws://", "http://").removesuffix("/api/v1/ingest")
-        config = resolve(server=server, flush_interval=3600, read_interval=0.01)
-        run = Run(config, system_metrics=False, watchdog=False)
-        looks: list[int] = []
-        run.on_tick(lambda: looks.append(1))
-        run.start()
+        run, looks = looking_run(peer, system_metrics=False)
 
         def held_for_looks() -> None:
             seen = len(looks)
@@ -102,12 +114,7 @@ def test_memory_racing_to_its_limit_is_sent_at_the_next_read_not_the_next_send()
     rate, meets its limit within seconds leaves at the next look; steady readings wait."""
     gpu = SimulatedGpu(mem_total=16e9, mem_start=2e9)
     with running_peer() as peer:
-        server = peer.url.replace("ws://", "http://").removesuffix("/api/v1/ingest")
-        config = resolve(server=server, flush_interval=3600, read_interval=0.01)
-        run = Run(config, system_metrics=0.02, gpu=gpu, watchdog=False)
-        looks: list[int] = []
-        run.on_tick(lambda: looks.append(1))
-        run.start()
+        run, looks = looking_run(peer, system_metrics=0.02, gpu=gpu)
 
         def sent() -> list[float]:
             return [

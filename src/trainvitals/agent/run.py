@@ -171,8 +171,7 @@ class Run:
         """Record ``values`` at ``step`` (at ``time_``, default now to the microsecond): cheap,
         never blocks on the network."""
         self._buffer.add(step, whole_micros(time.time()) if time_ is None else time_, values)
-        if self._urgency.values(values) and self._sender is not None:
-            self._sender.hurry()  # (before start, the first look sends whatever is held)
+        self._hurry(self._urgency.values(values))
 
     def add_columns(
         self, columns: Mapping[str, SeqColumns], clock: Sequence[tuple[int, float]] = ()
@@ -180,7 +179,12 @@ class Run:
         """Record many steps at once: ``{name: (steps, unix times, values)}``; ``clock`` is
         ``(step, time.monotonic())`` of each step's end, for the hang detector."""
         self._buffer.add_columns(columns, clock)
-        if self._urgency.columns(columns) and self._sender is not None:
+        self._hurry(self._urgency.columns(columns))
+
+    def _hurry(self, urgent: bool) -> None:
+        """Send what is held at the sender's next look, not at its next send, if ``urgent``
+        (before the sender starts, its first look sends whatever is held)."""
+        if urgent and self._sender is not None:
             self._sender.hurry()
 
     def finish(
@@ -260,8 +264,7 @@ class Run:
     def _record_system(self, values: Mapping[str, float]) -> None:
         step, now = self._buffer.last_step, whole_micros(time.time())
         self._buffer.add(step, now, values)
-        if self._urgency.memory(values, now) and self._sender is not None:
-            self._sender.hurry()  # an OOM kill would take these readings with it
+        self._hurry(self._urgency.memory(values, now))  # an OOM kill would take these with it
         if self._on_system is not None:
             try:
                 self._on_system(step, now, values)

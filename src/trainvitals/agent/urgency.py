@@ -33,17 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from trainvitals.protocol import SeqColumns
-from trainvitals.series import (
-    GPU_MEM_TOTAL,
-    GPU_MEM_USED,
-    GPU_PREFIX,
-    GPU_TF_CURRENT,
-    GRAD_GLOBAL_NORM,
-    HOST_LIMIT,
-    HOST_RSS,
-    LOSS,
-    NONFINITE_PREFIX,
-)
+from trainvitals.series import GRAD_GLOBAL_NORM, LOSS, NONFINITE_PREFIX, memory_in_use
 
 #: A global gradient norm this many times the median of the ones before it is sent at once.
 RISE = 3.0
@@ -115,22 +105,16 @@ class Urgency:
 
 
 def _memories(readings: Mapping[str, float]) -> list[tuple[str, float, float]]:
-    """``(subject, used, limit)`` of each memory in a sample: the host's resident set against
-    its limit, and each GPU's use against its size (TensorFlow's allocator where it reports:
-    NVML's "used" is what TensorFlow reserved at start, most of the card)."""
-    pairs = [("host", readings.get(HOST_RSS), readings.get(HOST_LIMIT))]
-    for name, total in readings.items():
-        device, _, field = name.partition("/")
-        if device.startswith(GPU_PREFIX) and field == GPU_MEM_TOTAL:
-            used = readings.get(
-                f"{device}/{GPU_TF_CURRENT}", readings.get(f"{device}/{GPU_MEM_USED}")
-            )
-            pairs.append((device, used, total))
-    return [
-        (subject, used, limit)
-        for subject, used, limit in pairs
-        if used is not None and limit is not None and np.isfinite(used) and limit > 0
-    ]
+    """``(subject, used, limit)`` of each memory in a sample, as the server's memory rules
+    pair them (:func:`~trainvitals.series.memory_in_use`)."""
+    found = []
+    for name, used in readings.items():
+        pair = memory_in_use(name, readings)
+        if pair is not None and np.isfinite(used):
+            limit = readings.get(pair[1])
+            if limit is not None and limit > 0:
+                found.append((pair[0], used, limit))
+    return found
 
 
 def _any_count(values: Iterable[float]) -> bool:

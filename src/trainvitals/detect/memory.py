@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,9 +11,7 @@ from trainvitals.detect.base import Context, Rule, finite
 from trainvitals.detect.stats import theil_sen
 from trainvitals.detect.text import duration, size
 from trainvitals.detect.types import Finding, Record, Severity
-from trainvitals.series import GPU_PREFIX, HOST_LIMIT, HOST_RSS, HOST_SWAP_USED
-
-_GPU_SERIES = re.compile(r"gpu(\d+)/(tf_current|mem_used)$")
+from trainvitals.series import GPU_PREFIX, HOST_RSS, HOST_SWAP_USED, memory_in_use
 
 HOST_LEAK_HINT = (
     "Something keeps a reference that grows every step: a list of tensors, losses or "
@@ -49,17 +46,8 @@ SWAP_HINT = (
 
 def _subject(name: str, context: Context) -> tuple[str, str, str] | None:
     """``(subject, used series, limit series)`` for a memory series, or None."""
-    if name == HOST_RSS:
-        return "host", name, HOST_LIMIT
-    match = _GPU_SERIES.match(name)
-    if match is None:
-        return None
-    index, kind = match.groups()
-    if kind == "mem_used" and f"gpu{index}/tf_current" in context.latest:
-        # TensorFlow reserves most of the card at start, so NVML's "used" stays flat while
-        # the allocator's own count shows the growth.
-        return None
-    return f"gpu{index}", name, f"gpu{index}/mem_total"
+    found = memory_in_use(name, context.latest)
+    return None if found is None else (found[0], name, found[1])
 
 
 @dataclass
