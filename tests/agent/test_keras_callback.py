@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +113,33 @@ def test_learning_run_and_steps_per_execution(server: ServerProcess) -> None:
     assert set(again.history) == {"loss", "mae"}
 
 
+@contextlib.contextmanager
+def fit_that_hangs(
+    model: Any, vitals: Any, x: np.ndarray, y: np.ndarray, before: int
+) -> Iterator[tuple[str, threading.Thread]]:
+    """``model.fit`` with ``vitals`` on a thread, over the six batches of ``x``, ``y``, its
+    input pipeline hanging before batch ``before`` (0-based) until the block ends; yields the
+    run's id and the fitting thread."""
+    release = threading.Event()
+
+    def batches() -> Any:
+        for step in range(6):
+            if step == before:
+                release.wait(60)
+            yield x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
+
+    fitting = threading.Thread(
+        target=lambda: model.fit(batches(), epochs=1, verbose=0, callbacks=[vitals])
+    )
+    fitting.start()
+    try:
+        wait_for(lambda: vitals.run is not None, what="the run to start")
+        yield vitals.run.id, fitting
+    finally:
+        release.set()
+        fitting.join(60)
+
+
 class ReadsProbe(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
     """Placed after the callback: at each step's end, how many times the device ring has
     been read so far; placed before it, whether Keras's logs carry the vitals."""
@@ -160,6 +190,84 @@ def test_the_vitals_are_fetched_every_n_steps_never_each_step(server: ServerProc
     assert series["loss"]["step"] == series["mae"]["step"] == list(range(1, 51))
     assert all(whole_micros(t) == t for t in series["loss"]["time"])  # the codec's narrow form
     assert vitals._tap.ring is not None and vitals._tap.ring.lost == 0
+
+
+class CountingCallback(trainvitals.VitalsCallback):
+    """Counts the sender's looks and the hand-overs of read rows to the run on its thread,
+    and stops training after ``looks`` looks."""
+
+    def __init__(self, looks: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stop_after, self.looks, self.hand_overs = looks, 0, 0
+
+    def _look(self) -> None:
+        self.looks += 1
+        super()._look()
+
+    def _hand_over(self, measured: Any) -> Any:
+        if threading.current_thread().name == "trainvitals-sender":
+            self.hand_overs += 1
+        return super()._hand_over(measured)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_batch_end(batch, logs)
+        if self.looks >= self.stop_after:
+            self.model.stop_training = True
+
+
+def test_the_sender_reads_the_ring_at_each_look_and_makes_points_once_a_frame(
+    server: ServerProcess,
+) -> None:
+    """Five looks a second read the ring (a NaN is seen within 0.2 s), but healthy rows
+    become points only for the frame that leaves once a second: each hand-over on the
+    sender's thread is followed by a send, and every step still arrives."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(1024 * BATCH, 4)).astype("float32")  # epochs until 20 looks
+    y = x.sum(axis=1, keepdims=True)
+    model = small_model(learning_rate=0.01)
+    vitals = CountingCallback(
+        20,
+        server=server.url,
+        run_name="looks",
+        ring_capacity=1 << 16,  # the training thread reads at epochs' ends only
+        read_interval=0.2,
+        flush_interval=1.0,
+        system_metrics=False,
+        watchdog=False,
+    )
+    model.fit(x, y, batch_size=BATCH, epochs=100, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None and vitals.looks >= 20
+    assert 1 <= vitals.hand_overs <= vitals.looks // 2, (vitals.hand_overs, vitals.looks)
+    steps = run_series(server, vitals.run.id, "loss")["loss"]["step"]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) == vitals.run.last_step
+
+
+def test_a_nan_step_is_sent_at_the_next_look_with_the_healthy_steps_before_it(
+    server: ServerProcess,
+) -> None:
+    """Rows read but not yet due wait on the host; a NaN/Inf among the rows just read sends
+    them, and those before, at that look, though the next regular send is an hour away."""
+    x, y = regression_data()
+    x[3 * BATCH + 2, 1] = np.nan  # the fourth step's batch
+    model = small_model(0.01)
+    vitals = trainvitals.VitalsCallback(
+        server=server.url,
+        run_name="nan-look",
+        flush_interval=3600,
+        read_interval=0.2,
+        system_metrics=False,
+        watchdog=False,
+    )
+    with fit_that_hangs(model, vitals, x, y, before=5) as (run_id, fitting):
+
+        def nan_sent() -> dict[str, Any] | None:
+            column = run_series(server, run_id, "nonfinite/inputs").get("nonfinite/inputs")
+            return column if column and 4 in column["step"] else None
+
+        column = wait_for(nan_sent, what="the NaN step, sent at a look")
+        counts = dict(zip(column["step"], column["value"], strict=True))
+        assert counts[4] > 0 and all(counts[s] == 0 for s in (1, 2, 3))
+        assert fitting.is_alive()  # no end of training flushed them
 
 
 def test_the_learning_rate_of_each_step_is_recorded(server: ServerProcess) -> None:
@@ -234,27 +342,10 @@ def test_an_exception_in_fit_is_reported_with_its_traceback(
 def test_steps_before_a_hang_reach_the_server_while_it_hangs(server: ServerProcess) -> None:
     """The callback collects steps to turn them into points in bulk; a run that stops making
     steps must not keep its last ones back (the sender collects them on its own)."""
-    import threading
-
     x, y = regression_data()
-    release = threading.Event()
-
-    def batches() -> Any:
-        for step in range(6):
-            if step == 4:
-                release.wait(60)  # the input pipeline hangs after the fourth batch
-            yield x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
-
     model = small_model(0.01)
     vitals = trainvitals.VitalsCallback(server=server.url, run_name="hangs", system_metrics=False)
-    fitting = threading.Thread(
-        target=lambda: model.fit(batches(), epochs=1, verbose=0, callbacks=[vitals])
-    )
-    fitting.start()
-    try:
-        wait_for(lambda: vitals.run is not None, what="the run to start")
-        assert vitals.run is not None
-        run_id = vitals.run.id
+    with fit_that_hangs(model, vitals, x, y, before=4) as (run_id, fitting):
         series = wait_for(
             lambda: (
                 (s := run_series(server, run_id, "loss", "grad/global_norm"))
@@ -265,9 +356,6 @@ def test_steps_before_a_hang_reach_the_server_while_it_hangs(server: ServerProce
         )
         assert series["grad/global_norm"]["step"] == [1, 2, 3, 4]
         assert fitting.is_alive()  # still hanging: the points came without a fifth step
-    finally:
-        release.set()
-        fitting.join(60)
     assert run_series(server, run_id, "loss")["loss"]["step"] == [1, 2, 3, 4, 5, 6]
 
 

@@ -103,7 +103,10 @@ def test_a_nan_or_a_steep_gradient_rise_is_sent_at_the_next_read_not_the_next_se
         held_for_looks()
         assert GRAD_GLOBAL_NORM not in sent()
         run.add_columns({GRAD_GLOBAL_NORM: Columns([43], [0.0], [5.0])})
-        rise = list(range(3, 44))
+        held_for_looks()  # one step's spike is not a rise
+        assert GRAD_GLOBAL_NORM not in sent()
+        run.add_columns({GRAD_GLOBAL_NORM: Columns([44, 45], [0.0, 0.0], [6.0, 7.0])})
+        rise = list(range(3, 46))
         wait_for(lambda: sent().get(GRAD_GLOBAL_NORM) == rise, what="the rise, with the rest")
         assert run.finish()
     assert len([f for f in peer.frames() if f["type"] == POINTS]) == 2  # one a send

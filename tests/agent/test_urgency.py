@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from trainvitals.agent.urgency import MEMORY_ETA, MIN_HISTORY, RISE, Urgency
+from trainvitals.agent.urgency import MEMORY_ETA, MIN_HISTORY, RISE, SUSTAIN, Urgency
 from trainvitals.protocol import Columns, SeqColumns
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
@@ -32,15 +32,30 @@ def test_a_nan_anywhere_is_urgent_and_healthy_values_are_not() -> None:
 
 def test_a_steep_rise_of_the_gradient_norm_is_urgent_once_there_is_a_history() -> None:
     urgency = Urgency()
-    assert not urgency.columns(norms([1.0] * (MIN_HISTORY - 1) + [100.0]))  # too little history
+    assert not urgency.columns(norms([1.0] * (MIN_HISTORY - 1) + [100.0] * 3))  # too little
     urgency = Urgency()
     assert not urgency.columns(norms([1.0 + 0.01 * (i % 7) for i in range(MIN_HISTORY)]))
     assert not urgency.columns(norms([1.5, 2.0, 0.2]))  # noise, below RISE x the median
-    assert urgency.columns(norms([1.1, RISE * 1.05]))
+    assert urgency.columns(norms([1.1] + [RISE * 1.05] * SUSTAIN))
     assert urgency.columns(norms([RISE * 1.05] * 400))  # against the median before them
     # The median moves with the norm: the new level, held, is no longer a rise.
     assert not urgency.values({GRAD_GLOBAL_NORM: RISE * 1.1})
+    # A streak may span blocks: the recorded norms before a block lead into it.
+    assert not urgency.values({GRAD_GLOBAL_NORM: RISE * RISE * 1.1})
+    assert not urgency.values({GRAD_GLOBAL_NORM: RISE * RISE * 1.1})
     assert urgency.values({GRAD_GLOBAL_NORM: RISE * RISE * 1.1})
+
+
+def test_single_spikes_of_a_noisy_norm_are_not_urgent() -> None:
+    """Small batches give norms several times their median now and then; only a rise held
+    for SUSTAIN steps is sent at once, or a noisy run would send at every look."""
+    urgency = Urgency()
+    noisy = [1.0] * MIN_HISTORY
+    assert not urgency.columns(norms(noisy))
+    spikes = [RISE * 2 if i % (SUSTAIN + 1) == 0 else 1.0 for i in range(200)]
+    assert not urgency.columns(norms(spikes))
+    assert not urgency.columns(norms([RISE * 2] * (SUSTAIN - 1) + [1.0]))
+    assert urgency.columns(norms([1.0] + [RISE * 2] * SUSTAIN))
 
 
 def test_memory_about_to_reach_its_limit_is_urgent_and_memory_standing_still_is_not() -> None:
@@ -68,3 +83,15 @@ def test_memory_about_to_reach_its_limit_is_urgent_and_memory_standing_still_is_
     assert urgency.memory({**tf_gpu, "gpu0/tf_current": 75e9, "gpu1/mem_used": 75e9}, 23.0)
     assert not urgency.memory({HOST_RSS: math.nan, HOST_LIMIT: 16 * gib}, 24.0)
     assert MEMORY_ETA == 10.0
+
+
+def test_a_peek_judges_norms_without_learning_them() -> None:
+    """The sender judges rows it has read before they are recorded: a peek must not add
+    their norms to the history, or recording them would judge them against themselves."""
+    urgency = Urgency()
+    assert not urgency.columns(norms([1.0] * MIN_HISTORY))
+    high = {GRAD_GLOBAL_NORM: [RISE * 1.05] * 400}
+    assert urgency.peek(high) and urgency.peek(high)  # looked at twice, still a rise
+    assert urgency.columns(norms(high[GRAD_GLOBAL_NORM]))  # recorded: judged, then learnt
+    assert not urgency.peek(high)
+    assert urgency.peek({LOSS: [0.1, math.nan]}) and not urgency.peek({LOSS: [0.1]})

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
+import numpy.typing as npt
 
 from trainvitals.agent import autopsy, packing, tf_vitals
 from trainvitals.agent.config import (
@@ -32,7 +33,7 @@ from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import Columns, EndReason, whole_micros
+from trainvitals.protocol import Columns, EndReason, ListColumns, whole_micros
 from trainvitals.series import (
     EPOCH,
     EPOCH_PREFIX,
@@ -163,6 +164,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         # the training thread, and the last one a read has used.
         self._ends: list[tuple[int, float]] = []
         self._last_end: tuple[int, float] = (0, time.monotonic())
+        # Read from the ring on the sender's looks and not yet handed to the run: blocks of
+        # (write numbers, rows), and the execution ends noted meanwhile.
+        self._staged: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = []
+        self._staged_clock: list[tuple[int, float]] = []
         self._read_lock = threading.Lock()
 
     # Keras may call on_train_batch_end from a thread pool, several at once and out of order
@@ -184,9 +189,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         )
         self._epoch_first_step = self._last_step = 0
         self._pending, self._step_times, self._ends = [], [], []
+        self._staged, self._staged_clock = [], []
         self._last_end = (0, time.monotonic())
         self.run.start()
-        self.run.on_tick(self._flush_pending)  # steps of a run that hangs still arrive
+        self.run.on_tick(self._look)  # steps of a run that hangs still arrive
         self._weights_check = (
             tf_vitals.WeightsCheck.create(self.model) if self._weights_every else None
         )
@@ -262,15 +268,34 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         with self._read_lock:
             self._record(rows)
 
+    def _look(self) -> None:
+        """The sender's look, every ``read_interval``: read the ring, and hand what it has read
+        to the run only when a frame leaves at this look anyway, or when the rows just read
+        hold something urgent (:mod:`~trainvitals.agent.urgency`). Otherwise the rows wait
+        for the next send: turning them into points costs the sender about 0.4 ms a look
+        inside a fit whatever their number, so one hand-over a frame pays it once, not at
+        each of five looks. The hang detector still learns of every step at each look."""
+        tap, run = self._tap, self.run
+        if tap is None or run is None or tap.ring is None:
+            self._flush_pending()
+            return
+        with self._read_lock:
+            block = self._stage(tap.ring, run)
+            if run.send_due() or run.urgent(packing.head_series(block, tap.measured)):
+                self._record(self._hand_over(tap.measured))
+
     def _flush_pending(self) -> None:
-        """Hand over every step recorded so far (the sender thread calls this each tick; the
-        training thread when half the ring is unread, and at each epoch's end)."""
+        """Hand over every step recorded so far (the training thread calls this when half
+        the ring is unread, at a NaN/Inf step with ``protect=``, and at each epoch's end;
+        without a ring, the sender at each look)."""
         tap = self._tap
         if tap is None:
             return
         with self._read_lock:  # blocks go to the run in step order, whoever reads
             if tap.ring is not None:
-                self._record(self._read_ring(tap.ring, tap.measured))
+                if self.run is not None:
+                    self._stage(tap.ring, self.run)
+                self._record(self._hand_over(tap.measured))
                 return
             with self._pending_lock:
                 pending, self._pending = self._pending, []
@@ -288,17 +313,37 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             del step_times[: len(taken)]
         return taken
 
-    def _read_ring(self, ring: DeviceRing, measured: packing.Measured) -> packing.Pivot:
-        """One fetch of the ring, as columns: each step's time is when its execution ended
-        (interpolated between executions of several steps; a step read before its hook ran
-        is timed at the read)."""
+    def _stage(self, ring: DeviceRing, run: Run) -> npt.NDArray[np.float64]:
+        """One fetch of the ring: its fresh rows are kept for the next hand-over (and
+        returned), the execution ends noted since the last look go to the run's hang
+        detector now."""
         lost = ring.lost
         numbers, block = ring.read()
         if ring.lost > lost:
             log.warning("trainvitals: %d steps' vitals overwritten before a read", ring.lost - lost)
+        if len(numbers):
+            self._staged.append((numbers, block))
         ends = self._ends
         clock = ends[: len(ends)]
         del ends[: len(clock)]
+        if clock:
+            self._staged_clock.extend(clock)
+            run.add_columns({}, clock)
+        return block
+
+    def _hand_over(self, measured: packing.Measured) -> packing.Pivot:
+        """The staged rows as columns: each step's time is when its execution ended
+        (interpolated between executions of several steps; a step whose end no hook has noted
+        yet is timed now). The step ends went to the run at their looks."""
+        staged, self._staged = self._staged, []
+        clock, self._staged_clock = self._staged_clock, []
+        if len(staged) == 1:
+            numbers, block = staged[0]
+        elif staged:
+            numbers = np.concatenate([numbers for numbers, _ in staged])
+            block = np.concatenate([block for _, block in staged])
+        else:
+            numbers, block = np.empty(0, np.int64), np.empty((0, 0), np.float64)
         now = time.monotonic()
         steps = numbers.tolist()
         times: list[float] = []
@@ -310,8 +355,16 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             times = [whole_micros(t) for t in (at + _to_unix()).tolist()]
         if clock:
             self._last_end = clock[-1]
-        decoded = packing.decode(block, steps, times, measured, self._vitals)
-        columns = decoded.columns
+        columns: dict[str, ListColumns] = {}
+        sick: list[int] = []
+        healthy = steps
+        healthy_norms = None
+        if steps:
+            decoded = packing.decode(block, steps, times, measured, self._vitals)
+            columns, healthy_norms = decoded.columns, decoded.healthy_norms
+            sick = [steps[j] for j in decoded.sick]
+            flagged = set(decoded.sick)
+            healthy = [s for j, s in enumerate(steps) if j not in flagged]
         step_times = self._take_step_times()
         if step_times:
             columns[STEP_TIME] = Columns(
@@ -319,10 +372,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
                 [whole_micros(t[2]) for t in step_times],
                 [t[1] for t in step_times],
             )
-        sick = [steps[j] for j in decoded.sick]
-        flagged = set(decoded.sick)
-        healthy = [s for j, s in enumerate(steps) if j not in flagged]
-        return packing.Pivot(columns, clock, steps, healthy, sick, decoded.healthy_norms)
+        return packing.Pivot(columns, [], steps, healthy, sick, healthy_norms)
 
     def _record(self, batch: packing.Pivot) -> None:
         """Hand collected steps to the run, and act on any NaN/Inf step."""

@@ -128,6 +128,29 @@ def _sick(head: list[float], measured: Measured) -> bool:
     return forward or backward
 
 
+def _recorded(measured: Measured) -> list[tuple[str, int]]:
+    """The head's series that ``measured`` records, with their positions."""
+    return [
+        (name, i)
+        for name, i, on in (
+            (LOSS, _LOSS, measured.loss),
+            (NONFINITE_LOSS, _NONFINITE_LOSS, measured.loss),
+            (NONFINITE_INPUTS, _NONFINITE_INPUTS, measured.inputs),
+            (LR, _LR, measured.lr),
+            (LOSS_SCALE, _SCALE, measured.loss_scale),
+            (GRAD_GLOBAL_NORM, _NORM, measured.grads),
+            (NONFINITE_GRADS, _NONFINITE_GRADS, measured.grads),
+        )
+        if on
+    ]
+
+
+def head_series(block: npt.NDArray[np.float64], measured: Measured) -> dict[str, Vector]:
+    """The head's recorded series of ``block``'s rows, by name, as views of its columns: what
+    the urgency of rows not yet decoded is judged on."""
+    return {name: block[:, i] for name, i in _recorded(measured)}
+
+
 def decode(
     block: npt.NDArray[np.float64],
     steps: list[int],
@@ -142,25 +165,16 @@ def decode(
     head = block[:, : len(HEAD)]
     by_row = head.tolist()
     sick_rows = [j for j, row in enumerate(by_row) if _sick(row, measured)]
-    columns: dict[str, ListColumns] = {}
     by_series = head.T.tolist()
-    if measured.loss:
-        columns[LOSS] = Columns(steps, times, by_series[_LOSS])
-        columns[NONFINITE_LOSS] = Columns(steps, times, by_series[_NONFINITE_LOSS])
-    if measured.inputs:
-        columns[NONFINITE_INPUTS] = Columns(steps, times, by_series[_NONFINITE_INPUTS])
-    if measured.lr:
-        columns[LR] = Columns(steps, times, by_series[_LR])
-    if measured.loss_scale:
-        columns[LOSS_SCALE] = Columns(steps, times, by_series[_SCALE])
+    columns: dict[str, ListColumns] = {
+        name: Columns(steps, times, by_series[i]) for name, i in _recorded(measured)
+    }
     width = len(HEAD) + len(measured.names)
     for j, name in enumerate(measured.metrics):
         columns[name] = Columns(steps, times, block[:, width + j].tolist())
     if not measured.grads:
         return Decoded(columns, sick_rows, None)
     norm, nonfinite = by_series[_NORM], by_series[_NONFINITE_GRADS]
-    columns[GRAD_GLOBAL_NORM] = Columns(steps, times, norm)
-    columns[NONFINITE_GRADS] = Columns(steps, times, nonfinite)
     names = measured.names
     norms = block[:, len(HEAD) : width]
     if block.shape[1] != width + len(measured.metrics):

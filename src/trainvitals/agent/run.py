@@ -18,7 +18,7 @@ import time
 import traceback
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -180,6 +180,16 @@ class Run:
         ``(step, time.monotonic())`` of each step's end, for the hang detector."""
         self._buffer.add_columns(columns, clock)
         self._hurry(self._urgency.columns(columns))
+
+    def urgent(self, series: Mapping[str, Iterable[float]]) -> bool:
+        """Whether values not yet recorded (``{name: values}``) hold a point that would be
+        sent at once; they are judged, not kept (the gradient norms' history learns them
+        when they are recorded)."""
+        return self._urgency.peek(series)
+
+    def send_due(self) -> bool:
+        """Whether the sender packs a frame at its look under way (before it starts: yes)."""
+        return self._sender is None or self._sender.due()
 
     def _hurry(self, urgent: bool) -> None:
         """Send what is held at the sender's next look, not at its next send, if ``urgent``

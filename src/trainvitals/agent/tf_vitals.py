@@ -63,6 +63,7 @@ class WeightsCheck:
         # each check traces once for its own model, so a script that makes many (a
         # hyper-parameter loop) would be warned of "excessive retracing".
         self._count = tf.function(functools.partial(WeightsCheck._nonfinite, self), autograph=False)
+        self._traced: Any = None
         self._last = -math.inf
         self.clock = time.monotonic
 
@@ -75,7 +76,7 @@ class WeightsCheck:
         try:
             check = cls(model)
             if check._variables:
-                check._count.get_concrete_function()
+                check._traced = check._count.get_concrete_function()
             return check
         except Exception as exc:  # an unusual model must still train
             log.warning(
@@ -103,7 +104,13 @@ class WeightsCheck:
         )
 
     def __call__(self) -> float:
-        return float(self._count()) if self._variables else 0.0
+        if not self._variables:
+            return 0.0
+        if self._traced is None:
+            self._traced = self._count.get_concrete_function()
+        # The traced function itself: the tf.function's dispatch (its cache's lookup of the
+        # call's signature) costs as much again, on the sender thread, once a second.
+        return float(self._traced())
 
 
 def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:

@@ -116,6 +116,16 @@ class Sender:
         if threading.current_thread() is not self._thread:
             self._wake.set()
 
+    def due(self) -> bool:
+        """Whether the look under way (or the next) packs a frame: points are due, or
+        urgent, or an event or the end is waiting."""
+        return bool(
+            time.monotonic() >= self._next_send
+            or self._buffer.urgent
+            or self._events
+            or self._closing.is_set()
+        )
+
     def send_event(self, frame: dict[str, Any]) -> None:
         """Queue a frame (e.g. a ``stall``) to be numbered and sent after the points so far."""
         self._events.append(frame)
@@ -246,12 +256,9 @@ class Sender:
                 self._tick()
             except Exception:
                 log.exception("trainvitals: hang check failed")
-        now = time.monotonic()
-        if not (
-            now >= self._next_send or self._buffer.urgent or self._events or self._closing.is_set()
-        ):
+        if not self.due():
             return
-        self._next_send = now + self._flush_interval
+        self._next_send = time.monotonic() + self._flush_interval
         points = self._buffer.drain()
         if points:
             for frame in points_frames(points, self._next_seq):

@@ -7,12 +7,15 @@ on them is worth most in the second after they happen:
 
 - a NaN/Inf (a count above zero, or a loss or gradient norm that is not finite): the
   ``nonfinite`` alert, critical in the very step;
-- a global gradient norm at least :data:`RISE` times the median of the norms before it: the
-  rise that the server's ``grad_explosion`` warning is made of, which leads the NaN it
-  foretells by well under a second when the norm climbs fast. The server warns at ten times a
-  robust baseline, sustained; three times the recent median comes first on any fast climb. A
-  slow climb does not trip it, and then the warning comes at most one send interval later,
-  seconds before a NaN that is itself seconds or more away;
+- a global gradient norm at least :data:`RISE` times the median of the norms before it, for
+  :data:`SUSTAIN` steps in a row: the rise that the server's ``grad_explosion`` warning is
+  made of, which leads the NaN it foretells by well under a second when the norm climbs fast.
+  The server warns at ten times a robust baseline, sustained for three steps; three times the
+  recent median for three steps comes first on any fast climb. One step alone does not count:
+  with small batches a single norm three times the median is ordinary noise, and judged by
+  single steps a noisy run would send at every look (measured: 16 of 21 looks of a small
+  regression at batch 16). A slow climb does not trip it, and then the warning comes at most
+  one send interval later, seconds before a NaN that is itself seconds or more away;
 - memory (the host's, or a GPU's) that, growing as fast as it did since the reading before,
   would reach its limit within :data:`MEMORY_ETA` seconds: the OOM kill that follows takes
   every point not yet sent with it, and the readings of the last second before it are the
@@ -26,9 +29,11 @@ Such points, and everything recorded before them, are sent at the next look at t
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from itertools import islice
 
 import numpy as np
 
@@ -37,6 +42,8 @@ from trainvitals.series import GRAD_GLOBAL_NORM, LOSS, NONFINITE_PREFIX, memory_
 
 #: A global gradient norm this many times the median of the ones before it is sent at once.
 RISE = 3.0
+#: ... for this many steps in a row (the server's ``grad_explosion`` sustain).
+SUSTAIN = 3
 #: Norms the median is taken over, and how many are needed before a rise counts.
 WINDOW = 200
 MIN_HISTORY = 30
@@ -54,6 +61,9 @@ class Urgency:
 
     def __init__(self) -> None:
         self._norms: deque[float] = deque(maxlen=WINDOW)
+        #: The norm from which one is urgent: RISE times the history's median, once the
+        #: history holds MIN_HISTORY norms.
+        self._limit = math.inf
         self._lock = threading.Lock()
         #: Each memory's previous reading: ``{subject: (unix time, bytes used)}``.
         self._memory: dict[str, tuple[float, float]] = {}
@@ -65,6 +75,11 @@ class Urgency:
     def values(self, values: Mapping[str, float]) -> bool:
         """Whether one step's values (``{name: value}``) hold an urgent point."""
         return self._judge({name: (value,) for name, value in values.items()})
+
+    def peek(self, series: Mapping[str, Iterable[float]]) -> bool:
+        """Whether ``{name: values}`` hold an urgent point, without adding their gradient
+        norms to the history (for values looked at before they are recorded)."""
+        return self._judge(series, record=False)
 
     def memory(self, readings: Mapping[str, float], now: float) -> bool:
         """Whether one sample of the system readings (``{name: value}``, taken at ``now``)
@@ -81,7 +96,7 @@ class Urgency:
                     urgent |= (limit - used) / rate < MEMORY_ETA
         return urgent
 
-    def _judge(self, series: Mapping[str, Sequence[float]]) -> bool:
+    def _judge(self, series: Mapping[str, Iterable[float]], record: bool = True) -> bool:
         urgent = False  # every series looked at: the norms' history must see each block
         for name, values in series.items():
             if name.startswith(NONFINITE_PREFIX):
@@ -89,18 +104,24 @@ class Urgency:
             elif name == LOSS:
                 urgent |= not _all_finite(values)
             elif name == GRAD_GLOBAL_NORM:
-                urgent |= self._norms_urgent(values)
+                urgent |= self._norms_urgent(values, record)
         return urgent
 
-    def _norms_urgent(self, values: Iterable[float]) -> bool:
+    def _norms_urgent(self, values: Iterable[float], record: bool) -> bool:
         norms = np.asarray(values, dtype=np.float64)
         if not np.all(np.isfinite(norms)):
             return True
         with self._lock:
-            urgent = False
-            if len(self._norms) >= MIN_HISTORY and len(norms):
-                urgent = bool(norms.max() >= RISE * float(np.median(np.asarray(self._norms))))
-            self._norms.extend(norms[-WINDOW:].tolist())
+            # the last recorded norms lead in: a streak may begin before this block
+            tail = list(islice(reversed(self._norms), SUSTAIN - 1))[::-1]
+            high = np.concatenate([np.asarray(tail), norms]) >= self._limit
+            streak = np.convolve(high, np.ones(SUSTAIN), "valid") if len(high) >= SUSTAIN else ()
+            urgent = bool(len(norms) and np.any(np.asarray(streak) >= SUSTAIN))
+            if record:
+                self._norms.extend(norms[-WINDOW:].tolist())
+                if len(self._norms) >= MIN_HISTORY:
+                    # worked out when the history changes, not at every look at it
+                    self._limit = RISE * float(np.median(np.asarray(self._norms)))
         return urgent
 
 
