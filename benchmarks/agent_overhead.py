@@ -32,6 +32,11 @@ against the budgets: ``met`` only when the whole interval is within the budget.
 
     python benchmarks/agent_overhead.py [--rounds 7] [--steps 800] [--warmup 200]
         [--cnn-batch 384] [--pairs 2000] [--hook-steps 5000] [--windowed-seconds 60]
+
+``--against REF`` measures a change to the agent instead: this checkout's ``VitalsCallback``
+against the one at git ``REF`` (checked out in a temporary worktree and imported ahead of
+this one), alternated in fresh processes round by round, on the same server: each round's
+step-time ratio, and the agent's threads' CPU a step, this checkout's over REF's.
 """
 
 from __future__ import annotations
@@ -528,7 +533,8 @@ def worker(model_name: str, config: str, steps: int, warmup: int, batch: int, ur
         extra = [keras.callbacks.TensorBoard(log_dir=log_dir, update_freq="batch")]
     probe = CpuProbe(warmup, server_pid)
     seconds = fit_steps(model, data, steps, warmup, [probe, *extra])
-    print(json.dumps({"seconds": seconds, "cpu": probe.per_step}), flush=True)
+    agent = str(Path(trainvitals.__file__).resolve().parent.parent)  # which checkout ran
+    print(json.dumps({"seconds": seconds, "cpu": probe.per_step, "agent": agent}), flush=True)
 
 
 def fit_steps(model: Any, data: Any, steps: int, warmup: int, extra: list[Any]) -> float:
@@ -540,7 +546,7 @@ def fit_steps(model: Any, data: Any, steps: int, warmup: int, extra: list[Any]) 
 def fresh_fit(
     model_name: str, config: str, args: argparse.Namespace, server: ServerProcess
 ) -> dict[str, Any]:
-    batch = BATCH if model_name == "MLP" else args.cnn_batch
+    batch = batch_of(model_name, args)
     env = {**os.environ, "BENCH_SERVER_PID": str(server.process.pid)}
     return child("--worker", model_name, config, str(args.steps), str(args.warmup), str(batch),
                  server.url, env=env)  # fmt: skip
@@ -573,6 +579,11 @@ def main() -> None:
     parser.add_argument(
         "--windowed-models", nargs="*", default=["MLP", "CNN"], choices=["MLP", "CNN"]
     )
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="compare this checkout's VitalsCallback with git REF's (and measure nothing else)",
+    )
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--windowed", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -584,10 +595,13 @@ def main() -> None:
         name, mode, seconds, batch, url = args.windowed
         windowed(name, mode, float(seconds), int(batch), url)
         return
+    if args.against:
+        against(args)
+        return
     print("in-step vitals, paired step by step:")
     in_step: dict[str, float] = {}
     for name, build in (("MLP", mlp), ("CNN", cnn)):
-        batch = BATCH if name == "MLP" else args.cnn_batch  # the batch its fit runs at
+        batch = batch_of(name, args)  # the batch its fit runs at
         text, in_step[name] = in_step_cost(build, args.pairs, batch)
         print(f"  {name} (batch {batch}): {text}", flush=True)
     print()
@@ -613,7 +627,7 @@ def main() -> None:
                         cpu[config].append(result["cpu"])
                 bare = statistics.median(times["bare"])
                 bare_step[name] = bare
-                batch = BATCH if name == "MLP" else args.cnn_batch
+                batch = batch_of(name, args)
                 print(f"\n{name} at batch {batch}: bare {bare * 1e3:.2f} ms a step (median)")
                 added: dict[str, float] = {}
                 for config in CONFIGS[1:]:
@@ -691,7 +705,7 @@ def within_fit(
         "the GIL in its on windows, in place of the agent"
     )
     for name in args.windowed_models:
-        batch = BATCH if name == "MLP" else args.cnn_batch
+        batch = batch_of(name, args)
         found: dict[str, tuple[float, float]] = {}
         for mode in ("agent", "control", *args.windowed_extra):
             ratios = child("--windowed", name, mode, str(args.windowed_seconds), str(batch),
@@ -721,6 +735,64 @@ def within_fit(
             f"budget {budget:.2f}x: {verdict}",
             flush=True,
         )
+
+
+def against(args: argparse.Namespace) -> None:
+    """This checkout's VitalsCallback against git ``args.against``'s, alternated in fresh
+    processes (the order swapped each round) on one server: step time and the agent's CPU."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    here = str(root / "src")
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "ref"
+        git = ["git", "-C", str(root), "worktree"]
+        subprocess.run([*git, "add", "--detach", str(tree), args.against], check=True,
+                       capture_output=True)  # fmt: skip
+        server = ServerProcess(str(Path(tmp) / "bench.db"))
+        try:
+            print(
+                f"VitalsCallback at this checkout vs at {args.against}, {args.rounds} "
+                f"alternated rounds of {args.steps} steps, fresh processes, one server"
+            )
+            for name in ("MLP", "CNN"):
+                results: dict[str, list[dict[str, Any]]] = {"this": [], "ref": []}
+                for round_ in range(args.rounds):
+                    for which in ("this", "ref") if round_ % 2 == 0 else ("ref", "this"):
+                        env = {**os.environ, "BENCH_SERVER_PID": str(server.process.pid)}
+                        env["PYTHONPATH"] = here if which == "this" else str(tree / "src")
+                        result = child("--worker", name, "VitalsCallback", str(args.steps),
+                                       str(args.warmup), str(batch_of(name, args)), server.url,
+                                       env=env)  # fmt: skip
+                        expected = here if which == "this" else str((tree / "src").resolve())
+                        if result["agent"] != expected:
+                            raise RuntimeError(f"{which} ran the agent at {result['agent']}")
+                        results[which].append(result)
+                ratios = [
+                    a["seconds"] / b["seconds"]
+                    for a, b in zip(results["this"], results["ref"], strict=True)
+                ]
+                print(
+                    f"\n{name}: step time, this / {args.against}: "
+                    f"{statistics.median(ratios):.3f}x [{min(ratios):.3f}-{max(ratios):.3f}]; "
+                    f"rounds: {' '.join(f'{r:.3f}' for r in ratios)}"
+                )
+                this = _median_by_kind([r["cpu"] for r in results["this"]])
+                ref = _median_by_kind([r["cpu"] for r in results["ref"]])
+                print(f"  CPU µs a step by thread (median of rounds): {args.against}, this, ratio")
+                for kind in sorted(set(this) | set(ref)):
+                    a, b = ref.get(kind, 0.0) * 1e6, this.get(kind, 0.0) * 1e6
+                    ratio = f"{b / a:.3f}x" if a > 0 else "-"
+                    print(f"    {kind:<30} {a:>8.1f} {b:>8.1f} {ratio:>8}", flush=True)
+        finally:
+            server.stop()
+            subprocess.run([*git, "remove", "--force", str(tree)], check=False,
+                           capture_output=True)  # fmt: skip
+
+
+def batch_of(name: str, args: argparse.Namespace) -> int:
+    """The batch ``name``'s fits run at: the MLP's fixed one, the CNN's ``--cnn-batch``."""
+    return BATCH if name == "MLP" else int(args.cnn_batch)
 
 
 def _median_by_kind(samples: list[dict[str, float]]) -> dict[str, float]:
