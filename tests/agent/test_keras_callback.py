@@ -240,6 +240,19 @@ def test_the_sender_reads_the_ring_at_each_look_and_makes_points_once_a_frame(
     assert 1 <= vitals.hand_overs <= vitals.looks // 2, (vitals.hand_overs, vitals.looks)
     steps = run_series(server, vitals.run.id, "loss")["loss"]["step"]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) == vitals.run.last_step
+    # With protect=, each look confirms the healthy steps at once: the weights' copies taken
+    # before them (one every `good_every` steps) go, instead of piling up for a second.
+    guarded = CountingCallback(
+        10,
+        server=server.url,
+        run_name="looks-protected",
+        protect=trainvitals.Protection(good_every=5),
+        ring_capacity=1 << 16,
+        system_metrics=False,
+        watchdog=False,
+    )
+    model.fit(x, y, batch_size=BATCH, epochs=100, verbose=0, callbacks=[guarded])
+    assert guarded.looks >= 10 and guarded.hand_overs >= guarded.looks - 1
 
 
 def test_a_nan_step_is_sent_at_the_next_look_with_the_healthy_steps_before_it(
