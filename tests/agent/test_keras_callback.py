@@ -193,15 +193,17 @@ def test_the_vitals_are_fetched_every_n_steps_never_each_step(server: ServerProc
 
 
 class CountingCallback(trainvitals.VitalsCallback):
-    """Counts the sender's looks and the hand-overs of read rows to the run on its thread,
-    and stops training after ``looks`` looks."""
+    """Counts the sender's looks at the device ring (once the tapped step has made it) and
+    the hand-overs of read rows to the run on its thread, and stops training after ``looks``
+    looks."""
 
     def __init__(self, looks: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stop_after, self.looks, self.hand_overs = looks, 0, 0
 
     def _look(self) -> None:
-        self.looks += 1
+        if self._tap is not None and self._tap.ring is not None:  # the step is traced
+            self.looks += 1
         super()._look()
 
     def _hand_over(self, measured: Any) -> Any:
@@ -237,7 +239,8 @@ def test_the_sender_reads_the_ring_at_each_look_and_makes_points_once_a_frame(
     )
     model.fit(x, y, batch_size=BATCH, epochs=100, verbose=0, callbacks=[vitals])
     assert vitals.run is not None and vitals.looks >= 20
-    assert 1 <= vitals.hand_overs <= vitals.looks // 2, (vitals.hand_overs, vitals.looks)
+    # about one look in five (0.2 s looks, 1 s sends); two in three leaves room for late looks
+    assert 1 <= vitals.hand_overs <= vitals.looks * 2 // 3, (vitals.hand_overs, vitals.looks)
     steps = run_series(server, vitals.run.id, "loss")["loss"]["step"]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) == vitals.run.last_step
     # With protect=, each look confirms the healthy steps at once: the weights' copies taken
