@@ -14,6 +14,15 @@ from websockets.sync.server import Server, ServerConnection, serve
 
 from trainvitals.protocol import ACK, HELLO, WELCOME
 
+#: An agent's settings for tests of what is sent at the next look (0.2 s) and what waits:
+#: a regular send an hour away, no sampler, no watchdog.
+HOURLY_SENDS: dict[str, Any] = {
+    "flush_interval": 3600,
+    "read_interval": 0.2,
+    "system_metrics": False,
+    "watchdog": False,
+}
+
 
 class Peer:
     """Records frames per connection; ``last_seq`` is what its welcome says was stored."""

@@ -21,6 +21,7 @@ keras = pytest.importorskip("keras")
 
 import trainvitals  # noqa: E402
 from harness.processes import ServerProcess, run_series, wait_for  # noqa: E402
+from tests.agent.peer import HOURLY_SENDS  # noqa: E402
 from trainvitals.protocol import whole_micros  # noqa: E402
 
 BATCH, SAMPLES = 16, 96  # 6 steps an epoch
@@ -266,14 +267,7 @@ def test_a_nan_step_is_sent_at_the_next_look_with_the_healthy_steps_before_it(
     x, y = regression_data()
     x[3 * BATCH + 2, 1] = np.nan  # the fourth step's batch
     model = small_model(0.01)
-    vitals = trainvitals.VitalsCallback(
-        server=server.url,
-        run_name="nan-look",
-        flush_interval=3600,
-        read_interval=0.2,
-        system_metrics=False,
-        watchdog=False,
-    )
+    vitals = trainvitals.VitalsCallback(server=server.url, run_name="nan-look", **HOURLY_SENDS)
     with fit_that_hangs(model, vitals, x, y, before=5) as (run_id, fitting):
 
         def nan_sent() -> dict[str, Any] | None:

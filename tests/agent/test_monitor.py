@@ -3,12 +3,13 @@ TensorFlow loop, and how a loop that raises ends its run."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
-from harness.processes import ServerProcess
-from tests.agent.peer import running_peer
+from harness.processes import ServerProcess, run_series, wait_for
+from tests.agent.peer import HOURLY_SENDS, running_peer
 from trainvitals.protocol import END, POINTS
 
 keras = pytest.importorskip("keras")
@@ -82,6 +83,50 @@ def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> Non
     assert per_variable == {f"grad/norm/{v.path}" for v in model.trainable_variables}
     assert {"host/rss", "host/limit"} <= set(series)
     assert server.get(f"/api/v1/runs/{mon.run.id}")["status"] == "finished"
+
+
+class CountingMonitor(trainvitals.Monitor):
+    """Counts the sender's looks at the ring and its hand-overs of read rows to the run."""
+
+    looks = hand_overs = 0
+
+    def _look(self) -> None:
+        if self._writer is not None and self._writer.ring is not None:
+            self.looks += 1
+        super()._look()
+
+    def _hand_over(self) -> None:
+        if threading.current_thread().name == "trainvitals-sender":
+            self.hand_overs += 1
+        super()._hand_over()
+
+
+def test_monitor_keeps_healthy_rows_until_a_send_and_sends_a_nan_at_the_next_look(
+    server: ServerProcess,
+) -> None:
+    """With an hour between sends, the rows a look reads wait on the host; a NaN/Inf among
+    them goes at that look, with the steps before it, while the loop still runs."""
+    x, y = data()
+    x[BATCH * 3 + 1, 2] = np.nan  # step 3 carries one NaN
+    model = mlp()
+    mon = CountingMonitor(server=server.url, run_name="looks", **HOURLY_SENDS)
+    with mon:
+
+        def sent(name: str) -> list[int]:
+            return list(run_series(server, mon.run.id, name).get(name, {}).get("step", []))
+
+        for step in range(4):
+            xb, loss, grads = batch_step(model, x, y, step)
+            mon.log(step, loss=loss, grads=grads, inputs=xb)
+        wait_for(lambda: 3 in sent("nonfinite/inputs"), what="the NaN step, at a look")
+        assert sent("loss") == [0, 1, 2, 3]
+        for step in range(4, 6):  # healthy again (the loop never applied its gradients)
+            xb, loss, grads = batch_step(model, x, y, step)
+            mon.log(step, loss=loss, grads=grads, inputs=xb)
+        handed, looked = mon.hand_overs, mon.looks
+        wait_for(lambda: mon.looks >= looked + 5, what="five more looks")
+        assert mon.hand_overs == handed and sent("loss") == [0, 1, 2, 3]  # they wait
+    assert sent("loss") == list(range(6))  # the end hands everything over
 
 
 def test_the_optimizers_learning_rate_is_recorded_with_each_step(server: ServerProcess) -> None:

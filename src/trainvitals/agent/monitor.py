@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from trainvitals.agent.config import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_READ_INTERVAL,
@@ -118,8 +120,10 @@ class Monitor:
         # (step, unix time) of each write not read yet; the first is write number base + 1.
         self._logged: list[tuple[int, float]] = []
         self._logged_base = 0
-        # Metrics logged as device values, converted when the ring is read.
+        # Metrics logged as device values, converted when the ring's rows are handed over.
         self._deferred: list[tuple[int, float, dict[str, Any]]] = []
+        # Rows read on the sender's looks, not yet handed to the run: (steps, times, rows).
+        self._staged: list[tuple[list[int], list[float], Any]] = []
         # The latest batches, for the autopsy's replay (at most replay_bytes of them).
         self._batches: deque[tuple[int, Any, Any]] = deque()
         self._batch_bytes: deque[int] = deque()
@@ -129,7 +133,7 @@ class Monitor:
     def start(self) -> Monitor:
         if not self._started:
             self.run.start()
-            self.run.on_tick(self._read)
+            self.run.on_tick(self._look)
             self._started = True
         return self
 
@@ -225,36 +229,68 @@ class Monitor:
                 self._batches.popleft()
                 self._batch_bytes.popleft()
 
-    def _read(self) -> None:
-        """One fetch of the ring: its new rows (and the tensor metrics logged with them)
-        become points, and the first NaN/Inf step gets its autopsy."""
+    def _look(self) -> None:
+        """The sender's look, every ``read_interval``: as ``VitalsCallback``'s, the rows read
+        wait on the host until a frame leaves, or go at once when they are urgent (every
+        step's clock reached the run when it was logged)."""
+        from trainvitals.agent import packing
+
         with self._read_lock:
-            with self._lock:
-                deferred, self._deferred = self._deferred, []
-            for step, at, tensors in deferred:
-                self.run.log(step, {k: float(_to_python(v)) for k, v in tensors.items()}, at)
-            writer, measured = self._writer, self._measured
-            if writer is None or writer.ring is None or measured is None:
-                return
-            numbers, block = writer.ring.read()
-            if not len(numbers):
-                return
+            block = self._stage()
+            measured = self._measured
+            if (
+                measured is None
+                or self.run.send_due()
+                or (block is not None and self.run.urgent(packing.head_series(block, measured)))
+            ):
+                self._hand_over()
+
+    def _read(self) -> None:
+        """Read the ring and hand everything over now (the training thread, when half the
+        ring is unread or the layout changes, and at the end)."""
+        with self._read_lock:
+            self._stage()
+            self._hand_over()
+
+    def _stage(self) -> Any:
+        """One fetch of the ring: its new rows, with the step and time each was logged at,
+        wait for the next hand-over; returns them (None without a ring)."""
+        writer = self._writer
+        if writer is None or writer.ring is None:
+            return None
+        numbers, block = writer.ring.read()
+        if len(numbers):
             with self._lock:  # every number read was logged before it was written
                 logged, base = self._logged, self._logged_base
                 rows = [logged[n - 1 - base] for n in numbers.tolist()]
                 del logged[: int(numbers[-1]) - base]
                 self._logged_base = int(numbers[-1])
-            from trainvitals.agent import packing
+            self._staged.append(([row[0] for row in rows], [row[1] for row in rows], block))
+        return block
 
-            steps = [row[0] for row in rows]
-            times = [row[1] for row in rows]
-            decoded = packing.decode(block, steps, times, measured, self._vitals)
-            self.run.add_columns(decoded.columns)
-            if decoded.healthy_norms is not None:
-                self._healthy_norms = decoded.healthy_norms
-            self._check_weights(steps)
-            if decoded.sick and not self._autopsied:
-                self._autopsy(steps[decoded.sick[0]], decoded.columns)
+    def _hand_over(self) -> None:
+        """The staged rows (and the tensor metrics logged with them) become points, and the
+        first NaN/Inf step gets its autopsy."""
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+        for step, at, tensors in deferred:
+            self.run.log(step, {k: float(_to_python(v)) for k, v in tensors.items()}, at)
+        staged, self._staged = self._staged, []
+        measured = self._measured
+        if not staged or measured is None:
+            return
+        from trainvitals.agent import packing
+
+        steps = [step for part in staged for step in part[0]]
+        times = [at for part in staged for at in part[1]]
+        block = staged[0][2] if len(staged) == 1 else np.concatenate([p[2] for p in staged])
+        decoded = packing.decode(block, steps, times, measured, self._vitals)
+        self.run.add_columns(decoded.columns)
+        if decoded.healthy_norms is not None:
+            self._healthy_norms = decoded.healthy_norms
+        self._check_weights(steps)
+        if decoded.sick and not self._autopsied:
+            self._autopsy(steps[decoded.sick[0]], decoded.columns)
 
     def _check_weights(self, steps: list[int]) -> None:
         if self._model is None or not self._weights_every:
