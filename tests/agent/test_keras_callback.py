@@ -207,10 +207,10 @@ class CountingCallback(trainvitals.VitalsCallback):
             self.looks += 1
         super()._look()
 
-    def _hand_over(self, measured: Any) -> Any:
+    def _hand_over(self, ring: Any, measured: Any) -> Any:
         if threading.current_thread().name == "trainvitals-sender":
             self.hand_overs += 1
-        return super()._hand_over(measured)
+        return super()._hand_over(ring, measured)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_train_batch_end(batch, logs)

@@ -33,7 +33,7 @@ from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import Columns, EndReason, ListColumns, whole_micros
+from trainvitals.protocol import Columns, EndReason, whole_micros
 from trainvitals.series import (
     EPOCH,
     EPOCH_PREFIX,
@@ -164,9 +164,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         # the training thread, and the last one a read has used.
         self._ends: list[tuple[int, float]] = []
         self._last_end: tuple[int, float] = (0, time.monotonic())
-        # Read from the ring on the sender's looks and not yet handed to the run: blocks of
-        # (write numbers, rows), and the execution ends noted meanwhile.
-        self._staged: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = []
+        # The execution ends noted by the looks since the last hand-over (the rows they read
+        # wait in the ring: DeviceRing.keep).
         self._staged_clock: list[tuple[int, float]] = []
         self._read_lock = threading.Lock()
 
@@ -189,7 +188,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         )
         self._epoch_first_step = self._last_step = 0
         self._pending, self._step_times, self._ends = [], [], []
-        self._staged, self._staged_clock = [], []
+        self._staged_clock = []
         self._last_end = (0, time.monotonic())
         self.run.start()
         self.run.on_tick(self._look)  # steps of a run that hangs still arrive
@@ -288,7 +287,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
                 or run.send_due()
                 or run.urgent(packing.head_series(block, tap.measured))
             ):
-                self._record(self._hand_over(tap.measured))
+                self._record(self._hand_over(tap.ring, tap.measured))
 
     def _flush_pending(self) -> None:
         """Hand over every step recorded so far (the training thread calls this when half
@@ -301,7 +300,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             if tap.ring is not None:
                 if self.run is not None:
                     self._stage(tap.ring, self.run)
-                self._record(self._hand_over(tap.measured))
+                self._record(self._hand_over(tap.ring, tap.measured))
                 return
             with self._pending_lock:
                 pending, self._pending = self._pending, []
@@ -324,11 +323,9 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         returned), the execution ends noted since the last look go to the run's hang
         detector now."""
         lost = ring.lost
-        numbers, block = ring.read()
+        block = ring.keep()
         if ring.lost > lost:
             log.warning("trainvitals: %d steps' vitals overwritten before a read", ring.lost - lost)
-        if len(numbers):
-            self._staged.append((numbers, block))
         ends = self._ends
         clock = ends[: len(ends)]
         del ends[: len(clock)]
@@ -337,19 +334,12 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             run.add_columns({}, clock)
         return block
 
-    def _hand_over(self, measured: packing.Measured) -> packing.Pivot:
-        """The staged rows as columns: each step's time is when its execution ended
+    def _hand_over(self, ring: DeviceRing, measured: packing.Measured) -> packing.Pivot:
+        """The rows the looks kept, as columns: each step's time is when its execution ended
         (interpolated between executions of several steps; a step whose end no hook has noted
         yet is timed now). The step ends went to the run at their looks."""
-        staged, self._staged = self._staged, []
+        numbers, block = ring.take()
         clock, self._staged_clock = self._staged_clock, []
-        if len(staged) == 1:
-            numbers, block = staged[0]
-        elif staged:
-            numbers = np.concatenate([numbers for numbers, _ in staged])
-            block = np.concatenate([block for _, block in staged])
-        else:
-            numbers, block = np.empty(0, np.int64), np.empty((0, 0), np.float64)
         now = time.monotonic()
         steps = numbers.tolist()
         times: list[float] = []
@@ -361,16 +351,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             times = [whole_micros(t) for t in (at + _to_unix()).tolist()]
         if clock:
             self._last_end = clock[-1]
-        columns: dict[str, ListColumns] = {}
-        sick: list[int] = []
-        healthy = steps
-        healthy_norms = None
-        if steps:
-            decoded = packing.decode(block, steps, times, measured, self._vitals)
-            columns, healthy_norms = decoded.columns, decoded.healthy_norms
-            sick = [steps[j] for j in decoded.sick]
-            flagged = set(decoded.sick)
-            healthy = [s for j, s in enumerate(steps) if j not in flagged]
+        decoded = packing.decode(block, steps, times, measured, self._vitals)
+        columns = decoded.columns
         step_times = self._take_step_times()
         if step_times:
             columns[STEP_TIME] = Columns(
@@ -378,7 +360,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
                 [whole_micros(t[2]) for t in step_times],
                 [t[1] for t in step_times],
             )
-        return packing.Pivot(columns, [], steps, healthy, sick, healthy_norms)
+        sick = [steps[j] for j in decoded.sick]
+        flagged = set(decoded.sick)
+        healthy = [s for j, s in enumerate(steps) if j not in flagged]
+        return packing.Pivot(columns, [], steps, healthy, sick, decoded.healthy_norms)
 
     def _record(self, batch: packing.Pivot) -> None:
         """Hand collected steps to the run, and act on any NaN/Inf step."""

@@ -10,8 +10,6 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from trainvitals.agent.config import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_READ_INTERVAL,
@@ -122,8 +120,6 @@ class Monitor:
         self._logged_base = 0
         # Metrics logged as device values, converted when the ring's rows are handed over.
         self._deferred: list[tuple[int, float, dict[str, Any]]] = []
-        # Rows read on the sender's looks, not yet handed to the run: (steps, times, rows).
-        self._staged: list[tuple[list[int], list[float], Any]] = []
         # The latest batches, for the autopsy's replay (at most replay_bytes of them).
         self._batches: deque[tuple[int, Any, Any]] = deque()
         self._batch_bytes: deque[int] = deque()
@@ -253,37 +249,33 @@ class Monitor:
             self._hand_over()
 
     def _stage(self) -> Any:
-        """One fetch of the ring: its new rows, with the step and time each was logged at,
-        wait for the next hand-over; returns them (None without a ring)."""
+        """One fetch of the ring: its new rows wait in it for the next hand-over
+        (``DeviceRing.keep``); returns their values (None without a ring)."""
         writer = self._writer
-        if writer is None or writer.ring is None:
-            return None
-        numbers, block = writer.ring.read()
-        if len(numbers):
-            with self._lock:  # every number read was logged before it was written
-                logged, base = self._logged, self._logged_base
-                rows = [logged[n - 1 - base] for n in numbers.tolist()]
-                del logged[: int(numbers[-1]) - base]
-                self._logged_base = int(numbers[-1])
-            self._staged.append(([row[0] for row in rows], [row[1] for row in rows], block))
-        return block
+        return None if writer is None or writer.ring is None else writer.ring.keep()
 
     def _hand_over(self) -> None:
-        """The staged rows (and the tensor metrics logged with them) become points, and the
+        """The rows kept (and the tensor metrics logged with them) become points, and the
         first NaN/Inf step gets its autopsy."""
         with self._lock:
             deferred, self._deferred = self._deferred, []
         for step, at, tensors in deferred:
             self.run.log(step, {k: float(_to_python(v)) for k, v in tensors.items()}, at)
-        staged, self._staged = self._staged, []
-        measured = self._measured
-        if not staged or measured is None:
+        writer, measured = self._writer, self._measured
+        if writer is None or writer.ring is None or measured is None:
             return
+        numbers, block = writer.ring.take()
+        if not len(numbers):
+            return
+        with self._lock:  # every number read was logged before it was written
+            logged, base = self._logged, self._logged_base
+            rows = [logged[n - 1 - base] for n in numbers.tolist()]
+            del logged[: int(numbers[-1]) - base]
+            self._logged_base = int(numbers[-1])
         from trainvitals.agent import packing
 
-        steps = [step for part in staged for step in part[0]]
-        times = [at for part in staged for at in part[1]]
-        block = staged[0][2] if len(staged) == 1 else np.concatenate([p[2] for p in staged])
+        steps = [row[0] for row in rows]
+        times = [row[1] for row in rows]
         decoded = packing.decode(block, steps, times, measured, self._vitals)
         self.run.add_columns(decoded.columns)
         if decoded.healthy_norms is not None:

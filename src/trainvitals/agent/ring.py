@@ -66,6 +66,8 @@ class DeviceRing:
                 tf.constant(0, tf.int64), trainable=False, name="trainvitals_ring_written"
             )
         self._lock = threading.Lock()
+        # Rows read by keep() and not yet taken: (write numbers, values) per read.
+        self._kept: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = []
         #: The highest write number read so far.
         self.read_upto = 0
         #: How many host reads there were (the tests count them per step).
@@ -95,16 +97,36 @@ class DeviceRing:
         the op itself, and inside a fit, with the caches full of the training step, a read
         comes to about 0.4 ms instead of 0.6. Only the fresh rows become float64."""
         with self._lock:
-            fetched = tf.raw_ops.ReadVariableOp(resource=self._rows.handle, dtype=tf.float32)
-            rows = fetched.numpy()
-            self.reads += 1
-            numbers = rows[:, 0].astype(np.int64) * _SPLIT + rows[:, 1].astype(np.int64)
-            fresh = np.flatnonzero(numbers > self.read_upto)
-            if len(fresh) == 0:
-                return numbers[fresh], np.empty((0, self.width), np.float64)
-            order = fresh[np.argsort(numbers[fresh], kind="stable")]
-            numbers = numbers[order]
-            # A gap before the oldest row still here: rows written over unread.
-            self.lost += max(0, int(numbers[0]) - self.read_upto - 1)
-            self.read_upto = int(numbers[-1])
-            return numbers, rows[order, NUMBER_COLUMNS:].astype(np.float64)
+            return self._fresh()
+
+    def keep(self) -> npt.NDArray[np.float64]:
+        """Read as :meth:`read` does, and keep the rows for :meth:`take`; returns their values
+        (a reader looks at rows often, for a NaN, and turns them into points seldom)."""
+        with self._lock:
+            numbers, values = self._fresh()
+            if len(numbers):
+                self._kept.append((numbers, values))
+            return values
+
+    def take(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """The rows kept since the last take, oldest first, as :meth:`read` returns them."""
+        with self._lock:
+            kept, self._kept = self._kept, []
+        if not kept:
+            return np.empty(0, np.int64), np.empty((0, self.width), np.float64)
+        return np.concatenate([n for n, _ in kept]), np.concatenate([v for _, v in kept])
+
+    def _fresh(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        fetched = tf.raw_ops.ReadVariableOp(resource=self._rows.handle, dtype=tf.float32)
+        rows = fetched.numpy()
+        self.reads += 1
+        numbers = rows[:, 0].astype(np.int64) * _SPLIT + rows[:, 1].astype(np.int64)
+        fresh = np.flatnonzero(numbers > self.read_upto)
+        if len(fresh) == 0:
+            return numbers[fresh], np.empty((0, self.width), np.float64)
+        order = fresh[np.argsort(numbers[fresh], kind="stable")]
+        numbers = numbers[order]
+        # A gap before the oldest row still here: rows written over unread.
+        self.lost += max(0, int(numbers[0]) - self.read_upto - 1)
+        self.read_upto = int(numbers[-1])
+        return numbers, rows[order, NUMBER_COLUMNS:].astype(np.float64)

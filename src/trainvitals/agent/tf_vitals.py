@@ -76,9 +76,7 @@ class WeightsCheck:
         have one."""
         try:
             check = cls(model)
-            if check._variables:
-                check._traced = check._count.get_concrete_function()
-                check._traced()
+            check()  # traced at the first call
             return check
         except Exception as exc:  # an unusual model must still train
             log.warning(

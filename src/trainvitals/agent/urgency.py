@@ -115,8 +115,9 @@ class Urgency:
             # the last recorded norms lead in: a streak may begin before this block
             tail = list(islice(reversed(self._norms), SUSTAIN - 1))[::-1]
             high = np.concatenate([np.asarray(tail), norms]) >= self._limit
-            streak = np.convolve(high, np.ones(SUSTAIN), "valid") if len(high) >= SUSTAIN else ()
-            urgent = bool(len(norms) and np.any(np.asarray(streak) >= SUSTAIN))
+            urgent = len(high) >= SUSTAIN and bool(
+                np.convolve(high, np.ones(SUSTAIN), "valid").max() >= SUSTAIN
+            )
             if record:
                 self._norms.extend(norms[-WINDOW:].tolist())
                 if len(self._norms) >= MIN_HISTORY:
