@@ -85,6 +85,38 @@ def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> Non
     assert server.get(f"/api/v1/runs/{mon.run.id}")["status"] == "finished"
 
 
+def test_the_weights_check_is_made_on_the_training_thread_at_the_first_log(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its trace and first run (tens of ms) come with the loop's first log, not at the
+    sender's first hand-over in the middle of training; once, and not without a model."""
+    from trainvitals.agent import tf_vitals
+
+    made: list[str] = []
+    create = tf_vitals.WeightsCheck.create
+
+    def recorded(model: Any) -> Any:
+        made.append(threading.current_thread().name)
+        return create(model)
+
+    monkeypatch.setattr(tf_vitals.WeightsCheck, "create", staticmethod(recorded))
+    x, y = data()
+    model = mlp()
+    with trainvitals.Monitor(
+        server=server.url, run_name="weights", model=model, weights_every=3, system_metrics=False
+    ) as mon:
+        assert made == []
+        for step in range(4):
+            xb, loss, grads = batch_step(model, x, y, step)
+            mon.log(step, loss=loss, grads=grads, inputs=xb)
+            assert made == [threading.current_thread().name]
+        check = mon._weights_check
+        assert check is not None and check._count.experimental_get_tracing_count() == 1
+    with trainvitals.Monitor(server=server.url, run_name="no-model", system_metrics=False) as mon:
+        mon.log(0, loss=0.5)
+    assert len(made) == 1
+
+
 class CountingMonitor(trainvitals.Monitor):
     """Counts the sender's looks at the ring and its hand-overs of read rows to the run."""
 

@@ -109,6 +109,7 @@ class Monitor:
         self._autopsied = False
         self._healthy_norms: dict[str, float] = {}
         self._weights_check: WeightsCheck | None = None
+        self._weights_checked = not (model is not None and self._weights_every)
         self._capacity = int(ring_capacity)
         self._replay_bytes = int(replay_bytes)
         self._writer: RingWriter | None = None
@@ -166,6 +167,14 @@ class Monitor:
         device and read a few times a second (and every ``ring_capacity // 2`` steps) by one
         fetch; metrics given as tensors are converted then too."""
         self.start()
+        if not self._weights_checked:
+            # Traced and run once here, on the training thread, as VitalsCallback does at
+            # train begin: on the sender thread the trace (some 50 ms on a small CNN) and its
+            # first run would land in the middle of training.
+            from trainvitals.agent.tf_vitals import WeightsCheck
+
+            self._weights_checked = True
+            self._weights_check = WeightsCheck.create(self._model)
         now = time.perf_counter()
         values: dict[str, float] = {}
         if self._last_log is not None:
@@ -285,16 +294,10 @@ class Monitor:
             self._autopsy(steps[decoded.sick[0]], decoded.columns)
 
     def _check_weights(self, steps: list[int]) -> None:
-        if self._model is None or not self._weights_every:
+        if self._weights_check is None:  # no model, weights_every=0, or a model it cannot check
             return
         checks = [s for s in steps if s % self._weights_every == 0]
-        if not checks:
-            return
-        if self._weights_check is None:
-            from trainvitals.agent import tf_vitals
-
-            self._weights_check = tf_vitals.WeightsCheck(self._model)
-        if self._weights_check.due():
+        if checks and self._weights_check.due():
             self.run.log(checks[-1], {NONFINITE_WEIGHTS: self._weights_check()})
 
     def _autopsy(self, step: int, columns: Mapping[str, Any]) -> None:

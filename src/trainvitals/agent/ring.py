@@ -78,14 +78,20 @@ class DeviceRing:
     def write(self, vector: Any) -> Any:
         """Write ``vector`` (``width`` float32 values) into the next row; returns the write
         number as an int64 tensor. Graph operations: call it inside the compiled step."""
-        number = self._written.assign_add(1)
-        slot = tf.math.floormod(number - 1, self.capacity)
+        # Few operations, each a node the executor schedules in every step: the number read
+        # once (each use of assign_add's result would read the variable again), a scalar index
+        # (no reshapes), the row made by one concatenation.
+        number = tf.convert_to_tensor(self._written.assign_add(1))
         parts = tf.cast(
             tf.stack([tf.math.floordiv(number, _SPLIT), tf.math.floormod(number, _SPLIT)]),
             tf.float32,
         )
         row = tf.concat([parts, tf.cast(tf.reshape(vector, [-1]), tf.float32)], 0)
-        self._rows.scatter_nd_update(tf.reshape(slot, [1, 1]), tf.reshape(row, [1, -1]))
+        tf.raw_ops.ResourceScatterUpdate(
+            resource=self._rows.handle,
+            indices=tf.math.floormod(number, self.capacity),
+            updates=row,
+        )
         return number
 
     def read(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
