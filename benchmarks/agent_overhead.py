@@ -15,9 +15,10 @@ streams to a real server in another process on the same cores, with the per-seco
 on.
 
 First, the in-step vitals alone (``in_step_cost``): the compiled step with and without them
-(written into the device ring, as the callback's step does), alternated step by step, which
-resolves tens of microseconds even here; beside them, each gradient's sum of squares alone,
-which any per-step gradient norm has to pay. Then the callback's per-step hooks alone
+(written into the device ring, as the callback's step does), alternated step by step, several
+traces of each in several fresh processes (``--in-step``), since traces and processes differ by
+as much as the vitals; beside them, each gradient's sum of squares alone, which any per-step
+gradient norm has to pay. Then the callback's per-step hooks alone
 (``hook_cost``), called as Keras calls them. Then CPU per step by thread (the training
 thread, the agent's sender and sampler, TensorFlow's own threads) and in the server process
 (``/proc``), each against the bare run's: CPU time does not count the time a thread waits
