@@ -181,6 +181,10 @@ def cnn() -> tuple[Any, np.ndarray, np.ndarray]:
     return model, x, y
 
 
+#: The benchmark's two models, by the name the command line and the output use.
+MODELS: dict[str, Callable[[], tuple[Any, np.ndarray, np.ndarray]]] = {"MLP": mlp, "CNN": cnn}
+
+
 def run_fit(
     model: Any, x: np.ndarray, y: np.ndarray, steps: int, warmup: int, extra: list[Any]
 ) -> float:
@@ -503,7 +507,7 @@ def traced(model_name: str, batch: int, warmup: int) -> tuple[Any, Any]:
     step traced by a short fit (so no configuration's time includes that tracing)."""
     import tensorflow as tf
 
-    model, x, y = (mlp if model_name == "MLP" else cnn)()
+    model, x, y = MODELS[model_name]()
     model.compile(
         optimizer="adam",
         metrics=["accuracy"],
@@ -634,9 +638,7 @@ def main() -> None:
         help="more within-fit rows: agent@SECONDS (another flush interval), control-gil "
         "(the known load burnt in Python, holding the GIL)",
     )
-    parser.add_argument(
-        "--windowed-models", nargs="*", default=["MLP", "CNN"], choices=["MLP", "CNN"]
-    )
+    parser.add_argument("--windowed-models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument(
         "--against",
         metavar="REF",
@@ -658,8 +660,8 @@ def main() -> None:
         import json
 
         name, pairs, batch, instances = args.in_step
-        build = {"MLP": mlp, "CNN": cnn}[name]
-        print(json.dumps(in_step_cost(build, int(pairs), int(batch), int(instances))), flush=True)
+        cost = in_step_cost(MODELS[name], int(pairs), int(batch), int(instances))
+        print(json.dumps(cost), flush=True)
         return
     if args.against:
         against(args)

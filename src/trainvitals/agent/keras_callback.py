@@ -282,11 +282,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             block = self._stage(tap.ring, run)
             # With protect=, every look confirms healthy steps, so that the weights' copies
             # taken before them can go (one every `good_every` steps would pile up for a second).
-            if (
-                self.guard is not None
-                or run.send_due()
-                or run.urgent(packing.head_series(block, tap.measured))
-            ):
+            if self.guard is not None or run.rows_due(packing.head_series(block, tap.measured)):
                 self._record(self._hand_over(tap.ring, tap.measured))
 
     def _flush_pending(self) -> None:

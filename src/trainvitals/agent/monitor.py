@@ -243,11 +243,8 @@ class Monitor:
         with self._read_lock:
             block = self._stage()
             measured = self._measured
-            if (
-                measured is None
-                or self.run.send_due()
-                or (block is not None and self.run.urgent(packing.head_series(block, measured)))
-            ):
+            head = {} if block is None or measured is None else packing.head_series(block, measured)
+            if measured is None or self.run.rows_due(head):
                 self._hand_over()
 
     def _read(self) -> None:

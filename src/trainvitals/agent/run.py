@@ -181,15 +181,12 @@ class Run:
         self._buffer.add_columns(columns, clock)
         self._hurry(self._urgency.columns(columns))
 
-    def urgent(self, series: Mapping[str, Iterable[float]]) -> bool:
-        """Whether values not yet recorded (``{name: values}``) hold a point that would be
-        sent at once; they are judged, not kept (the gradient norms' history learns them
-        when they are recorded)."""
-        return self._urgency.peek(series)
-
-    def send_due(self) -> bool:
-        """Whether the sender packs a frame at its look under way (before it starts: yes)."""
-        return self._sender is None or self._sender.due()
+    def rows_due(self, series: Mapping[str, Iterable[float]]) -> bool:
+        """Whether rows read but not yet recorded (their head's ``{name: values}``) should
+        become points at the sender's look under way: a frame leaves at it anyway (before the
+        sender starts: yes), or they hold a point that would be sent at once. They are judged,
+        not kept (the gradient norms' history learns them when they are recorded)."""
+        return self._sender is None or self._sender.due() or self._urgency.peek(series)
 
     def _hurry(self, urgent: bool) -> None:
         """Send what is held at the sender's next look, not at its next send, if ``urgent``
