@@ -244,22 +244,13 @@ def _mean32(loss: Any) -> Any:
 
 
 def _conditional(output: tf.Tensor) -> tf.Tensor:
-    """Keep the ``tf.cond`` that ``output`` comes from a real conditional call, and a cheap one.
+    """Keep the ``tf.cond`` that ``output`` comes from a real conditional call.
 
     Inside a ``tf.function`` TensorFlow lowers a ``tf.cond`` to switch and merge operations,
     and then each operation of the branch not taken still passes a "dead" value every step.
     Kept as an ``If``, only the branch taken runs: on the benchmark MLP the healthy step's
-    counting then costs some 35 µs instead of 60.
-
-    Most of what is left is the call itself: TensorFlow's default executor runs the branch's
-    few operations with the bookkeeping of a whole step's graph. On a machine without a GPU
-    the branches run on TensorFlow's single-threaded executor instead, one operation after
-    the other on the calling thread, which its design allows (no control flow, collectives or
-    transfers inside; all of them synchronous CPU kernels): 18 µs less a step on the
-    benchmark MLP (six processes, each of three traces of each variant, 500 rounds; the
-    conditional cost 28 µs). With a GPU the branches keep the default executor: that case
-    could not be verified here. Eagerly, under XLA, or where TensorFlow's graph internals
-    differ, the ``tf.cond`` is left as it is.
+    counting then costs some 35 µs instead of 60. Eagerly, under XLA, or where TensorFlow's
+    graph internals differ, the ``tf.cond`` is left as it is.
     """
     try:
         op = output.op
@@ -268,25 +259,9 @@ def _conditional(output: tf.Tensor) -> tf.Tensor:
                 return output
             op = op.inputs[0].op
         op._set_attr("_lower_using_switch_merge", attr_value_pb2.AttrValue(b=False))
-        if not _has_gpu():
-            for key in ("then_branch", "else_branch"):
-                branch = attr_value_pb2.NameAttrList()
-                branch.CopyFrom(op.get_attr(key))
-                branch.attr["_executor"].s = _SINGLE_THREADED
-                op._set_attr(key, attr_value_pb2.AttrValue(func=branch))
     except Exception:  # an eager tensor has no op; a private API may change
         pass
     return output
-
-
-#: TensorFlow's name for the executor that runs a function's operations in turn on the
-#: calling thread (``tensorflow/core/common_runtime/single_threaded_executor.cc``).
-_SINGLE_THREADED = b"SINGLE_THREADED_EXECUTOR"
-
-
-@functools.cache
-def _has_gpu() -> bool:
-    return bool(tf.config.list_physical_devices("GPU"))
 
 
 class RingWriter:
