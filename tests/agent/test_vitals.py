@@ -269,7 +269,8 @@ def test_weights_check_keeps_to_its_interval() -> None:
     assert check.due()
 
 
-def test_step_vitals_in_a_compiled_step_count_only_when_something_is_not_finite() -> None:
+def compiled_vitals_step() -> Any:
+    """A compiled step of a one-kernel model returning its packed vitals, its batch a (4, 3)."""
     kernel = tf.Variable(np.ones((3, 2), np.float32))
 
     @tf.function  # type: ignore[untyped-decorator]
@@ -279,6 +280,26 @@ def test_step_vitals_in_a_compiled_step_count_only_when_something_is_not_finite(
         grads = tape.gradient(loss, [kernel])
         return tf_vitals.step_vitals(loss, {"x": x}, grads)
 
+    return step
+
+
+def test_with_a_gpu_the_counts_run_every_step_without_a_conditional(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On a GPU an If's predicate is read on the host, a wait for the device every step.
+    monkeypatch.setattr(tf_vitals, "_has_gpu", lambda: True)
+    step = compiled_vitals_step()
+    assert step(tf.ones((4, 3))).numpy()[1:4].tolist() == [0, 0, 0]
+    x = np.ones((4, 3), np.float32)
+    x[0, 0], x[2, 1] = np.nan, np.inf
+    assert step(tf.constant(x)).numpy()[1:4].tolist() == [1, 2, 6]
+    graph = step.get_concrete_function(tf.TensorSpec((4, 3), tf.float32)).graph
+    kinds = {op.type for op in graph.get_operations()}
+    assert not kinds & {"If", "StatelessIf", "Switch", "Merge"}, kinds
+
+
+def test_step_vitals_in_a_compiled_step_count_only_when_something_is_not_finite() -> None:
+    step = compiled_vitals_step()
     healthy = step(tf.ones((4, 3))).numpy()
     assert healthy[1:4].tolist() == [0, 0, 0]
     assert math.isclose(healthy[0], 9.0) and healthy[4] > 0

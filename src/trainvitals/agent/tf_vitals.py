@@ -146,7 +146,8 @@ def step_vitals(
     Counting NaN/Inf element by element costs more than the norms themselves, and NaN/Inf
     always make a sum of squares non-finite. So the sums of squares (which the norms need
     anyway) are checked, and the exact counts run, inside one ``tf.cond``, only on a step
-    that has a NaN or an Inf somewhere.
+    that has a NaN or an Inf somewhere. Not on a GPU: there the conditional's predicate
+    would be a wait for the device at every step, and the counts run every step instead.
 
     With gradients, the input batch is not read on a healthy step: a NaN or an Inf among the
     inputs reaches the gradients of the first trainable layer that reads them whatever the
@@ -181,13 +182,20 @@ def step_vitals(
         NONFINITE_INPUTS: lambda: nonfinite_count(input_tensors),
         NONFINITE_GRADS: lambda: nonfinite_count(present),
     }
-    counts = _conditional(
-        tf.cond(
-            tf.math.is_finite(checksum),
-            lambda: tf.zeros([len(packing.COUNTS)], tf.float32),
-            lambda: tf.stack([exact[name]() for name in packing.COUNTS]),
+    if _has_gpu():
+        # On a GPU, an ``If`` reads its predicate on the host: the step could not return
+        # before the device had computed the checksum, a wait at every step. There the counts
+        # run every step instead: one more read of each gradient (and of the batch), on the
+        # device, where reading is cheap.
+        counts = tf.stack([exact[name]() for name in packing.COUNTS])
+    else:
+        counts = _conditional(
+            tf.cond(
+                tf.math.is_finite(checksum),
+                lambda: tf.zeros([len(packing.COUNTS)], tf.float32),
+                lambda: tf.stack([exact[name]() for name in packing.COUNTS]),
+            )
         )
-    )
     if loss_scale is not None:
         squares = squares / tf.square(tf.cast(loss_scale, tf.float32))
     norm = tf.sqrt(tf.reduce_sum(squares)) if grads is not None else tf.constant(float("nan"))
@@ -391,3 +399,9 @@ def _describe(model: Any) -> TensorflowEnv:
             env["replicas"] = int(getattr(strategy, "num_replicas_in_sync", 1))
         env["jit_compile"] = bool(getattr(model, "jit_compile", False))
     return env
+
+
+@functools.cache
+def _has_gpu() -> bool:
+    """Whether TensorFlow sees a GPU (asked once: the answer does not change in a process)."""
+    return bool(tf.config.list_physical_devices("GPU"))
