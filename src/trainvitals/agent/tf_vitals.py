@@ -168,32 +168,36 @@ def step_vitals(
     input_tensors = _floating(inputs)
     present = [g for g in grads if g is not None] if grads is not None else []
     squares = squared_norms(grads) if grads is not None else tf.zeros([0], tf.float32)
-    # A NaN or Inf anywhere makes this sum non-finite (the mean of a loss with a NaN/Inf
-    # in it is NaN or Inf); a finite sum that overflows only costs an exact count.
-    parts = [] if grads is None else [tf.reduce_sum(squares)]
-    if not present:  # no gradient to show bad inputs: read them
-        parts.extend(_float32(tf.nn.l2_loss(tensor)) for tensor in input_tensors)
-    if loss is not None:
-        parts.append(loss32)
-    checksum = tf.add_n(parts) if parts else zero
     # The exact counts, by name: stacked in the order of packing.COUNTS.
     exact: dict[str, Callable[[], tf.Tensor]] = {
         NONFINITE_LOSS: lambda: nonfinite_count(loss) if loss is not None else zero,
         NONFINITE_INPUTS: lambda: nonfinite_count(input_tensors),
         NONFINITE_GRADS: lambda: nonfinite_count(present),
     }
+
+    def exact_counts() -> tf.Tensor:
+        return tf.stack([exact[name]() for name in packing.COUNTS])
+
     if _has_gpu():
         # On a GPU, an ``If`` reads its predicate on the host: the step could not return
         # before the device had computed the checksum, a wait at every step. There the counts
         # run every step instead: one more read of each gradient (and of the batch), on the
         # device, where reading is cheap.
-        counts = tf.stack([exact[name]() for name in packing.COUNTS])
+        counts = exact_counts()
     else:
+        # A NaN or Inf anywhere makes this sum non-finite (the mean of a loss with a NaN/Inf
+        # in it is NaN or Inf); a finite sum that overflows only costs an exact count.
+        parts = [] if grads is None else [tf.reduce_sum(squares)]
+        if not present:  # no gradient to show bad inputs: read them
+            parts.extend(_float32(tf.nn.l2_loss(tensor)) for tensor in input_tensors)
+        if loss is not None:
+            parts.append(loss32)
+        checksum = tf.add_n(parts) if parts else zero
         counts = _conditional(
             tf.cond(
                 tf.math.is_finite(checksum),
                 lambda: tf.zeros([len(packing.COUNTS)], tf.float32),
-                lambda: tf.stack([exact[name]() for name in packing.COUNTS]),
+                exact_counts,
             )
         )
     if loss_scale is not None:
