@@ -57,6 +57,7 @@ def test_wheel_in_a_fresh_virtualenv_serves_the_dashboard(tmp_path: Path) -> Non
         "Requires-Dist: websockets>=13.0",
         "Requires-Dist: psutil>=5.9",
         "Requires-Dist: nvidia-ml-py>=12.535",
+        "Requires-Dist: orjson>=3.9",
     ]
 
     venv = tmp_path / "venv"

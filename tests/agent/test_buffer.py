@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import json
 import math
 
-from trainvitals.agent.buffer import PointBuffer, points_frames
+import numpy as np
+import pytest
+
+from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames
 from trainvitals.protocol import MAX_POINTS_PER_FRAME, Columns
+from trainvitals.server.schemas import Points, parse_frame
 
 
 def test_frames_are_columnar_per_series_and_numbered() -> None:
@@ -66,3 +71,38 @@ def test_frames_split_across_series_keep_every_point_once() -> None:
     for name in ("a", "b", "c"):
         got = [s for f in frames if name in f["series"] for s in f["series"][name]["step"]]
         assert got == steps, name
+
+
+def _one_frame(values: list[float]) -> dict[str, object]:
+    steps = list(range(1, len(values) + 1))
+    series = {"loss": Columns(steps, [1795317434.123457 + s for s in steps], values)}
+    return points_frames(series, first_seq=3)[0]
+
+
+def test_frames_are_encoded_compactly_and_read_back_exactly() -> None:
+    frame = _one_frame([0.1, 2.5e-08, 1e16, 3.0, -0.0])
+    text = encode_points(frame)
+    assert " " not in text  # the fast encoder's compact form, not the standard library's
+    assert json.loads(text) == frame
+    parsed = parse_frame(text)
+    assert isinstance(parsed, Points)
+    assert parsed.series["loss"].value == [0.1, 2.5e-08, 1e16, 3.0, -0.0]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_value_is_sent_as_a_json_token_not_null(bad: float) -> None:
+    frame = _one_frame([1.0, bad, 2.0])
+    text = encode_points(frame)
+    assert "null" not in text
+    parsed = parse_frame(text)
+    assert isinstance(parsed, Points)
+    got = parsed.series["loss"].value
+    assert got[0] == 1.0 and got[2] == 2.0
+    assert (math.isnan(got[1]) and math.isnan(bad)) or got[1] == bad
+
+
+def test_values_the_fast_encoder_does_not_take_are_encoded_as_before() -> None:
+    frame = _one_frame([np.float64(0.5), 2**70, True])
+    assert encode_points(frame) == json.dumps(frame)
+    with pytest.raises(TypeError):  # what the standard encoder says of a numpy float32
+        encode_points(_one_frame([np.float32(0.5)]))  # type: ignore[list-item]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import orjson
 
 from trainvitals.protocol import (
     MAX_POINTS_PER_FRAME,
@@ -117,6 +121,25 @@ def points_frames(series: Mapping[str, SeqColumns], first_seq: int) -> list[dict
     if current:
         frames.append(_frame(current, first_seq + len(frames)))
     return frames
+
+
+def encode_points(frame: Mapping[str, Any]) -> str:
+    """A ``points`` frame of :func:`points_frames` as JSON text.
+
+    orjson writes it about twenty times as fast as the standard library (a second of a 2 ms
+    step's points: 0.17 ms against 4.0 ms, the largest part of the sender's work), but writes
+    NaN and ±Infinity as ``null``. They are data here, sent as the JSON tokens ``NaN`` and
+    ``Infinity`` that the server reads as such, so a frame holding one (or anything else
+    orjson does not write the same way) goes through the standard library's encoder."""
+    try:
+        if all(
+            math.isfinite(sum(column["value"])) and math.isfinite(sum(column["time"]))
+            for column in frame["series"].values()
+        ):
+            return orjson.dumps(frame).decode()
+    except (TypeError, OverflowError, orjson.JSONEncodeError):
+        pass  # a value that is not a plain number: the standard encoder says what it makes of it
+    return json.dumps(frame)
 
 
 def _frame(series: dict[str, dict[str, Sequence[Any]]], seq: int) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from trainvitals.agent.buffer import PointBuffer, points_frames
+from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
 from trainvitals.agent.spool import PendingFrames
 from trainvitals.backoff import backoff_delays
@@ -262,7 +262,7 @@ class Sender:
         points = self._buffer.drain()
         if points:
             for frame in points_frames(points, self._next_seq):
-                self._pending.push(frame["seq"], json.dumps(frame))
+                self._pending.push(frame["seq"], encode_points(frame))
                 self._next_seq = frame["seq"] + 1
         while self._events:
             event = {**self._events.popleft(), "v": PROTOCOL_VERSION, "seq": self._next_seq}
