@@ -67,7 +67,8 @@ def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> Non
             xb, loss, grads = batch_step(model, x, y, step)
             if step < 2:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            mon.log(step, loss=loss, grads=grads, inputs=xb, metrics={"acc": 0.5 + step / 100})
+            metrics = {"acc": 0.5 + step / 100, "correct": tf.constant(4 * step, tf.int64)}
+            mon.log(step, loss=loss, grads=grads, inputs=xb, metrics=metrics)
     series = all_series(server, mon.run.id)
     assert series["loss"]["step"] == list(range(6))
     assert series["nonfinite/inputs"]["value"] == [0, 0, 1, 0, 0, 0]
@@ -79,6 +80,8 @@ def test_custom_loop_monitor_gives_the_same_series(server: ServerProcess) -> Non
     assert all(v > 0 for v in series["grad/global_norm"]["value"][:2])
     assert series["step_time"]["step"] == list(range(1, 6))
     assert series["acc"]["value"][0] == 0.5
+    correct = series["correct"]  # a device value, fetched with the ring's rows
+    assert (correct["step"], correct["value"]) == (list(range(6)), [0, 4, 8, 12, 16, 20])
     per_variable = {name for name in series if name.startswith("grad/norm/")}
     assert per_variable == {f"grad/norm/{v.path}" for v in model.trainable_variables}
     assert {"host/rss", "host/limit"} <= set(series)
