@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -84,7 +85,7 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
 
         await until(probed)
 
-        two.points("r1", [("loss", [1, 2], [10.0, 11.0], [0.5, float("nan")])])
+        two.points("r1", [("loss", [1, 2, 3], [10.0, 11.0, 12.0], [0.5, math.nan, -math.inf])])
         two.points("r2", [("loss", [1], [10.0], [0.5])])  # nobody watches r2
         two.alert({"id": "a1", "project": "gan"})
         two.run_changed(run("r1", "mnist"))
@@ -95,8 +96,8 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         await until(lambda: not mnist_only.queue.empty())
         assert [m["type"] for m in got] == ["points", "alert", "runs"]
         assert got[0]["run_id"] == "r1"
-        assert got[0]["series"] == {"loss": {"step": [1, 2], "time": [10.0, 11.0],
-                                             "value": [0.5, None]}}  # fmt: skip
+        assert got[0]["series"] == {"loss": {"step": [1, 2, 3], "time": [10.0, 11.0, 12.0],
+                                             "value": [0.5, None, None]}}  # fmt: skip
         assert [r["id"] for r in got[2]["runs"]] == ["r1", "r2"]
         # The mnist browser sees no gan alert and only mnist's runs; the publisher's own
         # browser gets what it published, through the broker like the others.
