@@ -23,27 +23,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.writer import PER_STEP, VARIABLES
+from benchmarks.writer import PER_STEP, VARIABLES, frame
 from trainvitals.agent.buffer import encode_points, points_frames
-from trainvitals.protocol import Columns
 from trainvitals.server.live import Hub, finite_or_none
 
-#: Steps between two per-variable gradient norms (the agent's default ``grad_norms_every``).
-NORMS_EVERY = 10
 
-
-def second_of_points(steps: int, rng: random.Random) -> dict[str, Columns[list[int], list[float]]]:
-    numbers = list(range(1, steps + 1))
-    times = [1795317434.123457 + 0.002 * s for s in numbers]
-    series = {name: Columns(numbers, times, [rng.random() for _ in numbers]) for name in PER_STEP}
-    due = numbers[NORMS_EVERY - 1 :: NORMS_EVERY]
-    due_times = times[NORMS_EVERY - 1 :: NORMS_EVERY]
-    for name in VARIABLES:
-        series[name] = Columns(due, due_times, [rng.random() for _ in due])
-    return series
-
-
-def hub_before(series: dict[str, Columns[list[int], list[float]]]) -> str:
+def hub_before(series: dict[str, Any]) -> str:
     """``Hub.points``'s message as it was written before orjson."""
     body = {
         n: {"step": list(s), "time": list(t), "value": finite_or_none(v)}
@@ -52,7 +37,7 @@ def hub_before(series: dict[str, Columns[list[int], list[float]]]) -> str:
     return json.dumps({"type": "points", "run_id": "r", "series": body})
 
 
-def hub_now(series: dict[str, Columns[list[int], list[float]]]) -> Callable[[], str]:
+def hub_now(series: dict[str, Any]) -> Callable[[], str]:
     """A call of the real ``Hub.points`` for a browser that watches the run; returns the
     message the browser gets."""
     hub = Hub()
@@ -83,23 +68,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=21)
     args = parser.parse_args()
-    series = second_of_points(args.steps, random.Random(0))
-    frame = points_frames(series, first_seq=1)[0]
-    sick = json.loads(json.dumps(frame))
+    series = frame(1, args.steps, random.Random(0))  # the writer benchmark's frame
+    points = points_frames(series, first_seq=1)[0]
+    sick = json.loads(json.dumps(points))
     sick["series"]["loss"]["value"][-1] = float("nan")  # a NaN step: the standard encoder
-    assert json.loads(encode_points(frame)) == json.loads(json.dumps(frame))
+    assert json.loads(encode_points(points)) == json.loads(json.dumps(points))
     push = hub_now(series)
     assert json.loads(push()) == json.loads(hub_before(series))
-    size = len(encode_points(frame).encode())
+    size = len(encode_points(points).encode())
     print(
         f"a second of points: {args.steps} steps of {len(PER_STEP)} series and "
-        f"{len(VARIABLES)} norms every {NORMS_EVERY} steps ({size / 1000:.0f} KB as sent); "
+        f"{len(VARIABLES)} norms every 10 steps ({size / 1000:.0f} KB as sent); "
         f"median of {args.rounds} alternated rounds"
     )
     agent = alternated(
         {
-            "json": lambda: json.dumps(frame),
-            "orjson": lambda: encode_points(frame),
+            "json": lambda: json.dumps(points),
+            "orjson": lambda: encode_points(points),
             "with a NaN": lambda: encode_points(sick),
         },
         args.rounds,

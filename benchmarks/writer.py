@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import tempfile
@@ -48,12 +49,18 @@ class PooledWriter(Writer):
             _settle(loop, [(future, result, None)])
 
 
-def frame(first: int, steps: int = 40) -> dict[str, Any]:
+def frame(first: int, steps: int = 40, rng: random.Random | None = None) -> dict[str, Any]:
+    """A frame's points, ``{name: (steps, times, values)}``: constant values, or with ``rng``
+    values drawn from it at full precision, as a real run's are (what their JSON costs)."""
     step = list(range(first, first + steps))
     at = [1.8e9 + 0.005 * s for s in step]
-    points = {name: (step, at, [0.5] * steps) for name in PER_STEP}
+
+    def values(count: int, constant: float) -> list[float]:
+        return [constant] * count if rng is None else [rng.random() for _ in range(count)]
+
+    points = {name: (step, at, values(steps, 0.5)) for name in PER_STEP}
     for name in VARIABLES:
-        points[name] = (step[::10], at[::10], [0.1] * len(step[::10]))
+        points[name] = (step[::10], at[::10], values(len(step[::10]), 0.1))
     return points
 
 
