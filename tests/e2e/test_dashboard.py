@@ -87,6 +87,9 @@ def test_run_page_draws_the_live_run(
     )
     assert plotly_server == ""
     # Per-variable gradient norms that arrive while the page is open are drawn, not hidden.
+    # A chart off screen waits to redraw until it is shown (charts.js, schedule): on screen,
+    # whatever the layout the run's first series gave the page.
+    page.locator('[data-chart="grad_norm"]').scroll_into_view_if_needed()
     wait_for(
         lambda: page.evaluate(
             """() => document.querySelector('[data-chart="grad_norm"] .plot').data
@@ -96,6 +99,7 @@ def test_run_page_draws_the_live_run(
         what="per-variable gradient norms drawn",
     )
     # The memory chart draws the effective limit beside the process's RSS.
+    page.locator('[data-chart="host_memory"]').scroll_into_view_if_needed()
     wait_for(
         lambda: page.locator(
             '[data-chart="host_memory"] .legendtext', has_text="host/limit"
@@ -104,6 +108,7 @@ def test_run_page_draws_the_live_run(
         what="the memory limit line",
     )
     assert page.locator("#live-indicator").get_attribute("data-state") == "live"
+    loss_chart.scroll_into_view_if_needed()
     wait_for(
         lambda: page.locator('[data-chart="loss"] .legendtext', has_text="val_loss").count(),
         timeout=60,
