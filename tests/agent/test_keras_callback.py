@@ -23,6 +23,7 @@ import trainvitals  # noqa: E402
 from harness.processes import ServerProcess, run_series, wait_for  # noqa: E402
 from tests.agent.peer import HOURLY_SENDS  # noqa: E402
 from trainvitals.protocol import whole_micros  # noqa: E402
+from trainvitals.series import GRAD_GLOBAL_NORM  # noqa: E402
 
 BATCH, SAMPLES = 16, 96  # 6 steps an epoch
 
@@ -278,6 +279,58 @@ def test_a_nan_step_is_sent_at_the_next_look_with_the_healthy_steps_before_it(
         counts = dict(zip(column["step"], column["value"], strict=True))
         assert counts[4] > 0 and all(counts[s] == 0 for s in (1, 2, 3))
         assert fitting.is_alive()  # no end of training flushed them
+
+
+def test_a_steep_rise_of_the_gradient_norm_in_a_fit_is_sent_at_a_look(
+    server: ServerProcess,
+) -> None:
+    """With an hour between sends, a gradient norm that climbs far above its median and
+    holds there for three steps leaves at a look, with the steps before it, while training
+    still runs; the rise is judged on every row the looks hold, so it is seen when its first
+    steps were read by an earlier look than its third."""
+    x, y = regression_data()
+    model = small_model(0.0)  # fixed weights: the norms are the data's, and stay finite
+    vitals = trainvitals.VitalsCallback(server=server.url, run_name="rise", **HOURLY_SENDS)
+    release = threading.Event()
+    healthy = 40  # epoch 1: the norms' history (handed over at the epoch's end)
+
+    def read_upto() -> int:
+        tap = vitals._tap
+        return 0 if tap is None or tap.ring is None else tap.ring.read_upto
+
+    def batches() -> Any:
+        for step in itertools.count():
+            if step == healthy + 2:
+                # The rise's third step only once a look has read its first two: judged on
+                # that look's rows alone, the third would not be a rise held for three steps.
+                wait_for(lambda: read_upto() >= healthy + 2, what="a look at the rise's start")
+            if step == healthy + 4:
+                release.wait(60)
+            rows = slice((step % 6) * BATCH, (step % 6 + 1) * BATCH)
+            scale = 1.0 if step < healthy else 1e4  # the targets, and so the gradients, soar
+            yield x[rows], y[rows] * scale
+
+    fitting = threading.Thread(
+        target=lambda: model.fit(
+            batches(), epochs=2, steps_per_epoch=healthy, verbose=0, callbacks=[vitals]
+        )
+    )
+    fitting.start()
+    try:
+        wait_for(lambda: vitals.run is not None, what="the run to start")
+        assert vitals.run is not None
+        run_id = vitals.run.id
+
+        def rise_sent() -> list[int] | None:
+            column = run_series(server, run_id, GRAD_GLOBAL_NORM).get(GRAD_GLOBAL_NORM)
+            return column["step"] if column and healthy + 3 in column["step"] else None
+
+        steps = wait_for(rise_sent, what="the rising norms, sent at a look")
+        assert steps[: healthy + 3] == list(range(1, healthy + 4))
+        assert fitting.is_alive()  # no end of training flushed them
+    finally:
+        release.set()
+        fitting.join(60)
 
 
 def test_the_learning_rate_of_each_step_is_recorded(server: ServerProcess) -> None:

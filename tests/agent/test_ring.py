@@ -56,3 +56,21 @@ def test_write_numbers_past_float32_precision_stay_exact() -> None:
 def test_a_ring_needs_room_for_two_rows() -> None:
     with pytest.raises(ConfigurationError, match="at least 2"):
         DeviceRing(width=1, capacity=1)
+
+
+def test_keep_returns_every_row_held_since_the_last_take() -> None:
+    """A reader judges all the rows it holds, not only the last read's: a rise held for
+    three steps may begin in the rows an earlier look kept."""
+    ring = DeviceRing(width=1, capacity=8)
+    write = writer(ring)
+    assert ring.keep().shape == (0, 1)
+    for value in (1.0, 2.0):
+        write(tf.constant(value))
+    assert ring.keep()[:, 0].tolist() == [1.0, 2.0]
+    assert ring.keep()[:, 0].tolist() == [1.0, 2.0]  # nothing new: still held
+    write(tf.constant(3.0))
+    assert ring.keep()[:, 0].tolist() == [1.0, 2.0, 3.0]
+    numbers, rows = ring.take()
+    assert numbers.tolist() == [1, 2, 3] and rows[:, 0].tolist() == [1.0, 2.0, 3.0]
+    write(tf.constant(4.0))
+    assert ring.keep()[:, 0].tolist() == [4.0]

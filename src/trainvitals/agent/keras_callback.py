@@ -315,9 +315,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         return taken
 
     def _stage(self, ring: DeviceRing, run: Run) -> npt.NDArray[np.float64]:
-        """One fetch of the ring: its fresh rows are kept for the next hand-over (and
-        returned), the execution ends noted since the last look go to the run's hang
-        detector now."""
+        """One fetch of the ring: its fresh rows are kept for the next hand-over, and every
+        row kept since the last one is returned (a rise held for three steps may begin in an
+        earlier look's rows); the execution ends noted since the last look go to the run's
+        hang detector now."""
         lost = ring.lost
         block = ring.keep()
         if ring.lost > lost:

@@ -256,7 +256,8 @@ class Monitor:
 
     def _stage(self) -> Any:
         """One fetch of the ring: its new rows wait in it for the next hand-over
-        (``DeviceRing.keep``); returns their values (None without a ring)."""
+        (``DeviceRing.keep``); returns the values of every row waiting so (None without a
+        ring)."""
         writer = self._writer
         return None if writer is None or writer.ring is None else writer.ring.keep()
 

@@ -106,13 +106,19 @@ class DeviceRing:
             return self._fresh()
 
     def keep(self) -> npt.NDArray[np.float64]:
-        """Read as :meth:`read` does, and keep the rows for :meth:`take`; returns their values
-        (a reader looks at rows often, for a NaN, and turns them into points seldom)."""
+        """Read as :meth:`read` does, and keep the rows for :meth:`take`; returns the values of
+        every row kept since the last take, oldest first, not only this read's (a reader looks
+        at rows often, for a NaN or a rising norm, and turns them into points seldom; a rise
+        held for several steps may begin in the rows of an earlier look)."""
         with self._lock:
             numbers, values = self._fresh()
             if len(numbers):
                 self._kept.append((numbers, values))
-            return values
+            if len(self._kept) == 1:
+                return self._kept[0][1]
+            if not self._kept:
+                return values
+            return np.concatenate([v for _, v in self._kept])
 
     def take(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The rows kept since the last take, oldest first, as :meth:`read` returns them."""
