@@ -298,12 +298,18 @@ def test_a_steep_rise_of_the_gradient_norm_in_a_fit_is_sent_at_a_look(
         tap = vitals._tap
         return 0 if tap is None or tap.ring is None else tap.ring.read_upto
 
+    failed: list[BaseException] = []  # the input's own wait, which would end the fit
+
     def batches() -> Any:
         for step in itertools.count():
             if step == healthy + 2:
                 # The rise's third step only once a look has read its first two: judged on
                 # that look's rows alone, the third would not be a rise held for three steps.
-                wait_for(lambda: read_upto() >= healthy + 2, what="a look at the rise's start")
+                try:
+                    wait_for(lambda: read_upto() >= healthy + 2, 60, what="a look at the start")
+                except AssertionError as exc:
+                    failed.append(exc)
+                    raise
             if step == healthy + 4:
                 release.wait(60)
             rows = slice((step % 6) * BATCH, (step % 6 + 1) * BATCH)
@@ -322,10 +328,12 @@ def test_a_steep_rise_of_the_gradient_norm_in_a_fit_is_sent_at_a_look(
         run_id = vitals.run.id
 
         def rise_sent() -> list[int] | None:
+            if failed:
+                raise failed[0]
             column = run_series(server, run_id, GRAD_GLOBAL_NORM).get(GRAD_GLOBAL_NORM)
             return column["step"] if column and healthy + 3 in column["step"] else None
 
-        steps = wait_for(rise_sent, what="the rising norms, sent at a look")
+        steps = wait_for(rise_sent, 60, what="the rising norms, sent at a look")
         assert steps[: healthy + 3] == list(range(1, healthy + 4))
         assert fitting.is_alive()  # no end of training flushed them
     finally:

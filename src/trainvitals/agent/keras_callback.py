@@ -269,11 +269,12 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
 
     def _look(self) -> None:
         """The sender's look, every ``read_interval``: read the ring, and hand what it has read
-        to the run only when a frame leaves at this look anyway, or when the rows just read
-        hold something urgent (:mod:`~trainvitals.agent.urgency`). Otherwise the rows wait
-        for the next send: turning them into points costs the sender about 0.4 ms a look
-        inside a fit whatever their number, so one hand-over a frame pays it once, not at
-        each of five looks. The hang detector still learns of every step at each look."""
+        to the run only when a frame leaves at this look anyway, or when the rows held since
+        the last hand-over hold something urgent (:mod:`~trainvitals.agent.urgency`).
+        Otherwise the rows wait for the next send: turning them into points costs the sender
+        about 0.4 ms a look inside a fit whatever their number, so one hand-over a frame pays
+        it once, not at each of five looks. The hang detector still learns of every step at
+        each look."""
         tap, run = self._tap, self.run
         if tap is None or run is None or tap.ring is None:
             self._flush_pending()

@@ -109,16 +109,18 @@ class DeviceRing:
         """Read as :meth:`read` does, and keep the rows for :meth:`take`; returns the values of
         every row kept since the last take, oldest first, not only this read's (a reader looks
         at rows often, for a NaN or a rising norm, and turns them into points seldom; a rise
-        held for several steps may begin in the rows of an earlier look)."""
+        held for several steps may begin in the rows of an earlier look). The array returned
+        is the one held: read it, do not write to it."""
         with self._lock:
             numbers, values = self._fresh()
             if len(numbers):
                 self._kept.append((numbers, values))
-            if len(self._kept) == 1:
-                return self._kept[0][1]
-            if not self._kept:
-                return values
-            return np.concatenate([v for _, v in self._kept])
+            if len(self._kept) > 1:  # merged once: the next look adds to one block
+                self._kept = [
+                    (np.concatenate([n for n, _ in self._kept]),
+                     np.concatenate([v for _, v in self._kept]))
+                ]  # fmt: skip
+            return self._kept[0][1] if self._kept else values
 
     def take(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The rows kept since the last take, oldest first, as :meth:`read` returns them."""
