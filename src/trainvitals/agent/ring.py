@@ -66,8 +66,8 @@ class DeviceRing:
                 tf.constant(0, tf.int64), trainable=False, name="trainvitals_ring_written"
             )
         self._lock = threading.Lock()
-        # Rows read by keep() and not yet taken: (write numbers, values) per read.
-        self._kept: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = []
+        # Rows read by keep() and not yet taken, as one block: (write numbers, values).
+        self._held = self._empty()
         #: The highest write number read so far.
         self.read_upto = 0
         #: How many host reads there were (the tests count them per step).
@@ -113,22 +113,22 @@ class DeviceRing:
         is the one held: read it, do not write to it."""
         with self._lock:
             numbers, values = self._fresh()
+            held_numbers, held = self._held
             if len(numbers):
-                self._kept.append((numbers, values))
-            if len(self._kept) > 1:  # merged once: the next look adds to one block
-                self._kept = [
-                    (np.concatenate([n for n, _ in self._kept]),
-                     np.concatenate([v for _, v in self._kept]))
-                ]  # fmt: skip
-            return self._kept[0][1] if self._kept else values
+                if len(held_numbers):
+                    numbers = np.concatenate([held_numbers, numbers])
+                    values = np.concatenate([held, values])
+                self._held = numbers, values
+            return self._held[1]
 
     def take(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The rows kept since the last take, oldest first, as :meth:`read` returns them."""
         with self._lock:
-            kept, self._kept = self._kept, []
-        if not kept:
-            return np.empty(0, np.int64), np.empty((0, self.width), np.float64)
-        return np.concatenate([n for n, _ in kept]), np.concatenate([v for _, v in kept])
+            held, self._held = self._held, self._empty()
+        return held
+
+    def _empty(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        return np.empty(0, np.int64), np.empty((0, self.width), np.float64)
 
     def _fresh(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         fetched = tf.raw_ops.ReadVariableOp(resource=self._rows.handle, dtype=tf.float32)
@@ -137,7 +137,7 @@ class DeviceRing:
         numbers = rows[:, 0].astype(np.int64) * _SPLIT + rows[:, 1].astype(np.int64)
         fresh = np.flatnonzero(numbers > self.read_upto)
         if len(fresh) == 0:
-            return numbers[fresh], np.empty((0, self.width), np.float64)
+            return self._empty()
         order = fresh[np.argsort(numbers[fresh], kind="stable")]
         numbers = numbers[order]
         # A gap before the oldest row still here: rows written over unread.
