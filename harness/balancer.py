@@ -55,7 +55,12 @@ http {{
         default upgrade;
         ''      '';
     }}
+    map $arg_run $trainvitals_route {{
+        ""      $request_id;
+        default $arg_run;
+    }}
     upstream trainvitals {{
+        hash $trainvitals_route consistent;
 {servers}
         keepalive 32;
     }}
@@ -79,7 +84,8 @@ http {{
 
 
 def nginx_config(directory: Path, port: int, upstreams: Sequence[str]) -> str:
-    """An nginx configuration balancing ``upstreams`` (``host:port``) on ``port``: websocket
+    """An nginx configuration balancing ``upstreams`` (``host:port``) on ``port``, as
+    ``deploy/nginx.conf`` does (one run's agent connections to one replica): websocket
     upgrade passed on (``/api/v1/ingest``, ``/api/v1/live``), Host and Origin as sent (the
     server's request guard checks them), long read timeouts for long-lived streams."""
     servers = "\n".join(f"        server {u} max_fails=1 fail_timeout=2s;" for u in upstreams)

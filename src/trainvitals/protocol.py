@@ -175,6 +175,9 @@ class HelloFrame(TypedDict):
     job: JobInfo | None
     #: The secret the server issued in the run's first welcome, in every later hello.
     run_secret: NotRequired[str]
+    #: True in the hello of the run's watchdog, which reports how a dead process ended: the
+    #: server reads the process's own connection to its end before answering.
+    watchdog: NotRequired[bool]
 
 
 class EndFrame(TypedDict):

@@ -18,6 +18,8 @@ def test_defaults_come_from_environment(monkeypatch: pytest.MonkeyPatch) -> None
     assert config.token == "s3cret"
     assert config.run_name.startswith("run-")
     assert config.ingest_url == "ws://10.0.0.5:9000/api/v1/ingest"
+    # A run's connections name it: a load balancer keeps them on one replica.
+    assert config.run_ingest_url("r-1.a") == "ws://10.0.0.5:9000/api/v1/ingest?run=r-1.a"
 
 
 def test_arguments_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -184,3 +185,27 @@ def test_a_page_of_another_origin_cannot_open_the_websockets(server: ServerProce
         assert refused.value.response.status_code == 403  # refused before it opens
         with connect(url, origin=Origin(server.url)) as ws:  # the dashboard's own page
             ws.send(json.dumps({"type": "subscribe", "run_id": "x"}))
+
+
+def test_a_watchdogs_end_waits_for_the_dead_processs_last_frames(server: ServerProcess) -> None:
+    """A killed process's last frames may still be queued on the server when its watchdog
+    says hello: the watchdog's ``end`` is numbered after them, and none is lost."""
+    owned = {**HELLO, "run_id": "killed", "run_secret": "the agent's own"}
+    dead = ingest(server)
+    dead.send(json.dumps(owned))
+    assert json.loads(dead.recv(timeout=10))["last_seq"] == 0
+    frames = 1000  # each stored before the next is read: seconds of work queued
+    for seq in range(1, frames + 1):
+        columns = {"step": [seq], "time": [float(seq)], "value": [0.5]}
+        dead.send(json.dumps({"type": "points", "v": 1, "seq": seq, "series": {"loss": columns}}))
+    dead.socket.shutdown(socket.SHUT_WR)  # the process is gone: its frames are all it sent
+    with ingest(server) as watchdog:
+        watchdog.send(json.dumps({**owned, "watchdog": True}))
+        seq = json.loads(watchdog.recv(timeout=60))["last_seq"] + 1
+        end = {"type": "end", "v": 1, "seq": seq, "reason": "signal:SIGKILL", "time": 2.0e9}
+        watchdog.send(json.dumps(end))
+        assert json.loads(watchdog.recv(timeout=60)) == {"type": "ack", "seq": seq}
+    dead.socket.close()
+    run = server.get("/api/v1/runs/killed")
+    assert (run["status"], run["end_reason"]) == ("crashed", "signal:SIGKILL"), run
+    assert seq == frames + 1 and run["last_step"] == frames

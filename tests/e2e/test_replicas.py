@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -160,6 +163,57 @@ def test_one_replica_sweeps_for_lost_runs_by_what_every_replica_heard(replicas: 
 
 def last_step_is(server: ServerProcess, run_id: str, step: int) -> bool:
     return bool(server.get(f"/api/v1/runs/{run_id}")["last_step"] == step)
+
+
+def agent_connections(server: ServerProcess) -> int:
+    request = urllib.request.Request(
+        server.url + "/metrics", headers={"Authorization": f"Bearer {server.token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    found = re.search(r"^trainvitals_agent_connections (\S+)$", text, re.MULTILINE)
+    assert found is not None, text
+    return int(float(found.group(1)))
+
+
+def test_the_balancer_sends_a_runs_connections_to_one_replica_and_spreads_the_rest(
+    replicas: Team, tmp_path: Path
+) -> None:
+    """Every connection that names run X (the agent's, its watchdog's) goes to X's replica,
+    so a watchdog's report of a killed process queues behind what that process sent
+    (test_ingest.py); connections that name no run spread."""
+    before = [agent_connections(server) for server in replicas.replicas]
+    base = replicas.url.replace("http", "ws", 1) + "/api/v1/ingest"
+    headers = {"Authorization": f"Bearer {replicas.token}"}
+
+    def added() -> list[int]:
+        now = [agent_connections(server) for server in replicas.replicas]
+        return [after - then for after, then in zip(now, before, strict=True)]
+
+    config = resolve(server=replicas.url, project="p", token=replicas.token, spool_dir=tmp_path)
+    agent = Run(config, system_metrics=False, watchdog=False)
+    agent.start()
+    agent.log(1, {"loss": 1.0})
+    run = urlencode({"run": agent.id})
+    sockets = [connect(f"{base}?{run}", additional_headers=headers) for _ in range(5)]
+    try:
+        wait_for(lambda: sorted(added()) == [0, 6], what="the run's 6 connections on one replica")
+        assert agent.finish()
+        for socket in sockets:
+            socket.close()
+        wait_for(lambda: added() == [0, 0], what="the connections closed")
+        sockets = [connect(base, additional_headers=headers) for _ in range(20)]
+
+        def all_open() -> list[int] | None:
+            counts = added()
+            return counts if sum(counts) == 20 else None
+
+        spread = wait_for(all_open, what="20 connections open")
+        assert min(spread) > 0, spread  # all 20 on one replica: 2 chances in 2^20
+    finally:
+        agent.finish()
+        for socket in sockets:
+            socket.close()
 
 
 def test_a_replica_killed_mid_run_loses_and_doubles_no_point(tmp_path: Path) -> None:

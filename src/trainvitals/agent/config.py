@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from trainvitals.exceptions import ConfigurationError
 from trainvitals.protocol import INGEST_PATH
@@ -68,6 +68,11 @@ class AgentConfig:
     @property
     def ingest_url(self) -> str:
         return websocket_url(self.server, INGEST_PATH)
+
+    def run_ingest_url(self, run_id: str) -> str:
+        """The ingest URL that names the run, so that a load balancer sends every connection
+        of one run, its watchdog's too, to the same replica (``deploy/nginx.conf``)."""
+        return f"{self.ingest_url}?{urlencode({'run': run_id})}"
 
 
 def websocket_url(server: str, path: str) -> str:

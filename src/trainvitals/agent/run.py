@@ -139,8 +139,9 @@ class Run:
                 self._env[source.name] = _jsonable(source.describe())
             self._sampler = Sampler(sources, self._record_system, self._interval)
         hello = self.hello()
+        url = self.config.run_ingest_url(self.id)
         self._sender = Sender(
-            self.config.ingest_url,
+            url,
             hello,
             self._buffer,
             flush_interval=self.config.flush_interval,
@@ -156,7 +157,7 @@ class Run:
         self._sender.start()
         if self._use_watchdog:
             try:
-                self._watchdog = Watchdog(self.config.ingest_url, hello, self.config.token)
+                self._watchdog = Watchdog(url, hello, self.config.token)
             except OSError as exc:
                 log.warning(
                     "trainvitals: no watchdog (%s): a SIGKILL or OOM kill will show as a lost run",

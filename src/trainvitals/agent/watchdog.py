@@ -29,6 +29,10 @@ from trainvitals.protocol import EndReason, HelloFrame, end_frame
 #: How long the watchdog keeps trying to reach the server with the news.
 REPORT_FOR = 60.0
 
+#: How long the watchdog waits for the server's welcome (the server first reads the dead
+#: process's connection to its end: ``trainvitals.server.ingest.DRAIN_FOR``, 15 s at most).
+WELCOME_WITHIN = 30.0
+
 _ENTRY = "import sys; from trainvitals.agent.watchdog import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -135,8 +139,9 @@ def _report(url: str, hello: HelloFrame, reason: str, traceback_text: str | None
     while True:
         try:
             with connect(url, additional_headers=headers, open_timeout=5) as ws:
-                ws.send(json.dumps(hello))
-                welcome = json.loads(ws.recv(timeout=10))
+                ws.send(json.dumps({**hello, "watchdog": True}))
+                # The server answers once it has read what the process sent before it died.
+                welcome = json.loads(ws.recv(timeout=WELCOME_WITHIN))
                 seq = int(welcome["last_seq"]) + 1
                 ws.send(json.dumps(end_frame(seq, reason, time.time(), traceback_text)))
                 ws.recv(timeout=10)  # the ack

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from starlette.requests import HTTPConnection
 
 from trainvitals.server.alerts import AlertEngine
+from trainvitals.server.connections import OpenRuns
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.metrics import Metrics
@@ -30,6 +31,8 @@ class AppState:
     notify: NotifyConfig
     quotas: Quotas
     metrics: Metrics
+    #: The agent connections open on this process, by run (a watchdog waits for them).
+    open_runs: OpenRuns = field(default_factory=OpenRuns)
 
 
 def get_state(connection: HTTPConnection) -> AppState:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from functools import partial
 
@@ -27,6 +28,7 @@ from trainvitals.protocol import (
 )
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.auth import LOCAL
+from trainvitals.server.connections import OpenRuns
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.metrics import Metrics
@@ -46,8 +48,13 @@ from trainvitals.server.storage.tokens import Principal, Role
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
+log = logging.getLogger("trainvitals.server")
+
 #: Frames this big or bigger are parsed on a worker thread.
 _PARSE_ON_LOOP = 64 * 1024
+#: How long a watchdog's hello waits for the dead process's connection to be read to its
+#: end (a network cut leaves it open with nothing more to come: the watchdog goes on).
+DRAIN_FOR = 15.0
 
 
 class IngestSession:
@@ -64,8 +71,11 @@ class IngestSession:
         who: Principal = LOCAL,
         quotas: Quotas | None = None,
         metrics: Metrics | None = None,
+        open_runs: OpenRuns | None = None,
     ) -> None:
         self._store = store
+        self._open_runs = open_runs or OpenRuns()
+        self._closed: asyncio.Event | None = None
         self._metrics = metrics
         self._who = who
         self._quotas = quotas or Quotas(Caps())
@@ -132,6 +142,13 @@ class IngestSession:
                 CLOSE_POLICY_VIOLATION,
                 f"this token may not send runs of project {hello.project[:40]!r}",
             )
+        if hello.watchdog and not await self._open_runs.drained(hello.run_id, DRAIN_FOR):
+            log.warning(
+                "run %s: its watchdog reports while a connection of the run is still open "
+                "after %g s",
+                hello.run_id,
+                DRAIN_FOR,
+            )
         known = await asyncio.to_thread(self._store.runs.get_run, hello.run_id, False)
         if known is None:
             await self._quotas.new_run(self._who.token_id)
@@ -148,6 +165,7 @@ class IngestSession:
             )
         self._last_seq = int(row["last_seq"])
         self.run = run_summary(row)
+        self._closed = self._open_runs.opened(hello.run_id)
         # Storage applied the hello (a lost run is running again); what follows from it:
         stored = RunState(RunStatus(row["status"]), row["last_step"], row["end_reason"])
         self._state, effects = transition(stored, lifecycle.Hello())
@@ -164,6 +182,12 @@ class IngestSession:
         if row["secret"] is not None:  # issued now: the agent sends it in every later hello
             welcome["run_secret"] = row["secret"]
         return json.dumps(welcome)
+
+    def close(self) -> None:
+        """The connection closed: a watchdog waiting for it goes on."""
+        if self.run is not None and self._closed is not None:
+            self._open_runs.closed(self.run["id"], self._closed)
+            self._closed = None
 
     async def _points(self, frame: Points) -> str:
         assert self.run is not None

@@ -48,6 +48,9 @@ class Hello(_Frame):
     job: Job | None = None
     #: The secret the server issued in this run's first welcome: proves a reconnect is the run.
     run_secret: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    #: Said by the run's watchdog, reporting the ending of a process that died: its ``end``
+    #: waits for the frames the process sent before it died (``ingest.OpenRuns``).
+    watchdog: bool = False
 
 
 class Job(BaseModel):

@@ -60,6 +60,7 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         who,
         state.quotas,
         state.metrics,
+        state.open_runs,
     )
     state.metrics.agents.inc()
     try:
@@ -93,6 +94,7 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
     except WebSocketDisconnect:
         return
     finally:
+        session.close()
         state.metrics.agents.dec()
         state.quotas.disconnect(who.token_id, slot)
 
