@@ -57,6 +57,7 @@ def test_a_killed_process_is_reported_as_the_run_numbered_after_what_was_stored(
     assert [f["type"] for f in frames] == [HELLO, END]
     assert frames[0]["run_id"] == "r1"
     assert frames[0]["run_secret"] == hello()["run_secret"]  # it speaks as the run's owner
+    assert frames[0]["watchdog"] is True  # the server reads the dead process's frames first
     assert (frames[1]["seq"], frames[1]["reason"]) == (42, EndReason.SIGKILL)
     assert peer.authorizations == ["Bearer t0ken"]  # the token came through the environment
 
