@@ -142,6 +142,21 @@ def test_a_finished_run_keeps_how_it_ended(store: Store) -> None:
     assert run["traceback"] is None
 
 
+def test_an_end_numbered_like_a_stored_frame_still_ends_a_running_run(store: Store) -> None:
+    """A killed process's last frame can be stored after its watchdog's welcome, under the
+    number the watchdog gives its end (another replica read it): the run still ends."""
+    with store.engine.begin() as conn:
+        store.runs.open_run(conn, hello("r1"), now=1.0)
+        store.series.add_points(conn, "r1", 1, {"loss": Columns([1], [2.0], [0.5])}, now=2.0)
+        store.series.add_points(conn, "r1", 2, {"loss": Columns([2], [3.0], [0.4])}, now=3.0)
+        store.runs.end_run(conn, "r1", 2, RunEnd("oom_killed", 4.0, None))
+        store.runs.end_run(conn, "r1", 1, RunEnd("completed", 5.0, None))  # a replay: ended
+    run = store.runs.get_run("r1")
+    assert run is not None
+    assert (run["status"], run["end_reason"], run["ended_at"]) == ("crashed", "oom_killed", 4.0)
+    assert run["last_step"] == 2
+
+
 def test_a_run_is_bound_to_the_secret_of_its_first_hello(store: Store) -> None:
     with store.engine.begin() as conn:
         proposed = store.runs.open_run(conn, {**hello("r0"), "run_secret": "agent's own"}, 1.0)

@@ -329,10 +329,13 @@ class RunStore:
         event = End(end.reason)
         new = runs.c.last_seq < seq
         # The ending is written only where the lifecycle lets the run end: a finished or
-        # crashed run keeps how it ended, whatever a late end frame says.
+        # crashed run keeps how it ended, whatever a late end frame says. Its number is not
+        # asked: a stored end leaves the run finished or crashed, so an end that finds the
+        # run alive is no replay, even where a frame stored first took its number (a killed
+        # process's watchdog numbered after a stale welcome: docs/protocol.md).
         conn.execute(
             update(runs)
-            .where(runs.c.id == run_id, new, runs.c.status.in_(_values(moves(event))))
+            .where(runs.c.id == run_id, runs.c.status.in_(_values(moves(event))))
             .values(
                 status=_moved(event),
                 end_reason=end.reason,
