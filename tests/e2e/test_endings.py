@@ -133,6 +133,55 @@ def test_sigkill_is_reported_by_the_watchdog_within_seconds(server: ServerProces
         training.wait()
 
 
+FORKING = textwrap.dedent(
+    """
+    import os, sys, threading, trainvitals
+    mon = trainvitals.Monitor(server=sys.argv[1], run_name="forking", system_metrics=False)
+    mon.log(1, metrics={"loss": 1.0})
+    sys.stdin.readline()  # the test saw step 1 stored: the run's connection is open
+    if os.fork() == 0:  # a data loader's worker, which outlives the training process
+        sys.stdin.read()  # until the test closes the pipe
+        os._exit(0)
+    print("forked", flush=True)
+    threading.Event().wait()
+    """
+)
+
+
+def test_a_killed_process_whose_forked_worker_lives_on_is_reported_at_once(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The worker's copy of the run's socket is closed when it is forked: the server sees
+    the connection end with the training process, and the watchdog's report, which waits
+    for that (up to 15 s), comes at once."""
+    script = tmp_path / "forking.py"
+    script.write_text(FORKING)
+    training = subprocess.Popen(
+        [sys.executable, str(script), server.url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert training.stdin is not None and training.stdout is not None
+    try:
+        wait_for(lambda: only_run(server)["last_step"] == 1, timeout=60, what="step 1 stored")
+        training.stdin.write("fork\n")
+        training.stdin.flush()
+        assert training.stdout.readline().strip() == "forked"
+        training.send_signal(signal.SIGKILL)
+        training.wait(10)
+        crashed = wait_for(
+            lambda: (run := only_run(server))["status"] == "crashed" and run,
+            timeout=10,
+            what="the watchdog's report",
+        )
+        assert crashed["end_reason"] == "signal:SIGKILL"
+    finally:
+        training.kill()
+        training.wait()
+        training.stdin.close()  # the worker reads to the end of its input and exits
+
+
 GREEDY = textwrap.dedent(
     """
     import sys, time, trainvitals

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +44,30 @@ from trainvitals.protocol import (
 )
 
 log = logging.getLogger("trainvitals")
+
+#: Every sender of this process, for :func:`_leave_connections_to_the_parent`.
+_senders: weakref.WeakSet[Sender] = weakref.WeakSet()
+
+
+def _leave_connections_to_the_parent() -> None:
+    """In a child forked from the training process (a data loader's worker), close the
+    child's copies of the senders' sockets. A child that held one would keep the run's
+    connection open after the training process is killed: the server would not see it end,
+    and the watchdog's report, which waits for that connection to close, would wait its
+    longest (15 s). The parent's sockets are untouched; nothing is sent."""
+    for sender in list(_senders):
+        held = sender._socket
+        if held is None:
+            continue
+        try:
+            fd = held.detach()  # the child's object lets go of the descriptor, then it closes
+            if fd >= 0:
+                os.close(fd)
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_leave_connections_to_the_parent)
 
 
 class Sender:
@@ -92,7 +119,9 @@ class Sender:
         self._wake = threading.Event()
         self._outage_reported = False
         self._connected = False
+        self._socket: socket.socket | None = None  # the connection's, while it is open
         self._thread = threading.Thread(target=self._run, name="trainvitals-sender", daemon=True)
+        _senders.add(self)
 
     def start(self) -> None:
         self._thread.start()
@@ -196,49 +225,55 @@ class Sender:
             max_size=MAX_FRAME_BYTES,
             compression=None,  # JSON floats compress poorly; spare the training process's CPU
         ) as ws:
-            ws.send(json.dumps(self._hello))
-            welcome = _decode(ws.recv(timeout=10))
-            if welcome.get("type") != WELCOME:
-                raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
-            secret = welcome.get("run_secret")
-            if isinstance(secret, str) and secret:  # issued by the server: every later hello
-                self._hello = {**self._hello, "run_secret": secret}
-            self._pending.rewind()
-            self._pending.ack(int(welcome.get("last_seq", 0)))
-            self._connected = True
-            if self._outage_reported:
-                log.warning(
-                    "trainvitals: reconnected to %s; resending %d frames (%d from the spool)",
-                    self._url,
-                    len(self._pending),
-                    self._pending.spooled,
-                )
-                self._outage_reported = False
-            last_send = time.monotonic()
-            next_pack = 0.0
-            while True:
-                if time.monotonic() >= next_pack or self._closing.is_set():
-                    self._pack()
-                    next_pack = time.monotonic() + self._read_interval
-                for _, text in self._pending.take():
-                    ws.send(text)
-                    last_send = time.monotonic()
-                if time.monotonic() - last_send >= self._heartbeat_interval:
-                    ws.send(
-                        json.dumps({"type": HEARTBEAT, "v": PROTOCOL_VERSION, "time": time.time()})
-                    )
-                    last_send = time.monotonic()
-                if self._end_packed and not self._pending:
-                    return
-                if self._closing.is_set() or self._pending.spooled:
-                    # Flushing, or replaying the spool as acks make room: block on acks
-                    # rather than polling.
-                    self._read_acks(ws, timeout=self._read_interval)
-                else:
-                    self._read_acks(ws, timeout=0)
-                    self._wake.wait(self._read_interval)
-                    self._wake.clear()
-                    next_pack = 0.0  # an interval has passed, or an event is waiting
+            self._socket = ws.socket
+            try:
+                self._converse(ws)
+            finally:
+                self._socket = None
+
+    def _converse(self, ws: ClientConnection) -> None:
+        """Hello, then frames out and acks in until the run's ``end`` is acknowledged."""
+        ws.send(json.dumps(self._hello))
+        welcome = _decode(ws.recv(timeout=10))
+        if welcome.get("type") != WELCOME:
+            raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
+        secret = welcome.get("run_secret")
+        if isinstance(secret, str) and secret:  # issued by the server: every later hello
+            self._hello = {**self._hello, "run_secret": secret}
+        self._pending.rewind()
+        self._pending.ack(int(welcome.get("last_seq", 0)))
+        self._connected = True
+        if self._outage_reported:
+            log.warning(
+                "trainvitals: reconnected to %s; resending %d frames (%d from the spool)",
+                self._url,
+                len(self._pending),
+                self._pending.spooled,
+            )
+            self._outage_reported = False
+        last_send = time.monotonic()
+        next_pack = 0.0
+        while True:
+            if time.monotonic() >= next_pack or self._closing.is_set():
+                self._pack()
+                next_pack = time.monotonic() + self._read_interval
+            for _, text in self._pending.take():
+                ws.send(text)
+                last_send = time.monotonic()
+            if time.monotonic() - last_send >= self._heartbeat_interval:
+                ws.send(json.dumps({"type": HEARTBEAT, "v": PROTOCOL_VERSION, "time": time.time()}))
+                last_send = time.monotonic()
+            if self._end_packed and not self._pending:
+                return
+            if self._closing.is_set() or self._pending.spooled:
+                # Flushing, or replaying the spool as acks make room: block on acks
+                # rather than polling.
+                self._read_acks(ws, timeout=self._read_interval)
+            else:
+                self._read_acks(ws, timeout=0)
+                self._wake.wait(self._read_interval)
+                self._wake.clear()
+                next_pack = 0.0  # an interval has passed, or an event is waiting
 
     def _read_acks(self, ws: ClientConnection, timeout: float) -> None:
         while True:
