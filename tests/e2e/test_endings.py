@@ -59,6 +59,16 @@ def only_run(server: ServerProcess) -> dict[str, Any]:
     return run
 
 
+def crashed_run(server: ServerProcess, timeout: float) -> dict[str, Any]:
+    """The run, once the watchdog has reported it crashed."""
+    run: dict[str, Any] = wait_for(
+        lambda: (run := only_run(server))["status"] == "crashed" and run,
+        timeout=timeout,
+        what="the watchdog's report",
+    )
+    return run
+
+
 def test_heartbeats_keep_an_idle_run_alive_and_a_killed_one_is_lost(
     quick_server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -122,11 +132,7 @@ def test_sigkill_is_reported_by_the_watchdog_within_seconds(server: ServerProces
         )
         training.send_signal(signal.SIGKILL)
         training.wait(10)
-        crashed = wait_for(
-            lambda: (run := only_run(server))["status"] == "crashed" and run,
-            timeout=5,
-            what="the watchdog's report",
-        )
+        crashed = crashed_run(server, timeout=5)
         assert crashed["end_reason"] == "signal:SIGKILL"
     finally:
         training.kill()
@@ -170,11 +176,7 @@ def test_a_killed_process_whose_forked_worker_lives_on_is_reported_at_once(
         assert training.stdout.readline().strip() == "forked"
         training.send_signal(signal.SIGKILL)
         training.wait(10)
-        crashed = wait_for(
-            lambda: (run := only_run(server))["status"] == "crashed" and run,
-            timeout=10,
-            what="the watchdog's report",
-        )
+        crashed = crashed_run(server, timeout=10)
         assert crashed["end_reason"] == "signal:SIGKILL"
     finally:
         training.kill()
@@ -206,11 +208,7 @@ def test_a_real_oom_kill_in_a_memory_cgroup_is_reported(
         result = run_in_cgroup(group, sys.executable, str(script), server.url)
         assert result.returncode == -signal.SIGKILL, result.stderr  # the kernel killed it
         assert "leaking" in result.stdout
-        run = wait_for(
-            lambda: (run := only_run(server))["status"] == "crashed" and run,
-            timeout=15,
-            what="the watchdog's report",
-        )
+        run = crashed_run(server, timeout=15)
     assert run["end_reason"] == "oom_killed"
     rss = run_series(server, run["id"], "host/rss", "host/limit")
     assert rss["host/limit"]["value"][-1] == 400 * 2**20
@@ -238,11 +236,7 @@ def test_a_segfault_is_reported_with_the_faulthandler_dump(
     )
     assert result.returncode == -signal.SIGSEGV
     assert "Warning" not in result.stderr  # starting the watchdog adds nothing to the output
-    run = wait_for(
-        lambda: (run := only_run(server))["status"] == "crashed" and run,
-        timeout=15,
-        what="the watchdog's report",
-    )
+    run = crashed_run(server, timeout=15)
     assert run["end_reason"] == "signal:SIGSEGV"
     assert "Segmentation fault" in run["traceback"] and "segv.py" in run["traceback"]
 
