@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from functools import partial
@@ -22,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from harness.balancer import Team, redis_url, team
+from harness.metrics import parse, scrape, value
 from harness.processes import ServerProcess, postgres_database, run_series, wait_for
 from trainvitals import Run, resolve
 
@@ -166,14 +165,11 @@ def last_step_is(server: ServerProcess, run_id: str, step: int) -> bool:
 
 
 def agent_connections(server: ServerProcess) -> int:
-    request = urllib.request.Request(
-        server.url + "/metrics", headers={"Authorization": f"Bearer {server.token}"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        text = response.read().decode()
-    found = re.search(r"^trainvitals_agent_connections (\S+)$", text, re.MULTILINE)
-    assert found is not None, text
-    return int(float(found.group(1)))
+    status, text = scrape(server, server.token)
+    assert status == 200, text
+    count = value(parse(text), "trainvitals_agent_connections")
+    assert count is not None, text
+    return int(count)
 
 
 def test_the_balancer_sends_a_runs_connections_to_one_replica_and_spreads_the_rest(

@@ -8,8 +8,6 @@ import gc
 import json
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 from websockets.sync.client import connect
 
+from harness.metrics import Samples, parse, scrape, value
 from harness.processes import ROOT, ServerProcess, create_token, wait_for
 from trainvitals import Run, resolve
 from trainvitals.agent.gpu import SimulatedGpu
@@ -30,30 +29,6 @@ from trainvitals.server.settings import Settings
 from trainvitals.server.store import Store
 
 GRAFANA_BOARD = ROOT / "docs" / "grafana-dashboard.json"
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
-
-
-def scrape(server: ServerProcess, token: str | None) -> tuple[int, str]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(server.url + "/metrics", headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            assert response.headers["Content-Type"].startswith("text/plain")
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 @pytest.fixture

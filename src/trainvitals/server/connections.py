@@ -21,10 +21,11 @@ class OpenRuns:
         self._open.setdefault(run_id, set()).add(closed)
         return closed
 
-    def closed(self, run_id: str, closed: asyncio.Event) -> None:
-        closed.set()
+    def closed(self, run_id: str, event: asyncio.Event) -> None:
+        """The connection whose event :meth:`opened` returned closed."""
+        event.set()
         connections = self._open.get(run_id, set())
-        connections.discard(closed)
+        connections.discard(event)
         if not connections:
             self._open.pop(run_id, None)
 

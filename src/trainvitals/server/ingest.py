@@ -185,7 +185,8 @@ class IngestSession:
 
     def close(self) -> None:
         """The connection closed: a watchdog waiting for it goes on."""
-        if self.run is not None and self._closed is not None:
+        if self._closed is not None:  # set with self.run, at the hello
+            assert self.run is not None
             self._open_runs.closed(self.run["id"], self._closed)
             self._closed = None
 

@@ -49,7 +49,7 @@ class Hello(_Frame):
     #: The secret the server issued in this run's first welcome: proves a reconnect is the run.
     run_secret: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     #: Said by the run's watchdog, reporting the ending of a process that died: its ``end``
-    #: waits for the frames the process sent before it died (``ingest.OpenRuns``).
+    #: waits for the frames the process sent before it died (``connections.OpenRuns``).
     watchdog: bool = False
 
 
