@@ -137,6 +137,11 @@ HEARTBEAT: Final = "heartbeat"
 WELCOME: Final = "welcome"
 ACK: Final = "ack"
 
+#: What a server that lists it in its welcome's ``"features"`` reads: ``points`` frames whose
+#: series share their steps and times through the frame's ``"clocks"`` (``docs/protocol.md``).
+#: An agent sends that form only to a server that says so; every server reads the plain one.
+FEATURE_CLOCKS: Final = "clocks"
+
 # Websocket close codes the server uses for bad input (RFC 6455, section 7.4.1).
 CLOSE_UNSUPPORTED_DATA: Final = 1003  # binary frame where text JSON was expected
 CLOSE_INVALID_PAYLOAD: Final = 1007  # not JSON, or JSON that is not a valid frame

@@ -34,6 +34,8 @@ class Peer:
         self.drop_at: int | None = None
         #: Answer the hello with this instead of a welcome.
         self.welcome_override: dict[str, Any] | None = None
+        #: What each connection's welcome lists as ``features``, by connection (none after).
+        self.features: list[list[str]] = []
         #: Each connection's Authorization header (None when absent).
         self.authorizations: list[str | None] = []
         self._lock = threading.Lock()
@@ -55,6 +57,7 @@ class Peer:
     def _handle(self, ws: ServerConnection) -> None:
         received: list[dict[str, Any]] = []
         with self._lock:
+            index = len(self.connections)
             self.connections.append(received)
             self.authorizations.append(
                 ws.request.headers.get("Authorization") if ws.request else None
@@ -70,6 +73,8 @@ class Peer:
                     "run_id": frame["run_id"],
                     "last_seq": self.last_seq,
                 }
+                if index < len(self.features):
+                    answer = {**answer, "features": self.features[index]}
                 ws.send(json.dumps(answer))
             elif "seq" in frame:
                 if self.drop_at == frame["seq"]:

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames
+from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames, without_clocks
 from trainvitals.protocol import MAX_POINTS_PER_FRAME, Columns
 from trainvitals.server.schemas import Points, parse_frame
 
@@ -106,3 +106,67 @@ def test_values_the_fast_encoder_does_not_take_are_encoded_as_before() -> None:
     assert encode_points(frame) == json.dumps(frame)
     with pytest.raises(TypeError):  # what the standard encoder says of a numpy float32
         encode_points(_one_frame([np.float32(0.5)]))  # type: ignore[list-item]
+
+
+def _a_fits_second(steps: range) -> dict[str, Columns[list[int], list[float]]]:
+    """What a fit hands over: vitals and metrics at each step, the step time stamped a little
+    later, per-variable norms every 10 steps, a system sample."""
+    at = [1795317434.000001 + 0.002 * s for s in steps]
+    every = [s for s in steps if s % 10 == 0]
+    every_at = [1795317434.000001 + 0.002 * s for s in every]
+    return {
+        "loss": Columns(list(steps), list(at), [1.0 / s for s in steps]),
+        "nonfinite/grads": Columns(list(steps), list(at), [0.0 for _ in steps]),
+        "accuracy": Columns(list(steps), list(at), [0.5 for _ in steps]),
+        "step_time": Columns(list(steps), [t + 3e-6 for t in at], [0.002 for _ in steps]),
+        "grad/norm/dense/kernel": Columns(every, list(every_at), [0.3 for _ in every]),
+        "grad/norm/dense/bias": Columns(list(every), every_at, [0.1 for _ in every]),
+        "host/rss": Columns([steps[-1]], [at[-1]], [7e8]),
+        "host/limit": Columns([steps[-1]], [at[-1]], [8e9]),
+    }
+
+
+def test_series_with_equal_steps_and_times_send_them_once_and_read_back_the_same() -> None:
+    series = _a_fits_second(range(1, 401))
+    plain = points_frames(series, first_seq=5)
+    clocked = points_frames(series, first_seq=5, clocks=True)
+    assert "clocks" not in plain[0]  # only for a server that says it reads them
+    [frame] = clocked
+    assert frame["clocks"] == {
+        "0": {"step": list(range(1, 401)), "time": series["loss"].times},
+        "1": {"step": series["grad/norm/dense/kernel"].steps,
+              "time": series["grad/norm/dense/kernel"].times},
+    }  # fmt: skip
+    named = {name: column.get("clock") for name, column in frame["series"].items()}
+    assert named == {
+        "loss": "0", "nonfinite/grads": "0", "accuracy": "0", "step_time": None,
+        "grad/norm/dense/kernel": "1", "grad/norm/dense/bias": "1",
+        "host/rss": None, "host/limit": None,
+    }  # fmt: skip
+    assert frame["series"]["loss"] == {"clock": "0", "value": series["loss"].values}
+    texts = [encode_points(f) for f in (plain[0], frame)]
+    assert len(texts[1]) < 0.7 * len(texts[0])
+    parsed = [parse_frame(text) for text in texts]
+    assert isinstance(parsed[0], Points) and isinstance(parsed[1], Points)
+    assert parsed[1].columns() == parsed[0].columns() == series
+
+
+def test_a_frame_with_clocks_reads_the_same_without_them_for_an_older_server() -> None:
+    series = _a_fits_second(range(1, 41))
+    series["loss"].values[3] = math.nan
+    [frame] = points_frames(series, first_seq=2, clocks=True)
+    text = encode_points(frame)
+    assert '"clocks"' in text
+    plain = without_clocks(text)
+    assert '"clock' not in plain and "NaN" in plain
+    parsed = parse_frame(plain)
+    assert isinstance(parsed, Points)
+    assert all(column.clock is None for column in parsed.series.values())
+    loss = parsed.columns()["loss"]
+    assert math.isnan(loss.values[3]) and loss.steps == series["loss"].steps
+    assert parsed.columns()["accuracy"] == series["accuracy"]
+    # Any other frame, and a frame without clocks, go as they are, character for character.
+    other = '{"type":"end","v":1,"seq":3,"reason":"completed","time":1.0,"traceback":null}'
+    assert without_clocks(other) == other
+    [unclocked] = points_frames(series, first_seq=2)
+    assert without_clocks(encode_points(unclocked)) == encode_points(unclocked)

@@ -12,7 +12,7 @@ from harness.processes import wait_for
 from tests.agent.peer import running_peer
 from trainvitals.agent.buffer import PointBuffer
 from trainvitals.agent.transport import Sender
-from trainvitals.protocol import END, HELLO, POINTS, HelloFrame
+from trainvitals.protocol import END, HELLO, POINTS, Columns, HelloFrame
 
 
 def hello() -> HelloFrame:
@@ -89,6 +89,34 @@ def test_a_server_that_does_not_welcome_is_reported_once_and_never_raises(
             assert not sender.close("completed", 2.0, None, timeout=0.2)
     outages = [r for r in caplog.records if "cannot reach" in r.getMessage()]
     assert len(outages) == 1 and "welcome" in outages[0].getMessage()
+
+
+def test_clocks_go_only_to_a_server_that_reads_them_even_when_packed_for_one() -> None:
+    with running_peer() as peer:
+        # The first server reads clocks and drops frame 2 unacknowledged; the one the agent
+        # reconnects to (an older version, after a rollback) does not read them.
+        peer.features = [["clocks"], []]
+        peer.drop_at = 2
+        buffer = PointBuffer()
+        sender = Sender(peer.url, hello(), buffer, flush_interval=0.02)
+        sender.start()
+        for seq in (1, 2):
+            steps, times = [2 * seq - 1, 2 * seq], [10.0 * seq, 10.0 * seq + 1]
+            values = [0.5, 0.25]
+            buffer.add_columns({name: Columns(steps, times, values) for name in ("loss", "lr")})
+            wait_for(partial(lambda n: n in peer.numbered(), seq), what=f"frame {seq}")
+        wait_for(lambda: len(peer.connections) == 2, what="the reconnect")
+        assert sender.close("completed", 30.0, None, timeout=10)
+    first, second = peer.connections
+    assert [f.get("seq") for f in first] == [None, 1, 2]
+    assert first[2]["clocks"] == {"0": {"step": [3, 4], "time": [20.0, 21.0]}}
+    assert first[2]["series"]["loss"] == {"clock": "0", "value": [0.5, 0.25]}
+    assert [f.get("seq") for f in second] == [None, 2, 3]
+    assert "clocks" not in second[1]  # packed with them, sent without
+    assert second[1]["series"] == {
+        name: {"step": [3, 4], "time": [20.0, 21.0], "value": [0.5, 0.25]}
+        for name in ("loss", "lr")
+    }
 
 
 def looking_sender(url: str, buffer: PointBuffer, looks: list[int]) -> Sender:

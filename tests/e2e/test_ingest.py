@@ -12,9 +12,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
-from harness.processes import ServerProcess
+from harness.processes import ServerProcess, run_series
 from trainvitals import Run, resolve
-from trainvitals.protocol import MAX_FRAME_BYTES
+from trainvitals.agent.buffer import encode_points, points_frames
+from trainvitals.protocol import MAX_FRAME_BYTES, Columns
 
 HELLO = {
     "type": "hello",
@@ -57,6 +58,15 @@ def ingest(server: ServerProcess) -> ClientConnection:
             ],
             1007,
             "invalid points frame at series.loss.value.0",
+        ),
+        (
+            [
+                json.dumps(HELLO),
+                '{"type": "points", "v": 1, "seq": 1, "clocks": {}, "series": {"loss": '
+                '{"clock": "0", "value": [1.0]}}}',
+            ],
+            1007,
+            "names a clock the frame does not hold",
         ),
         ([json.dumps(HELLO), json.dumps(HELLO)], 1008, "one run only"),
         (
@@ -104,6 +114,32 @@ def test_other_runs_carry_on_while_bad_connections_are_closed(server: ServerProc
     ]
 
 
+def test_points_sent_with_clocks_are_stored_as_the_same_points_sent_without(
+    server: ServerProcess,
+) -> None:
+    steps = list(range(1, 301))
+    times = [1795317434.000001 + 0.002 * s for s in steps]
+    series = {
+        "loss": Columns(steps, times, [1.0 / s for s in steps]),
+        "lr": Columns(steps, times, [1e-3 for _ in steps]),
+        "nonfinite/grads": Columns(steps, times, [float("nan") if s == 7 else 0.0 for s in steps]),
+        "host/rss": Columns([300], [times[-1]], [7e8]),
+    }
+    for run_id, clocks in (("plain", False), ("clocked", True)):
+        with ingest(server) as ws:
+            ws.send(json.dumps({**HELLO, "run_id": run_id}))
+            assert json.loads(ws.recv(timeout=10))["features"] == ["clocks"]
+            [frame] = points_frames(series, first_seq=1, clocks=clocks)
+            assert ("clocks" in frame) is clocks
+            ws.send(encode_points(frame))
+            assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": 1}
+    names = list(series)
+    plain, clocked = (run_series(server, r, *names) for r in ("plain", "clocked"))
+    assert json.dumps(clocked, sort_keys=True) == json.dumps(plain, sort_keys=True)
+    assert clocked["lr"]["step"] == steps and len(clocked["lr"]["value"]) == 300
+    assert clocked["nonfinite/grads"]["value"][6] is None  # NaN, as the API writes it
+
+
 def test_welcome_reports_what_is_stored_and_replays_are_acked_not_duplicated(
     server: ServerProcess,
 ) -> None:
@@ -121,6 +157,7 @@ def test_welcome_reports_what_is_stored_and_replays_are_acked_not_duplicated(
             "v": 1,
             "run_id": "bad1",
             "last_seq": 0,
+            "features": ["clocks"],
         }
         ws.send(json.dumps(points))
         assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": 1}

@@ -29,6 +29,68 @@ def test_valid_frames_parse_to_their_types() -> None:
     assert math.isnan(values[0]) and values[1] == math.inf
 
 
+def test_series_that_name_a_clock_read_its_steps_and_times() -> None:
+    frame = parse_frame(
+        '{"type": "points", "v": 1, "seq": 3, "clocks": {"0": {"step": [1, 2], "time": [1.5, '
+        '2.5]}}, "series": {"loss": {"clock": "0", "value": [0.5, NaN]}, "lr": {"clock": "0", '
+        '"value": [0.1, 0.1]}, "host/rss": {"step": [2], "time": [2.6], "value": [7.0]}}}'
+    )
+    assert isinstance(frame, Points)
+    columns = frame.columns()
+    assert columns["lr"] == ([1, 2], [1.5, 2.5], [0.1, 0.1])
+    assert columns["loss"].steps == [1, 2] and math.isnan(columns["loss"].values[1])
+    assert columns["host/rss"] == ([2], [2.6], [7.0])
+    # One list for the series that share it: the server packs and converts it once.
+    assert columns["loss"].steps is columns["lr"].steps
+    assert columns["loss"].times is columns["lr"].times
+
+
+ONE = '{"0": {"step": [1], "time": [1.0]}}'
+
+
+def _clocked(clocks: str, series: str) -> str:
+    return f'{{"type": "points", "v": 1, "seq": 1, "clocks": {clocks}, "series": {series}}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (
+            _clocked(ONE, '{"loss": {"clock": "1", "value": [1]}}'),
+            "series 'loss' names a clock the frame does not hold",
+        ),
+        (
+            _clocked(ONE, '{"loss": {"clock": "0", "value": []}}'),
+            "series 'loss' has 0 values for its clock's 1 steps",
+        ),
+        (
+            _clocked('{"0": {"step": [1, 2], "time": [1.0]}}', "{}"),
+            "at clocks.0: Value error, step and time must have equal lengths",
+        ),
+        (
+            _clocked(
+                ONE,
+                '{"loss": {"clock": "0", "step": [1], "time": [1.0], "value": [1]}}',
+            ),
+            "names a clock or has step and time, not both",
+        ),
+        (_clocked("{}", '{"loss": {"value": [1]}}'), "needs step and time, or a clock"),
+        (
+            _clocked('{"0": {"step": [1], "time": [Infinity]}}', "{}"),
+            "at clocks.0.time.0",
+        ),
+        (
+            _clocked('{"0\\n": {"step": [1], "time": [1.0]}}', "{}"),
+            "at clocks.0\\n",
+        ),
+    ],
+)
+def test_invalid_clocks_give_a_short_reason(text: str, reason: str) -> None:
+    with pytest.raises(FrameError) as info:
+        parse_frame(text)
+    assert reason in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [

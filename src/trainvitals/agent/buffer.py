@@ -98,8 +98,12 @@ class PointBuffer:
         return self._count
 
 
-def points_frames(series: Mapping[str, SeqColumns], first_seq: int) -> list[dict[str, Any]]:
-    """Pack drained series into ``points`` frames of MAX_POINTS_PER_FRAME points at most."""
+def points_frames(
+    series: Mapping[str, SeqColumns], first_seq: int, clocks: bool = False
+) -> list[dict[str, Any]]:
+    """Pack drained series into ``points`` frames of MAX_POINTS_PER_FRAME points at most;
+    with ``clocks`` (for a server that reads them), series of a frame that share their steps
+    and times send them once (:func:`share_clocks`)."""
     frames: list[dict[str, Any]] = []
     current: dict[str, dict[str, Sequence[Any]]] = {}
     room = MAX_POINTS_PER_FRAME
@@ -107,7 +111,7 @@ def points_frames(series: Mapping[str, SeqColumns], first_seq: int) -> list[dict
         start = 0
         while start < len(steps):
             if room == 0:
-                frames.append(_frame(current, first_seq + len(frames)))
+                frames.append(_frame(current, first_seq + len(frames), clocks))
                 current, room = {}, MAX_POINTS_PER_FRAME
             end = min(len(steps), start + room)
             whole = start == 0 and end == len(steps)
@@ -119,8 +123,58 @@ def points_frames(series: Mapping[str, SeqColumns], first_seq: int) -> list[dict
             room -= end - start
             start = end
     if current:
-        frames.append(_frame(current, first_seq + len(frames)))
+        frames.append(_frame(current, first_seq + len(frames), clocks))
     return frames
+
+
+def share_clocks(series: dict[str, dict[str, Sequence[Any]]]) -> dict[str, Any]:
+    """The ``series`` (and ``clocks``) of a frame in which series with equal steps and times
+    name one clock that holds them, instead of each sending them (``FEATURE_CLOCKS``).
+
+    A fit's vitals, its Keras metrics and its step time are recorded at the same steps and
+    times, as are its per-variable gradient norms: in a second of a small model's points the
+    steps and times were most of the frame's text, sent once a series. Series of one point
+    (a system sample) and steps no other series shares stay as they are."""
+    held: list[tuple[Sequence[int], Sequence[float], list[str]]] = []
+    for name, column in series.items():
+        steps, times = column["step"], column["time"]
+        if len(steps) < 2:
+            continue
+        for same_steps, same_times, names in held:
+            if same_steps == steps and same_times == times:
+                names.append(name)
+                break
+        else:
+            held.append((steps, times, [name]))
+    shared = [clock for clock in held if len(clock[2]) > 1]
+    if not shared:
+        return {"series": series}
+    out = dict(series)
+    clocks: dict[str, dict[str, Sequence[Any]]] = {}
+    for index, (steps, times, names) in enumerate(shared):
+        key = str(index)
+        clocks[key] = {"step": steps, "time": times}
+        for name in names:
+            out[name] = {"clock": key, "value": series[name]["value"]}
+    return {"series": out, "clocks": clocks}
+
+
+def without_clocks(text: str) -> str:
+    """A ``points`` frame's text with each series' steps and times in the series again, for
+    a server that does not read clocks (one of an older version, after a reconnect); any
+    other frame's text unchanged."""
+    if '"clocks"' not in text:
+        return text
+    frame = json.loads(text)
+    clocks = frame.pop("clocks", None) if frame.get("type") == POINTS else None
+    if not isinstance(clocks, dict):
+        return text
+    for name, column in frame["series"].items():
+        clock = clocks.get(column.get("clock")) if isinstance(column, dict) else None
+        if clock is not None:
+            frame["series"][name] = {"step": clock["step"], "time": clock["time"],
+                                     "value": column["value"]}  # fmt: skip
+    return encode_points(frame)
 
 
 def encode_points(frame: Mapping[str, Any]) -> str:
@@ -141,5 +195,6 @@ def encode_points(frame: Mapping[str, Any]) -> str:
     return json.dumps(frame)
 
 
-def _frame(series: dict[str, dict[str, Sequence[Any]]], seq: int) -> dict[str, Any]:
-    return {"type": POINTS, "v": PROTOCOL_VERSION, "seq": seq, "series": series}
+def _frame(series: dict[str, dict[str, Sequence[Any]]], seq: int, clocks: bool) -> dict[str, Any]:
+    body = share_clocks(series) if clocks else {"series": series}
+    return {"type": POINTS, "v": PROTOCOL_VERSION, "seq": seq, **body}

@@ -28,13 +28,14 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames
+from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames, without_clocks
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
 from trainvitals.agent.spool import PendingFrames
 from trainvitals.backoff import backoff_delays
 from trainvitals.exceptions import ProtocolError
 from trainvitals.protocol import (
     ACK,
+    FEATURE_CLOCKS,
     HEARTBEAT,
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
@@ -119,6 +120,8 @@ class Sender:
         self._wake = threading.Event()
         self._outage_reported = False
         self._connected = False
+        #: Whether the last server to welcome this sender reads ``points`` with clocks.
+        self._clocks = False
         self._socket: socket.socket | None = None  # the connection's, while it is open
         self._thread = threading.Thread(target=self._run, name="trainvitals-sender", daemon=True)
         _senders.add(self)
@@ -240,6 +243,10 @@ class Sender:
         secret = welcome.get("run_secret")
         if isinstance(secret, str) and secret:  # issued by the server: every later hello
             self._hello = {**self._hello, "run_secret": secret}
+        features = welcome.get("features")
+        # Clocks only where this server reads them; frames packed with them for an earlier
+        # connection lose them again on the way to one that does not (a rolled-back server).
+        self._clocks = isinstance(features, list) and FEATURE_CLOCKS in features
         self._pending.rewind()
         self._pending.ack(int(welcome.get("last_seq", 0)))
         self._connected = True
@@ -258,7 +265,7 @@ class Sender:
                 self._pack()
                 next_pack = time.monotonic() + self._read_interval
             for _, text in self._pending.take():
-                ws.send(text)
+                ws.send(text if self._clocks else without_clocks(text))
                 last_send = time.monotonic()
             if time.monotonic() - last_send >= self._heartbeat_interval:
                 ws.send(json.dumps({"type": HEARTBEAT, "v": PROTOCOL_VERSION, "time": time.time()}))
@@ -296,7 +303,7 @@ class Sender:
         self._next_send = time.monotonic() + self._flush_interval
         points = self._buffer.drain()
         if points:
-            for frame in points_frames(points, self._next_seq):
+            for frame in points_frames(points, self._next_seq, self._clocks):
                 self._pending.push(frame["seq"], encode_points(frame))
                 self._next_seq = frame["seq"] + 1
         while self._events:

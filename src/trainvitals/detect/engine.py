@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -103,10 +103,20 @@ class Detector:
         always go record by record.
         """
         points = {name: column for name, column in points.items() if watched(name)}
+        # Series that share their steps and times (the wire's clocks) share the very lists:
+        # each becomes an array once.
+        arrays: dict[tuple[int, type], Any] = {}
+
+        def array(column: Sequence[Any], dtype: type) -> Any:
+            converted = arrays.get((id(column), dtype))
+            if converted is None:
+                converted = arrays[(id(column), dtype)] = np.asarray(column, dtype=dtype)
+            return converted
+
         dense: Mapping[str, ArrayColumns] = {
             name: Columns(
-                np.asarray(steps, dtype=np.int64),
-                np.asarray(times, dtype=np.float64),
+                array(steps, np.int64),
+                array(times, np.float64),
                 np.asarray(values, dtype=np.float64),
             )
             for name, (steps, times, values) in points.items()

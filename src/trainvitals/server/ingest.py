@@ -21,9 +21,9 @@ from trainvitals.protocol import (
     CLOSE_INVALID_PAYLOAD,
     CLOSE_POLICY_VIOLATION,
     CLOSE_TOO_BIG,
+    FEATURE_CLOCKS,
     PROTOCOL_VERSION,
     WELCOME,
-    Columns,
     RunStatus,
 )
 from trainvitals.server.alerts import AlertEngine
@@ -178,6 +178,7 @@ class IngestSession:
             "v": PROTOCOL_VERSION,
             "run_id": hello.run_id,
             "last_seq": self._last_seq,
+            "features": [FEATURE_CLOCKS],
         }
         if row["secret"] is not None:  # issued now: the agent sends it in every later hello
             welcome["run_secret"] = row["secret"]
@@ -193,7 +194,7 @@ class IngestSession:
     async def _points(self, frame: Points) -> str:
         assert self.run is not None
         run_id = self.run["id"]
-        columns = {name: Columns(c.step, c.time, c.value) for name, c in frame.series.items()}
+        columns = frame.columns()
         new = columns.keys() - self._series
         if new:
             self._quotas.series(len(self._series) + len(new))
@@ -206,7 +207,7 @@ class IngestSession:
         )
         self._last_seq = frame.seq
         if self._metrics is not None:
-            self._metrics.points.inc(sum(len(column.step) for column in frame.series.values()))
+            self._metrics.points.inc(sum(len(column.values) for column in columns.values()))
         self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
         if self._liveness.revive(run_id):  # given up as lost while it was streaming
             await self._revive(now)

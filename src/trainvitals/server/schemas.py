@@ -7,7 +7,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from trainvitals.exceptions import FrameError
-from trainvitals.protocol import AUTOPSY, END, HEARTBEAT, HELLO, POINTS, PROTOCOL_VERSION, STALL
+from trainvitals.protocol import (
+    AUTOPSY,
+    END,
+    HEARTBEAT,
+    HELLO,
+    POINTS,
+    PROTOCOL_VERSION,
+    STALL,
+    Columns,
+    ListColumns,
+)
 
 #: The largest integer the database columns hold (BIGINT).
 INT64_MAX = 2**63 - 1
@@ -62,17 +72,44 @@ class Job(BaseModel):
     size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
-class WireColumns(BaseModel):
-    """One series' points as a frame carries them (``step``, ``time``, ``value`` lists),
-    validated; :meth:`columns` gives them as :class:`~trainvitals.protocol.Columns`."""
+ClockName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
+class Clock(BaseModel):
+    """Steps and times that several series of a ``points`` frame share (the steps one
+    ``fit`` recorded its vitals at), sent once instead of once a series."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     step: list[Step]
     time: list[Time]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> Clock:
+        if len(self.step) != len(self.time):
+            raise ValueError(
+                f"step and time must have equal lengths, got {len(self.step)}, {len(self.time)}"
+            )
+        return self
+
+
+class WireColumns(BaseModel):
+    """One series' points as a frame carries them: ``step``, ``time`` and ``value`` lists, or
+    ``value`` and the name of the frame's ``clock`` that holds its steps and times."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    step: list[Step] | None = None
+    time: list[Time] | None = None
+    clock: ClockName | None = None
     value: list[float]  # NaN and ±Infinity are data here, sent as JSON NaN/Infinity tokens
 
     @model_validator(mode="after")
     def _same_length(self) -> WireColumns:
+        if self.clock is not None:
+            if self.step is not None or self.time is not None:
+                raise ValueError("a series names a clock or has step and time, not both")
+            return self
+        if self.step is None or self.time is None:
+            raise ValueError("a series needs step and time, or a clock")
         if not len(self.step) == len(self.time) == len(self.value):
             raise ValueError(
                 f"step, time and value must have equal lengths, got "
@@ -85,6 +122,37 @@ class Points(_Frame):
     type: Literal["points"]
     seq: Seq
     series: dict[SeriesName, WireColumns]
+    #: Steps and times shared by the series that name them (``protocol.FEATURE_CLOCKS``).
+    clocks: dict[ClockName, Clock] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _clocks_held(self) -> Points:
+        for name, column in self.series.items():
+            if column.clock is None:
+                continue
+            clock = self.clocks.get(column.clock)
+            # The names are a client's: escaped, and cut short, in the reason.
+            where = name.encode("unicode_escape").decode()[:40]
+            if clock is None:
+                raise ValueError(f"series {where!r} names a clock the frame does not hold")
+            if len(clock.step) != len(column.value):
+                raise ValueError(
+                    f"series {where!r} has {len(column.value)} values for its clock's "
+                    f"{len(clock.step)} steps"
+                )
+        return self
+
+    def columns(self) -> dict[str, ListColumns]:
+        """Each series' points; series that share a clock share its lists (not copies)."""
+        out: dict[str, ListColumns] = {}
+        for name, column in self.series.items():
+            if column.clock is None:
+                assert column.step is not None and column.time is not None
+                out[name] = Columns(column.step, column.time, column.value)
+            else:
+                clock = self.clocks[column.clock]
+                out[name] = Columns(clock.step, clock.time, column.value)
+        return out
 
 
 class Heartbeat(_Frame):

@@ -91,11 +91,17 @@ def encode(
 
 def encode_raw(steps: ArrayLike, times: ArrayLike, values: ArrayLike) -> Encoded:
     """The ``RAW`` layout (what rows held before the codec)."""
-    return (
-        np.asarray(steps, dtype=_I8).tobytes(),
-        np.asarray(times, dtype=_F8).tobytes(),
-        np.asarray(values, dtype=_F8).tobytes(),
-    )
+    return (*encode_raw_clock(steps, times), encode_raw_values(values))
+
+
+def encode_raw_clock(steps: ArrayLike, times: ArrayLike) -> tuple[bytes, bytes]:
+    """The steps and times of :func:`encode_raw`: the same for every series that shares them."""
+    return np.asarray(steps, dtype=_I8).tobytes(), np.asarray(times, dtype=_F8).tobytes()
+
+
+def encode_raw_values(values: ArrayLike) -> bytes:
+    """The values of :func:`encode_raw`."""
+    return np.asarray(values, dtype=_F8).tobytes()
 
 
 def decode(rows: Sequence[Row]) -> ArrayColumns:

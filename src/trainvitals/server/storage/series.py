@@ -97,18 +97,27 @@ class SeriesStore:
         it (None when empty)."""
         rows = []
         last_step: int | None = None
+        # Series of one frame that share their steps and times (the wire's clocks) share the
+        # very lists: those are packed once.
+        clocks: dict[tuple[int, int], tuple[bytes, bytes, int, int]] = {}
         for name, (steps, times, values) in points.items():
-            step_array = np.asarray(steps, dtype=np.int64)
-            if step_array.size == 0:
-                continue
-            # Written as they come, in the cheap packed layout: the writer thread keeps up
-            # with ingest; the compactor encodes them later, many frames at a time.
-            packed = codec.encode_raw(step_array, times, values)
+            clock = clocks.get((id(steps), id(times)))
+            if clock is None:
+                step_array = np.asarray(steps, dtype=np.int64)
+                if step_array.size == 0:
+                    continue
+                # Written as they come, in the cheap packed layout: the writer thread keeps up
+                # with ingest; the compactor encodes them later, many frames at a time.
+                clock = clocks[(id(steps), id(times))] = (
+                    *codec.encode_raw_clock(step_array, times),
+                    int(step_array.size),
+                    int(step_array.max()),
+                )
+            step_bytes, time_bytes, n, top = clock
             rows.append(
-                {"run_id": run_id, "series": name, "seq": seq, "n": int(step_array.size),
-                 "steps": packed[0], "times": packed[1], "vals": packed[2]}
+                {"run_id": run_id, "series": name, "seq": seq, "n": n, "steps": step_bytes,
+                 "times": time_bytes, "vals": codec.encode_raw_values(values)}
             )  # fmt: skip
-            top = int(step_array.max())
             last_step = top if last_step is None else max(last_step, top)
         if rows:
             # Stored as the transaction commits, with its other frames (``_flush``).
