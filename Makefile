@@ -48,6 +48,9 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/soak.py
 	$(PY) benchmarks/dashboard.py
 	$(PY) benchmarks/early_warning.py
+	$(PY) benchmarks/encode.py
+	$(PY) benchmarks/replay.py
+	$(PY) benchmarks/clocks.py
 
 # Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system

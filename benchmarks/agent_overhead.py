@@ -63,13 +63,10 @@ import keras
 import numpy as np
 
 import trainvitals
-from harness.processes import ServerProcess
+from harness.processes import ServerProcess, cpu_seconds
 from trainvitals.agent.config import DEFAULT_FLUSH_INTERVAL
 
 BATCH = 32
-
-
-TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's unit
 
 
 def thread_cpu() -> dict[str, float]:
@@ -113,21 +110,13 @@ class CpuProbe(keras.callbacks.Callback):  # type: ignore[misc]
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if batch == self.warmup:
             self.start = thread_cpu()
-            self.start["server process"] = process_cpu(self.server_pid)
+            self.start["server process"] = cpu_seconds(self.server_pid)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         end = thread_cpu()
-        end["server process"] = process_cpu(self.server_pid)
+        end["server process"] = cpu_seconds(self.server_pid)
         steps = self.params["steps"] - self.warmup
         self.per_step = {k: (end[k] - self.start.get(k, 0.0)) / steps for k in end}
-
-
-def process_cpu(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 class StepTimer(keras.callbacks.Callback):  # type: ignore[misc]
@@ -649,6 +638,7 @@ def main() -> None:
         metavar="REF",
         help="compare this checkout's VitalsCallback with git REF's (and measure nothing else)",
     )
+    parser.add_argument("--against-models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     parser.add_argument("--windowed", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--in-step", nargs=4, help=argparse.SUPPRESS)
@@ -832,7 +822,7 @@ def against(args: argparse.Namespace) -> None:
                 f"VitalsCallback at this checkout vs at {args.against}, {args.rounds} "
                 f"alternated rounds of {args.steps} steps, fresh processes, one server"
             )
-            for name in ("MLP", "CNN"):
+            for name in args.against_models:
                 results: dict[str, list[dict[str, Any]]] = {"this": [], "ref": []}
                 for round_ in range(args.rounds):
                     for which in ("this", "ref") if round_ % 2 == 0 else ("ref", "this"):

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from harness.balancer import Team, redis_url, team
-from harness.processes import ServerProcess, postgres_database, wait_for
+from harness.processes import ServerProcess, cpu_seconds, postgres_database, wait_for
 
 SERIES = ["loss", "accuracy", "grad/global_norm", "step_time", "host/rss"]
 STEPS_PER_FRAME = 10
@@ -188,12 +187,6 @@ def pauses_line(before: dict[tuple[str, str], float], after: dict[tuple[str, str
         f"event loop late > 50 / 100 / 250 ms: {late['0.05']:.0f} / {late['0.1']:.0f} / "
         f"{late['0.25']:.0f} of {looks:.0f} looks; garbage collections: {gc_line}"
     )
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user and system) process ``pid`` has used, its threads included."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int:
