@@ -76,6 +76,20 @@ def _clocked(clocks: str, series: str) -> str:
         ),
         (_clocked("{}", '{"loss": {"value": [1]}}'), "needs step and time, or a clock"),
         (
+            # 3 MB: under the frame limit, over what one frame may cost the server.
+            _clocked(
+                f'{{"0": {{"step": [{", ".join(["1"] * 100_001)}], "time": '
+                f"[{', '.join(['1.0'] * 100_001)}]}}}}",
+                "{"
+                + ", ".join(
+                    f'"s{i}": {{"clock": "0", "value": [{",".join(["0"] * 100_001)}]}}'
+                    for i in range(5)
+                )
+                + "}",
+            ),
+            "500005 points in one frame, more than 500000",
+        ),
+        (
             _clocked('{"0": {"step": [1], "time": [Infinity]}}', "{}"),
             "at clocks.0.time.0",
         ),

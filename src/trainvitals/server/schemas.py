@@ -27,6 +27,12 @@ Seq = Annotated[int, Field(ge=1, le=INT64_MAX)]
 #: agent's full spool gave up), a forged ``seq`` near 2^63 that would swallow the run's later
 #: frames is not.
 MAX_SEQ_AHEAD = 10_000_000
+#: The most points one ``points`` frame may carry: ten times what the agent packs
+#: (``protocol.MAX_POINTS_PER_FRAME``). Without clocks, the 4 MiB frame limit held a frame to
+#: some 700,000 points at the fewest bytes a point can take; with them a point can be two
+#: bytes of value, so the frame's size alone would let one frame cost the server three times
+#: as much work.
+MAX_FRAME_POINTS = 500_000
 #: Steps stay exact in a browser's numbers (2^53) and far from the columns' limit.
 STEP_MAX = 2**53 - 1
 Step = Annotated[int, Field(ge=0, le=STEP_MAX)]
@@ -126,7 +132,10 @@ class Points(_Frame):
     clocks: dict[ClockName, Clock] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _clocks_held(self) -> Points:
+    def _held(self) -> Points:
+        points = sum(len(column.value) for column in self.series.values())
+        if points > MAX_FRAME_POINTS:
+            raise ValueError(f"{points} points in one frame, more than {MAX_FRAME_POINTS}")
         for name, column in self.series.items():
             if column.clock is None:
                 continue
