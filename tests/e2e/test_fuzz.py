@@ -26,6 +26,9 @@ VALID: list[dict[str, Any]] = [
      "host": "h", "pid": 7, "config": {"lr": 0.1}, "env": {}, "run_secret": "s"},
     {"type": "points", "v": 1, "seq": 1,
      "series": {"loss": {"step": [1, 2], "time": [1.0, 2.0], "value": [0.5, 0.4]}}},
+    {"type": "points", "v": 1, "seq": 1, "clocks": {"0": {"step": [1, 2], "time": [1.0, 2.0]}},
+     "series": {"loss": {"clock": "0", "value": [0.5, 0.4]},
+                "lr": {"clock": "0", "value": [0.1, 0.1]}}},
     {"type": "heartbeat", "v": 1, "time": 3.0},
     {"type": "stall", "v": 1, "seq": 2, "time": 4.0, "idle": 40.0, "threshold": 30.0,
      "stacks": "Thread main"},
@@ -59,6 +62,13 @@ def mutate(rng: random.Random, frame: dict[str, Any]) -> str | bytes:
         column[rng.choice(["step", "time", "value"])] = [rng.choice(ODD_VALUES)] * 2
     elif choice == 6 and mutated.get("type") == "points":
         mutated["series"] = {rng.choice(ODD_VALUES[10:15]) or "s": mutated["series"]["loss"]}
+    elif choice == 7 and "clocks" in mutated:
+        if rng.random() < 0.5:
+            mutated["clocks"]["0"][rng.choice(["step", "time", "extra"])] = [
+                rng.choice(ODD_VALUES)
+            ] * rng.randrange(1, 4)
+        else:  # a clock the frame lacks, or an odd name for one
+            mutated["series"]["lr"]["clock"] = rng.choice(["1", *ODD_VALUES])
     else:
         mutated[key] = rng.choice(ODD_VALUES)
     return json.dumps(mutated, allow_nan=True)
