@@ -78,6 +78,7 @@ class Job(BaseModel):
     size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
+#: A clock's name in a ``points`` frame (the agent numbers them: "0", "1", ...).
 ClockName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
@@ -140,13 +141,11 @@ class Points(_Frame):
             if column.clock is None:
                 continue
             clock = self.clocks.get(column.clock)
-            # The names are a client's: escaped, and cut short, in the reason.
-            where = name.encode("unicode_escape").decode()[:40]
             if clock is None:
-                raise ValueError(f"series {where!r} names a clock the frame does not hold")
+                raise ValueError(f"series {_quoted(name)} names a clock the frame does not hold")
             if len(clock.step) != len(column.value):
                 raise ValueError(
-                    f"series {where!r} has {len(column.value)} values for its clock's "
+                    f"series {_quoted(name)} has {len(column.value)} values for its clock's "
                     f"{len(clock.step)} steps"
                 )
         return self
@@ -198,6 +197,11 @@ class End(_Frame):
     reason: Name
     time: Time
     traceback: Text | None = None
+
+
+def _quoted(name: str) -> str:
+    """A client's name for a reason: escaped and cut short."""
+    return repr(name.encode("unicode_escape").decode()[:40])
 
 
 AnyFrame = Hello | Points | Heartbeat | Stall | Autopsy | End
