@@ -400,6 +400,48 @@ def test_a_run_archived_elsewhere_leaves_an_open_list_that_hides_archived_runs(
     assert not hiding.errors and not showing.errors
 
 
+#: A page script that holds the live websocket back until ``__releaseLive()``: as a page whose
+#: live stream opens only after its run was fetched (a slow proxy, a loaded server).
+HOLD_LIVE = """
+const Real = window.WebSocket;
+const held = [];
+window.__releaseLive = () => {
+  window.__released = true;
+  for (const open of held.splice(0)) open();
+};
+window.WebSocket = class {
+  constructor(url) {
+    this.readyState = 0;
+    const open = () => {
+      const socket = this.socket = new Real(url);
+      socket.onopen = (event) => { this.readyState = 1; this.onopen?.(event); };
+      socket.onmessage = (event) => this.onmessage?.(event);
+      socket.onclose = (event) => { this.readyState = 3; this.onclose?.(event); };
+    };
+    if (url.includes("/api/v1/live") && !window.__released) held.push(open); else open();
+  }
+  send(data) { this.socket.send(data); }
+  close() { this.socket?.close(); }
+};
+"""
+
+
+def test_a_run_deleted_before_its_pages_live_stream_opened_says_so(
+    server: ServerProcess, browser: Any
+) -> None:
+    seed_runs(server.db, 1, steps=5)
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.add_init_script(HOLD_LIVE)
+    page.goto(server.url + "/#/runs/seed000000")
+    expect(page.locator("#run-name")).to_have_text("run-00000")  # fetched, not yet live
+    assert server.send("DELETE", "/api/v1/runs/seed000000")[0] == 200  # told to no one
+    page.evaluate("window.__releaseLive()")
+    expect(page.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
+    assert not errors
+
+
 def test_a_run_is_renamed_tagged_noted_archived_and_deleted_from_its_page(
     server: ServerProcess, browser: Any
 ) -> None:

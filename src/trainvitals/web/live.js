@@ -14,6 +14,7 @@ export class LiveSocket {
     this.indicator = indicator;
     this.handlers = new Set();
     this.reconnectHandlers = new Set();
+    this.firstOpenHandlers = new Set();
     this.runs = new Set();
     this.delay = 250;
     this.connected = false;
@@ -31,6 +32,8 @@ export class LiveSocket {
       this.setIndicator("live", "live");
       for (const run of this.runs) this.send({ type: "subscribe", run_id: run });
       if (wasReconnect) for (const handler of this.reconnectHandlers) handler();
+      else for (const handler of [...this.firstOpenHandlers]) handler();
+      this.firstOpenHandlers.clear();
     };
     socket.onmessage = (event) => {
       const message = JSON.parse(event.data);
@@ -72,15 +75,21 @@ export class LiveSocket {
   // Follow runs live while their history loads: subscribed at once, so that no point falls
   // between the history and the stream; the messages that come meanwhile are held until
   // start() (the history drawn), then passed on in order, and every later one at once.
-  // onReconnect: the socket came back (points may have been missed: reload). stop() ends it.
+  // onReconnect: the socket came back (points may have been missed: reload), or it opened for
+  // the first time after the history was asked for (what happened in between, a point or the
+  // run's deletion, was sent to no one: reload too). stop() ends it.
   follow(runIds, { onMessage, onReconnect }) {
     let held = [];
     const offMessage = this.on((message) => (held ? held.push(message) : onMessage(message)));
     const offReconnect = this.onReconnect(onReconnect);
+    if (!this.everConnected) this.firstOpenHandlers.add(onReconnect);
     for (const id of runIds) this.subscribe(id);
     return {
       start: () => { const pending = held ?? []; held = null; for (const message of pending) onMessage(message); },
-      stop: () => { offMessage(); offReconnect(); for (const id of runIds) this.unsubscribe(id); },
+      stop: () => {
+        offMessage(); offReconnect(); this.firstOpenHandlers.delete(onReconnect);
+        for (const id of runIds) this.unsubscribe(id);
+      },
     };
   }
 

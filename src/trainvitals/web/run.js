@@ -156,8 +156,7 @@ export class RunPage {
     if (message.type === "points" && message.run_id === this.runId) {
       for (const [name, data] of Object.entries(message.series)) this.chartFor(name)?.extend(name, data);
     } else if (message.type === "deleted" && message.run_id === this.runId) {
-      this.root.querySelector("#run-ending").innerHTML = `<div class="ending crashed" data-panel="deleted">
-        <h3>This run was deleted</h3><p><a href="#/">Back to runs</a></p></div>`;
+      this.showDeleted();
     } else if (message.type === "runs") {
       const summary = message.runs.find((r) => r.id === this.runId);
       if (!summary) return;
@@ -170,22 +169,36 @@ export class RunPage {
     }
   }
 
+  showDeleted() {
+    this.root.querySelector("#run-ending").innerHTML = `<div class="ending crashed" data-panel="deleted">
+      <h3>This run was deleted</h3><p><a href="#/">Back to runs</a></p></div>`;
+  }
+
   // The run fetched anew, with the summaries pushed meanwhile over it, so that the status shown
-  // is the last the server sent; the job's workers with it.
+  // is the last the server sent; the job's workers with it. False when the run is gone.
   async refresh() {
     const current = ++this.refreshes;
-    const [run, since] = await this.live.fetchWithRuns(() => getRun(this.runId));
-    if (current !== this.refreshes) return; // a later refresh is on its way
+    let run, since;
+    try {
+      [run, since] = await this.live.fetchWithRuns(() => getRun(this.runId));
+    } catch (error) {
+      if (error.status !== 404) throw error;
+      // Deleted while this page's live stream was away (or not yet open): nobody told it.
+      if (!this.destroyed) this.showDeleted();
+      return false;
+    }
+    if (current !== this.refreshes) return true; // a later refresh is on its way
     this.run = since.filter((summary) => summary.id === this.runId).reduce(withSummary, run);
     this.drawHeader();
     if (this.job) {
       this.job.update(run.job?.runs ?? []);
       this.job.update(since.filter((summary) => summary.job_id === this.job.jobId));
     }
+    return true;
   }
 
   async onReconnect() {
-    await this.refresh();
+    if (!(await this.refresh())) return; // the run is gone
     this.reload();
     this.job?.load();
   }
