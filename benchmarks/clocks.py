@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.processes import ServerProcess, cpu_seconds  # noqa: E402
 from trainvitals.agent.buffer import encode_points, points_frames  # noqa: E402
-from trainvitals.protocol import Columns, ListColumns  # noqa: E402
+from trainvitals.protocol import FEATURE_CLOCKS, Columns, ListColumns  # noqa: E402
 
 STEPS = 500
 TOGETHER = ["loss", "accuracy", "lr", "grad/global_norm"]
@@ -94,7 +94,7 @@ def server_side(server: ServerProcess, run_id: str, texts: list[str], settle: fl
     with connect(server.url.replace("http", "ws") + "/api/v1/ingest", max_size=None) as ws:
         ws.send(json.dumps(hello))
         welcome = json.loads(ws.recv(timeout=30))
-        if texts[0].find('"clocks"') >= 0 and "clocks" not in welcome.get("features", []):
+        if '"clocks"' in texts[0] and FEATURE_CLOCKS not in welcome.get("features", []):
             raise RuntimeError("this server does not read clocks")
         before = cpu_seconds(pid)
         for text in texts:

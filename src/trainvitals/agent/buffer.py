@@ -131,10 +131,11 @@ def share_clocks(series: dict[str, dict[str, Sequence[Any]]]) -> dict[str, Any]:
     """The ``series`` (and ``clocks``) of a frame in which series with equal steps and times
     name one clock that holds them, instead of each sending them (``FEATURE_CLOCKS``).
 
-    A fit's vitals, its Keras metrics and its step time are recorded at the same steps and
-    times, as are its per-variable gradient norms: in a second of a small model's points the
-    steps and times were most of the frame's text, sent once a series. Series of one point
-    (a system sample) and steps no other series shares stay as they are."""
+    A fit's vitals and its Keras metrics are recorded at the same steps and times, and so
+    are its per-variable gradient norms at theirs: in a second of a small model's points those
+    steps and times, sent once a series, were about half of the frame's text. Series of one
+    point (a system sample) and steps and times no other series shares (the step time's,
+    stamped as the next step begins) stay as they are."""
     held: list[tuple[Sequence[int], Sequence[float], list[str]]] = []
     for name, column in series.items():
         steps, times = column["step"], column["time"]
