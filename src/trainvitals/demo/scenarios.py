@@ -230,8 +230,13 @@ class _Leak(keras.callbacks.Callback):  # type: ignore[misc]
         self._kept_bytes = 0
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        rss = psutil.Process().memory_info().rss
-        self._rate = max(effective_memory_limit() - rss, 2**26) / self._time_to_oom
+        # What the leak must fill is the limit less this process's own (anonymous) memory: its
+        # file-backed pages (TensorFlow's libraries, some 400 MB of the resident set) are
+        # dropped by the kernel before it kills anyone, so counting them made the leak take
+        # nearly twice its time_to_oom.
+        memory = psutil.Process().memory_info()
+        anonymous = memory.rss - getattr(memory, "shared", 0)  # "shared" is Linux's file pages
+        self._rate = max(effective_memory_limit() - anonymous, 2**26) / self._time_to_oom
         # Under a memory cgroup the leak goes on until the kernel's OOM killer ends it;
         # on the bare machine it stops at a share of what is available, and so does training.
         self._cap = (
