@@ -51,6 +51,7 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/encode.py
 	$(PY) benchmarks/replay.py
 	$(PY) benchmarks/clocks.py
+	$(PY) benchmarks/cli_startup.py
 
 # Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system

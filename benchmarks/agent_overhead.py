@@ -63,7 +63,7 @@ import keras
 import numpy as np
 
 import trainvitals
-from harness.processes import ServerProcess, cpu_seconds
+from harness.processes import ROOT, ServerProcess, cpu_seconds, git_worktree
 from trainvitals.agent.config import DEFAULT_FLUSH_INTERVAL
 
 BATCH = 32
@@ -807,15 +807,8 @@ def within_fit(
 def against(args: argparse.Namespace) -> None:
     """This checkout's VitalsCallback against git ``args.against``'s, alternated in fresh
     processes (the order swapped each round) on one server: step time and the agent's CPU."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    here = str(root / "src")
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "ref"
-        git = ["git", "-C", str(root), "worktree"]
-        subprocess.run([*git, "add", "--detach", str(tree), args.against], check=True,
-                       capture_output=True)  # fmt: skip
+    here = str(ROOT / "src")
+    with tempfile.TemporaryDirectory() as tmp, git_worktree(args.against) as tree:
         server = ServerProcess(str(Path(tmp) / "bench.db"))
         try:
             print(
@@ -853,8 +846,6 @@ def against(args: argparse.Namespace) -> None:
                     print(f"    {kind:<30} {a:>8.1f} {b:>8.1f} {ratio:>8}", flush=True)
         finally:
             server.stop()
-            subprocess.run([*git, "remove", "--force", str(tree)], check=False,
-                           capture_output=True)  # fmt: skip
 
 
 def batch_of(name: str, args: argparse.Namespace) -> int:

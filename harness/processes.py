@@ -194,6 +194,23 @@ def run_series(
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@contextmanager
+def git_worktree(ref: str) -> Iterator[Path]:
+    """This repository at git ``ref``, checked out (detached) in a temporary directory that
+    goes when the block ends: the code a benchmark's ``--against REF`` measures against."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "ref"
+        git = ["git", "-C", str(ROOT), "worktree"]
+        subprocess.run([*git, "add", "--detach", str(tree), ref], check=True, capture_output=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run([*git, "remove", "--force", str(tree)], check=False,
+                           capture_output=True)  # fmt: skip
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time (user and system) process ``pid``'s threads have used, to the nanosecond
     (each live thread's ``schedstat``; ``stat``'s clock ticks, 10 ms, are too coarse for a
