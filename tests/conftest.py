@@ -14,6 +14,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 
+#: The tests that take half a minute or more (a wheel installed into a fresh virtualenv, a leak
+#: run to its OOM kill), started first: pytest-xdist hands tests out in collection order, and
+#: the wheel's test, collected last, kept one worker busy while the others had finished.
+LONGEST = (
+    "tests/test_packaging.py::test_wheel_in_a_fresh_virtualenv_serves_the_dashboard",
+    "tests/e2e/test_scenarios.py::test_a_leak_is_forecast_before_the_oom_killer_ends_it",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST))  # stable: the rest in order
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     """A real ``trainvitals serve`` on a free port with a fresh SQLite file."""
