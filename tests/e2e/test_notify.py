@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -287,7 +288,10 @@ def test_a_flood_of_lost_runs_pages_each_channel_a_few_times(
         tmp_path, receiver, lost_after=2.0, group_window=1.0, group_max=20, rate=1.0, burst=1
     )
     try:
-        connections = [agent(server, f"flood-{index}") for index in range(runs)]
+        # As a flood comes, many at once (opened one after another, 200 round trips to a
+        # server that stores each hello, the test took 57 s in one loaded CI run, 7 s here).
+        with ThreadPoolExecutor(max_workers=20) as pool:
+            connections = list(pool.map(lambda index: agent(server, f"flood-{index}"), range(runs)))
         # Their hellos took a few seconds on a busy machine: one heartbeat each, then all go
         # at once, so that they are last seen together and one sweep finds them lost.
         beat = json.dumps({"type": "heartbeat", "v": PROTOCOL_VERSION, "time": time.time()})
