@@ -57,9 +57,16 @@ def serve(db: str, env: dict[str, str]) -> Callable[[], None]:
     return run
 
 
+def env_for(src: str) -> dict[str, str]:
+    """The environment that imports the package in ``src`` ahead of the installed one."""
+    return {**os.environ, "PYTHONPATH": src}
+
+
 def timings(src: str, db: str) -> dict[str, Callable[[], None]]:
-    """Each measured command, run against the package in ``src``."""
-    env = {**os.environ, "PYTHONPATH": src}
+    """Each measured command, run against the package in ``src`` and its own database ``db``
+    (brought to that code's schema first: another commit may have other migrations)."""
+    env = env_for(src)
+    command(["-m", "trainvitals", "db", "upgrade", "--db", db], env)()
     runs = {"python -c pass": command(["-c", "pass"], env)}
     for name, args in COMMANDS.items():
         runs[name] = command(["-m", "trainvitals", *(a.format(db=db) for a in args)], env)
@@ -69,8 +76,8 @@ def timings(src: str, db: str) -> dict[str, Callable[[], None]]:
 
 def imported_from(src: str) -> str:
     code = "import trainvitals; print(trainvitals.__file__)"
-    env = {**os.environ, "PYTHONPATH": src}
-    done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-c", code], env=env_for(src), check=True,
+                          capture_output=True)  # fmt: skip
     return done.stdout.decode().strip()
 
 
@@ -79,18 +86,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--against", metavar="REF", help="a git commit to compare with")
     args = parser.parse_args()
-    here = str(ROOT / "src")
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        db = str(Path(tmp) / "cli.db")
-        command(["-m", "trainvitals", "db", "upgrade", "--db", db], dict(os.environ))()
-        sides = {"this": here}
+        sides = {"this": str(ROOT / "src")}
         if args.against:
             sides["ref"] = str(stack.enter_context(git_worktree(args.against)) / "src")
         for side, src in sides.items():
             where = imported_from(src)
             if not where.startswith(str(Path(src).resolve())):
                 raise RuntimeError(f"{side} imported trainvitals from {where}")
-        runs = {side: timings(src, db) for side, src in sides.items()}
+        runs = {side: timings(src, str(Path(tmp) / f"{side}.db")) for side, src in sides.items()}
         seconds: dict[str, dict[str, list[float]]] = {
             side: {name: [] for name in runs[side]} for side in sides
         }

@@ -18,6 +18,7 @@ export class LiveSocket {
     this.runs = new Set();
     this.delay = 250;
     this.connected = false;
+    this.everConnected = false; // a later open is a reconnect
     this.connect();
   }
 
