@@ -163,6 +163,49 @@ def test_open_pages_follow_a_run_live_its_health_and_its_points(
         assert run.finish()
 
 
+#: Selects the text of an element, as a drag of the mouse over it would.
+SELECT_TEXT = """(element) => {
+  const range = document.createRange();
+  range.selectNodeContents(element);
+  getSelection().removeAllRanges();
+  getSelection().addRange(range);
+}"""
+
+
+def test_a_live_list_updates_a_runs_row_in_place_keeping_a_selection_and_the_focus(
+    server: ServerProcess, browser: Any
+) -> None:
+    """A live list is pushed every half second: a cell whose content did not change stays the
+    same element, so a name being selected for copying, the keyboard on a ticked box and
+    anything else holding on to the row survive the pushes."""
+    run = Run(resolve(server=server.url, project="live", run_name="in-place"),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    run.log(1, {"loss": 1.0})
+    page = open_page(server, browser)
+    row = page.locator(f"tr.run-row[data-run-id='{run.id}']")
+    expect(row.locator("td.last-step")).to_have_text("1")
+    link = row.locator("td:nth-child(2) a").element_handle()
+    status = row.locator("[data-status]").element_handle()
+    box = row.locator("input.select-run").element_handle()
+    box.focus()
+    page.keyboard.press("Space")
+    expect(page.locator("#compare")).to_have_text("Compare 1 selected")
+    link.evaluate(SELECT_TEXT)
+    for step in range(2, 6):
+        run.log(step, {"loss": 1.0 / step})
+    expect(row.locator("td.last-step")).to_have_text("5")  # the changed cell is drawn anew
+    assert link.evaluate("(a) => a.isConnected") and status.evaluate("(s) => s.isConnected")
+    assert page.evaluate("getSelection().toString()") == "in-place"
+    assert box.evaluate("(b) => b.isConnected && b.checked && document.activeElement === b")
+    assert run.finish()
+    expect(row.locator("[data-status]")).to_have_text("finished")
+    assert link.evaluate("(a) => a.isConnected")
+    assert not status.evaluate("(s) => s.isConnected")  # its cell changed, so it was replaced
+    expect(page.locator("#compare")).to_have_text("Compare 1 selected")
+    assert not page.errors, page.errors
+
+
 def test_selected_runs_are_compared_one_colour_each_on_every_chart(
     seeded: ServerProcess, browser: Any
 ) -> None:

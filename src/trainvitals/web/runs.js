@@ -45,19 +45,39 @@ function groupedByJob(runs) {
   }));
 }
 
-// The heading row of a job: how many workers, and how many of them in each state.
-function jobRow(job, members, span) {
-  const row = document.createElement("tr");
-  row.className = "job-row";
-  row.dataset.jobId = job;
+// The heading row of a job's one cell: how many workers, and how many of them in each state.
+function jobCells(job, members, span) {
   const states = new Map();
   for (const run of members) states.set(run.status, (states.get(run.status) ?? 0) + 1);
   const summary = [...states].map(([status, n]) => `${n} ${status}`).join(", ");
   const workers = `${members.length} worker${members.length === 1 ? "" : "s"}`;
-  row.innerHTML = `<td colspan="${span}">Job <code>${escapeHTML(job)}</code> ·
+  return [`<td colspan="${span}">Job <code>${escapeHTML(job)}</code> ·
     <span data-job-workers="${escapeHTML(members.length)}">${escapeHTML(workers)}</span>
-    <span class="muted">(${escapeHTML(summary)})</span></td>`;
-  return row;
+    <span class="muted">(${escapeHTML(summary)})</span></td>`];
+}
+
+// Brings a drawn row to the cells wanted (each cell's HTML), replacing only the cells whose
+// HTML changed: a live list updates every half second, and a cell left alone keeps a
+// selection of its text, the keyboard's focus and anything holding on to it.
+function syncCells(row, cells) {
+  const drawn = row.drawnCells ?? [];
+  if (drawn.length !== cells.length || row.cells.length !== cells.length) {
+    row.innerHTML = cells.join("");
+  } else {
+    const fresh = document.createElement("tr");
+    fresh.innerHTML = cells.map((cell, i) => (cell === drawn[i] ? "<td></td>" : cell)).join("");
+    const replacements = [...fresh.cells];
+    cells.forEach((cell, i) => { if (cell !== drawn[i]) row.cells[i].replaceWith(replacements[i]); });
+  }
+  row.drawnCells = cells;
+}
+
+// Puts the rows wanted into the table's body in order, moving only those out of place and
+// removing the rest.
+function syncRows(body, rows) {
+  const wanted = new Set(rows);
+  for (const child of [...body.children]) if (!wanted.has(child)) child.remove();
+  rows.forEach((row, i) => { if (body.children[i] !== row) body.insertBefore(row, body.children[i] ?? null); });
 }
 
 function configValue(value) {
@@ -130,32 +150,52 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     root.querySelector("#runs-head").innerHTML = `<th><span class="visually-hidden">Select</span></th>${headings.join("")}${config.join("")}`;
   };
 
-  const renderRow = (run) => {
-    const row = document.createElement("tr");
-    row.className = "run-row";
-    row.dataset.runId = run.id;
-    row.classList.toggle("job-member", Boolean(run.job_id));
-    row.classList.toggle("archived", Boolean(run.archived));
+  // The rows drawn, by key ("run:<id>", "job:<id>"): updated in place at each push.
+  let drawn = new Map();
+  const rowFor = (key, make) => {
+    let row = drawn.get(key);
+    if (!row) { row = make(); drawn.set(key, row); }
+    return row;
+  };
+  const runCells = (run) => {
     const worker = run.worker ? ` <span class="worker-tag" data-worker="${escapeHTML(run.worker)}">${escapeHTML(run.worker)}</span>` : "";
     const notes = run.notes ? ` <span class="notes-mark" title="${escapeHTML(run.notes)}" aria-label="has notes">✎</span>` : "";
     const config = configKeys(state).map((key) => `<td class="config-cell" data-config="${escapeHTML(key)}">${escapeHTML(configValue(run.config?.[key]))}</td>`);
-    row.innerHTML = `
-      <td><input type="checkbox" class="select-run" aria-label="${escapeHTML(`select ${run.name}`)}" ${selected.has(run.id) ? "checked" : ""}></td>
-      <td><a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>${worker}${notes}${tagList(run.tags)}</td>
-      <td class="wide-only">${escapeHTML(run.project)}</td>
-      <td>${statusBadge(run.status)}${healthBadge(run.health)}${firingBadge(firing.get(run.id))}</td>
-      <td class="wide-only">${escapeHTML(formatTime(run.started_at))}</td>
-      <td class="num last-step wide-only">${escapeHTML(run.last_step ?? "—")}</td>
-      <td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>
-      <td class="wide-only">${escapeHTML(run.host)}</td>${config.join("")}`;
-    // Space ticks a checkbox; Enter does here too, as it opens a link beside it.
-    row.querySelector(".select-run").addEventListener("keydown", (event) => {
-      if (event.key === "Enter") { event.preventDefault(); event.target.click(); }
+    return [
+      // Whether it is ticked is the box's own state, kept in step with `selected`.
+      `<td><input type="checkbox" class="select-run" aria-label="${escapeHTML(`select ${run.name}`)}"></td>`,
+      `<td><a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>${worker}${notes}${tagList(run.tags)}</td>`,
+      `<td class="wide-only">${escapeHTML(run.project)}</td>`,
+      `<td>${statusBadge(run.status)}${healthBadge(run.health)}${firingBadge(firing.get(run.id))}</td>`,
+      `<td class="wide-only">${escapeHTML(formatTime(run.started_at))}</td>`,
+      `<td class="num last-step wide-only">${escapeHTML(run.last_step ?? "—")}</td>`,
+      `<td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>`,
+      `<td class="wide-only">${escapeHTML(run.host)}</td>`,
+      ...config,
+    ];
+  };
+  const runRow = (run) => {
+    const row = rowFor(`run:${run.id}`, () => {
+      const made = document.createElement("tr");
+      made.dataset.runId = run.id;
+      return made;
     });
-    row.querySelector(".select-run").addEventListener("change", (event) => {
-      if (event.target.checked) selected.add(run.id); else selected.delete(run.id);
-      drawCompare();
+    row.className = "run-row";
+    row.classList.toggle("job-member", Boolean(run.job_id));
+    row.classList.toggle("archived", Boolean(run.archived));
+    syncCells(row, runCells(run));
+    const box = row.querySelector(".select-run");
+    if (box.checked !== selected.has(run.id)) box.checked = selected.has(run.id);
+    return row;
+  };
+  const jobRow = (job, members) => {
+    const row = rowFor(`job:${job}`, () => {
+      const made = document.createElement("tr");
+      made.className = "job-row";
+      made.dataset.jobId = job;
+      return made;
     });
+    syncCells(row, jobCells(job, members, span()));
     return row;
   };
 
@@ -166,7 +206,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   };
 
   // Where the keyboard is in a run's row (its checkbox or its link), to be given back once the
-  // rows are drawn anew: a live list redraws every half second.
+  // rows are in order: a row moved (a new run above it, a job regrouped) loses the focus.
   const focusInRow = () => {
     const at = document.activeElement;
     const row = body.contains(at) ? at.closest("tr.run-row") : null;
@@ -179,17 +219,21 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     for (const alert of feed.firing()) firing.set(alert.run_id, [...(firing.get(alert.run_id) ?? []), alert]);
     const ordered = [...runs.values()];
     if (!ordered.length) {
+      drawn = new Map();
       const filtered = queryOf({ ...state, page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "" }).size;
       body.innerHTML = filtered
         ? `<tr><td colspan="${span()}" class="empty">No runs match. <a href="#/">Show every run</a></td></tr>`
         : `<tr><td colspan="${span()}" class="empty">No runs yet. Add
           <code>trainvitals.VitalsCallback()</code> to <code>model.fit</code>, or run
           <code>trainvitals demo</code>.</td></tr>`;
-    } else if (isNewestFirst()) {
-      body.replaceChildren(...groupedByJob(ordered).flatMap(({ job, members }) =>
-        job ? [jobRow(job, members, span()), ...members.map(renderRow)] : members.map(renderRow)));
     } else {
-      body.replaceChildren(...ordered.map(renderRow));
+      const rows = isNewestFirst()
+        ? groupedByJob(ordered).flatMap(({ job, members }) =>
+          job ? [jobRow(job, members), ...members.map(runRow)] : members.map(runRow))
+        : ordered.map(runRow);
+      const kept = new Set(rows);
+      for (const [key, row] of drawn) if (!kept.has(row)) drawn.delete(key);
+      syncRows(body, rows);
     }
     if (focus) body.querySelector(`tr.run-row[data-run-id="${CSS.escape(focus.id)}"] ${focus.control}`)?.focus();
     const first = Number(state.page) * PAGE_SIZE;
@@ -272,6 +316,16 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   root.querySelector("#prev-page").addEventListener("click", () => change({ page: String(Math.max(0, Number(state.page) - 1)) }));
   root.querySelector("#next-page").addEventListener("click", () => change({ page: String(Number(state.page) + 1) }));
   root.querySelector("#compare").addEventListener("click", () => { location.hash = comparePath([...selected]); });
+  // Space ticks a checkbox; Enter does here too, as it opens a link beside it.
+  body.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && event.target.matches(".select-run")) { event.preventDefault(); event.target.click(); }
+  });
+  body.addEventListener("change", (event) => {
+    if (!event.target.matches(".select-run")) return;
+    const id = event.target.closest("tr.run-row").dataset.runId;
+    if (event.target.checked) selected.add(id); else selected.delete(id);
+    drawCompare();
+  });
   body.addEventListener("click", (event) => {
     const row = event.target.closest("tr.run-row");
     if (row && !event.target.closest("input, a, button")) location.hash = runPath(row.dataset.runId);
