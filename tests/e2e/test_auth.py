@@ -206,3 +206,129 @@ def test_a_browser_signs_in_once_and_a_revoked_token_ends_its_session(team: Team
     assert trainvitals("token", "revoke", "--db", team.db, token_id).returncode == 0
     assert with_cookie("/api/v1/runs") == 401
     assert call(server, "/api/v1/runs", team.read_p)[0] == 401
+
+
+def token_id(token: str) -> str:
+    return token.split("_")[1]
+
+
+def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> None:
+    server = team.server
+    body = {"name": "bob's laptop", "project": "p", "role": "ingest"}
+    request = urllib.request.Request(
+        server.url + "/api/v1/tokens",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": f"Bearer {team.admin}"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 201
+        assert response.headers["Cache-Control"] == "no-store"  # the secret is not kept
+        made = json.loads(response.read())
+    token = made.pop("token")
+    assert token.startswith(f"tv_{made['id']}_")
+    assert made == {
+        "id": made["id"], "name": "bob's laptop", "project": "p", "role": "ingest",
+        "created_at": made["created_at"], "revoked_at": None, "current": False,
+    }  # fmt: skip
+    # The token works as one made by the command: it streams runs of p, and only streams.
+    run = stream(server, token, "p")
+    assert call(server, f"/api/v1/runs/{run}", team.admin)[0] == 200
+    assert call(server, "/api/v1/runs", token)[0] == 403
+    # Listed, never with a secret; the admin's own token is marked.
+    status, listed = call(server, "/api/v1/tokens", team.admin)
+    assert status == 200
+    rows = listed["tokens"]  # type: ignore[index]
+    assert [(t["name"], t["current"]) for t in rows] == [
+        ("alice", True), ("agents-p", False), ("viewer-p", False), ("agents-q", False),
+        ("bob's laptop", False),
+    ]  # fmt: skip
+    text = json.dumps(listed)
+    for secret in (token, team.admin, team.ingest_p, team.read_p, team.ingest_q):
+        assert secret.split("_", 2)[2] not in text
+    # The server says who made it, and never the secret.
+    made_by = f'token {made["id"]} ("bob\'s laptop": ingest on p) made by token'
+    wait_for(lambda: made_by in server.output(), what="the log line of the token made")
+    assert token.split("_", 2)[2] not in server.output()
+    # Revoked: it no longer streams; a second revoke changes nothing.
+    status, revoked = call(server, f"/api/v1/tokens/{made['id']}", team.admin, "DELETE")
+    assert status == 200 and revoked["revoked_at"] is not None  # type: ignore[index]
+    assert call(server, f"/api/v1/tokens/{made['id']}", team.admin, "DELETE") == (200, revoked)
+    with pytest.raises(AssertionError):
+        stream(server, token, "p")
+    # The command sees what the API did.
+    listed_by_command = trainvitals("token", "list", "--db", team.db).stdout
+    assert "bob's laptop" in listed_by_command and token not in listed_by_command
+
+
+def test_a_project_admin_governs_its_own_projects_tokens_and_no_more(team: Team) -> None:
+    server = team.server
+    status, lead = call(server, "/api/v1/tokens", team.admin, "POST",
+                        {"name": "lead-p", "project": "p", "role": "admin"})  # fmt: skip
+    assert status == 201
+    admin_p = lead["token"]  # type: ignore[index]
+    # It lists the tokens of p only: not the admin of every project, not q's.
+    _, listed = call(server, "/api/v1/tokens", admin_p)
+    assert [t["name"] for t in listed["tokens"]] == ["agents-p", "viewer-p", "lead-p"]  # type: ignore[index]
+    # It makes no token that sees more than it does.
+    for body, code in (
+        ({"name": "x", "project": "q", "role": "read"}, 403),
+        ({"name": "x", "project": "*", "role": "read"}, 403),
+        ({"name": "x", "project": "p", "role": "metrics"}, 403),
+    ):
+        assert call(server, "/api/v1/tokens", admin_p, "POST", body)[0] == code, body
+    # Another project's token, or the admin of every project's, is not there for it.
+    for other in (team.ingest_q, team.admin):
+        status, answer = call(server, f"/api/v1/tokens/{token_id(other)}", admin_p, "DELETE")
+        assert status == 404 and answer == {"detail": f"No token with id {token_id(other)!r}"}
+    assert call(server, "/api/v1/projects", team.admin)[0] == 200  # still live
+    stream(server, team.ingest_q, "q")
+    # Its own project's tokens it revokes.
+    status, answer = call(server, f"/api/v1/tokens/{token_id(team.read_p)}", admin_p, "DELETE")
+    assert status == 200 and answer["name"] == "viewer-p"  # type: ignore[index]
+    assert call(server, "/api/v1/runs", team.read_p)[0] == 401
+    # Readers and agents manage no tokens; nobody does without a token.
+    for token in (team.ingest_p, team.ingest_q, None):
+        code = 401 if token is None else 403
+        assert call(server, "/api/v1/tokens", token)[0] == code
+        body = {"name": "x", "project": "p", "role": "admin"}
+        assert call(server, "/api/v1/tokens", token, "POST", body)[0] == code
+        assert call(server, f"/api/v1/tokens/{token_id(team.admin)}", token, "DELETE")[0] == code
+
+
+def test_the_last_admin_token_of_every_project_is_kept(team: Team) -> None:
+    server = team.server
+    mine = f"/api/v1/tokens/{token_id(team.admin)}"
+    status, answer = call(server, mine, team.admin, "DELETE")
+    assert status == 409 and "last live admin token" in answer["detail"]  # type: ignore[index]
+    assert call(server, "/api/v1/tokens", team.admin)[0] == 200  # kept, with its sessions
+    _, second = call(server, "/api/v1/tokens", team.admin, "POST",
+                     {"name": "bob", "project": "*", "role": "admin"})  # fmt: skip
+    other = second["token"]  # type: ignore[index]
+    assert call(server, mine, team.admin, "DELETE")[0] == 200  # one may leave when another stays
+    assert call(server, "/api/v1/tokens", team.admin)[0] == 401
+    assert call(server, f"/api/v1/tokens/{token_id(other)}", other, "DELETE")[0] == 409
+
+
+#: Token requests the server refuses (422), each for another reason.
+MALFORMED_TOKEN_REQUESTS = [
+    {"name": "forged\nINFO token made", "project": "p", "role": "read"},  # a forged log line
+    {"name": " ", "project": "p", "role": "read"},
+    {"name": "x" * 201, "project": "p", "role": "read"},
+    {"name": "x", "project": "", "role": "read"},
+    {"name": "x", "project": "p\r", "role": "read"},
+    {"name": "x", "project": "p", "role": "root"},
+    {"name": "x", "project": "p", "role": "read", "hash": "00"},
+    {"name": "x", "project": "p"},
+    ["x", "p", "read"],
+]
+
+
+def test_a_malformed_token_request_is_refused_and_makes_nothing(team: Team) -> None:
+    server = team.server
+    for body in MALFORMED_TOKEN_REQUESTS:
+        assert call(server, "/api/v1/tokens", team.admin, "POST", body)[0] == 422, body
+    _, listed = call(server, "/api/v1/tokens", team.admin)
+    assert len(listed["tokens"]) == 4  # type: ignore[index]
+    for bad in ("..%2Ftokens", "ZZZZZZZZZZZZ", "0" * 13, "0" * 12):
+        assert call(server, f"/api/v1/tokens/{bad}", team.admin, "DELETE")[0] in (404, 422), bad

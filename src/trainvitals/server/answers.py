@@ -104,3 +104,31 @@ API_ERRORS: dict[int | str, dict[str, Any]] = {
     413: _error("A body over the limit (1 MiB unless configured)"),
     415: _error("A write whose body is not JSON"),
 }
+
+
+class TokenAnswer(TypedDict):
+    """A token as an admin sees it listed: never its secret."""
+
+    id: str
+    name: str
+    project: str
+    role: str
+    created_at: float
+    revoked_at: float | None
+    #: The token this request was made with (or its browser session's).
+    current: bool
+
+
+class TokensAnswer(TypedDict):
+    tokens: list[TokenAnswer]
+
+
+class NewTokenAnswer(TokenAnswer):
+    #: The token itself (``tv_<id>_<secret>``): in this answer only.
+    token: str
+
+
+#: What the token routes may answer besides the rest.
+TOKEN_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: _error("A project at its live tokens' limit, or the last admin token of every project"),
+}

@@ -23,7 +23,7 @@ from trainvitals.server.liveness import Liveness
 from trainvitals.server.metrics import Metrics
 from trainvitals.server.notify import Notifier, NotifyConfig, load_notify
 from trainvitals.server.quotas import Caps, Quotas, TeamCounts
-from trainvitals.server.routes import api, metrics, notify, session, streams, web
+from trainvitals.server.routes import api, metrics, notify, session, streams, tokens, web
 from trainvitals.server.settings import Settings
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
@@ -148,6 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(notify.router)
     app.include_router(session.router)
     app.include_router(streams.router)
+    app.include_router(tokens.router)
     app.include_router(web.router)
     # follow_symlink: an editable install links the package's files rather than copying them.
     app.mount("/static", StaticFiles(directory=web.WEB_DIR, follow_symlink=True), name="static")

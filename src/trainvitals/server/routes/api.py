@@ -162,7 +162,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: The same rules as JSON-schema patterns: text with a visible character and no control
 #: characters; a tag without quotes, backslashes or commas either; notes with tabs and lines.
-_VISIBLE = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"
+VISIBLE = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"
 _TAG = r'^[^\x00-\x1f\x7f-\x9f"\\,]*[^\s\x00-\x1f\x7f-\x9f"\\,][^\x00-\x1f\x7f-\x9f"\\,]*$'
 _NOTES = r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$"
 
@@ -173,7 +173,7 @@ class RunEditRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # The patterns say in the schema what the validators below check (they also trim).
-    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=_VISIBLE)
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=VISIBLE)
     tags: list[Annotated[str, Field(min_length=1, max_length=64, pattern=_TAG)]] | None = Field(
         default=None, max_length=32
     )

@@ -16,7 +16,21 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Column, Engine, Float, Index, String, Table, delete, func, select, update
+from sqlalchemy import (
+    Column,
+    Engine,
+    Float,
+    Index,
+    RowMapping,
+    String,
+    Table,
+    and_,
+    delete,
+    func,
+    or_,
+    select,
+    update,
+)
 
 from trainvitals.exceptions import ConfigurationError
 from trainvitals.server.storage.schema import metadata
@@ -98,6 +112,18 @@ class TokenInfo:
     revoked_at: float | None
 
 
+def token_id_of(token: str) -> str:
+    """The id part of ``tv_<id>_<secret>``."""
+    return token[len(_PREFIX) :].split("_", 1)[0]
+
+
+def _info(row: RowMapping) -> TokenInfo:
+    return TokenInfo(
+        row["id"], row["name"], row["project"], Role(row["role"]), row["created_at"],
+        row["revoked_at"],
+    )  # fmt: skip
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -136,29 +162,63 @@ class TokenStore:
             )
         return token
 
-    def list(self) -> list[TokenInfo]:
+    def list(self, project: str | None = None) -> list[TokenInfo]:
+        """Every token in the order they were made; of ``project`` only when given."""
         query = select(tokens).order_by(tokens.c.created_at)
+        if project is not None:
+            query = query.where(tokens.c.project == project)
         with self._engine.connect() as conn:
             rows = conn.execute(query).mappings().all()
-        return [
-            TokenInfo(r["id"], r["name"], r["project"], Role(r["role"]), r["created_at"],
-                      r["revoked_at"])
-            for r in rows
-        ]  # fmt: skip
+        return [_info(r) for r in rows]
 
-    def revoke(self, token_id: str, now: float | None = None) -> bool:
-        """Revoke a token and end its sessions; False when there is no such live token."""
+    def get(self, token_id: str) -> TokenInfo | None:
+        with self._engine.connect() as conn:
+            row = conn.execute(select(tokens).where(tokens.c.id == token_id)).mappings().first()
+        return None if row is None else _info(row)
+
+    def revoke(
+        self, token_id: str, now: float | None = None, *, keep_last_admin: bool = False
+    ) -> bool:
+        """Revoke a token and end its sessions; False when there is no such live token, or
+        when ``keep_last_admin`` and it is the last live admin token of every project."""
+        live = tokens.c.revoked_at.is_(None)
+        target = and_(tokens.c.id == token_id, live)
         with self._engine.begin() as conn:
+            if keep_last_admin:
+                admins = and_(
+                    tokens.c.project == ALL_PROJECTS, tokens.c.role == Role.ADMIN.value, live
+                )
+                # PostgreSQL: one such revoke at a time, so that two cannot each leave the
+                # other as the last (SQLite: the update below is one writer's statement).
+                conn.execute(select(tokens.c.id).where(admins).with_for_update())
+                others = (
+                    select(func.count())
+                    .select_from(tokens)
+                    .where(admins, tokens.c.id != token_id)
+                    .scalar_subquery()
+                )
+                target = and_(
+                    target,
+                    or_(
+                        tokens.c.project != ALL_PROJECTS,
+                        tokens.c.role != Role.ADMIN.value,
+                        others > 0,
+                    ),
+                )
             done = conn.execute(
-                update(tokens)
-                .where(tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
-                .values(revoked_at=time.time() if now is None else now)
+                update(tokens).where(target).values(revoked_at=time.time() if now is None else now)
             ).rowcount
-            conn.execute(delete(sessions).where(sessions.c.token_id == token_id))
+            if done:
+                conn.execute(delete(sessions).where(sessions.c.token_id == token_id))
         return bool(done)
 
-    def live_count(self) -> int:
+    def live_count(self, project: str | None = None, role: Role | None = None) -> int:
+        """How many tokens are not revoked (of ``project``, with ``role``, when given)."""
         query = select(func.count()).select_from(tokens).where(tokens.c.revoked_at.is_(None))
+        if project is not None:
+            query = query.where(tokens.c.project == project)
+        if role is not None:
+            query = query.where(tokens.c.role == role.value)
         with self._engine.connect() as conn:
             return int(conn.execute(query).scalar() or 0)
 
@@ -166,7 +226,7 @@ class TokenStore:
         """Who ``token`` speaks for, or None when it is unknown, wrong or revoked."""
         if not token.startswith(_PREFIX) or len(token) > 200:
             return None
-        token_id = token[len(_PREFIX) :].split("_", 1)[0]
+        token_id = token_id_of(token)
         query = select(tokens).where(tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
         with self._engine.connect() as conn:
             row = conn.execute(query).mappings().first()

@@ -1,0 +1,134 @@
+"""``/api/v1/tokens``: an admin makes, lists and revokes access tokens without a shell on the
+server (what ``trainvitals token`` does with the database at hand).
+
+An admin governs the tokens of its project: an admin of every project (``*``) all of them, an
+admin of one project that project's tokens only, and it may make no token that sees more than
+it does (another project, every project, or the ``metrics`` role, which is of every project).
+A token it does not govern is answered as if there were none (404). A new token's secret is in
+the answer that makes it and nowhere else: never listed, never logged, not cached.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainvitals.server.answers import (
+    API_ERRORS,
+    TOKEN_CONFLICT,
+    NewTokenAnswer,
+    TokenAnswer,
+    TokensAnswer,
+)
+from trainvitals.server.auth import Admin
+from trainvitals.server.deps import StoreDep
+from trainvitals.server.routes.api import VISIBLE
+from trainvitals.server.schemas import Name
+from trainvitals.server.storage.tokens import (
+    ALL_PROJECTS,
+    Principal,
+    Role,
+    TokenInfo,
+    token_id_of,
+)
+from trainvitals.server.store import Store
+
+log = logging.getLogger("trainvitals.server")
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
+
+#: Live tokens one project may hold (every project's own count; ``*`` counts as one): a
+#: project's admin cannot fill the database with tokens.
+MAX_LIVE_TOKENS = 500
+#: A token's id, as ``TokenStore.create`` makes it.
+TokenId = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")]
+
+
+class TokenRequest(BaseModel):
+    """``POST /api/v1/tokens``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Who or what will use it, as lists show it (say whose it is: ``alice's laptop``).
+    name: str = Field(min_length=1, max_length=200, pattern=VISIBLE)
+    #: The project it sees (as agents name it in their ``hello``), or ``*`` for every project.
+    project: Name
+    role: Role
+
+
+def _answer(info: TokenInfo, who: Principal) -> TokenAnswer:
+    return {
+        "id": info.id,
+        "name": info.name,
+        "project": info.project,
+        "role": info.role.value,
+        "created_at": info.created_at,
+        "revoked_at": info.revoked_at,
+        "current": info.id == who.token_id,
+    }
+
+
+def _governed(store: Store, who: Principal, token_id: str) -> TokenInfo:
+    """The token, when ``who`` governs it (else a 404, as if there were none)."""
+    info = store.tokens.get(token_id)
+    if info is None or who.projects not in (None, info.project):
+        raise HTTPException(404, f"No token with id {token_id!r}")
+    return info
+
+
+@router.get("/tokens")
+def list_tokens(who: Admin, store: StoreDep) -> TokensAnswer:
+    """The tokens this admin governs, revoked ones too, in the order they were made."""
+    return {"tokens": [_answer(info, who) for info in store.tokens.list(who.projects)]}
+
+
+@router.post("/tokens", status_code=201, responses=TOKEN_CONFLICT)
+def create_token(
+    body: TokenRequest, who: Admin, store: StoreDep, response: Response
+) -> NewTokenAnswer:
+    """Make a token; the answer holds it, the only time it is shown."""
+    if who.projects is not None and body.project != who.projects:
+        raise HTTPException(
+            403, f"an admin of project {who.projects!r} makes tokens of that project only"
+        )
+    if body.role is Role.METRICS and body.project != ALL_PROJECTS:
+        # A refusal, not a malformed request: the schema cannot say it.
+        raise HTTPException(403, "the metrics role is of every project only (project '*')")
+    if store.tokens.live_count(body.project) >= MAX_LIVE_TOKENS:
+        raise HTTPException(
+            409, f"project {body.project!r} has {MAX_LIVE_TOKENS} live tokens: revoke some first"
+        )
+    token = store.tokens.create(body.name, body.project, body.role.value)
+    info = store.tokens.get(token_id_of(token))
+    assert info is not None  # just made
+    # An operator's record of who changed access, shown at the server's default log level.
+    log.warning(
+        "token %s (%r: %s on %s) made by token %s (%r)",
+        info.id, info.name, info.role.value, info.project, who.token_id, who.name,
+    )  # fmt: skip
+    response.headers["Cache-Control"] = "no-store"
+    return {**_answer(info, who), "token": token}
+
+
+@router.delete("/tokens/{token_id}", responses=TOKEN_CONFLICT)
+def revoke_token(token_id: TokenId, who: Admin, store: StoreDep) -> TokenAnswer:
+    """Revoke a token and end its browser sessions. Revoking one already revoked changes
+    nothing; the last live admin token of every project is kept (409), so that the server
+    is never left without one."""
+    info = _governed(store, who, token_id)
+    if info.revoked_at is None:
+        if not store.tokens.revoke(token_id, keep_last_admin=True):
+            if _governed(store, who, token_id).revoked_at is None:
+                raise HTTPException(
+                    409,
+                    "this is the last live admin token of every project: make another first "
+                    "(trainvitals token create --project '*' --role admin)",
+                )
+        else:
+            log.warning(
+                "token %s (%r) revoked by token %s (%r)", info.id, info.name, who.token_id, who.name
+            )
+        info = _governed(store, who, token_id)
+    return _answer(info, who)

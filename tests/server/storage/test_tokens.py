@@ -1,0 +1,65 @@
+"""Tokens in storage: revoking keeps the last admin token of every project when asked to, on
+SQLite and PostgreSQL, and two revokes at once cannot each leave the other as the last."""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import select, text, update
+
+from harness.processes import wait_for
+from trainvitals.server.storage.tokens import ALL_PROJECTS, Role, token_id_of, tokens
+from trainvitals.server.store import Store
+
+
+def test_the_last_admin_token_of_every_project_is_kept_when_asked(store: Store) -> None:
+    a, b = (store.tokens.create(name, "*", "admin") for name in ("a", "b"))
+    lead_p = store.tokens.create("lead-p", "p", "admin")
+    reader = store.tokens.create("reader", "*", "read")
+    for token in (lead_p, reader, a):  # none of them the last admin of every project
+        assert store.tokens.revoke(token_id_of(token), keep_last_admin=True)
+    assert not store.tokens.revoke(token_id_of(b), keep_last_admin=True)
+    assert store.tokens.verify(b) is not None
+    assert store.tokens.live_count(ALL_PROJECTS, Role.ADMIN) == 1
+    assert store.tokens.revoke(token_id_of(b))  # `trainvitals token revoke` may: it has a shell
+    assert store.tokens.verify(b) is None
+
+
+def test_two_revokes_at_once_cannot_each_leave_the_other_last(postgres_url: str) -> None:
+    """On PostgreSQL, each revoke's count of the other admins would see the other's row as
+    live until it commits; the second waits for the first's lock instead, then counts."""
+    store = Store(postgres_url)
+    store.create_schema()
+    try:
+        a, b = (token_id_of(store.tokens.create(n, "*", "admin")) for n in ("a", "b"))
+        admins = (tokens.c.project == ALL_PROJECTS) & (tokens.c.role == "admin")
+        result: list[bool] = []
+        with store.engine.connect() as first:
+            # The first revoke, as the store makes it, held open before its commit.
+            first.execute(
+                select(tokens.c.id).where(admins, tokens.c.revoked_at.is_(None)).with_for_update()
+            )
+            first.execute(update(tokens).where(tokens.c.id == a).values(revoked_at=1.0))
+            second = threading.Thread(
+                target=lambda: result.append(store.tokens.revoke(b, keep_last_admin=True))
+            )
+            second.start()
+            with store.engine.connect() as watcher:
+                waiting = text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+
+                def second_waits() -> bool:
+                    try:  # a transaction sees one snapshot of pg_stat_activity: a new one each
+                        return bool(watcher.execute(waiting).scalar())
+                    finally:
+                        watcher.rollback()
+
+                wait_for(second_waits, what="the second revoke waiting for the first")
+            first.commit()
+        second.join(timeout=30)
+        assert result == [False]
+        assert store.tokens.live_count(ALL_PROJECTS, Role.ADMIN) == 1
+    finally:
+        store.dispose()
