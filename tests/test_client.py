@@ -172,16 +172,20 @@ def test_a_server_without_pyarrow_answers_501_and_history_reads_json_lines(
         server.stop()
 
 
-def test_the_clients_alert_and_sorts_are_the_servers() -> None:
-    """``trainvitals.client.Alert`` is the light twin of the server's ``AlertRow``, and its
-    sort keys those of the runs list (the client imports nothing of the server)."""
+def test_the_clients_alert_tokens_and_sorts_are_the_servers() -> None:
+    """``trainvitals.client.Alert`` is the light twin of the server's ``AlertRow``, its tokens
+    the twins of the tokens routes' answers, and its sort keys those of the runs list (the
+    client imports nothing of the server)."""
     from typing import get_args
 
-    from trainvitals.client import Alert, RunSort
+    from trainvitals.client import Alert, NewToken, RunSort, Token
+    from trainvitals.server.answers import NewTokenAnswer, TokenAnswer
     from trainvitals.server.storage import AlertRow
     from trainvitals.server.storage.runs import SORTS
 
     assert list(Alert.__annotations__) == list(AlertRow.__annotations__)
+    assert list(Token.__annotations__) == list(TokenAnswer.__annotations__)
+    assert list(NewToken.__annotations__) == list(NewTokenAnswer.__annotations__)
     assert get_args(RunSort) == SORTS
 
 
@@ -214,5 +218,26 @@ def test_runs_filtered_sorted_paged_edited_and_deleted(
             with pytest.raises(ApiError) as missing:
                 api.run(third)
             assert missing.value.status == 404
+    finally:
+        server.stop()
+
+
+def test_an_admin_manages_tokens_from_a_script(tmp_path: Path) -> None:
+    db = str(tmp_path / "team.db")
+    admin = create_token(db, "p", "admin", "lead-p")
+    server = ServerProcess(db, args=["--auth", "required"])
+    try:
+        with trainvitals.Api(server=server.url, token=admin) as api:
+            made = api.create_token("ci agents", "p", "ingest")
+            assert made["token"].startswith(f"tv_{made['id']}_")
+            assert [(t["name"], t["current"]) for t in api.tokens()] == [
+                ("lead-p", True), ("ci agents", False),
+            ]  # fmt: skip
+            stream(server, made["token"], "p")
+            revoked = api.revoke_token(made["id"])
+            assert revoked["revoked_at"] is not None and "token" not in revoked
+            with pytest.raises(ApiError) as refused:
+                api.create_token("x", "q", "read")
+            assert refused.value.status == 403 and "project 'p'" in str(refused.value)
     finally:
         server.stop()

@@ -70,6 +70,25 @@ class Alert(TypedDict):
     closed_reason: str | None
 
 
+class Token(TypedDict):
+    """An access token as an admin sees it listed: never its secret (the light twin of the
+    server's ``TokenAnswer``)."""
+
+    id: str
+    name: str
+    project: str
+    role: str  # ingest, read, admin or metrics
+    created_at: float
+    revoked_at: float | None
+    #: The token this client speaks with.
+    current: bool
+
+
+class NewToken(Token):
+    #: The token itself (``tv_<id>_<secret>``): this is the only time it is shown.
+    token: str
+
+
 @dataclass(frozen=True)
 class ApiRun:
     """A run on the server, with what the runs list tells of it; :meth:`Api.run` also fills
@@ -310,6 +329,35 @@ class Api:
         """One run, with its config and series names (``ApiError`` 404 when there is none)."""
         return ApiRun._from(self, self._get_json(f"/api/v1/runs/{_path(run_id)}"))
 
+    def tokens(self) -> list[Token]:
+        """The tokens this client's ``admin`` token governs (all of them for an admin of every
+        project, else its project's), revoked ones too, in the order they were made."""
+        tokens: list[Token] = self._get_json("/api/v1/tokens")["tokens"]
+        return tokens
+
+    def create_token(
+        self, name: str, project: str, role: Literal["ingest", "read", "admin", "metrics"]
+    ) -> NewToken:
+        """Make a token (``admin``; of the admin's own project unless it is of every project).
+        The answer's ``token`` is the only copy of its secret: store it now.
+
+        Example:
+            ```python
+            made = api.create_token("ci agents", "vision", "ingest")
+            secrets_manager.put("TRAINVITALS_TOKEN", made["token"])
+            ```
+        """
+        made: NewToken = self._request(
+            "POST", "/api/v1/tokens", body={"name": name, "project": project, "role": role}
+        )
+        return made
+
+    def revoke_token(self, token_id: str) -> Token:
+        """Revoke a token and end its browser sessions (``admin``); returns it as now listed.
+        The last live admin token of every project is refused (``409``)."""
+        revoked: Token = self._request("DELETE", f"/api/v1/tokens/{_path(token_id)}")
+        return revoked
+
     def export(
         self,
         run_id: str | Sequence[str],
@@ -373,7 +421,7 @@ class Api:
             response = self._http.request(method, path, params=params, json=body)
         except httpx.HTTPError as exc:
             raise _unreached(self.server, exc) from exc
-        if response.status_code != 200:
+        if not 200 <= response.status_code < 300:
             raise _refused(response)
         return response.json()
 

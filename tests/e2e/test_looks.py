@@ -158,7 +158,8 @@ def test_a_phone_never_scrolls_sideways(
     chart = '[data-chart="loss"] .main-svg'
     for path, ready in (("/", "tr.run-row"), ("/#/alerts", ".alert-item"),
                         (f"/#/runs/{vision}", chart),
-                        (f"/#/compare?runs={vision},{nlp}", chart)):  # fmt: skip
+                        (f"/#/compare?runs={vision},{nlp}", chart),
+                        ("/#/tokens", "#token-count:not(:empty)")):  # fmt: skip
         page.goto(server.url + path)
         page.locator(ready).first.wait_for()
         widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
@@ -172,10 +173,10 @@ def test_a_phone_never_scrolls_sideways(
         )
         assert outside == [], path
         if path == "/":  # how each run ended, and its health, without scrolling the table
-            # Found and measured in one task of the page: each runs push redraws the rows (the
-            # two NaN runs are live), and a cell found by one call and measured by the next was
-            # gone from the page, without a box, for 15 s on a loaded CI host. Polled until the
-            # first rows are drawn.
+            # Found and measured in one task of the page: a runs push replaces a cell whose
+            # content changed (the two NaN runs are live), and a cell found by one call and
+            # measured by the next was gone from the page, without a box, for 15 s on a loaded
+            # CI host when every push redrew every row. Polled until the first rows are drawn.
             right = wait_for(
                 lambda: page.evaluate(STATUS_CELL_RIGHT), timeout=15, what="the status cell"
             )

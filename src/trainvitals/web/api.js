@@ -105,6 +105,12 @@ export const acknowledgeAlert = (id, by = null) =>
 export const silenceAlert = (id, durationS) =>
   postJSON(`/api/v1/alerts/${encodeURIComponent(id)}/silence`, { duration_s: durationS });
 
+// An admin's tokens (never their secrets): { tokens: [{ id, name, project, role, created_at,
+// revoked_at, current }] }; a new one's answer holds `token`, the only time it is shown.
+export const listTokens = () => getJSON("/api/v1/tokens");
+export const createToken = ({ name, project, role }) => postJSON("/api/v1/tokens", { name, project, role });
+export const revokeToken = (id) => sendJSON("DELETE", `/api/v1/tokens/${encodeURIComponent(id)}`);
+
 // Who the page speaks for; a 401 means nobody yet (the server needs a token).
 export const whoami = () => getJSON("/api/v1/session");
 export const signIn = (token) => postJSON("/api/v1/session", { token });

@@ -1,5 +1,6 @@
-// Hash router: #/ is the runs list, #/runs/<id> a run, #/alerts the alerts across runs. The
-// alert banner and the header's count of firing alerts are on every page.
+// Hash router: #/ is the runs list, #/runs/<id> a run, #/alerts the alerts across runs,
+// #/tokens an admin's access tokens. The alert banner and the header's count of firing alerts
+// are on every page.
 
 import { AlertFeed } from "./alert-feed.js";
 import { renderCompare } from "./compare.js";
@@ -10,10 +11,12 @@ import { escapeHTML } from "./format.js";
 import { LiveSocket } from "./live.js";
 import { RunPage } from "./run.js";
 import { renderRuns } from "./runs.js";
+import { renderTokens } from "./tokens.js";
 
 const root = document.getElementById("app");
 let live;
 let feed;
+let identity; // who the page speaks for (GET /api/v1/session)
 let cleanup = () => {};
 let navigation = 0;
 
@@ -32,12 +35,13 @@ const VIEWS = [
   [/^#\/runs\/([^/?]+)(?:\?(.*))?$/,
     (match) => mount(new RunPage(root, live, feed, decodeURIComponent(match[1]), new URLSearchParams(match[2] ?? "")))],
   [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
+  [/^#\/tokens$/, () => renderTokens(root, identity)],
   [/^#\/compare(?:\?(.*))?$/, (match) => renderCompare(root, live, new URLSearchParams(match[1] ?? ""))],
   [/^(?:#\/?(?:\?(.*))?)?/, (match) => renderRuns(root, live, feed, new URLSearchParams(match[1] ?? ""))],
 ];
 
 function markCurrentNav() {
-  const page = location.hash.startsWith("#/alerts") ? "#/alerts" : "#/";
+  const page = ["#/alerts", "#/tokens"].find((path) => location.hash.startsWith(path)) ?? "#/";
   for (const link of document.querySelectorAll(".topbar nav a")) {
     if (link.getAttribute("href") === page) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
@@ -89,7 +93,8 @@ function renderSignIn(reason) {
   });
 }
 
-function start(identity) {
+function start(who) {
+  identity = who;
   live = new LiveSocket(document.getElementById("live-indicator"));
   feed = new AlertFeed(live);
   const navCount = document.getElementById("alert-nav-count");
@@ -100,6 +105,8 @@ function start(identity) {
   });
   mountBanner(document.getElementById("alert-banner"), feed);
   feed.load().catch((error) => console.warn("trainvitals: could not load the firing alerts:", error));
+  // Tokens are an admin's to manage (the server checks it again on each request).
+  document.getElementById("tokens-nav").hidden = identity.role !== "admin";
   if (identity.auth) {
     const who = document.getElementById("who");
     who.hidden = false;

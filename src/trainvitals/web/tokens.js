@@ -1,0 +1,112 @@
+// #/tokens: an admin's access tokens: made (shown once), listed, revoked. An admin of one
+// project makes tokens of that project only; the server decides what each may do.
+
+import { createToken, listTokens, revokeToken } from "./api.js";
+import { escapeHTML, formatTime, setTitle } from "./format.js";
+
+const ROLES = [
+  ["ingest", "ingest: agents stream runs"],
+  ["read", "read: the dashboard and the API"],
+  ["admin", "admin: also acknowledge, edit, and manage tokens"],
+];
+const METRICS = ["metrics", "metrics: Prometheus scrapes /metrics"];
+
+export async function renderTokens(root, identity) {
+  setTitle("Tokens");
+  const everyProject = identity.project === "*";
+  const roles = everyProject ? [...ROLES, METRICS] : ROLES;
+  root.innerHTML = `
+    <div class="page-head"><h1>Access tokens</h1><span class="muted" id="token-count"></span></div>
+    <form class="filters token-form" id="token-form" aria-label="Make a token" autocomplete="off">
+      <label>Name <input type="text" name="name" required maxlength="200" placeholder="alice's laptop"></label>
+      <label>Project <input type="text" name="project" required maxlength="200" size="12"
+        ${everyProject ? `placeholder="* for every project"` : "readonly"}></label>
+      <label>Role <select name="role">${roles.map(([value, label]) =>
+        `<option value="${escapeHTML(value)}">${escapeHTML(label)}</option>`).join("")}</select></label>
+      <button type="submit">Make token</button>
+      <p class="error" role="alert"></p>
+    </form>
+    <section class="new-token" id="new-token" hidden aria-live="polite">
+      <p><strong id="new-token-what"></strong>: copy it now, it is shown only this once.</p>
+      <p><input type="text" id="new-token-value" readonly aria-label="the new token" size="60">
+        <button type="button" id="copy-token">Copy</button>
+        <button type="button" id="hide-token">Done</button></p>
+      <p class="muted">Agents read it from <code>TRAINVITALS_TOKEN</code>; a browser signs in with it.</p>
+    </section>
+    <div class="table-scroll"><table class="runs-table tokens-table">
+      <thead><tr><th>Name</th><th>Role</th><th>Project</th><th class="wide-only">Made</th><th>State</th><th><span class="visually-hidden">Revoke</span></th></tr></thead>
+      <tbody id="tokens-body"><tr><td colspan="6" class="muted">Loading…</td></tr></tbody>
+    </table></div>`;
+  const form = root.querySelector("#token-form");
+  const body = root.querySelector("#tokens-body");
+  const shown = root.querySelector("#new-token");
+  form.elements.project.value = everyProject ? "" : identity.project;
+
+  const row = (token) => {
+    const state = token.revoked_at
+      ? `<span class="muted" data-token-state="revoked">revoked ${escapeHTML(formatTime(token.revoked_at))}</span>`
+      : `<span data-token-state="live">live</span>`;
+    const action = token.revoked_at ? ""
+      : `<button type="button" class="danger" data-revoke="${escapeHTML(token.id)}" data-name="${escapeHTML(token.name)}"
+          aria-label="${escapeHTML(`revoke ${token.name}`)}">Revoke…</button>`;
+    const yours = token.current ? ` <span class="badge" title="this page signed in with it">yours</span>` : "";
+    return `<tr class="token-row" data-token-id="${escapeHTML(token.id)}">
+      <td>${escapeHTML(token.name)}${yours} <code class="muted">${escapeHTML(token.id)}</code></td>
+      <td>${escapeHTML(token.role)}</td><td>${escapeHTML(token.project)}</td>
+      <td class="wide-only">${escapeHTML(formatTime(token.created_at))}</td><td>${state}</td><td>${action}</td></tr>`;
+  };
+
+  const load = async () => {
+    const { tokens } = await listTokens();
+    const live = tokens.filter((token) => !token.revoked_at).length;
+    root.querySelector("#token-count").textContent = `${live} live, ${tokens.length - live} revoked`;
+    // Live ones first, each group newest first.
+    const ordered = [...tokens].sort((a, b) => Boolean(a.revoked_at) - Boolean(b.revoked_at) || b.created_at - a.created_at);
+    body.innerHTML = ordered.length ? ordered.map(row).join("")
+      : `<tr><td colspan="6" class="empty">No tokens yet.</td></tr>`;
+  };
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const error = form.querySelector(".error");
+    error.textContent = "";
+    try {
+      const made = await createToken({
+        name: form.elements.name.value.trim(), project: form.elements.project.value.trim(), role: form.elements.role.value,
+      });
+      root.querySelector("#new-token-what").textContent = `Token "${made.name}" (${made.role} on ${made.project})`;
+      root.querySelector("#new-token-value").value = made.token;
+      shown.hidden = false;
+      root.querySelector("#new-token-value").select();
+      form.elements.name.value = "";
+      await load();
+    } catch (failure) {
+      error.textContent = failure.message;
+    }
+  });
+  root.querySelector("#copy-token").addEventListener("click", async () => {
+    const value = root.querySelector("#new-token-value");
+    value.select();
+    try { await navigator.clipboard.writeText(value.value); } catch { document.execCommand("copy"); }
+  });
+  // Done: the token leaves the page.
+  root.querySelector("#hide-token").addEventListener("click", () => {
+    root.querySelector("#new-token-value").value = "";
+    shown.hidden = true;
+  });
+  body.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-revoke]");
+    if (!button) return;
+    if (!confirm(`Revoke the token "${button.dataset.name}"? Agents and browsers using it are refused from now on.`)) return;
+    try {
+      const revoked = await revokeToken(button.dataset.revoke);
+      if (revoked.current) { location.reload(); return; } // this page's own: signed out
+      await load();
+    } catch (failure) {
+      form.querySelector(".error").textContent = failure.message;
+    }
+  });
+
+  await load();
+  return () => {};
+}

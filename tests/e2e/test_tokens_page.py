@@ -1,0 +1,78 @@
+"""An admin's access tokens in the dashboard (#/tokens), in Chromium against a team server:
+made and shown once, listed without secrets, revoked; a reader is not offered the page."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.processes import ServerProcess, create_token, stream
+from tests.e2e.test_dashboard import expect
+
+HOSTILE = "<img src=x onerror=window.owned=1>"
+
+
+def sign_in(browser: Any, server: ServerProcess, token: str) -> Any:
+    page = browser.new_context().new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.errors = errors
+    page.goto(server.url + "/")
+    page.locator("form.sign-in input[name=token]").fill(token)
+    page.locator("form.sign-in button").click()
+    expect(page.locator("#who")).to_be_visible()
+    return page
+
+
+def test_an_admin_makes_a_token_sees_it_once_and_revokes_it(browser: Any, tmp_path: Path) -> None:
+    db = str(tmp_path / "team.db")
+    lead = create_token(db, "p", "admin", "lead-p")
+    viewer = create_token(db, "p", "read", HOSTILE)
+    create_token(db, "*", "admin", "root")  # of every project: not the lead's to see
+    server = ServerProcess(db, args=["--auth", "required"])
+    try:
+        page = sign_in(browser, server, lead)
+        page.locator("#tokens-nav").click()
+        expect(page).to_have_title("Tokens · trainvitals")
+        rows = page.locator("tr.token-row")
+        expect(rows).to_have_count(2)
+        expect(rows.filter(has_text="lead-p").locator(".badge")).to_have_text("yours")
+        expect(rows.filter(has_text=HOSTILE)).to_have_count(1)  # a name is text, never markup
+        assert page.evaluate("window.owned") is None
+        project = page.locator("#token-form input[name=project]")
+        assert project.input_value() == "p" and project.get_attribute("readonly") is not None
+        assert page.locator("#token-form option").all_inner_texts()[-1].startswith("admin")
+
+        page.locator("#token-form input[name=name]").fill("ci agents")
+        page.locator("#token-form select[name=role]").select_option("ingest")
+        page.locator("#token-form button[type=submit]").click()
+        shown = page.locator("#new-token-value")
+        expect(shown).to_have_value(re.compile(r"^tv_[0-9a-f]{12}_"))
+        token = shown.input_value()
+        expect(page.locator("#new-token-what")).to_have_text('Token "ci agents" (ingest on p)')
+        expect(rows).to_have_count(3)
+        made = rows.filter(has_text="ci agents")
+        assert token not in made.inner_text()  # listed without its secret
+        stream(server, token, "p")  # it works
+        page.locator("#hide-token").click()  # done: it leaves the page
+        expect(page.locator("#new-token")).to_be_hidden()
+        assert token not in page.content()
+
+        page.once("dialog", lambda dialog: dialog.accept())
+        made.locator("button[data-revoke]").click()
+        expect(made.locator("[data-token-state]")).to_have_attribute("data-token-state", "revoked")
+        expect(page.locator("#token-count")).to_have_text("2 live, 1 revoked")
+        with pytest.raises(AssertionError):
+            stream(server, token, "p")
+        assert not page.errors, page.errors
+
+        reader = sign_in(browser, server, viewer)
+        expect(reader.locator("#tokens-nav")).to_be_hidden()
+        reader.goto(server.url + "/#/tokens")
+        expect(reader.locator("#app .error")).to_contain_text("403")
+        assert reader.evaluate("window.owned") is None
+    finally:
+        server.stop()
