@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -247,7 +248,7 @@ def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> 
     for secret in (token, team.admin, team.ingest_p, team.read_p, team.ingest_q):
         assert secret.split("_", 2)[2] not in text
     # The server says who made it, and never the secret.
-    made_by = f'token {made["id"]} ("bob\'s laptop": ingest on p) made by token'
+    made_by = f"token {made['id']} (\"bob's laptop\": ingest on 'p') made by token"
     wait_for(lambda: made_by in server.output(), what="the log line of the token made")
     assert token.split("_", 2)[2] not in server.output()
     # Revoked: it no longer streams; a second revoke changes nothing.
@@ -332,3 +333,78 @@ def test_a_malformed_token_request_is_refused_and_makes_nothing(team: Team) -> N
     assert len(listed["tokens"]) == 4  # type: ignore[index]
     for bad in ("..%2Ftokens", "ZZZZZZZZZZZZ", "0" * 13, "0" * 12):
         assert call(server, f"/api/v1/tokens/{bad}", team.admin, "DELETE")[0] in (404, 422), bad
+
+
+def closed_with(ws: Any) -> tuple[int, str]:
+    """The code and reason ``ws`` is closed with by the server (whatever it sends first)."""
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+def test_a_revoked_tokens_open_websockets_are_closed_at_once(team: Team) -> None:
+    server = team.server
+    base = server.url.replace("http", "ws")
+    made = {}
+    for name, role in (("agent", "ingest"), ("page", "read")):
+        status, answer = call(server, "/api/v1/tokens", team.admin, "POST",
+                              {"name": name, "project": "p", "role": role})  # fmt: skip
+        assert status == 201
+        made[name] = answer
+    bearer = {n: {"Authorization": f"Bearer {m['token']}"} for n, m in made.items()}  # type: ignore[index]
+    hello = {"type": "hello", "v": 1, "run_id": "r-revoked", "project": "p", "name": "n",
+             "started_at": 1.0}  # fmt: skip
+    with (
+        connect(base + "/api/v1/ingest", additional_headers=bearer["agent"]) as agent,
+        connect(base + "/api/v1/live", additional_headers=bearer["page"]) as page,
+    ):
+        agent.send(json.dumps(hello))
+        assert json.loads(agent.recv(timeout=10))["type"] == "welcome"
+        for m in made.values():
+            path = f"/api/v1/tokens/{m['id']}"  # type: ignore[index]
+            assert call(server, path, team.admin, "DELETE")[0] == 200
+        assert closed_with(agent) == (1008, "this token was revoked")
+        assert closed_with(page) == (1008, "this token was revoked")
+    # A token revoked by the command (no server at hand) keeps what it has open until it is
+    # revoked again here, which closes it.
+    reader = {"Authorization": f"Bearer {team.read_p}"}
+    with connect(base + "/api/v1/live", additional_headers=reader) as page:
+        revoked = trainvitals("token", "revoke", "--db", team.db, token_id(team.read_p))
+        assert revoked.returncode == 0
+        assert call(server, "/api/v1/runs", team.read_p)[0] == 401
+        status, _ = call(server, f"/api/v1/tokens/{token_id(team.read_p)}", team.admin, "DELETE")
+        assert status == 200
+        assert closed_with(page) == (1008, "this token was revoked")
+    assert "open connection(s) closed" in server.output()
+
+
+def test_a_projects_tokens_are_capped_live_and_by_the_day(team: Team) -> None:
+    server = team.server
+    body = {"name": "bulk", "project": "c", "role": "read"}
+    made = [call(server, "/api/v1/tokens", team.admin, "POST", body) for _ in range(100)]
+    assert {status for status, _ in made} == {201}
+    status, answer = call(server, "/api/v1/tokens", team.admin, "POST", body)
+    assert status == 409 and "100 live tokens" in answer["detail"]  # type: ignore[index]
+    for _, one in made:
+        assert call(server, f"/api/v1/tokens/{one['id']}", team.admin, "DELETE")[0] == 200  # type: ignore[index]
+    again = [call(server, "/api/v1/tokens", team.admin, "POST", body) for _ in range(100)]
+    assert {status for status, _ in again} == {201}
+    one = again[0][1]["id"]  # type: ignore[index]
+    assert call(server, f"/api/v1/tokens/{one}", team.admin, "DELETE")[0] == 200  # 99 live
+    status, answer = call(server, "/api/v1/tokens", team.admin, "POST", body)
+    assert status == 409 and "200 tokens made in the last day" in answer["detail"]  # type: ignore[index]
+    # Another project is counted on its own.
+    assert call(server, "/api/v1/tokens", team.admin, "POST", {**body, "project": "d"})[0] == 201
+
+
+def test_tokens_are_not_managed_over_the_network_without_auth(tmp_path: Path) -> None:
+    server = ServerProcess(str(tmp_path / "local.db"))  # loopback: auth off
+    try:
+        status, answer = call(server, "/api/v1/tokens", method="POST",
+                              body={"name": "x", "project": "*", "role": "admin"})  # fmt: skip
+        assert status == 403 and "without auth" in answer["detail"]  # type: ignore[index]
+        assert call(server, "/api/v1/tokens")[0] == 403
+    finally:
+        server.stop()

@@ -139,6 +139,34 @@ def test_a_deleted_run_leaves_the_browsers_of_every_replica_that_see_its_project
     on_two_replicas(scenario)
 
 
+def test_a_revoked_token_reaches_every_replica_once() -> None:
+    """Each replica closes the websockets of a token revoked on any of them."""
+    heard: dict[str, list[str]] = {"one": [], "two": []}
+
+    async def main() -> None:
+        url = redis_url()
+        one = Hub(broker=Broker(url), on_revoked=heard["one"].append)
+        two = Hub(broker=Broker(url), on_revoked=heard["two"].append)
+        one.start()
+        two.start()
+        try:
+            probe = one.subscribe()
+
+            def probed() -> bool:
+                two.alert({"id": "probe", "project": "probe"})
+                return not probe.queue.empty()
+
+            await until(probed)  # both listen
+            two.token_revoked("0123456789ab")
+            await until(lambda: bool(heard["one"] and heard["two"]))
+        finally:
+            await one.stop()
+            await two.stop()
+
+    asyncio.run(main())
+    assert heard == {"one": ["0123456789ab"], "two": ["0123456789ab"]}
+
+
 def test_an_unreachable_broker_is_retried_and_its_password_never_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -15,6 +15,7 @@ from trainvitals.protocol import EndReason
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.broker import Broker
 from trainvitals.server.compactor import Compactor
+from trainvitals.server.connections import OpenTokens
 from trainvitals.server.deps import AppState
 from trainvitals.server.guard import RequestGuard, allowed_hosts
 from trainvitals.server.leases import Leases
@@ -52,11 +53,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gauges = Metrics()
         writer = Writer(store, on_commit=gauges.transaction_seconds.observe)
         broker = Broker(settings.broker) if settings.broker else None
+        open_tokens = OpenTokens()
         hub = Hub(
             settings.live_queue_size,
             settings.runs_push_interval,
             settings.live_queue_bytes,
             broker,
+            on_revoked=open_tokens.revoked,
         )
         gauges.queue_depth.set_function(lambda: writer.queue_depth)
         gauges.browsers.set_function(lambda: hub.browsers)
@@ -112,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 team=team,
             ),
             metrics=gauges,
+            open_tokens=open_tokens,
         )
         # What start-up built (modules, classes, routes, the detectors' code) lives as long
         # as the process: out of the collector's sight, a full collection walks only what

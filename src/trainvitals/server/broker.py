@@ -43,8 +43,9 @@ from trainvitals.server.storage import shown_database
 log = logging.getLogger("trainvitals.server")
 
 #: The channels, after the prefix: run-list changes, alerts, a run's points, the runs a
-#: replica has just begun to watch, and runs deleted.
+#: replica has just begun to watch, runs deleted, and tokens revoked (their websockets close).
 RUNS, ALERTS, POINTS, WATCHING, DELETED = "runs", "alerts", "points:", "watching", "deleted"
+REVOKED = "revoked"
 #: Seconds a channel that reached nobody is not published to (unless someone asks for it).
 QUIET = 2.0
 #: Messages waiting for the publisher; beyond, new ones are dropped (Redis is down or slow).
@@ -91,7 +92,9 @@ class Broker:
         )
         self.prefix = f"trainvitals:{self._redis.connection_pool.connection_kwargs.get('db', 0)}:"
         self._outgoing: asyncio.Queue[tuple[str, str]] = asyncio.Queue(MAX_PENDING)
-        self._channels = {self.prefix + channel for channel in (RUNS, ALERTS, WATCHING, DELETED)}
+        self._channels = {
+            self.prefix + channel for channel in (RUNS, ALERTS, WATCHING, DELETED, REVOKED)
+        }
         self._quiet = quiet
         #: Channel (without the prefix) -> when a publish to it last reached nobody.
         self._unheard: dict[str, float] = {}

@@ -1,10 +1,22 @@
-"""The agent connections open on this server process, by run."""
+"""The connections open on this server process: agents' by run, and every websocket by the
+token that opened it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 
-__all__ = ["OpenRuns"]
+from starlette.websockets import WebSocket
+
+from trainvitals.protocol import CLOSE_POLICY_VIOLATION
+
+__all__ = ["OpenRuns", "OpenTokens", "TokenSocket"]
+
+log = logging.getLogger("trainvitals.server")
+
+#: The reason a websocket of a revoked token is closed with (1008).
+REVOKED = "this token was revoked"
 
 
 class OpenRuns:
@@ -38,3 +50,54 @@ class OpenRuns:
         except TimeoutError:
             return False
         return True
+
+
+class TokenSocket:
+    """A websocket held by :class:`OpenTokens`: ``revoked`` once its token is, and closed."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        #: Its token was revoked: nothing more is sent on it (it is closed, or closing).
+        self.revoked = False
+
+    async def revoke(self) -> None:
+        self.revoked = True
+        # It may close itself meanwhile (the peer left): then there is nothing to close.
+        with contextlib.suppress(RuntimeError, OSError):
+            await self.websocket.close(CLOSE_POLICY_VIOLATION, REVOKED)
+
+
+class OpenTokens:
+    """The websockets open on this process, agents' and browsers', by the token that opened
+    them: a token revoked (on any replica: the live hub carries it) closes them at once, as
+    its browser sessions end, rather than when they next connect."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, set[TokenSocket]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def opened(self, token_id: str, websocket: WebSocket) -> TokenSocket:
+        """``websocket`` opened with ``token_id``; pass what this returns to :meth:`closed`."""
+        socket = TokenSocket(websocket)
+        self._open.setdefault(token_id, set()).add(socket)
+        return socket
+
+    def closed(self, token_id: str, socket: TokenSocket) -> None:
+        sockets = self._open.get(token_id, set())
+        sockets.discard(socket)
+        if not sockets:
+            self._open.pop(token_id, None)
+
+    def count(self, token_id: str) -> int:
+        return len(self._open.get(token_id, ()))
+
+    def revoked(self, token_id: str) -> int:
+        """Close every websocket of ``token_id`` here (1008); how many there were."""
+        sockets = self._open.pop(token_id, set())
+        for socket in sockets:
+            task = asyncio.create_task(socket.revoke(), name="trainvitals-revoke")
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        if sockets:
+            log.warning("token %s revoked: %d open connection(s) closed", token_id, len(sockets))
+        return len(sockets)

@@ -9,7 +9,7 @@ from fastapi import Depends, HTTPException, Request
 from starlette.requests import HTTPConnection
 
 from trainvitals.server.alerts import AlertEngine
-from trainvitals.server.connections import OpenRuns
+from trainvitals.server.connections import OpenRuns, OpenTokens
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.metrics import Metrics
@@ -33,6 +33,8 @@ class AppState:
     metrics: Metrics
     #: The agent connections open on this process, by run (a watchdog waits for them).
     open_runs: OpenRuns = field(default_factory=OpenRuns)
+    #: Every websocket open on this process, by its token (closed when that is revoked).
+    open_tokens: OpenTokens = field(default_factory=OpenTokens)
 
 
 def get_state(connection: HTTPConnection) -> AppState:

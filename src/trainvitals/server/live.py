@@ -17,12 +17,12 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import orjson
 
-from trainvitals.server.broker import ALERTS, DELETED, POINTS, RUNS, Broker
+from trainvitals.server.broker import ALERTS, DELETED, POINTS, REVOKED, RUNS, Broker
 from trainvitals.server.storage import RunHealth, RunSummary
 
 #: The fields of a run people change from the dashboard (``PATCH /api/v1/runs/{id}``).
@@ -69,8 +69,11 @@ class Hub:
         runs_push_interval: float = 0.5,
         queue_bytes: int = 64 * 2**20,
         broker: Broker | None = None,
+        on_revoked: Callable[[str], object] | None = None,
     ) -> None:
         self._broker = broker
+        #: Called with a token's id when it is revoked (here, or on another replica).
+        self._on_revoked = on_revoked
         #: Browsers here watching each run (with a broker: the runs whose points it receives).
         self._watched: dict[str, int] = {}
         self._queue_bytes = queue_bytes
@@ -158,6 +161,14 @@ class Hub:
         else:
             self._offer_alert(message, project)
 
+    def token_revoked(self, token_id: str) -> None:
+        """Tell every replica that ``token_id`` is revoked, so that each closes its
+        websockets."""
+        if self._broker is not None:
+            self._broker.publish(REVOKED, token_id)
+        elif self._on_revoked is not None:
+            self._on_revoked(token_id)
+
     def alert(self, alert: Mapping[str, Any]) -> None:
         """Push an alert change to every browser (alerts are few; every page shows them)."""
         message = json.dumps({"type": "alert", "alert": alert})
@@ -234,6 +245,9 @@ class Hub:
             self._offer_alert(message, alert.get("project"))
         elif channel == RUNS:
             self._offer_runs(json.loads(message))
+        elif channel == REVOKED:
+            if self._on_revoked is not None:
+                self._on_revoked(message)
         elif channel == DELETED:
             deleted = json.loads(message)
             self._dirty_runs.pop(deleted["run_id"], None)

@@ -35,7 +35,7 @@ const VIEWS = [
   [/^#\/runs\/([^/?]+)(?:\?(.*))?$/,
     (match) => mount(new RunPage(root, live, feed, decodeURIComponent(match[1]), new URLSearchParams(match[2] ?? "")))],
   [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
-  [/^#\/tokens$/, () => renderTokens(root, identity)],
+  [/^#\/tokens(?:\?.*)?$/, () => renderTokens(root, identity)],
   [/^#\/compare(?:\?(.*))?$/, (match) => renderCompare(root, live, new URLSearchParams(match[1] ?? ""))],
   [/^(?:#\/?(?:\?(.*))?)?/, (match) => renderRuns(root, live, feed, new URLSearchParams(match[1] ?? ""))],
 ];
@@ -96,6 +96,18 @@ function renderSignIn(reason) {
 function start(who) {
   identity = who;
   live = new LiveSocket(document.getElementById("live-indicator"));
+  // A token revoked while its page is open (or a session that ended): sign in again.
+  live.onRefused(async (reason) => {
+    try {
+      await whoami();
+    } catch (error) {
+      if (error.status === 401) {
+        window.removeEventListener("hashchange", route);
+        cleanup();
+        renderSignIn(reason === "this token was revoked" ? "Your token was revoked." : "Your session ended.");
+      }
+    }
+  });
   feed = new AlertFeed(live);
   const navCount = document.getElementById("alert-nav-count");
   feed.on(() => {
@@ -105,8 +117,9 @@ function start(who) {
   });
   mountBanner(document.getElementById("alert-banner"), feed);
   feed.load().catch((error) => console.warn("trainvitals: could not load the firing alerts:", error));
-  // Tokens are an admin's to manage (the server checks it again on each request).
-  document.getElementById("tokens-nav").hidden = identity.role !== "admin";
+  // Tokens are an admin's to manage, on a server that requires them (the server checks both
+  // again on each request).
+  document.getElementById("tokens-nav").hidden = !identity.auth || identity.role !== "admin";
   if (identity.auth) {
     const who = document.getElementById("who");
     who.hidden = false;

@@ -14,6 +14,7 @@ export class LiveSocket {
     this.indicator = indicator;
     this.handlers = new Set();
     this.reconnectHandlers = new Set();
+    this.refusedHandlers = new Set();
     this.firstOpenHandlers = new Set();
     this.runs = new Set();
     this.delay = 250;
@@ -40,8 +41,14 @@ export class LiveSocket {
       const message = JSON.parse(event.data);
       for (const handler of this.handlers) handler(message);
     };
-    socket.onclose = () => {
+    socket.onclose = (event) => {
       this.connected = false;
+      if (event.code === 1008) { // refused: the token was revoked, or the session ended
+        this.setIndicator("offline", "refused");
+        if (this.indicator) this.indicator.title = event.reason || "the server refused the live stream";
+        for (const handler of this.refusedHandlers) handler(event.reason);
+        return; // the same again until someone signs in: no reconnecting
+      }
       this.setIndicator("offline", "reconnecting");
       setTimeout(() => this.connect(), this.delay * (0.5 + Math.random()));
       this.delay = Math.min(this.delay * 2, 5000);
@@ -96,5 +103,7 @@ export class LiveSocket {
 
   // Returns a function that removes the handler.
   on(handler) { this.handlers.add(handler); return () => this.handlers.delete(handler); }
+  // handler(reason): the server closed the live stream as not this token's (1008).
+  onRefused(handler) { this.refusedHandlers.add(handler); return () => this.refusedHandlers.delete(handler); }
   onReconnect(handler) { this.reconnectHandlers.add(handler); return () => this.reconnectHandlers.delete(handler); }
 }

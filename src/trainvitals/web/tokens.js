@@ -89,15 +89,16 @@ export async function renderTokens(root, identity) {
     value.select();
     try { await navigator.clipboard.writeText(value.value); } catch { document.execCommand("copy"); }
   });
-  // Done: the token leaves the page.
-  root.querySelector("#hide-token").addEventListener("click", () => {
+  // Done, or the page left: the token leaves the page.
+  const forget = () => {
     root.querySelector("#new-token-value").value = "";
     shown.hidden = true;
-  });
+  };
+  root.querySelector("#hide-token").addEventListener("click", forget);
   body.addEventListener("click", async (event) => {
     const button = event.target.closest("button[data-revoke]");
     if (!button) return;
-    if (!confirm(`Revoke the token "${button.dataset.name}"? Agents and browsers using it are refused from now on.`)) return;
+    if (!confirm(`Revoke the token "${button.dataset.name}"? Agents and browsers using it are cut off now.`)) return;
     try {
       const revoked = await revokeToken(button.dataset.revoke);
       if (revoked.current) { location.reload(); return; } // this page's own: signed out
@@ -108,5 +109,5 @@ export async function renderTokens(root, identity) {
   });
 
   await load();
-  return () => {};
+  return forget;
 }

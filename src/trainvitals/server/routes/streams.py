@@ -63,6 +63,7 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         state.open_runs,
     )
     state.metrics.agents.inc()
+    socket = state.open_tokens.opened(who.token_id, websocket)
     try:
         while True:
             if session.run is None:  # a connection that never says hello holds nothing
@@ -85,15 +86,20 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
                     CLOSE_UNSUPPORTED_DATA, "expected JSON text frames, got a binary frame"
                 )
             reply = await session.handle(text)
+            if socket.revoked:  # closed meanwhile: its token was revoked
+                return
             if reply is not None:
                 await websocket.send_text(reply)
     except IngestRejected as exc:
+        if socket.revoked:
+            return
         run = session.run["id"] if session.run else "unknown run"
         log.warning("closing ingest connection (%s): %d %s", run, exc.code, exc.reason)
         await websocket.close(code=exc.code, reason=_reason(exc.reason))
     except WebSocketDisconnect:
         return
     finally:
+        state.open_tokens.closed(who.token_id, socket)
         session.close()
         state.metrics.agents.dec()
         state.quotas.disconnect(who.token_id, slot)
@@ -110,6 +116,7 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
         return
     subscriber = state.hub.subscribe(who.projects)
     sender = asyncio.create_task(_drain(websocket, subscriber))
+    socket = state.open_tokens.opened(who.token_id, websocket)
     try:
         while True:
             raw = await websocket.receive_text()
@@ -140,6 +147,7 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
     except (WebSocketDisconnect, RuntimeError):
         return
     finally:
+        state.open_tokens.closed(who.token_id, socket)
         state.hub.unsubscribe(subscriber)
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -10,10 +10,12 @@ the answer that makes it and nowhere else: never listed, never logged, not cache
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainvitals.server.answers import (
@@ -24,7 +26,7 @@ from trainvitals.server.answers import (
     TokensAnswer,
 )
 from trainvitals.server.auth import Admin
-from trainvitals.server.deps import StoreDep
+from trainvitals.server.deps import StateDep, StoreDep
 from trainvitals.server.routes.api import VISIBLE
 from trainvitals.server.schemas import Name
 from trainvitals.server.storage.tokens import (
@@ -39,9 +41,14 @@ from trainvitals.server.store import Store
 log = logging.getLogger("trainvitals.server")
 router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
-#: Live tokens one project may hold (every project's own count; ``*`` counts as one): a
-#: project's admin cannot fill the database with tokens.
-MAX_LIVE_TOKENS = 500
+#: Live tokens one project may hold (``*`` counts as one project): each token has caps of its
+#: own (connections, runs a minute, bytes a day), and a project's admin holds at most this
+#: many tokens' worth.
+MAX_LIVE_TOKENS = 100
+#: Tokens made for one project in a day over the API, revoked ones included: revoked tokens
+#: are kept as a record, and making and revoking in a loop must not grow the database freely.
+MAX_MADE_A_DAY = 200
+DAY = 86_400.0
 #: A token's id, as ``TokenStore.create`` makes it.
 TokenId = Annotated[str, Path(pattern=r"^[0-9a-f]{12}$")]
 
@@ -78,15 +85,31 @@ def _governed(store: Store, who: Principal, token_id: str) -> TokenInfo:
     return info
 
 
+def _manager(who: Admin, state: StateDep) -> Principal:
+    # Without auth every request is an admin of every project: any local user or process
+    # could make tokens that open a team's server sharing this database.
+    if not state.settings.auth_required:
+        raise HTTPException(
+            403,
+            "this server runs without auth: tokens are managed with 'trainvitals token', or "
+            "here once the server requires them (serve --auth required)",
+        )
+    return who
+
+
+#: An admin, on a server that requires tokens.
+Manager = Annotated[Principal, Depends(_manager)]
+
+
 @router.get("/tokens")
-def list_tokens(who: Admin, store: StoreDep) -> TokensAnswer:
+def list_tokens(who: Manager, store: StoreDep) -> TokensAnswer:
     """The tokens this admin governs, revoked ones too, in the order they were made."""
     return {"tokens": [_answer(info, who) for info in store.tokens.list(who.projects)]}
 
 
 @router.post("/tokens", status_code=201, responses=TOKEN_CONFLICT)
 def create_token(
-    body: TokenRequest, who: Admin, store: StoreDep, response: Response
+    body: TokenRequest, who: Manager, store: StoreDep, response: Response
 ) -> NewTokenAnswer:
     """Make a token; the answer holds it, the only time it is shown."""
     if who.projects is not None and body.project != who.projects:
@@ -100,12 +123,16 @@ def create_token(
         raise HTTPException(
             409, f"project {body.project!r} has {MAX_LIVE_TOKENS} live tokens: revoke some first"
         )
+    if store.tokens.made_since(body.project, time.time() - DAY) >= MAX_MADE_A_DAY:
+        raise HTTPException(
+            409, f"project {body.project!r} had {MAX_MADE_A_DAY} tokens made in the last day"
+        )
     token = store.tokens.create(body.name, body.project, body.role.value)
     info = store.tokens.get(token_id_of(token))
     assert info is not None  # just made
     # An operator's record of who changed access, shown at the server's default log level.
     log.warning(
-        "token %s (%r: %s on %s) made by token %s (%r)",
+        "token %s (%r: %s on %r) made by token %s (%r)",
         info.id, info.name, info.role.value, info.project, who.token_id, who.name,
     )  # fmt: skip
     response.headers["Cache-Control"] = "no-store"
@@ -113,22 +140,27 @@ def create_token(
 
 
 @router.delete("/tokens/{token_id}", responses=TOKEN_CONFLICT)
-def revoke_token(token_id: TokenId, who: Admin, store: StoreDep) -> TokenAnswer:
-    """Revoke a token and end its browser sessions. Revoking one already revoked changes
-    nothing; the last live admin token of every project is kept (409), so that the server
-    is never left without one."""
-    info = _governed(store, who, token_id)
+async def revoke_token(token_id: TokenId, who: Manager, state: StateDep) -> TokenAnswer:
+    """Revoke a token: its browser sessions end, and its websockets open on any replica
+    close (1008), so that an agent or a page using it is cut off now. Revoking one already
+    revoked changes nothing but closes any of its websockets still open (one revoked by
+    ``trainvitals token revoke``). The last live admin token of every project is kept (409),
+    so that the server is never left without one."""
+    store = state.store
+    info = await asyncio.to_thread(_governed, store, who, token_id)
     if info.revoked_at is None:
-        if not store.tokens.revoke(token_id, keep_last_admin=True):
-            if _governed(store, who, token_id).revoked_at is None:
-                raise HTTPException(
-                    409,
-                    "this is the last live admin token of every project: make another first "
-                    "(trainvitals token create --project '*' --role admin)",
-                )
-        else:
-            log.warning(
-                "token %s (%r) revoked by token %s (%r)", info.id, info.name, who.token_id, who.name
+        done = await asyncio.to_thread(store.tokens.revoke, token_id, keep_last_admin=True)
+        info = await asyncio.to_thread(_governed, store, who, token_id)
+        if not done and info.revoked_at is None:
+            raise HTTPException(
+                409,
+                "this is the last live admin token of every project: make another first "
+                "(trainvitals token create --project '*' --role admin)",
             )
-        info = _governed(store, who, token_id)
+        if done:
+            log.warning(
+                "token %s (%r: %s on %r) revoked by token %s (%r)",
+                info.id, info.name, info.role.value, info.project, who.token_id, who.name,
+            )  # fmt: skip
+    state.hub.token_revoked(token_id)
     return _answer(info, who)

@@ -190,7 +190,9 @@ class TokenStore:
                 )
                 # PostgreSQL: one such revoke at a time, so that two cannot each leave the
                 # other as the last (SQLite: the update below is one writer's statement).
-                conn.execute(select(tokens.c.id).where(admins).with_for_update())
+                conn.execute(
+                    select(tokens.c.id).where(admins).order_by(tokens.c.id).with_for_update()
+                )
                 others = (
                     select(func.count())
                     .select_from(tokens)
@@ -219,6 +221,16 @@ class TokenStore:
             query = query.where(tokens.c.project == project)
         if role is not None:
             query = query.where(tokens.c.role == role.value)
+        with self._engine.connect() as conn:
+            return int(conn.execute(query).scalar() or 0)
+
+    def made_since(self, project: str, since: float) -> int:
+        """How many tokens of ``project`` were made at or after ``since``, revoked ones too."""
+        query = (
+            select(func.count())
+            .select_from(tokens)
+            .where(tokens.c.project == project, tokens.c.created_at >= since)
+        )
         with self._engine.connect() as conn:
             return int(conn.execute(query).scalar() or 0)
 
