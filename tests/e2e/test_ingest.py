@@ -215,11 +215,15 @@ def test_a_huge_body_gets_413_before_it_is_sent_and_the_server_stays_responsive(
 
 
 def test_a_page_of_another_origin_cannot_open_the_websockets(server: ServerProcess) -> None:
+    """Nor a page whose origin is opaque (``Origin: null``): a sandboxed frame that any site
+    can embed, or a file opened from disk, would otherwise read and write a local server that
+    runs without auth."""
     for path in ("/api/v1/live", "/api/v1/ingest"):
         url = server.url.replace("http", "ws") + path
-        with pytest.raises(InvalidStatus) as refused:
-            connect(url, origin=Origin("http://evil.example"))
-        assert refused.value.response.status_code == 403  # refused before it opens
+        for foreign in ("http://evil.example", "null"):
+            with pytest.raises(InvalidStatus) as refused:
+                connect(url, origin=Origin(foreign))
+            assert refused.value.response.status_code == 403, foreign  # before it opens
         with connect(url, origin=Origin(server.url)) as ws:  # the dashboard's own page
             ws.send(json.dumps({"type": "subscribe", "run_id": "x"}))
 

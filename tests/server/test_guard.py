@@ -58,6 +58,9 @@ def test_a_request_from_another_origin_is_refused_and_its_own_passes() -> None:
         other = {"Origin": "http://localhost:9999", "Content-Type": "application/json"}
         assert http.post("/w", content=b"{}", headers=other).status_code == 403
         assert http.get("/w", headers={"Origin": "http://127.0.0.1:8601"}).status_code == 403
+        # An opaque origin (a sandboxed frame, a file) is no origin of this server's.
+        for opaque in ("null", "", "file://", "not a url"):
+            assert http.get("/w", headers={"Origin": opaque}).status_code == 403, opaque
 
 
 def test_the_public_url_is_an_origin_of_its_own() -> None:

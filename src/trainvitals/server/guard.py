@@ -141,8 +141,13 @@ class RequestGuard:
         return None
 
     def _same_origin(self, origin: str, scope: Scope, headers: dict[str, str]) -> bool:
+        # An opaque origin ("null": a sandboxed frame any site can embed, a file opened from
+        # disk) names no server: it is never this one, whatever else is unknown here.
+        claimed = _origin_of(origin)
+        if claimed is None:
+            return False
         own = _origin_of(f"{_scheme(scope)}://{headers.get('host', '')}")
-        return _origin_of(origin) in {own, self.public_origin}
+        return claimed in {own, self.public_origin}
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, reason: str) -> None:
