@@ -52,6 +52,7 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/replay.py
 	$(PY) benchmarks/clocks.py
 	$(PY) benchmarks/cli_startup.py
+	$(PY) benchmarks/runs_list.py
 
 # Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system

@@ -158,13 +158,30 @@ def test_a_revoked_token_reaches_every_replica_once() -> None:
 
             await until(probed)  # both listen
             two.token_revoked("0123456789ab")
-            await until(lambda: bool(heard["one"] and heard["two"]))
+            await until(lambda: bool(heard["one"]) and len(heard["two"]) == 2)
         finally:
             await one.stop()
             await two.stop()
 
     asyncio.run(main())
-    assert heard == {"one": ["0123456789ab"], "two": ["0123456789ab"]}
+    assert heard["one"] == ["0123456789ab"]
+    # The replica it was revoked on closes its own at once, and hears it back from Redis.
+    assert heard["two"] == ["0123456789ab", "0123456789ab"]
+
+
+def test_a_token_revoked_while_redis_is_unreachable_still_closes_this_replicas() -> None:
+    heard: list[str] = []
+
+    async def main() -> None:
+        hub = Hub(broker=Broker("redis://127.0.0.1:1/0"), on_revoked=heard.append)
+        hub.start()
+        try:
+            hub.token_revoked("0123456789ab")
+        finally:
+            await hub.stop()
+
+    asyncio.run(main())
+    assert heard == ["0123456789ab"]
 
 
 def test_an_unreachable_broker_is_retried_and_its_password_never_logged(

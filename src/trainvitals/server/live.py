@@ -163,11 +163,12 @@ class Hub:
 
     def token_revoked(self, token_id: str) -> None:
         """Tell every replica that ``token_id`` is revoked, so that each closes its
-        websockets."""
+        websockets: this one at once (whether or not Redis is reachable), the others through
+        the broker (this one hears it again, and has nothing more to close)."""
+        if self._on_revoked is not None:
+            self._on_revoked(token_id)
         if self._broker is not None:
             self._broker.publish(REVOKED, token_id)
-        elif self._on_revoked is not None:
-            self._on_revoked(token_id)
 
     def alert(self, alert: Mapping[str, Any]) -> None:
         """Push an alert change to every browser (alerts are few; every page shows them)."""
