@@ -2,13 +2,13 @@
 
 ``--runs`` runs stream a step every 0.1 s each to one server (a push of the runs list every
 0.5 s); the runs list is open on them in headless Chromium. For ``--seconds`` the page counts
-the nodes drawn into its list's body (a ``MutationObserver``: what it inserts, with all they
-hold), and Chromium's own
-counters give the time its main thread spent on script, style and layout. ``--against REF``
-serves the dashboard of git ``REF`` (a temporary worktree, imported ahead of this checkout)
-in rounds alternated with this checkout's, the order swapped each round, a fresh server,
-database, runs and page each; it prints each side's medians and this / REF: the median of
-the rounds' ratios and their range.
+the nodes drawn into its list's body (a ``MutationObserver``: what it inserts, with every
+node inside, text included), and Chromium's own counters give the time its main thread spent
+on script, style and layout (the counting's own included, on both sides). ``--against REF``
+runs the server of git ``REF``, and so its dashboard (a temporary worktree, imported ahead
+of this checkout), in rounds alternated with this checkout's, the order swapped each round,
+a fresh server, database, runs and page each; it prints each side's medians and this / REF:
+the median of the rounds' ratios and their range.
 """
 
 from __future__ import annotations
@@ -30,11 +30,15 @@ from harness.browser import chromium
 from harness.processes import ServerProcess, git_worktree, wait_for
 from trainvitals import Run, resolve
 
-#: Counts the nodes the list's body gains, each with everything inside it (a row drawn anew
-#: is some 30 nodes, a cell one to a few), from when it is called.
+#: Counts the nodes the list's body gains, each with every node inside it, text included (a
+#: row drawn anew is some 40 nodes, a cell a few), from when it is called.
 COUNT_NODES = """() => {
-  const size = (node) => 1 + (node.querySelectorAll ? node.querySelectorAll("*").length : 0)
-    + (node.childNodes ? [...node.childNodes].filter((c) => c.nodeType === 3).length : 0);
+  const size = (node) => {
+    const walker = document.createTreeWalker(node, NodeFilter.SHOW_ALL);
+    let n = 1;
+    while (walker.nextNode()) n += 1;
+    return n;
+  };
   window.churn = { added: 0 };
   new MutationObserver((records) => {
     for (const record of records) {

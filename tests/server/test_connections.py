@@ -1,10 +1,14 @@
-"""The open agent connections by run: what a watchdog's hello waits for."""
+"""The open connections: agents' by run (what a watchdog's hello waits for), and every
+websocket by its token (what a revoke closes)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any, cast
 
-from trainvitals.server.connections import OpenRuns
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from trainvitals.server.connections import REMEMBER, REVOKED, OpenRuns, OpenTokens
 
 
 def test_a_watchdog_waits_for_the_runs_open_connections_and_no_longer_than_told() -> None:
@@ -25,3 +29,53 @@ def test_a_watchdog_waits_for_the_runs_open_connections_and_no_longer_than_told(
         return nothing_open, after_one, both_closed, timed_out
 
     assert asyncio.run(scenario()) == (True, False, True, False)
+
+
+class FakeSocket:
+    """What a revoke calls of a websocket: ``close``; one whose peer left raises."""
+
+    def __init__(self, gone: bool = False) -> None:
+        self.gone = gone
+        self.closes: list[tuple[int, str]] = []
+
+    async def close(self, code: int, reason: str) -> None:
+        if self.gone:
+            raise WebSocketDisconnect(1006)
+        self.closes.append((code, reason))
+
+
+def test_a_revoke_closes_its_tokens_websockets_and_one_that_registers_just_after() -> None:
+    async def scenario() -> None:
+        now = [0.0]
+        tokens = OpenTokens(clock=lambda: now[0])
+        mine, theirs, left = FakeSocket(), FakeSocket(), FakeSocket(gone=True)
+        held = {n: tokens.opened(t, cast(WebSocket, s)) for n, t, s in (
+            ("mine", "a", mine), ("theirs", "b", theirs), ("left", "a", left))}  # fmt: skip
+        assert tokens.revoked("a") == 2
+        assert held["mine"].revoked and held["left"].revoked and not held["theirs"].revoked
+        await asyncio.sleep(0.01)  # the closes are tasks of their own
+        assert mine.closes == [(1008, REVOKED)] and theirs.closes == []
+        # A websocket whose token was read just before the revoke registers after it.
+        late = FakeSocket()
+        assert tokens.opened("a", cast(WebSocket, late)).revoked
+        await asyncio.sleep(0.01)
+        assert late.closes == [(1008, REVOKED)]
+        # Long after, an id is forgotten (ids are not reused: a revoked token stays revoked).
+        now[0] = REMEMBER + 1
+        tokens.revoked("c")
+        again = FakeSocket()
+        assert not tokens.opened("a", cast(WebSocket, again)).revoked
+        assert tokens.count("a") == 2  # late (never closed here: its handler does) and again
+
+    loop_errors: list[Any] = []
+
+    def run() -> None:
+        loop = asyncio.new_event_loop()
+        loop.set_exception_handler(lambda _, context: loop_errors.append(context))
+        try:
+            loop.run_until_complete(scenario())
+        finally:
+            loop.close()
+
+    run()
+    assert loop_errors == []  # the socket whose peer left raised nothing into the loop

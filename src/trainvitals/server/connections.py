@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from trainvitals.protocol import CLOSE_POLICY_VIOLATION
 
@@ -17,6 +19,8 @@ log = logging.getLogger("trainvitals.server")
 
 #: The reason a websocket of a revoked token is closed with (1008).
 REVOKED = "this token was revoked"
+#: Seconds a revoke is remembered, for a websocket whose token was read just before it.
+REMEMBER = 600.0
 
 
 class OpenRuns:
@@ -60,26 +64,32 @@ class TokenSocket:
         #: Its token was revoked: nothing more is sent on it (it is closed, or closing).
         self.revoked = False
 
-    async def revoke(self) -> None:
-        self.revoked = True
+    async def close(self) -> None:
         # It may close itself meanwhile (the peer left): then there is nothing to close.
-        with contextlib.suppress(RuntimeError, OSError):
+        with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
             await self.websocket.close(CLOSE_POLICY_VIOLATION, REVOKED)
 
 
 class OpenTokens:
     """The websockets open on this process, agents' and browsers', by the token that opened
     them: a token revoked (on any replica: the live hub carries it) closes them at once, as
-    its browser sessions end, rather than when they next connect."""
+    its browser sessions end, rather than when they next connect. A token revoked in the
+    last :data:`REMEMBER` seconds closes a websocket that registers after the revoke (its
+    token was read just before it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._open: dict[str, set[TokenSocket]] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._clock = clock
+        #: Tokens revoked lately: id -> when this process heard it.
+        self._revoked: dict[str, float] = {}
 
     def opened(self, token_id: str, websocket: WebSocket) -> TokenSocket:
         """``websocket`` opened with ``token_id``; pass what this returns to :meth:`closed`."""
         socket = TokenSocket(websocket)
         self._open.setdefault(token_id, set()).add(socket)
+        if token_id in self._revoked:
+            self._close({socket})
         return socket
 
     def closed(self, token_id: str, socket: TokenSocket) -> None:
@@ -93,11 +103,19 @@ class OpenTokens:
 
     def revoked(self, token_id: str) -> int:
         """Close every websocket of ``token_id`` here (1008); how many there were."""
+        now = self._clock()
+        for old in [t for t, when in self._revoked.items() if now - when > REMEMBER]:
+            del self._revoked[old]
+        self._revoked[token_id] = now
         sockets = self._open.pop(token_id, set())
-        for socket in sockets:
-            task = asyncio.create_task(socket.revoke(), name="trainvitals-revoke")
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+        self._close(sockets)
         if sockets:
             log.warning("token %s revoked: %d open connection(s) closed", token_id, len(sockets))
         return len(sockets)
+
+    def _close(self, sockets: set[TokenSocket]) -> None:
+        for socket in sockets:
+            socket.revoked = True  # from now on, before the close goes out
+            task = asyncio.create_task(socket.close(), name="trainvitals-revoke")
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)

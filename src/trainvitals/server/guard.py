@@ -15,8 +15,8 @@ a check:
   multipart body without a preflight, so state-changing routes take ``application/json`` only.
 - **Bodies over ``max_body_bytes``** get 413 before anything reads them.
 
-A refusal is a short plain answer (400, 403, 413 or 415), or for a websocket a close with 1008
-before it is accepted.
+A refusal is a short plain answer (400, 403, 413 or 415); a websocket is closed before it is
+accepted, which its client sees as a 403 answer to its handshake.
 """
 
 from __future__ import annotations

@@ -96,17 +96,21 @@ function renderSignIn(reason) {
 function start(who) {
   identity = who;
   live = new LiveSocket(document.getElementById("live-indicator"));
-  // A token revoked while its page is open (or a session that ended): sign in again.
+  // A token revoked while its page is open (or a session that ended): sign in again. Any
+  // other refusal (a role that may not follow runs live): try again, slowly.
   live.onRefused(async (reason) => {
+    let signedOut = false;
     try {
       await whoami();
     } catch (error) {
-      if (error.status === 401) {
-        window.removeEventListener("hashchange", route);
-        cleanup();
-        renderSignIn(reason === "this token was revoked" ? "Your token was revoked." : "Your session ended.");
-      }
+      signedOut = error.status === 401;
     }
+    if (!signedOut) { live.retryLater(); return; }
+    window.removeEventListener("hashchange", route);
+    ++navigation; // a page still loading draws nothing over the form
+    cleanup();
+    cleanup = () => {};
+    renderSignIn(reason === "this token was revoked" ? "Your token was revoked." : "Your session ended.");
   });
   feed = new AlertFeed(live);
   const navCount = document.getElementById("alert-nav-count");

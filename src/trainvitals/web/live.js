@@ -43,16 +43,26 @@ export class LiveSocket {
     };
     socket.onclose = (event) => {
       this.connected = false;
-      if (event.code === 1008) { // refused: the token was revoked, or the session ended
+      if (event.code === 1008) { // refused: the token was revoked, the session ended, or else
         this.setIndicator("offline", "refused");
         if (this.indicator) this.indicator.title = event.reason || "the server refused the live stream";
-        for (const handler of this.refusedHandlers) handler(event.reason);
-        return; // the same again until someone signs in: no reconnecting
+        if (this.refusedHandlers.size) {
+          for (const handler of this.refusedHandlers) handler(event.reason);
+        } else {
+          this.retryLater();
+        }
+        return; // a handler says whether to try again (retryLater) or to sign in
       }
       this.setIndicator("offline", "reconnecting");
       setTimeout(() => this.connect(), this.delay * (0.5 + Math.random()));
       this.delay = Math.min(this.delay * 2, 5000);
     };
+  }
+
+  // Connect again after the longest wait (a refusal that signing in again would not mend).
+  retryLater() {
+    this.delay = 5000;
+    setTimeout(() => this.connect(), this.delay * (0.5 + Math.random()));
   }
 
   setIndicator(state, text) {

@@ -21,10 +21,11 @@ from trainvitals.protocol import (
     LIVE_PATH,
 )
 from trainvitals.server.auth import identify
-from trainvitals.server.deps import StateDep
+from trainvitals.server.connections import TokenSocket
+from trainvitals.server.deps import AppState, StateDep
 from trainvitals.server.ingest import IngestSession
 from trainvitals.server.live import Subscriber
-from trainvitals.server.storage.tokens import Role
+from trainvitals.server.storage.tokens import Principal, Role
 
 log = logging.getLogger("trainvitals.server")
 router = APIRouter()
@@ -45,6 +46,17 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
     if who is None:
         await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
         return
+    # Held from the moment its token is known: a revoke from then on closes it.
+    socket = state.open_tokens.opened(who.token_id, websocket)
+    try:
+        await _ingest(websocket, state, who, socket)
+    finally:
+        state.open_tokens.closed(who.token_id, socket)
+
+
+async def _ingest(
+    websocket: WebSocket, state: AppState, who: Principal, socket: TokenSocket
+) -> None:
     try:
         slot = await state.quotas.connect(who.token_id)
     except IngestRejected as exc:
@@ -63,7 +75,6 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         state.open_runs,
     )
     state.metrics.agents.inc()
-    socket = state.open_tokens.opened(who.token_id, websocket)
     try:
         while True:
             if session.run is None:  # a connection that never says hello holds nothing
@@ -78,8 +89,8 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
                     ) from None
             else:
                 message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return
+            if message["type"] == "websocket.disconnect" or socket.revoked:
+                return  # a frame that arrived after its token was revoked is not read
             text = message.get("text")
             if text is None:
                 raise IngestRejected(
@@ -99,7 +110,6 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
     except WebSocketDisconnect:
         return
     finally:
-        state.open_tokens.closed(who.token_id, socket)
         session.close()
         state.metrics.agents.dec()
         state.quotas.disconnect(who.token_id, slot)
@@ -114,9 +124,9 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
     if who is None or not who.may(Role.READ):
         await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
         return
+    socket = state.open_tokens.opened(who.token_id, websocket)
     subscriber = state.hub.subscribe(who.projects)
     sender = asyncio.create_task(_drain(websocket, subscriber))
-    socket = state.open_tokens.opened(who.token_id, websocket)
     try:
         while True:
             raw = await websocket.receive_text()
@@ -156,6 +166,7 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
 
 async def _drain(websocket: WebSocket, subscriber: Subscriber) -> None:
     overflow = asyncio.create_task(subscriber.overflowed.wait())
+    get: asyncio.Task[str] | None = None
     try:
         while True:
             get = asyncio.create_task(subscriber.queue.get())
@@ -171,6 +182,8 @@ async def _drain(websocket: WebSocket, subscriber: Subscriber) -> None:
         return
     finally:
         overflow.cancel()
+        if get is not None:
+            get.cancel()  # cancelled with this task, the wait leaves it pending
 
 
 def _live_request(raw: str) -> tuple[str, str] | None:

@@ -45,8 +45,9 @@ router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 #: own (connections, runs a minute, bytes a day), and a project's admin holds at most this
 #: many tokens' worth.
 MAX_LIVE_TOKENS = 100
-#: Tokens made for one project in a day over the API, revoked ones included: revoked tokens
-#: are kept as a record, and making and revoking in a loop must not grow the database freely.
+#: Tokens made for one project in a day (revoked ones, and the command's, included): revoked
+#: tokens are kept as a record, and making and revoking in a loop must not grow the database
+#: freely.
 MAX_MADE_A_DAY = 200
 DAY = 86_400.0
 #: A token's id, as ``TokenStore.create`` makes it.
