@@ -203,6 +203,9 @@ def test_a_browser_signs_in_once_and_a_revoked_token_ends_its_session(team: Team
             return exc.code
 
     assert with_cookie("/api/v1/runs") == 200
+    # An agent's token opens no session: every page would refuse it.
+    status, answer = call(server, "/api/v1/session", None, "POST", {"token": team.ingest_p})
+    assert status == 403 and "cannot use the dashboard" in answer["detail"]  # type: ignore[index]
     token_id = team.read_p.split("_")[1]
     assert trainvitals("token", "revoke", "--db", team.db, token_id).returncode == 0
     assert with_cookie("/api/v1/runs") == 401

@@ -13,7 +13,7 @@ from typing_extensions import TypedDict
 from trainvitals.server.answers import API_ERRORS
 from trainvitals.server.auth import SESSION_COOKIE, PrincipalDep
 from trainvitals.server.deps import StateDep
-from trainvitals.server.storage.tokens import Principal
+from trainvitals.server.storage.tokens import Principal, Role
 
 router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
 
@@ -41,6 +41,12 @@ def sign_in(body: SignIn, request: Request, response: Response, state: StateDep)
     who = state.store.tokens.verify(body.token)
     if who is None:
         raise HTTPException(401, "unknown or revoked token")
+    if not who.may(Role.READ):  # an agent's or a scraper's: every page would be refused
+        raise HTTPException(
+            403,
+            f"a token with role {who.role} cannot use the dashboard: sign in with a read "
+            "or admin token",
+        )
     secret = state.store.tokens.open_session(who, state.settings.session_ttl)
     response.set_cookie(
         SESSION_COOKIE,
