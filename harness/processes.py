@@ -330,6 +330,26 @@ def create_token(db: str, project: str, role: str, name: str) -> str:
         store.dispose()
 
 
+def ingest_refusal(server: ServerProcess, token: str, project: str) -> tuple[int, str]:
+    """How the server closes an agent connection made with ``token`` as its ``hello`` for a
+    new run of ``project`` arrives: ``(code, reason)`` (an AssertionError when it welcomes
+    it instead). One round trip, where a refused :func:`stream` waits out its run's end."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    hello = {"type": "hello", "v": 1, "run_id": uuid.uuid4().hex, "project": project,
+             "name": "refused?", "started_at": time.time()}  # fmt: skip
+    url = server.url.replace("http", "ws", 1) + "/api/v1/ingest"
+    with connect(url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+        try:
+            ws.send(json.dumps(hello))
+            answer = ws.recv(timeout=10)
+        except ConnectionClosed as closed:
+            assert closed.rcvd is not None, "closed without a code"
+            return closed.rcvd.code, closed.rcvd.reason
+    raise AssertionError(f"the server answered {answer!r} instead of refusing")
+
+
 def stream(server: ServerProcess, token: str, project: str) -> str:
     """A run of ``project`` with a NaN loss, streamed with ``token``; returns its id."""
     from trainvitals import Run, resolve

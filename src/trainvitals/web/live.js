@@ -9,6 +9,9 @@ export function withSummary(run, summary) {
   return { ...run, ...summary };
 }
 
+// The longest wait before connecting again, ms.
+const MAX_DELAY = 5000;
+
 export class LiveSocket {
   constructor(indicator) {
     this.indicator = indicator;
@@ -54,15 +57,20 @@ export class LiveSocket {
         return; // a handler says whether to try again (retryLater) or to sign in
       }
       this.setIndicator("offline", "reconnecting");
-      setTimeout(() => this.connect(), this.delay * (0.5 + Math.random()));
-      this.delay = Math.min(this.delay * 2, 5000);
+      this.connectLater();
+      this.delay = Math.min(this.delay * 2, MAX_DELAY);
     };
+  }
+
+  // Connect again after about this.delay ms (jittered, so that pages do not come back as one).
+  connectLater() {
+    setTimeout(() => this.connect(), this.delay * (0.5 + Math.random()));
   }
 
   // Connect again after the longest wait (a refusal that signing in again would not mend).
   retryLater() {
-    this.delay = 5000;
-    setTimeout(() => this.connect(), this.delay * (0.5 + Math.random()));
+    this.delay = MAX_DELAY;
+    this.connectLater();
   }
 
   setIndicator(state, text) {

@@ -81,7 +81,7 @@ def _answer(info: TokenInfo, who: Principal) -> TokenAnswer:
 def _governed(store: Store, who: Principal, token_id: str) -> TokenInfo:
     """The token, when ``who`` governs it (else a 404, as if there were none)."""
     info = store.tokens.get(token_id)
-    if info is None or who.projects not in (None, info.project):
+    if info is None or not who.may(Role.ADMIN, info.project):
         raise HTTPException(404, f"No token with id {token_id!r}")
     return info
 
@@ -113,7 +113,7 @@ def create_token(
     body: TokenRequest, who: Manager, store: StoreDep, response: Response
 ) -> NewTokenAnswer:
     """Make a token; the answer holds it, the only time it is shown."""
-    if who.projects is not None and body.project != who.projects:
+    if not who.may(Role.ADMIN, body.project):  # another project, or every project
         raise HTTPException(
             403, f"an admin of project {who.projects!r} makes tokens of that project only"
         )
