@@ -485,6 +485,26 @@ def test_a_run_deleted_before_its_pages_live_stream_opened_says_so(
     assert not errors
 
 
+def test_a_run_deleted_while_its_page_loads_says_so(server: ServerProcess, browser: Any) -> None:
+    """Deleted between its summary's answer and its points' (a CI host was slow enough): the
+    points' 404 is the deletion, said as one, not a failed page."""
+    seed_runs(server.db, 1, steps=5)
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    def delete_first(route: Any) -> None:  # the run goes just before its points are read
+        assert server.send("DELETE", "/api/v1/runs/seed000000")[0] == 200
+        route.continue_()
+
+    page.route("**/api/v1/runs/seed000000/series?**", delete_first)
+    page.goto(server.url + "/#/runs/seed000000")
+    expect(page.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
+    expect(page.locator("#run-name")).to_have_text("run-00000")
+    assert page.locator("#app > p.error").count() == 0
+    assert not errors
+
+
 def test_a_run_is_renamed_tagged_noted_archived_and_deleted_from_its_page(
     server: ServerProcess, browser: Any
 ) -> None:

@@ -118,7 +118,14 @@ export class RunPage {
     this.set.mount(this.root.querySelector(".chart-controls"), this.chartsRoot);
     this.root.querySelector("#run-config").innerHTML = kvRows(this.run.config);
     this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
-    await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
+    try {
+      await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
+    } catch (error) {
+      // Deleted while its page loaded (its "deleted" message waits for start() below): said
+      // as a deletion seen live is, not as a failed page.
+      if (error.status === 404 && !(await this.refresh())) return;
+      throw error;
+    }
     this.charts.get("grad_norm")?.showTopVariables();
     this.drawMarkers(); // the layers an alert names stay shown, whatever their rank
     this.following.start();
