@@ -1,6 +1,8 @@
 """CPU per stored frame on the server's writer thread: its kept connection against a
 connection taken from the pool for each transaction (what the writer did before: the pool's
-ping on checkout and its rollback on return, around every commit), alternated in one run.
+ping on checkout and its rollback on return, around every commit), and against the writer
+without series summaries (each series' last, least and greatest value, merged into its
+``series`` row at each commit, for the runs list's metric columns), alternated in one run.
 
 Each frame is what an agent sends after 40 steps of a small MLP: 7 per-step series and 6
 per-variable gradient norms every 10 steps. Frames are submitted one at a time and awaited,
@@ -27,6 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from trainvitals.server.storage import series as series_module
+from trainvitals.server.storage.summary import Summary
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer, _Item, _settle
 
@@ -47,6 +51,23 @@ class PooledWriter(Writer):
             results = [operation(conn) for operation, _, _ in batch]
         for (_, future, loop), result in zip(batch, results, strict=True):
             _settle(loop, [(future, result, None)])
+
+
+class UnsummarisedWriter(Writer):
+    """The writer as it was before series summaries: a frame's steps read for their highest,
+    and nothing merged at the commit."""
+
+    def _apply(self, batch: list[_Item], retry: bool = True) -> None:
+        def highest(steps: Any, values: Any) -> Summary:
+            return Summary(int(steps.max()), 0.0, None, None)
+
+        kept = series_module.summarize, series_module._summary_rows
+        series_module.summarize = highest  # type: ignore[assignment]
+        series_module._summary_rows = lambda _: []  # type: ignore[assignment]
+        try:
+            super()._apply(batch, retry)
+        finally:
+            series_module.summarize, series_module._summary_rows = kept
 
 
 def frame(first: int, steps: int = 40, rng: random.Random | None = None) -> dict[str, Any]:
@@ -88,7 +109,9 @@ async def cpu_per_frame(
 async def measure(db: str, frames: int, rounds: int) -> None:
     store = Store(db)
     store.create_schema()
-    kinds: list[tuple[str, type[Writer]]] = [("kept", Writer), ("pooled", PooledWriter)]
+    kinds: list[tuple[str, type[Writer]]] = [
+        ("kept", Writer), ("pooled", PooledWriter), ("unsummarised", UnsummarisedWriter)
+    ]  # fmt: skip
     cpu: dict[str, list[float]] = {name: [] for name, _ in kinds}
     try:
         for r in range(rounds):
@@ -96,12 +119,17 @@ async def measure(db: str, frames: int, rounds: int) -> None:
                 cpu[name].append(await cpu_per_frame(store, writer_class, f"{name}-{r}", frames))
     finally:
         store.dispose()
-    ratios = [kept / pooled for kept, pooled in zip(cpu["kept"], cpu["pooled"], strict=True)]
-    kept, pooled = (statistics.median(cpu[name]) * 1e3 for name in ("kept", "pooled"))
+    median = {name: statistics.median(cpu[name]) * 1e3 for name in cpu}
     print(
-        f"{store.dialect}: CPU per frame, kept connection {kept:.3f} ms, pooled {pooled:.3f} ms; "
-        f"ratio {statistics.median(ratios):.3f} (rounds {min(ratios):.2f} to {max(ratios):.2f})"
+        f"{store.dialect}: CPU per frame, "
+        + ", ".join(f"{k} {v:.3f} ms" for k, v in median.items())
     )
+    for other in ("pooled", "unsummarised"):
+        ratios = [a / b for a, b in zip(cpu["kept"], cpu[other], strict=True)]
+        print(
+            f"  this writer / {other}: {statistics.median(ratios):.3f} "
+            f"(rounds {min(ratios):.2f} to {max(ratios):.2f})"
+        )
 
 
 def main() -> None:

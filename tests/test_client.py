@@ -68,6 +68,17 @@ def test_runs_history_and_alerts(team: Team) -> None:
         assert [r.id for r in api.runs(status="crashed")] == [run.id]
         assert [r.id for r in api.runs(project="p", status="finished")] == [nan_run]
         assert api.runs(project="q") == []  # another project: nothing, as the route says
+        best = api.runs(sort="min:loss", descending=False, metrics=["loss", "none"])
+        finite = values[np.isfinite(values)]
+        assert [(r.id, r.metrics) for r in best] == [
+            (run.id, {"loss": {"step": values.size, "last": values[-1],
+                               "min": finite.min(), "max": finite.max()}}),
+            (nan_run, {"loss": {"step": 2, "last": None, "min": 0.5, "max": 0.5,
+                                "nonfinite": "nan"}}),
+        ]  # fmt: skip
+        assert [r.id for r in api.runs(sort="max:loss")] == [run.id, nan_run]
+        assert [r.id for r in api.runs(sort="last:loss")] == [run.id, nan_run]  # NaN last
+        assert listed[0].metrics == {}  # none asked for
 
         detail = api.run(run.id)
         assert detail.config == {"lr": 0.1} and detail.series == ["loss"]
@@ -103,6 +114,13 @@ def test_errors_carry_the_servers_status_and_reason(team: Team) -> None:
         with pytest.raises(ApiError) as bad:
             api.runs(status="sleeping")  # type: ignore[arg-type]
         assert bad.value.status == 422 and bad.value.reason.startswith("query.status.0: ")
+        for sort in ("median:loss", "min:", "loss", "min:a\nb", "min:" + "x" * 257):
+            with pytest.raises(ApiError) as bad:
+                api.runs(sort=sort)
+            assert bad.value.status == 422 and bad.value.reason.startswith("query.sort: "), sort
+        with pytest.raises(ApiError) as bad:
+            api.runs(metrics=[f"m{i}" for i in range(21)])
+        assert bad.value.status == 422 and bad.value.reason.startswith("query.metric: ")
     with trainvitals.Api(server=team.server.url) as anonymous:
         with pytest.raises(ApiError, match="401: a token is required"):
             anonymous.runs()
@@ -178,14 +196,16 @@ def test_the_clients_alert_tokens_and_sorts_are_the_servers() -> None:
     client imports nothing of the server)."""
     from typing import get_args
 
-    from trainvitals.client import Alert, NewToken, RunSort, Token
+    from trainvitals.client import Alert, MetricSummary, NewToken, RunSort, Token
     from trainvitals.server.answers import NewTokenAnswer, TokenAnswer
     from trainvitals.server.storage import AlertRow
+    from trainvitals.server.storage import MetricSummary as ServerSummary
     from trainvitals.server.storage.runs import SORTS
 
     assert list(Alert.__annotations__) == list(AlertRow.__annotations__)
     assert list(Token.__annotations__) == list(TokenAnswer.__annotations__)
     assert list(NewToken.__annotations__) == list(NewTokenAnswer.__annotations__)
+    assert list(MetricSummary.__annotations__) == list(ServerSummary.__annotations__)
     assert get_args(RunSort) == SORTS
 
 

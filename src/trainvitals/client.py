@@ -21,7 +21,7 @@ import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import IO, TYPE_CHECKING, Any, Literal, TypedDict
+from typing import IO, TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 from urllib.parse import quote, urlsplit
 
 from trainvitals.agent.config import DEFAULT_SERVER
@@ -36,6 +36,8 @@ __all__ = ["Alert", "Api", "ApiRun", "ExportFormat"]
 CLIENT_HINT = "trainvitals.Api needs httpx: pip install 'trainvitals[client]'"
 ExportFormat = Literal["csv", "jsonl", "parquet"]
 RunStatus = Literal["running", "stalled", "finished", "crashed", "lost"]
+#: A run's field to sort by (:meth:`Api.runs` also sorts by a series' statistic:
+#: ``"last:NAME"``, ``"min:NAME"`` or ``"max:NAME"``).
 RunSort = Literal[
     "started_at", "name", "project", "status", "last_step", "last_seen", "host", "ended_at"
 ]
@@ -68,6 +70,19 @@ class Alert(TypedDict):
     silenced_until: float | None
     closed_time: float | None
     closed_reason: str | None
+
+
+class MetricSummary(TypedDict):
+    """A run's series at a glance (the light twin of the server's ``MetricSummary``):
+    ``last``, its value at ``step``, its highest step (None when NaN or ±Inf, which
+    ``nonfinite`` names: ``nan``, ``inf``, ``-inf``); ``min`` and ``max``, its least and
+    greatest finite values."""
+
+    step: int
+    last: float | None
+    min: float | None
+    max: float | None
+    nonfinite: NotRequired[str]
 
 
 class Token(TypedDict):
@@ -122,6 +137,8 @@ class ApiRun:
     #: "firing": [...]}`` (``worst`` None: it raised none).
     health: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    #: The summaries of the series :meth:`Api.runs` was asked for (``metrics=``), by name.
+    metrics: dict[str, MetricSummary] = field(default_factory=dict)
     series: list[str] = field(default_factory=list)
     traceback: str | None = None
 
@@ -277,20 +294,25 @@ class Api:
         tag: str | None = None,
         health: Literal["critical", "warning", "healthy"] | None = None,
         archived: Literal["hide", "only", "include"] = "hide",
-        sort: RunSort = "started_at",
+        sort: RunSort | str = "started_at",
         descending: bool = True,
         offset: int = 0,
+        metrics: Sequence[str] = (),
     ) -> list[ApiRun]:
         """Runs, newest first (or by ``sort``): of ``project``, in ``status`` (one or several),
         the workers of ``job``, whose name contains ``name``, tagged ``tag``, whose worst alert
         was ``health`` (``healthy``: none); archived runs only with ``archived``. The first
         ``limit`` from ``offset``; ``limit=None``: every run that matches, a page at a time
-        (pages read one after another, not one snapshot: a run is listed once).
+        (pages read one after another, not one snapshot: a run is listed once). ``sort`` may
+        be a series' statistic (``"min:val_loss"``: runs without one come last either way);
+        each run's ``metrics`` holds the summaries of the series in ``metrics`` (at most 20).
 
         Example:
             ```python
             crashed = api.runs(project="mnist", status="crashed")
             sweep = api.runs(tag="sweep-3", sort="name", descending=False, limit=None)
+            best = api.runs(sort="min:val_loss", descending=False, limit=5, metrics=["val_loss"])
+            print([(r.name, r.metrics["val_loss"]["min"]) for r in best])
             ```
         """
         params: dict[str, Any] = {
@@ -303,6 +325,7 @@ class Api:
             "archived": archived,
             "sort": sort,
             "order": "desc" if descending else "asc",
+            "metric": list(metrics),
         }
         params = {k: v for k, v in params.items() if v}
         found: dict[str, ApiRun] = {}

@@ -91,6 +91,52 @@ def test_the_list_is_searched_sorted_and_paged_by_the_server(
     assert not page.errors
 
 
+def test_series_are_columns_of_the_list_and_its_sort_orders(
+    seeded: ServerProcess, browser: Any
+) -> None:
+    """Metric columns, as W&B's runs table has them: a series' last value, or its least or
+    greatest, each a sort order of the server's over every run (not only the page's); runs
+    without the series are last either way; the view is in the address."""
+    page = open_page(seeded, browser)
+    expect(page.locator("#page-range")).to_have_text(f"1\N{EN DASH}50 of {RUNS}")
+    page.locator("input[name=metrics]").fill("loss, min:loss, max:lr, nope")
+    heads = page.locator("th[data-metric-column]")
+    expect(heads).to_have_count(4)
+    assert heads.all_inner_texts() == ["loss", "loss (min)", "lr (max)", "nope"]
+    # run-00059 (i % 7 == 3): loss 1 / (s + 3) at steps 1..30, lr twice the loss.
+    cells = page.locator("tr.run-row").first.locator("td.metric-cell")
+    expect(cells).to_have_text(["0.0303", "0.0303", "0.5", "—"])
+    assert cells.first.get_attribute("title") == "at step 30"
+
+    page.locator("button.sort[data-sort='min:loss']").click()  # least first
+    expect(page.locator("th[data-metric-column='min:loss']")).to_have_attribute(
+        "aria-sort", "ascending"
+    )
+    # The least loss over all 60 runs is 1/36 (i % 7 == 6), newest first among equals:
+    # run-00055 and run-00048 are on the first page, and so is no run of a larger loss.
+    expect(page.locator("tr.run-row").first).to_contain_text("run-00055")
+    assert names(page)[:2] == ["run-00055", "run-00048"]
+    page.locator("button.sort[data-sort='max:lr']").click()  # greatest first
+    expect(page.locator("tr.run-row").first).to_contain_text("run-00056")  # i % 7 == 0
+    page.locator("button.sort[data-sort='last:nope']").click()  # no run has it: as started
+    expect(page.locator("tr.run-row").first).to_contain_text("run-00059")
+    page.locator("button.sort[data-sort='min:loss']").click()
+    query = parse_qs(urlsplit(page.evaluate("location.hash")[1:]).query)
+    assert query == {"metrics": ["loss, min:loss, max:lr, nope"], "sort": ["min:loss"],
+                     "order": ["asc"]}  # fmt: skip
+    page.reload()
+    expect(page.locator("tr.run-row").first).to_contain_text("run-00055")
+    expect(page.locator("input[name=metrics]")).to_have_value("loss, min:loss, max:lr, nope")
+
+    # A hostile column name is text, in the heading and in the address.
+    hostile = "<img src=x onerror=window.pwned=1>"
+    page.locator("input[name=metrics]").fill(hostile)
+    expect(page.locator("th[data-metric-column]")).to_have_count(1)
+    expect(page.locator("th[data-metric-column]")).to_have_text(hostile)
+    assert page.evaluate("window.pwned") is None and page.locator("img").count() == 0
+    assert not page.errors, page.errors
+
+
 def test_a_run_that_blew_up_never_looks_like_a_clean_finish(
     seeded: ServerProcess, browser: Any
 ) -> None:
@@ -203,6 +249,24 @@ def test_a_live_list_updates_a_runs_row_in_place_keeping_a_selection_and_the_foc
     assert link.evaluate("(a) => a.isConnected")
     assert not status.evaluate("(s) => s.isConnected")  # its cell changed, so it was replaced
     expect(page.locator("#compare")).to_have_text("Compare 1 selected")
+    assert not page.errors, page.errors
+
+
+def test_metric_columns_follow_a_streaming_run(server: ServerProcess, browser: Any) -> None:
+    """A metric column of a live run is read again as the run steps (every few seconds at
+    most), and a loss that turned NaN says so."""
+    run = Run(resolve(server=server.url, project="live", run_name="streaming"),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    run.log(1, {"loss": 2.0})
+    page = open_page(server, browser, "/#/?metrics=loss,min:loss")
+    cells = page.locator(f"tr.run-row[data-run-id='{run.id}'] td.metric-cell")
+    expect(cells).to_have_text(["2", "2"])
+    run.log(2, {"loss": 0.5})
+    run.log(3, {"loss": float("nan")})
+    expect(cells).to_have_text(["NaN", "0.5"], timeout=15_000)
+    assert cells.first.locator(".nonfinite").count() == 1
+    assert run.finish()
     assert not page.errors, page.errors
 
 

@@ -7,7 +7,7 @@ import { listRuns } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { comparePath } from "./compare.js";
 import { withSummary } from "./live.js";
-import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, tagList, workerOrder } from "./format.js";
+import { escapeHTML, formatAgo, formatNumber, formatTime, healthBadge, runPath, setTitle, statusBadge, tagList, workerOrder } from "./format.js";
 
 const PAGE_SIZE = 50;
 const STATUSES = ["running", "stalled", "finished", "crashed", "lost"];
@@ -19,7 +19,12 @@ const COLUMNS = [
   ["started_at", "Started", "wide-only"], ["last_step", "Last step", "num wide-only"],
   ["last_seen", "Last seen", ""], ["host", "Host", "wide-only"],
 ];
-const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "" };
+const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: "" };
+// A series' statistics a metric column shows, each sorted first in the order that puts the
+// best runs of a loss (last, min) or of an accuracy (max) on top.
+const METRIC_ORDER = { last: "asc", min: "asc", max: "desc" };
+// How often, at most, metric columns are read again while the runs on the page stream (ms).
+const METRIC_REFRESH = 5000;
 
 // "2 firing" in the colour of the most severe of them.
 function firingBadge(alerts) {
@@ -98,7 +103,30 @@ function queryOf(state) {
   return query;
 }
 
-const configKeys = (state) => state.cols.split(",").map((key) => key.trim()).filter(Boolean).slice(0, 20);
+const listed = (text) => text.split(",").map((key) => key.trim()).filter(Boolean).slice(0, 20);
+const configKeys = (state) => listed(state.cols);
+
+// The metric columns of the view: "val_loss" shows a series' last value, "min:val_loss" and
+// "max:val_loss" its least and greatest; each is also the server's sort key for it.
+function metricColumns(state) {
+  return listed(state.metrics).map((text) => {
+    const at = text.indexOf(":");
+    const stat = at > 0 ? text.slice(0, at) : "";
+    return stat in METRIC_ORDER && at < text.length - 1
+      ? { stat, name: text.slice(at + 1), sort: text }
+      : { stat: "last", name: text, sort: `last:${text}` };
+  });
+}
+
+function metricCell(summary, { stat }) {
+  if (!summary) return `<td class="num metric-cell muted">—</td>`;
+  const value = summary[stat];
+  const shown = stat === "last" && summary.nonfinite
+    ? `<span class="nonfinite">${escapeHTML(summary.nonfinite === "nan" ? "NaN" : summary.nonfinite === "inf" ? "+Inf" : "−Inf")}</span>`
+    : escapeHTML(value == null ? "—" : formatNumber(value));
+  const title = stat === "last" ? `at step ${summary.step}` : `${stat} of the finite values; last step ${summary.step}`;
+  return `<td class="num metric-cell" title="${escapeHTML(title)}">${shown}</td>`;
+}
 
 export async function renderRuns(root, live, feed, params = new URLSearchParams()) {
   setTitle("Runs");
@@ -118,6 +146,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       <label>Archived <select name="archived"><option value="hide">hidden</option>
         <option value="only">only</option><option value="include">shown</option></select></label>
       <label>Config columns <input type="text" name="cols" placeholder="lr, batch_size" size="14"></label>
+      <label title="a series' last value; min: or max: for its least or greatest">Metric columns
+        <input type="text" name="metrics" placeholder="loss, min:val_loss" size="16"></label>
     </form>
     <div class="table-scroll"><table class="runs-table">
       <thead><tr id="runs-head"></tr></thead>
@@ -130,24 +160,29 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     </nav>`;
   const body = root.querySelector("#runs-body");
   const form = root.querySelector("form");
-  for (const key of ["q", "project", "status", "health", "tag", "archived", "cols"]) form.elements[key].value = state[key];
+  for (const key of ["q", "project", "status", "health", "tag", "archived", "cols", "metrics"]) form.elements[key].value = state[key];
   const selected = new Set();
   let runs = new Map(); // this page's runs, in the server's order
   let total = 0;
   let firing = new Map(); // run id -> its firing alerts
   let loads = 0;
 
-  const span = () => COLUMNS.length + 2 + configKeys(state).length;
+  const span = () => COLUMNS.length + 2 + configKeys(state).length + metricColumns(state).length;
   const isNewestFirst = () => state.sort === "started_at" && state.order === "desc";
 
+  const sortHeading = (key, label, cls, extra = "") => {
+    const sorted = state.sort === key ? (state.order === "asc" ? "ascending" : "descending") : "none";
+    const arrow = sorted === "ascending" ? " ▲" : sorted === "descending" ? " ▼" : "";
+    return `<th class="${cls}" aria-sort="${sorted}"${extra}><button type="button" class="sort" data-sort="${escapeHTML(key)}">${escapeHTML(label)}${arrow}</button></th>`;
+  };
   const drawHead = () => {
-    const headings = COLUMNS.map(([key, label, cls]) => {
-      const sorted = state.sort === key ? (state.order === "asc" ? "ascending" : "descending") : "none";
-      const arrow = sorted === "ascending" ? " ▲" : sorted === "descending" ? " ▼" : "";
-      return `<th class="${cls}" aria-sort="${sorted}"><button type="button" class="sort" data-sort="${escapeHTML(key)}">${escapeHTML(label)}${arrow}</button></th>`;
-    });
+    const headings = COLUMNS.map(([key, label, cls]) => sortHeading(key, label, cls));
     const config = configKeys(state).map((key) => `<th data-config-column="${escapeHTML(key)}">${escapeHTML(key)}</th>`);
-    root.querySelector("#runs-head").innerHTML = `<th><span class="visually-hidden">Select</span></th>${headings.join("")}${config.join("")}`;
+    const metrics = metricColumns(state).map(({ stat, name, sort }) =>
+      sortHeading(sort, stat === "last" ? name : `${name} (${stat})`, "num", ` data-metric-column="${escapeHTML(sort)}"`));
+    const head = root.querySelector("#runs-head");
+    const html = `<th><span class="visually-hidden">Select</span></th>${headings.join("")}${config.join("")}${metrics.join("")}`;
+    if (head.drawn !== html) { head.innerHTML = html; head.drawn = html; } // a focused heading stays
   };
 
   // The rows drawn, by key ("run:<id>", "job:<id>"): updated in place at each push.
@@ -161,6 +196,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     const worker = run.worker ? ` <span class="worker-tag" data-worker="${escapeHTML(run.worker)}">${escapeHTML(run.worker)}</span>` : "";
     const notes = run.notes ? ` <span class="notes-mark" title="${escapeHTML(run.notes)}" aria-label="has notes">✎</span>` : "";
     const config = configKeys(state).map((key) => `<td class="config-cell" data-config="${escapeHTML(key)}">${escapeHTML(configValue(run.config?.[key]))}</td>`);
+    const metrics = metricColumns(state).map((column) => metricCell(run.metrics?.[column.name], column));
     return [
       // Whether it is ticked is the box's own state, kept in step with `selected`.
       `<td><input type="checkbox" class="select-run" aria-label="${escapeHTML(`select ${run.name}`)}"></td>`,
@@ -172,6 +208,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       `<td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>`,
       `<td class="wide-only">${escapeHTML(run.host)}</td>`,
       ...config,
+      ...metrics,
     ];
   };
   const runRow = (run) => {
@@ -220,7 +257,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     const ordered = [...runs.values()];
     if (!ordered.length) {
       drawn = new Map();
-      const filtered = queryOf({ ...state, page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "" }).size;
+      const filtered = queryOf({ ...state, page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: "" }).size;
       body.innerHTML = filtered
         ? `<tr><td colspan="${span()}" class="empty">No runs match. <a href="#/">Show every run</a></td></tr>`
         : `<tr><td colspan="${span()}" class="empty">No runs yet. Add
@@ -258,9 +295,16 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     && (!state.tag || (run.tags ?? []).includes(state.tag))
     && state.archived !== "only" // an old run archived elsewhere: not at the top of the list
     && archivedShown(run);
+  // Metric columns are read again, at most every few seconds, while the page's runs step.
+  let metricsDue = null;
+  const refreshMetrics = () => {
+    if (metricsDue || !metricColumns(state).length) return;
+    metricsDue = setTimeout(() => { metricsDue = null; load().catch(() => {}); }, METRIC_REFRESH);
+  };
   const apply = (summaries) => {
     for (const summary of summaries) {
       if (runs.has(summary.id)) {
+        if (summary.last_step !== runs.get(summary.id).last_step) refreshMetrics();
         const run = withSummary(runs.get(summary.id), summary);
         if (archivedShown(run)) runs.set(summary.id, run);
         else { runs.delete(summary.id); selected.delete(summary.id); total -= 1; }
@@ -280,6 +324,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       q: state.q, project: state.project, status: state.status, health: state.health, tag: state.tag, archived: state.archived,
       sort: state.sort, order: state.order, limit: PAGE_SIZE, offset: Number(state.page) * PAGE_SIZE || 0,
       config: configKeys(state),
+      metric: [...new Set(metricColumns(state).map(({ name }) => name))],
     };
     const [page, since] = await live.fetchWithRuns(() => listRuns(query));
     if (current !== loads) return; // a later change of the filters is on its way
@@ -310,7 +355,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   root.querySelector("#runs-head").addEventListener("click", (event) => {
     const key = event.target.closest("button.sort")?.dataset.sort;
     if (!key) return;
-    const order = state.sort === key ? (state.order === "desc" ? "asc" : "desc") : (key === "name" || key === "project" || key === "host" ? "asc" : "desc");
+    const first = METRIC_ORDER[key.split(":")[0]] ?? (key === "name" || key === "project" || key === "host" ? "asc" : "desc");
+    const order = state.sort === key ? (state.order === "desc" ? "asc" : "desc") : first;
     change({ sort: key, order, page: "0" });
   });
   root.querySelector("#prev-page").addEventListener("click", () => change({ page: String(Math.max(0, Number(state.page) - 1)) }));
@@ -343,7 +389,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     }
   }, 5000);
 
-  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); clearTimeout(typing); };
+  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); clearTimeout(typing); clearTimeout(metricsDue); };
   try {
     await load();
   } catch (error) {

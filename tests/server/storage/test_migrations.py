@@ -214,3 +214,43 @@ def test_a_database_of_a_newer_version_is_refused(tmp_path: Path) -> None:
     # serve stops before it listens, saying why.
     refused = trainvitals("serve", "--port", "0", "--db", str(tmp_path / "newer.db"))
     assert refused.returncode == 2 and "cannot migrate the database" in refused.stderr
+
+
+def test_series_stored_before_revision_0008_are_summarised_by_the_upgrade(db_url: str) -> None:
+    """Downgraded below 0008 the summaries are gone; upgraded again, each series' summary is
+    read from its points (compacted blocks with shared clocks, and frames as sent) and equals
+    the one the writer kept."""
+    import numpy as np
+
+    from tests.server.storage.rows import hello
+    from trainvitals.protocol import Columns
+    from trainvitals.server.storage import RunFilter
+    from trainvitals.server.storage.series import Due
+
+    steps = np.arange(1, 501)
+    times = 1.7e9 + steps * 0.01
+    loss = np.cos(steps / 50.0) + 2.0
+    store = Store(db_url)
+    try:
+        store.create_schema()
+        with store.engine.begin() as conn:
+            store.runs.open_run(conn, hello("r"), now=1.0)
+            sent = {"loss": Columns(steps, times, loss), "acc": Columns(steps, times, -loss)}
+            store.series.add_points(conn, "r", 1, sent, now=2.0)
+        store.series.compact(Due("r", 1, False))  # a block: the first frame
+        with store.engine.begin() as conn:
+            later = Columns([501, 502], [1.8e9, 1.8e9 + 1], [np.inf, float("nan")])
+            store.series.add_points(conn, "r", 2, {"loss": later}, now=3.0)
+        asked = RunFilter(), 50, 0, (), ("loss", "acc")
+        kept = store.runs.find_runs(*asked)["runs"][0]["metrics"]
+        assert kept["loss"] == {"step": 502, "last": None, "min": float(loss.min()),
+                                "max": float(loss.max()), "nonfinite": "nan"}  # fmt: skip
+        with store.engine.connect() as conn:
+            command.downgrade(alembic_config(conn), "0007")
+            conn.commit()
+            columns = list(conn.execute(text("SELECT * FROM series")).keys())
+        assert columns == ["run_id", "name"]
+        assert store.create_schema() == head_revision()
+        assert store.runs.find_runs(*asked)["runs"][0]["metrics"] == kept
+    finally:
+        store.dispose()

@@ -277,3 +277,55 @@ def test_a_transactions_frames_leave_each_run_as_written_one_by_one(store: Store
         store.series.add_points(conn, "r2", 2, {"loss": Columns([1], [11.0], [0.2])}, now=11.0)
     rows = {r["id"]: r for r in store.runs.list_runs()}
     assert (rows["r1"]["last_step"], rows["r2"]["last_step"]) == (4, 1)
+
+
+def test_each_series_is_summarised_as_its_frames_are_stored_and_runs_sort_by_it(
+    store: Store,
+) -> None:
+    """A series' last value (at its highest step), least and greatest finite values, kept
+    across frames and transactions and frames out of step order; a NaN last value
+    named; runs sorted by any of them, those without the series last either way."""
+    nan, inf = float("nan"), float("inf")
+    with store.engine.begin() as conn:
+        for i, run_id in enumerate(("a", "b", "c", "d")):
+            store.runs.open_run(conn, hello(run_id, started_at=float(i)), now=1.0)
+        # a: two frames in one transaction (merged before they are written), then more.
+        store.series.add_points(
+            conn, "a", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.9, 0.7])}, now=2
+        )
+        store.series.add_points(
+            conn, "a", 2, {"loss": Columns([3, 3], [3.0, 3.1], [inf, 0.5])}, now=2
+        )
+        store.series.add_points(
+            conn, "b", 1, {"loss": Columns([1, 2], [1.0, 2.0], [0.2, 0.4])}, now=2
+        )
+        store.series.add_points(conn, "c", 1, {"loss": Columns([5], [5.0], [nan])}, now=2)
+        store.series.add_points(conn, "d", 1, {"acc": Columns([5], [5.0], [0.8])}, now=2)
+    with store.engine.begin() as conn:
+        # A frame whose steps are older than the stored last (a worker's late frame) keeps it.
+        store.series.add_points(conn, "a", 3, {"loss": Columns([2], [4.0], [0.05])}, now=3)
+        store.series.add_points(
+            conn, "b", 2, {"loss": Columns([3, 4], [3.0, 4.0], [0.3, 0.35])}, now=3
+        )
+    page = store.runs.find_runs(
+        RunFilter(sort="started_at", descending=False), metrics=("loss", "x")
+    )
+    metrics = {run["id"]: run["metrics"] for run in page["runs"]}
+    assert metrics == {
+        "a": {"loss": {"step": 3, "last": 0.5, "min": 0.05, "max": 0.9}},
+        "b": {"loss": {"step": 4, "last": 0.35, "min": 0.2, "max": 0.4}},
+        "c": {"loss": {"step": 5, "last": None, "min": None, "max": None, "nonfinite": "nan"}},
+        "d": {},
+    }
+    assert "metrics" not in store.runs.find_runs(RunFilter())["runs"][0]
+
+    def order(sort: str, descending: bool) -> list[str]:
+        found = store.runs.find_runs(RunFilter(sort=sort, descending=descending))
+        return [run["id"] for run in found["runs"]]
+
+    assert order("last:loss", False) == ["b", "a", "d", "c"]  # d has none; c's is NaN
+    assert order("last:loss", True) == ["a", "b", "d", "c"]
+    assert order("min:loss", False) == ["a", "b", "d", "c"]
+    assert order("max:loss", True) == ["a", "b", "d", "c"]
+    assert order("max:acc", True)[0] == "d"
+    assert store.runs.find_runs(RunFilter(sort="min:loss"), limit=1, offset=1)["total"] == 4

@@ -60,7 +60,9 @@ from trainvitals.server.export import (
     parquet_available,
 )
 from trainvitals.server.live import finite_or_none
+from trainvitals.server.schemas import SeriesName
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
+from trainvitals.server.storage.runs import METRIC_STATS, SORTS
 from trainvitals.server.storage.tokens import Principal, Role
 from trainvitals.server.store import Store
 
@@ -75,12 +77,20 @@ MAX_SERIES_PER_REQUEST = 200
 MAX_RUNS_PER_EXPORT = 50
 
 
-SortParam = Literal[
-    "started_at", "name", "project", "status", "last_step", "last_seen", "host", "ended_at"
+#: A runs list's sort key: a run's field, or a series' statistic (``min:val_loss``).
+SortParam = Annotated[
+    str,
+    Query(
+        max_length=300,
+        pattern=rf"^({'|'.join(SORTS)}|({'|'.join(METRIC_STATS)}):[^\x00-\x1f\x7f]{{1,256}})$",
+        description="a run's field, or a series' statistic: last:NAME, min:NAME or max:NAME",
+    ),
 ]
 ArchivedParam = Literal["hide", "only", "include"]
 #: Config values one list request may add to each run.
 MAX_CONFIG_KEYS = 20
+#: Series summaries one list request may add to each run.
+MAX_METRICS = 20
 
 
 @router.get("/runs")
@@ -100,12 +110,14 @@ def list_runs(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     config: Annotated[list[str] | None, Query(max_length=MAX_CONFIG_KEYS)] = None,
+    metric: Annotated[list[SeriesName] | None, Query(max_length=MAX_METRICS)] = None,
 ) -> RunsAnswer:
     """A page of runs, newest first unless ``sort`` and ``order`` say otherwise, with the
     number of runs that match in ``total`` (and the ``X-Total-Count`` header). Filters:
     ``project``, ``job`` (its workers), ``q`` (part of the name), ``status``, ``tag``,
-    ``archived``, ``health`` (the worst alert it raised, firing or not). A token of one
-    project sees that project's runs only."""
+    ``archived``, ``health`` (the worst alert it raised, firing or not). Each run carries
+    the ``config`` values and the summaries of the series (``metric``) asked for. A token of
+    one project sees that project's runs only."""
     seen = scoped(who, project)
     if isinstance(seen, NoProject):
         response.headers["X-Total-Count"] = "0"
@@ -121,7 +133,7 @@ def list_runs(
         sort=sort,
         descending=order == "desc",
     )
-    page = store.runs.find_runs(which, limit, offset, tuple(config or ()))
+    page = store.runs.find_runs(which, limit, offset, tuple(config or ()), tuple(metric or ()))
     response.headers["X-Total-Count"] = str(page["total"])
     healths = store.alerts.health([run["id"] for run in page["runs"]])
     listed = [{**run, "health": healths[run["id"]]} for run in page["runs"]]

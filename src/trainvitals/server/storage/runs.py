@@ -74,8 +74,10 @@ class RunSummary(TypedDict):
 
 _SUMMARY = [runs.c[field] for field in RunSummary.__annotations__]
 
-#: The runs list's sort keys (``GET /api/v1/runs?sort=``).
+#: The runs list's sort keys (``GET /api/v1/runs?sort=``), besides a series' statistic.
 SORTS = ("started_at", "name", "project", "status", "last_step", "last_seen", "host", "ended_at")
+#: A series' statistics the runs list sorts by (``sort=min:val_loss``), and their columns.
+METRIC_STATS = {"last": "last_value", "min": "min_value", "max": "max_value"}
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,9 @@ class RunFilter:
         archived: ``hide`` (the default), ``only`` or ``include`` the archived runs.
         health: the worst alert the run raised, firing or not: ``critical``, ``warning``, or
             ``healthy`` (no warning or critical alert).
-        sort: one of :data:`SORTS`; descending: its order.
+        sort: one of :data:`SORTS`, or a series' statistic, ``last:NAME``, ``min:NAME`` or
+            ``max:NAME`` (see :data:`METRIC_STATS`; runs without that series, or without a
+            finite value of it, come last either way); descending: its order.
     """
 
     project: str | None = None
@@ -102,10 +106,23 @@ class RunFilter:
     descending: bool = True
 
 
+class MetricSummary(TypedDict):
+    """A series of a run at a glance: ``last``, its value at ``step``, its highest step (null
+    when NaN or ±Inf, which ``nonfinite`` then names: ``nan``, ``inf``, ``-inf``); ``min`` and
+    ``max``, its least and greatest finite values (null when it has none)."""
+
+    step: int
+    last: float | None
+    min: float | None
+    max: float | None
+    nonfinite: NotRequired[str]
+
+
 class ListedRun(RunSummary):
-    """A run in the runs list: its summary, and the config values asked for."""
+    """A run in the runs list: its summary, and the config values and series asked for."""
 
     config: NotRequired[dict[str, Any]]
+    metrics: NotRequired[dict[str, MetricSummary]]
 
 
 class RunPage(TypedDict):
@@ -410,15 +427,25 @@ class RunStore:
         limit: int = 50,
         offset: int = 0,
         config_keys: tuple[str, ...] = (),
+        metrics: tuple[str, ...] = (),
     ) -> RunPage:
         """A page of the runs ``which`` selects, and their number; each run carries the
-        values of ``config_keys`` in ``config`` when some are asked for."""
+        values of ``config_keys`` in ``config``, and the summaries of its series named in
+        ``metrics`` in ``metrics``, when some are asked for."""
         where = _conditions(which)
-        key = runs.c[which.sort]
+        stat, _, metric = which.sort.partition(":")
+        source: Any = runs
+        if metric:
+            by = series.alias("sorted_by")
+            source = runs.outerjoin(by, and_(by.c.run_id == runs.c.id, by.c.name == metric))
+            key = by.c[METRIC_STATS[stat]]
+        else:
+            key = runs.c[which.sort]
         order = key.desc() if which.descending else key.asc()
         columns = [*_SUMMARY, runs.c.config] if config_keys else _SUMMARY
         query = (
             select(*columns)
+            .select_from(source)
             .where(*where)
             # Ties newest first, then by id, so that pages neither skip nor repeat a run.
             .order_by(order.nulls_last(), runs.c.started_at.desc(), runs.c.id.desc())
@@ -428,12 +455,15 @@ class RunStore:
         with self._engine.connect() as conn:
             total = conn.execute(select(func.count()).select_from(runs).where(*where)).scalar()
             rows = [dict(r) for r in conn.execute(query).mappings()]
+            summaries = _metric_summaries(conn, [row["id"] for row in rows], metrics)
         page: list[ListedRun] = []
         for row in rows:
             listed = cast(ListedRun, run_summary(row))
             if config_keys:
                 config = json.loads(row["config"] or "{}")
                 listed["config"] = {k: config[k] for k in config_keys if k in config}
+            if metrics:
+                listed["metrics"] = summaries.get(row["id"], {})
             page.append(listed)
         return RunPage(runs=page, total=int(total or 0))
 
@@ -618,6 +648,30 @@ def run_summary(run: Mapping[str, Any]) -> RunSummary:
     summary["notes"] = run.get("notes") or ""
     summary["archived"] = bool(run.get("archived"))
     return cast(RunSummary, summary)
+
+
+def _metric_summaries(
+    conn: Connection, run_ids: list[str], names: tuple[str, ...]
+) -> dict[str, dict[str, MetricSummary]]:
+    """Run id -> series name -> its summary, of those of ``names`` each run has points of."""
+    if not run_ids or not names:
+        return {}
+    query = select(
+        series.c.run_id,
+        series.c.name,
+        series.c.last_step,
+        series.c.last_value,
+        series.c.last_nonfinite,
+        series.c.min_value,
+        series.c.max_value,
+    ).where(series.c.run_id.in_(run_ids), series.c.name.in_(names), series.c.last_step.is_not(None))
+    found: dict[str, dict[str, MetricSummary]] = {}
+    for run_id, name, step, last, nonfinite, low, high in conn.execute(query):
+        summary = MetricSummary(step=step, last=last, min=low, max=high)
+        if nonfinite is not None:
+            summary["nonfinite"] = nonfinite
+        found.setdefault(run_id, {})[name] = summary
+    return found
 
 
 def _conditions(which: RunFilter) -> list[ColumnElement[bool]]:

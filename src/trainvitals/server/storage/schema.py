@@ -91,12 +91,21 @@ runs = Table(
     Index("ix_runs_job_id", "job_id"),
 )
 
-#: The names of each run's series (an index: the points are in ``chunks``).
+#: The names of each run's series (an index: the points are in ``chunks``), and a summary of
+#: each kept as its frames are stored (the runs list's metric columns and sort orders): the
+#: value at its highest step, and its least and greatest finite values. A non-finite last value
+#: is NULL in ``last_value`` and named in ``last_nonfinite`` (``nan``, ``inf``, ``-inf``): SQLite
+#: stores a NaN as NULL. NULL everywhere: no point yet.
 series = Table(
     "series",
     metadata,
     Column("run_id", String(64), primary_key=True),
     Column("name", String(256), primary_key=True),
+    Column("last_step", BigInteger),
+    Column("last_value", Float),
+    Column("last_nonfinite", String(8)),
+    Column("min_value", Float),
+    Column("max_value", Float),
 )
 
 chunks = Table(

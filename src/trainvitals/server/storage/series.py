@@ -5,6 +5,7 @@ their steps and times in the run's ``clocks``, once for all the series that have
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,10 +36,29 @@ from trainvitals.server.settings import Retention
 from trainvitals.server.storage import codec
 from trainvitals.server.storage.runs import lock_run, merge_progress, past_days, write_progress
 from trainvitals.server.storage.schema import chunks, clocks, dialect_insert, runs, series
+from trainvitals.server.storage.summary import Summary, summarize
 
 _PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
 _PENDING_CHUNKS = "trainvitals.pending_chunks"  # in Connection.info: [chunk row]
 _PENDING_PROGRESS = "trainvitals.pending_progress"  # in Connection.info: {run id: progress}
+#: In Connection.info: {(run id, series): Summary} of the transaction's frames.
+_PENDING_SUMMARIES = "trainvitals.pending_summaries"
+_SUMMARY_COLUMNS = ("last_step", "last_value", "last_nonfinite", "min_value", "max_value")
+_NEWER = "series.last_step IS NULL OR excluded.last_step >= series.last_step"
+#: Each series' summary merged with a transaction's (both engines take this upsert; in SET,
+#: every column reads the row as it was).
+_UPSERT_SUMMARY = (
+    f"INSERT INTO series (run_id, name, {', '.join(_SUMMARY_COLUMNS)}) {{rows}} "
+    "ON CONFLICT (run_id, name) DO UPDATE SET "
+    + ", ".join(
+        f"{c} = CASE WHEN {_NEWER} THEN excluded.{c} ELSE series.{c} END"
+        for c in ("last_step", "last_value", "last_nonfinite")
+    )
+    + ", min_value = CASE WHEN series.min_value IS NULL OR excluded.min_value < "
+    "series.min_value THEN excluded.min_value ELSE series.min_value END"
+    ", max_value = CASE WHEN series.max_value IS NULL OR excluded.max_value > "
+    "series.max_value THEN excluded.max_value ELSE series.max_value END"
+)
 _CHUNK_COLUMNS = ("run_id", "series", "seq", "n", "steps", "times", "vals")
 _CHUNK_TYPES = ["text", "text", "int8", "int4", "bytea", "bytea", "bytea"]
 #: Chunks in one transaction from which COPY is worth its extra round trips.
@@ -99,7 +119,8 @@ class SeriesStore:
         last_step: int | None = None
         # Series of one frame that share their steps and times (the wire's clocks) share the
         # very lists: those are packed once.
-        clocks: dict[tuple[int, int], tuple[bytes, bytes, int, int]] = {}
+        clocks: dict[tuple[int, int], tuple[bytes, bytes, np.ndarray]] = {}
+        summaries: dict[tuple[str, str], Summary] = conn.info.setdefault(_PENDING_SUMMARIES, {})
         for name, (steps, times, values) in points.items():
             clock = clocks.get((id(steps), id(times)))
             if clock is None:
@@ -110,14 +131,20 @@ class SeriesStore:
                 # with ingest; the compactor encodes them later, many frames at a time.
                 clock = clocks[(id(steps), id(times))] = (
                     *codec.encode_raw_clock(step_array, times),
-                    int(step_array.size),
-                    int(step_array.max()),
+                    step_array,
                 )
-            step_bytes, time_bytes, n, top = clock
+            step_bytes, time_bytes, step_array = clock
+            value_array = np.asarray(values, dtype=np.float64)
             rows.append(
-                {"run_id": run_id, "series": name, "seq": seq, "n": n, "steps": step_bytes,
-                 "times": time_bytes, "vals": codec.encode_raw_values(values)}
+                {"run_id": run_id, "series": name, "seq": seq, "n": int(step_array.size),
+                 "steps": step_bytes, "times": time_bytes,
+                 "vals": codec.encode_raw_values(value_array)}
             )  # fmt: skip
+            summary = summarize(step_array, value_array)
+            assert summary is not None  # a series with points
+            earlier = summaries.get((run_id, name))
+            summaries[(run_id, name)] = summary if earlier is None else earlier.then(summary)
+            top = summary.last_step
             last_step = top if last_step is None else max(last_step, top)
         if rows:
             # Stored as the transaction commits, with its other frames (``_flush``).
@@ -143,45 +170,57 @@ class SeriesStore:
             write_progress(conn, progress)
 
     def _flush(self, conn: Connection) -> None:
-        """Insert the chunks of every frame of the transaction at once, as it commits (the
-        writer groups hundreds of frames in one). On PostgreSQL, many rows go through
-        ``COPY``, into a temporary table and then on with an insert that skips the frames
-        stored already: three round trips for the lot, not one a frame; a few rows go in one
-        pipelined ``executemany``, which is one round trip."""
+        """Insert the chunks of every frame of the transaction at once, and merge its series'
+        summaries into their rows, as it commits (the writer groups hundreds of frames in
+        one). On PostgreSQL, many chunks go through ``COPY``, into a temporary table and then
+        on with an insert that skips the frames stored already: three round trips for the lot,
+        not one a frame; a few go in one ``executemany``, pipelined with the summaries' upsert
+        in one round trip."""
         progress = conn.info.pop(_PENDING_PROGRESS, None)
         if progress:
             write_progress(conn, progress)
+        summaries = conn.info.pop(_PENDING_SUMMARIES, None)
         rows = conn.info.pop(_PENDING_CHUNKS, None)
-        if not rows:
+        if not summaries and not rows:
             return
         # On the driver's connection: SQLAlchemy's is committing.
         raw: Any = conn.connection.driver_connection
         columns = ", ".join(_CHUNK_COLUMNS)
-        values = [[row[c] for c in _CHUNK_COLUMNS] for row in rows]
+        values = [[row[c] for c in _CHUNK_COLUMNS] for row in rows or ()]
+        merged = _summary_rows(summaries or {})
         if conn.dialect.name != "postgresql":
-            marks = ", ".join("?" for _ in _CHUNK_COLUMNS)
-            raw.executemany(f"INSERT OR IGNORE INTO chunks ({columns}) VALUES ({marks})", values)
-            return
-        if len(rows) < _COPY_FROM_ROWS:
-            marks = ", ".join("%s" for _ in _CHUNK_COLUMNS)
-            with raw.cursor() as cursor:
-                cursor.executemany(
-                    f"INSERT INTO chunks ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING",
-                    values,
+            if merged:
+                raw.executemany(_UPSERT_SUMMARY_ROWS, [list(row.values()) for row in merged])
+            if values:
+                marks = ", ".join("?" for _ in _CHUNK_COLUMNS)
+                raw.executemany(
+                    f"INSERT OR IGNORE INTO chunks ({columns}) VALUES ({marks})", values
                 )
             return
+        copied = len(values) >= _COPY_FROM_ROWS
         with raw.cursor() as cursor:
-            cursor.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS chunks_in (LIKE chunks) ON COMMIT DELETE ROWS"
-            )
-            with cursor.copy(f"COPY chunks_in ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
-                copy.set_types(_CHUNK_TYPES)  # the blobs as they are, not hex text
-                for row in values:
-                    copy.write_row(row)
-            cursor.execute(
-                f"INSERT INTO chunks ({columns}) SELECT {columns} FROM chunks_in "
-                "ON CONFLICT DO NOTHING"
-            )
+            if copied:
+                cursor.execute(
+                    "CREATE TEMP TABLE IF NOT EXISTS chunks_in (LIKE chunks) ON COMMIT DELETE ROWS"
+                )
+                with cursor.copy(f"COPY chunks_in ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+                    copy.set_types(_CHUNK_TYPES)  # the blobs as they are, not hex text
+                    for row in values:
+                        copy.write_row(row)
+            with raw.pipeline():
+                if merged:  # every row in one statement
+                    cursor.execute(_UPSERT_SUMMARY_JSON, [json.dumps(merged, allow_nan=False)])
+                if copied:
+                    cursor.execute(
+                        f"INSERT INTO chunks ({columns}) SELECT {columns} FROM chunks_in "
+                        "ON CONFLICT DO NOTHING"
+                    )
+                elif values:
+                    marks = ", ".join("%s" for _ in _CHUNK_COLUMNS)
+                    cursor.executemany(
+                        f"INSERT INTO chunks ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING",
+                        values,
+                    )
 
     def committed(self, conn: Connection) -> None:
         """The transaction on ``conn`` was committed: remember the series it stored."""
@@ -193,12 +232,14 @@ class SeriesStore:
         conn.info.pop(_PENDING_SERIES, None)
         conn.info.pop(_PENDING_CHUNKS, None)
         conn.info.pop(_PENDING_PROGRESS, None)
+        conn.info.pop(_PENDING_SUMMARIES, None)
 
     def _drop(self, conn: Connection) -> None:
         """The transaction rolls back: its held chunks are not to be stored."""
         if not conn.invalidated:  # else they go with the connection (``rolled_back``)
             conn.info.pop(_PENDING_CHUNKS, None)
             conn.info.pop(_PENDING_PROGRESS, None)
+            conn.info.pop(_PENDING_SUMMARIES, None)
 
     def forget(self, run_id: str) -> None:
         """The run ended: stop remembering its series."""
@@ -492,3 +533,24 @@ def _clock(conn: Connection, run_id: str, steps: bytes, times: bytes) -> int | N
         conn.execute(insert(clocks).values(run_id=run_id, id=clock, steps=steps, times=times))
         return clock
     return clock if bytes(stored[0]) == steps and bytes(stored[1]) == times else None
+
+
+#: The summaries' upserts: SQLite's, a row at a time (``executemany``, in process);
+#: PostgreSQL's, every row in one statement from one JSON parameter (a statement a row, even
+#: pipelined, cost the writer about 3 times the CPU, and arrays, one a column, twice: the
+#: driver looks at each element of a list). JSON numbers are exact: ``repr`` writes a float's
+#: shortest exact text, and PostgreSQL reads it back to the same float8.
+_UPSERT_SUMMARY_ROWS = _UPSERT_SUMMARY.format(rows="VALUES (?, ?, ?, ?, ?, ?, ?)")
+_UPSERT_SUMMARY_JSON = _UPSERT_SUMMARY.format(
+    rows="SELECT * FROM json_to_recordset(%s::json) AS r(run_id text, name text, last_step int8, "
+    "last_value float8, last_nonfinite text, min_value float8, max_value float8)"
+)
+
+
+def _summary_rows(summaries: Mapping[tuple[str, str], Summary]) -> list[dict[str, Any]]:
+    """A transaction's series summaries as the upsert's rows, in key order, so that two
+    writers never wait on each other's rows in opposite orders."""
+    return [
+        {"run_id": run_id, "name": name, **summary.columns()}
+        for (run_id, name), summary in sorted(summaries.items())
+    ]
