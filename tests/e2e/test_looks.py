@@ -180,6 +180,13 @@ def test_a_phone_never_scrolls_sideways(
                 lambda: page.evaluate(STATUS_CELL_RIGHT), timeout=15, what="the status cell"
             )
             assert right <= widths[1], right
+            # The banner's message keeps a readable width: its buttons go under it (they
+            # squeezed it to a word a line beside them).
+            page.locator(".banner-item").first.wait_for()
+            texts = page.locator(".banner-text").evaluate_all(
+                "(texts) => texts.map((t) => t.getBoundingClientRect().width)"
+            )
+            assert min(texts) >= 220, texts
     assert not errors, errors
 
 
