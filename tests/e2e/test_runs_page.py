@@ -266,6 +266,21 @@ def test_metric_columns_follow_a_streaming_run(server: ServerProcess, browser: A
     run.log(3, {"loss": float("nan")})
     expect(cells).to_have_text(["NaN", "0.5"], timeout=15_000)
     assert cells.first.locator(".nonfinite").count() == 1
+
+    # A view the server refuses is said above the list, which keeps its runs, still live.
+    page.locator("input[name=metrics]").fill("x" * 300)
+    failure = page.locator("#runs-error")
+    expect(failure).to_be_visible()
+    expect(failure).to_have_text(
+        "Could not list the runs: 422: query.metric.0: String should have at most 256 characters"
+    )
+    run.log(4, {"loss": 0.25})
+    row = page.locator(f"tr.run-row[data-run-id='{run.id}']")
+    expect(row.locator("td.last-step")).to_have_text("4")
+    expect(failure).to_be_visible()
+    page.locator("input[name=metrics]").fill("loss")
+    expect(failure).to_be_hidden()
+    expect(row.locator("td.metric-cell")).to_have_text(["0.25"])
     assert run.finish()
     assert not page.errors, page.errors
 

@@ -5,7 +5,9 @@ async function request(path, init = {}) {
   if (!response.ok) {
     let detail = response.statusText;
     try { detail = (await response.json()).detail ?? detail; } catch { /* not JSON */ }
-    if (typeof detail !== "string") detail = JSON.stringify(detail); // FastAPI's validation errors
+    // FastAPI's validation errors, made one line as the Python client does: "query.metric.0: ..."
+    if (Array.isArray(detail)) detail = detail.map((d) => `${(d?.loc ?? []).join(".")}: ${d?.msg ?? ""}`).join("; ");
+    else if (typeof detail !== "string") detail = JSON.stringify(detail);
     const error = new Error(`${response.status}: ${detail}`);
     error.status = response.status;
     throw error;
@@ -21,7 +23,8 @@ const sendJSON = (method, path, body) => request(path, {
 
 const postJSON = (path, body) => sendJSON("POST", path, body);
 
-// filters: { q, project, status, tag, archived, sort, order, limit, offset, config: [key, ...] };
+// filters: { q, project, status, tag, archived, sort, order, limit, offset, config: [key, ...],
+// metric: [series, ...] };
 // empty ones are left out. Returns { runs, total }.
 export function listRuns(filters = {}) {
   const query = new URLSearchParams();

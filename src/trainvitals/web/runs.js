@@ -149,6 +149,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       <label title="a series' last value; min: or max: for its least or greatest">Metric columns
         <input type="text" name="metrics" placeholder="loss, min:val_loss" size="16"></label>
     </form>
+    <p id="runs-error" class="error" role="alert" hidden></p>
     <div class="table-scroll"><table class="runs-table">
       <thead><tr id="runs-head"></tr></thead>
       <tbody id="runs-body"><tr><td class="muted">Loading…</td></tr></tbody>
@@ -299,7 +300,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   let metricsDue = null;
   const refreshMetrics = () => {
     if (metricsDue || !metricColumns(state).length) return;
-    metricsDue = setTimeout(() => { metricsDue = null; load().catch(() => {}); }, METRIC_REFRESH);
+    metricsDue = setTimeout(() => { metricsDue = null; load().catch(showError); }, METRIC_REFRESH);
   };
   const apply = (summaries) => {
     for (const summary of summaries) {
@@ -317,6 +318,10 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     redraw();
   };
 
+  // A view the server refused (or could not give) is said above the list, which keeps the
+  // runs it showed, still live, until a view is given.
+  const failure = root.querySelector("#runs-error");
+  const showError = (error) => { failure.textContent = `Could not list the runs: ${error.message}`; failure.hidden = false; };
   const load = async () => {
     const current = ++loads;
     setBannerScope(state.project || null);
@@ -328,6 +333,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     };
     const [page, since] = await live.fetchWithRuns(() => listRuns(query));
     if (current !== loads) return; // a later change of the filters is on its way
+    failure.hidden = true;
     runs = new Map(page.runs.map((run) => [run.id, run]));
     total = page.total;
     drawHead();
@@ -340,7 +346,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     Object.assign(state, changes);
     const query = queryOf(state);
     history.replaceState(null, "", `#/${query.size ? `?${query}` : ""}`);
-    load().catch((error) => { body.innerHTML = `<tr><td class="error">${escapeHTML(error.message)}</td></tr>`; });
+    load().catch(showError);
   };
   // Typing waits for a pause; every field changed meanwhile goes with it.
   let typing, typed = {};
