@@ -95,6 +95,8 @@ class Token(TypedDict):
     role: str  # ingest, read, admin or metrics
     created_at: float
     revoked_at: float | None
+    #: When it was last used, to a minute; None: never.
+    last_used_at: float | None
     #: The token this client speaks with.
     current: bool
 

@@ -6,6 +6,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -240,9 +241,11 @@ def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> 
     assert token.startswith(f"tv_{made['id']}_")
     assert made == {
         "id": made["id"], "name": "bob's laptop", "project": "p", "role": "ingest",
-        "created_at": made["created_at"], "revoked_at": None, "current": False,
+        "created_at": made["created_at"], "revoked_at": None, "last_used_at": None,
+        "current": False,
     }  # fmt: skip
     # The token works as one made by the command: it streams runs of p, and only streams.
+    before = time.time()
     run = stream(server, token, "p")
     assert call(server, f"/api/v1/runs/{run}", team.admin)[0] == 200
     assert call(server, "/api/v1/runs", token)[0] == 403
@@ -254,6 +257,13 @@ def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> 
         ("alice", True), ("agents-p", False), ("viewer-p", False), ("agents-q", False),
         ("bob's laptop", False),
     ]  # fmt: skip
+    # When each was last used, to a minute: bob's as it streamed; the admin's at its first
+    # request (not written again within the minute); the reader's never.
+    used = {t["name"]: t["last_used_at"] for t in rows}
+    assert used["viewer-p"] is None
+    assert (
+        used["alice"] is not None and used["alice"] <= before <= used["bob's laptop"] <= time.time()
+    )
     text = json.dumps(listed)
     for secret in (token, team.admin, team.ingest_p, team.read_p, team.ingest_q):
         assert secret.split("_", 2)[2] not in text
@@ -270,6 +280,10 @@ def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> 
     # The command sees what the API did.
     listed_by_command = trainvitals("token", "list", "--db", team.db).stdout
     assert "bob's laptop" in listed_by_command and token not in listed_by_command
+    head, *lines = listed_by_command.splitlines()
+    assert head.split() == ["id", "role", "project", "created", "revoked", "last", "used", "name"]
+    viewer = next(line for line in lines if line.endswith("viewer-p"))
+    assert viewer.split()[-2:] == ["-", "viewer-p"]  # never used
 
 
 def test_a_project_admin_governs_its_own_projects_tokens_and_no_more(team: Team) -> None:

@@ -39,6 +39,11 @@ def test_an_admin_makes_a_token_sees_it_once_and_revokes_it(browser: Any, tmp_pa
         expect(rows).to_have_count(2)
         expect(rows.filter(has_text="lead-p").locator(".badge")).to_have_text("yours")
         expect(rows.filter(has_text=HOSTILE)).to_have_count(1)  # a name is text, never markup
+        # When each was last used: the lead's as this page signed in, the viewer's never.
+        expect(rows.filter(has_text="lead-p").locator("td[data-last-used]")).to_have_text(
+            re.compile(r"^\d+ s ago$")
+        )
+        expect(rows.filter(has_text=HOSTILE).locator("td[data-last-used]")).to_have_text("never")
         assert page.evaluate("window.owned") is None
         project = page.locator("#token-form input[name=project]")
         assert project.input_value() == "p" and project.get_attribute("readonly") is not None

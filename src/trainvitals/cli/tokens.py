@@ -35,15 +35,18 @@ def token_command(args: argparse.Namespace) -> int:
             )
             return 0
         if args.token_command == "list":
-            print(f"{'id':<14}{'role':<8}{'project':<20}{'created':<22}{'revoked':<22}name")
+            print(
+                f"{'id':<14}{'role':<8}{'project':<20}{'created':<22}{'revoked':<22}"
+                f"{'last used':<22}name"
+            )
             for t in store.tokens.list():
-                created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.created_at))
-                revoked = (
-                    time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.revoked_at))
-                    if t.revoked_at
-                    else "-"
+                created, revoked, used = (
+                    _when(t.created_at), _when(t.revoked_at), _when(t.last_used_at)
+                )  # fmt: skip
+                print(
+                    f"{t.id:<14}{t.role:<8}{t.project:<20}{created:<22}{revoked:<22}{used:<22}"
+                    f"{t.name}"
                 )
-                print(f"{t.id:<14}{t.role:<8}{t.project:<20}{created:<22}{revoked:<22}{t.name}")
             return 0
         if store.tokens.revoke(args.id):
             print(f"revoked {args.id}")
@@ -55,3 +58,8 @@ def token_command(args: argparse.Namespace) -> int:
         return 2
     finally:
         store.dispose()
+
+
+def _when(seconds: float | None) -> str:
+    """A time as ``token list`` shows it, local; ``-`` for none."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "-"

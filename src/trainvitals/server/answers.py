@@ -115,6 +115,9 @@ class TokenAnswer(TypedDict):
     role: str
     created_at: float
     revoked_at: float | None
+    #: When a request, websocket or browser session last proved itself with it, to a minute;
+    #: null: never (or not since this field came).
+    last_used_at: float | None
     #: The token this request was made with (or its browser session's).
     current: bool
 

@@ -2,7 +2,7 @@
 // project makes tokens of that project only; the server decides what each may do.
 
 import { createToken, listTokens, revokeToken } from "./api.js";
-import { escapeHTML, formatTime, setTitle } from "./format.js";
+import { escapeHTML, formatAgo, formatTime, setTitle } from "./format.js";
 
 const ROLES = [
   ["ingest", "ingest: agents stream runs"],
@@ -34,8 +34,8 @@ export async function renderTokens(root, identity) {
       <p class="muted">Agents read it from <code>TRAINVITALS_TOKEN</code>; a browser signs in with it.</p>
     </section>
     <div class="table-scroll"><table class="runs-table tokens-table">
-      <thead><tr><th>Name</th><th>Role</th><th>Project</th><th class="wide-only">Made</th><th>State</th><th><span class="visually-hidden">Revoke</span></th></tr></thead>
-      <tbody id="tokens-body"><tr><td colspan="6" class="muted">Loading…</td></tr></tbody>
+      <thead><tr><th>Name</th><th>Role</th><th>Project</th><th class="wide-only">Made</th><th>Last used</th><th>State</th><th><span class="visually-hidden">Revoke</span></th></tr></thead>
+      <tbody id="tokens-body"><tr><td colspan="7" class="muted">Loading…</td></tr></tbody>
     </table></div>`;
   const form = root.querySelector("#token-form");
   const body = root.querySelector("#tokens-body");
@@ -53,7 +53,9 @@ export async function renderTokens(root, identity) {
     return `<tr class="token-row" data-token-id="${escapeHTML(token.id)}">
       <td>${escapeHTML(token.name)}${yours} <code class="muted">${escapeHTML(token.id)}</code></td>
       <td>${escapeHTML(token.role)}</td><td>${escapeHTML(token.project)}</td>
-      <td class="wide-only">${escapeHTML(formatTime(token.created_at))}</td><td>${state}</td><td>${action}</td></tr>`;
+      <td class="wide-only">${escapeHTML(formatTime(token.created_at))}</td>
+      <td data-last-used="${escapeHTML(token.last_used_at ?? "")}" title="${escapeHTML(token.last_used_at ? formatTime(token.last_used_at) : "not used since it was made")}">${escapeHTML(token.last_used_at ? formatAgo(token.last_used_at) : "never")}</td>
+      <td>${state}</td><td>${action}</td></tr>`;
   };
 
   const load = async () => {
@@ -63,7 +65,7 @@ export async function renderTokens(root, identity) {
     // Live ones first, each group newest first.
     const ordered = [...tokens].sort((a, b) => Boolean(a.revoked_at) - Boolean(b.revoked_at) || b.created_at - a.created_at);
     body.innerHTML = ordered.length ? ordered.map(row).join("")
-      : `<tr><td colspan="6" class="empty">No tokens yet.</td></tr>`;
+      : `<tr><td colspan="7" class="empty">No tokens yet.</td></tr>`;
   };
 
   form.addEventListener("submit", async (event) => {

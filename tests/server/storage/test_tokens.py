@@ -63,3 +63,30 @@ def test_two_revokes_at_once_cannot_each_leave_the_other_last(postgres_url: str)
         assert store.tokens.live_count(ALL_PROJECTS, Role.ADMIN) == 1
     finally:
         store.dispose()
+
+
+def test_a_tokens_use_is_noted_at_most_once_a_minute(store: Store) -> None:
+    """A token's last use, by itself or by a session made from it, is written when the one
+    written is a minute old: a write a minute at most, never one a request."""
+    token = store.tokens.create("agents", "p", "ingest", now=100.0)
+    token_id = token_id_of(token)
+
+    def last_used() -> float | None:
+        info = store.tokens.get(token_id)
+        assert info is not None
+        return info.last_used_at
+
+    assert last_used() is None
+    assert store.tokens.verify(token, now=1000.0) is not None
+    assert last_used() == 1000.0
+    assert store.tokens.verify(token, now=1059.0) is not None
+    assert last_used() == 1000.0  # within the minute: not written again
+    assert store.tokens.verify(token, now=1060.0) is not None
+    assert last_used() == 1060.0
+    principal = store.tokens.verify(token, now=1061.0)
+    assert principal is not None
+    cookie = store.tokens.open_session(principal, ttl=3600.0, now=1061.0)
+    assert store.tokens.session(cookie, now=1200.0) is not None
+    assert last_used() == 1200.0
+    assert store.tokens.verify(token + "x", now=2000.0) is None  # a wrong one is no use of it
+    assert last_used() == 1200.0

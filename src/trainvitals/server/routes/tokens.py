@@ -74,6 +74,7 @@ def _answer(info: TokenInfo, who: Principal) -> TokenAnswer:
         "role": info.role.value,
         "created_at": info.created_at,
         "revoked_at": info.revoked_at,
+        "last_used_at": info.last_used_at,
         "current": info.id == who.token_id,
     }
 

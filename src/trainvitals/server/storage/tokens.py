@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import logging
 import secrets
 import time
 from dataclasses import dataclass
@@ -31,12 +32,18 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import SQLAlchemyError
 
 from trainvitals.exceptions import ConfigurationError
 from trainvitals.server.storage.schema import metadata
 
 ALL_PROJECTS = "*"
 _PREFIX = "tv_"
+#: Seconds within which a token's use is not written again: a use costs a write a minute at
+#: most, not one a request.
+USE_RESOLUTION = 60.0
+
+log = logging.getLogger(__name__)
 
 tokens = Table(
     "tokens",
@@ -48,6 +55,9 @@ tokens = Table(
     Column("hash", String(64), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float),
+    # When a request or websocket last proved itself with it (or a session made from it), to
+    # a minute (USE_RESOLUTION); NULL: never since this column came (revision 0009).
+    Column("last_used_at", Float),
 )
 
 sessions = Table(
@@ -110,6 +120,8 @@ class TokenInfo:
     role: Role
     created_at: float
     revoked_at: float | None
+    #: When it was last used, to a minute; None: never (or not since revision 0009).
+    last_used_at: float | None = None
 
 
 def token_id_of(token: str) -> str:
@@ -120,7 +132,7 @@ def token_id_of(token: str) -> str:
 def _info(row: RowMapping) -> TokenInfo:
     return TokenInfo(
         row["id"], row["name"], row["project"], Role(row["role"]), row["created_at"],
-        row["revoked_at"],
+        row["revoked_at"], row["last_used_at"],
     )  # fmt: skip
 
 
@@ -234,8 +246,9 @@ class TokenStore:
         with self._engine.connect() as conn:
             return int(conn.execute(query).scalar() or 0)
 
-    def verify(self, token: str) -> Principal | None:
-        """Who ``token`` speaks for, or None when it is unknown, wrong or revoked."""
+    def verify(self, token: str, now: float | None = None) -> Principal | None:
+        """Who ``token`` speaks for, or None when it is unknown, wrong or revoked (a use of
+        it, at ``now``)."""
         if not token.startswith(_PREFIX) or len(token) > 200:
             return None
         token_id = token_id_of(token)
@@ -244,6 +257,29 @@ class TokenStore:
             row = conn.execute(query).mappings().first()
         if row is None or not hmac.compare_digest(row["hash"], _digest(token)):
             return None
+        return self._used(row, now)
+
+    def _used(self, row: RowMapping, now: float | None) -> Principal:
+        """The principal of a token row just proven, its use written when the last one written
+        is a minute old. Best effort: a database too busy to take the write (SQLite's lock)
+        does not refuse the request."""
+        now = time.time() if now is None else now
+        last = row["last_used_at"]
+        if last is None or now - last >= USE_RESOLUTION:
+            stale = or_(
+                tokens.c.last_used_at.is_(None), tokens.c.last_used_at <= now - USE_RESOLUTION
+            )
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(
+                        update(tokens)
+                        .where(tokens.c.id == row["id"], stale)
+                        .values(last_used_at=now)
+                    )
+            except SQLAlchemyError as exc:
+                log.info(
+                    "trainvitals: could not note token %s's use: %s", row["id"], type(exc).__name__
+                )
         return Principal(row["id"], row["name"], row["project"], Role(row["role"]))
 
     def open_session(self, principal: Principal, ttl: float, now: float | None = None) -> str:
@@ -260,14 +296,17 @@ class TokenStore:
         return secret
 
     def session(self, secret: str, now: float | None = None) -> Principal | None:
+        """Who a browser session speaks for (a use of its token), or None when it is unknown,
+        expired, or its token revoked."""
         if not secret or len(secret) > 200:
             return None
+        now = time.time() if now is None else now
         query = (
             select(tokens)
             .join(sessions, sessions.c.token_id == tokens.c.id)
             .where(
                 sessions.c.hash == _digest(secret),
-                sessions.c.expires_at >= (time.time() if now is None else now),
+                sessions.c.expires_at >= now,
                 tokens.c.revoked_at.is_(None),
             )
         )
@@ -275,7 +314,7 @@ class TokenStore:
             row = conn.execute(query).mappings().first()
         if row is None:
             return None
-        return Principal(row["id"], row["name"], row["project"], Role(row["role"]))
+        return self._used(row, now)
 
     def close_session(self, secret: str) -> None:
         with self._engine.begin() as conn:
