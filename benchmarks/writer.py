@@ -42,11 +42,9 @@ VARIABLES = [
 
 
 class PooledWriter(Writer):
-    """The writer as it was: a pool checkout per transaction, and no memory of the series
-    a run already has."""
+    """The writer as it was: a pool checkout per transaction."""
 
     def _apply(self, batch: list[_Item], retry: bool = True) -> None:
-        self._store.series._known.clear()
         with self._store.engine.begin() as conn:
             results = [operation(conn) for operation, _, _ in batch]
         for (_, future, loop), result in zip(batch, results, strict=True):
@@ -54,20 +52,20 @@ class PooledWriter(Writer):
 
 
 class UnsummarisedWriter(Writer):
-    """The writer as it was before series summaries: a frame's steps read for their highest,
-    and nothing merged at the commit."""
+    """The writer as it was before series summaries: a frame's steps read for their highest
+    (the point there too, a little more than before), and nothing merged at the commit."""
 
     def _apply(self, batch: list[_Item], retry: bool = True) -> None:
-        def highest(steps: Any, values: Any) -> Summary:
-            return Summary(int(steps.max()), 0.0, None, None)
+        def highest(values: Any, top: int, at: int) -> Summary:
+            return Summary(top, 0.0, None, None)
 
-        kept = series_module.summarize, series_module._summary_rows
-        series_module.summarize = highest  # type: ignore[assignment]
+        kept = series_module.summary_at, series_module._summary_rows
+        series_module.summary_at = highest  # type: ignore[assignment]
         series_module._summary_rows = lambda _: []  # type: ignore[assignment]
         try:
             super()._apply(batch, retry)
         finally:
-            series_module.summarize, series_module._summary_rows = kept
+            series_module.summary_at, series_module._summary_rows = kept
 
 
 def frame(first: int, steps: int = 40, rng: random.Random | None = None) -> dict[str, Any]:

@@ -314,7 +314,7 @@ class Api:
             crashed = api.runs(project="mnist", status="crashed")
             sweep = api.runs(tag="sweep-3", sort="name", descending=False, limit=None)
             best = api.runs(sort="min:val_loss", descending=False, limit=5, metrics=["val_loss"])
-            print([(r.name, r.metrics["val_loss"]["min"]) for r in best])
+            print([(r.name, r.metrics.get("val_loss", {}).get("min")) for r in best])
             ```
         """
         params: dict[str, Any] = {

@@ -134,6 +134,10 @@ def test_series_are_columns_of_the_list_and_its_sort_orders(
     expect(page.locator("th[data-metric-column]")).to_have_count(1)
     expect(page.locator("th[data-metric-column]")).to_have_text(hostile)
     assert page.evaluate("window.pwned") is None and page.locator("img").count() == 0
+    # Its sort's column gone, the list is sorted as it is by default again.
+    query = parse_qs(urlsplit(page.evaluate("location.hash")[1:]).query)
+    assert query == {"metrics": [hostile]}
+    expect(page.locator("tr.run-row").first).to_contain_text("run-00059")
     assert not page.errors, page.errors
 
 
@@ -254,14 +258,15 @@ def test_a_live_list_updates_a_runs_row_in_place_keeping_a_selection_and_the_foc
 
 def test_metric_columns_follow_a_streaming_run(server: ServerProcess, browser: Any) -> None:
     """A metric column of a live run is read again as the run steps (every few seconds at
-    most), and a loss that turned NaN says so."""
+    most), a new run's as it comes, and a loss that turned NaN says so."""
+    page = open_page(server, browser, "/#/?metrics=loss,min:loss")
+    expect(page.locator("#run-count")).to_have_text("0 runs")
     run = Run(resolve(server=server.url, project="live", run_name="streaming"),
               system_metrics=False, watchdog=False)  # fmt: skip
     run.start()
     run.log(1, {"loss": 2.0})
-    page = open_page(server, browser, "/#/?metrics=loss,min:loss")
     cells = page.locator(f"tr.run-row[data-run-id='{run.id}'] td.metric-cell")
-    expect(cells).to_have_text(["2", "2"])
+    expect(cells).to_have_text(["2", "2"], timeout=15_000)
     run.log(2, {"loss": 0.5})
     run.log(3, {"loss": float("nan")})
     expect(cells).to_have_text(["NaN", "0.5"], timeout=15_000)

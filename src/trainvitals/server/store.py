@@ -53,7 +53,7 @@ class Store:
         self.engine = connect(self.url)
         self.dialect = self.engine.dialect.name
         self.series = SeriesStore(self.engine)
-        self.runs = RunStore(self.engine, forget_series=self.series.forget)
+        self.runs = RunStore(self.engine)
         self.alerts = AlertStore(self.engine)
         self.outbox = OutboxStore(self.engine)
         self.tokens = TokenStore(self.engine)
@@ -73,7 +73,7 @@ class Store:
         for table in (alerts, silences, chunks, clocks, series, events):
             conn.execute(delete(table).where(table.c.run_id == run_id))
         conn.execute(delete(leases).where(leases.c.name == RUN + run_id))
-        self.series.forget(run_id)
+        self.series.discard(conn, run_id)  # its frames in this transaction are not stored
         return bool(conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount)
 
     def delete_archived(
@@ -95,10 +95,6 @@ class Store:
 
     def dispose(self) -> None:
         self.engine.dispose()
-
-    def committed(self, conn: Connection) -> None:
-        """The writer's transaction on ``conn`` was committed."""
-        self.series.committed(conn)
 
     def rolled_back(self, conn: Connection) -> None:
         """The writer's transaction on ``conn`` failed: what it stored is not there."""

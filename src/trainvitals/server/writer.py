@@ -122,12 +122,12 @@ class Writer:
                 results = [operation(conn) for operation, _, _ in batch]
             if self._on_commit is not None:
                 self._on_commit(time.perf_counter() - started)
-            self._store.committed(conn)
         except Exception as exc:
+            lost = (isinstance(exc, DBAPIError) and exc.connection_invalidated) or _lost(conn)
             if conn is not None:
                 self._store.rolled_back(conn)
             self._disconnect()  # the next transaction starts on a fresh connection
-            if retry and isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            if retry and lost:
                 # The database dropped the kept connection (it restarted, or an idle
                 # timeout): the same writes again, on a connection the pool checks first.
                 self._apply(batch, retry=False)
@@ -146,6 +146,19 @@ class Writer:
             by_loop.setdefault(loop, []).append((future, result, None))
         for loop, outcomes in by_loop.items():
             _settle(loop, outcomes)
+
+
+def _lost(conn: Connection | None) -> bool:
+    """Whether the database dropped the driver's connection under ``conn``: the writes made as
+    a transaction commits go to the driver's connection, and SQLAlchemy neither wraps their
+    errors nor marks the connection invalidated (psycopg says it is ``broken``)."""
+    if conn is None:
+        return False
+    try:
+        raw = conn.connection.driver_connection
+    except Exception:  # SQLAlchemy already gave it up
+        return conn.invalidated
+    return bool(getattr(raw, "broken", False))
 
 
 #: A write's future, and its result or its error.

@@ -296,10 +296,11 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     && (!state.tag || (run.tags ?? []).includes(state.tag))
     && state.archived !== "only" // an old run archived elsewhere: not at the top of the list
     && archivedShown(run);
-  // Metric columns are read again, at most every few seconds, while the page's runs step.
+  // Metric columns are read again, at most every few seconds, while the page's runs step (or
+  // a new run comes without them), and not while the tab is hidden.
   let metricsDue = null;
   const refreshMetrics = () => {
-    if (metricsDue || !metricColumns(state).length) return;
+    if (metricsDue || document.hidden || !metricColumns(state).length) return;
     metricsDue = setTimeout(() => { metricsDue = null; load().catch(showError); }, METRIC_REFRESH);
   };
   const apply = (summaries) => {
@@ -310,6 +311,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
         if (archivedShown(run)) runs.set(summary.id, run);
         else { runs.delete(summary.id); selected.delete(summary.id); total -= 1; }
       } else if (state.page === "0" && isNewestFirst() && matches(summary)) {
+        refreshMetrics(); // a pushed run has no metrics: they come with the page
         runs = new Map([[summary.id, summary], ...runs]);
         total += 1;
         if (runs.size > PAGE_SIZE) runs.delete([...runs.keys()].pop());
@@ -354,8 +356,17 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     clearTimeout(typing);
     const { name, value } = event.target;
     typed[name] = value.trim();
-    typing = setTimeout(() => { const changes = typed; typed = {}; change({ ...changes, page: "0" }); },
-      event.target.tagName === "SELECT" ? 0 : 250);
+    const pause = event.target.tagName === "SELECT" ? 0 : 250;
+    typing = setTimeout(() => {
+      const changes = typed;
+      typed = {};
+      // A sort by a metric column that is no longer shown goes back to the default.
+      if ("metrics" in changes && state.sort.includes(":")
+        && !metricColumns({ metrics: changes.metrics }).some(({ sort }) => sort === state.sort)) {
+        Object.assign(changes, { sort: DEFAULTS.sort, order: DEFAULTS.order });
+      }
+      change({ ...changes, page: "0" });
+    }, pause);
   });
   form.addEventListener("submit", (event) => event.preventDefault());
   root.querySelector("#runs-head").addEventListener("click", (event) => {

@@ -218,8 +218,9 @@ def test_a_database_of_a_newer_version_is_refused(tmp_path: Path) -> None:
 
 def test_series_stored_before_revision_0008_are_summarised_by_the_upgrade(db_url: str) -> None:
     """Downgraded below 0008 the summaries are gone; upgraded again, each series' summary is
-    read from its points (compacted blocks with shared clocks, and frames as sent) and equals
-    the one the writer kept."""
+    read from its points (a compacted block with a shared clock, then frames as sent) and
+    equals the one the writer kept. A series whose block lost its clock is left without one,
+    and the upgrade goes on."""
     import numpy as np
 
     from tests.server.storage.rows import hello
@@ -233,24 +234,30 @@ def test_series_stored_before_revision_0008_are_summarised_by_the_upgrade(db_url
     store = Store(db_url)
     try:
         store.create_schema()
-        with store.engine.begin() as conn:
-            store.runs.open_run(conn, hello("r"), now=1.0)
-            sent = {"loss": Columns(steps, times, loss), "acc": Columns(steps, times, -loss)}
-            store.series.add_points(conn, "r", 1, sent, now=2.0)
-        store.series.compact(Due("r", 1, False))  # a block: the first frame
+        for run_id in ("r", "broken"):
+            with store.engine.begin() as conn:
+                store.runs.open_run(conn, hello(run_id), now=1.0)
+                sent = {"loss": Columns(steps, times, loss), "acc": Columns(steps, times, -loss)}
+                store.series.add_points(conn, run_id, 1, sent, now=2.0)
+            store.series.compact(Due(run_id, 1, True))  # the first frame: a block, its clock shared
         with store.engine.begin() as conn:
             later = Columns([501, 502], [1.8e9, 1.8e9 + 1], [np.inf, float("nan")])
             store.series.add_points(conn, "r", 2, {"loss": later}, now=3.0)
-        asked = RunFilter(), 50, 0, (), ("loss", "acc")
-        kept = store.runs.find_runs(*asked)["runs"][0]["metrics"]
-        assert kept["loss"] == {"step": 502, "last": None, "min": float(loss.min()),
-                                "max": float(loss.max()), "nonfinite": "nan"}  # fmt: skip
+        asked = RunFilter(sort="name"), 50, 0, (), ("loss", "acc")
+        kept = {run["id"]: run["metrics"] for run in store.runs.find_runs(*asked)["runs"]}
+        assert kept["r"]["loss"] == {"step": 502, "last": None, "min": float(loss.min()),
+                                     "max": float(loss.max()), "nonfinite": "nan"}  # fmt: skip
+        assert kept["r"]["acc"]["last"] == -loss[-1]
         with store.engine.connect() as conn:
+            shared = conn.execute(text("SELECT count(*) FROM chunks WHERE clock IS NOT NULL"))
+            assert shared.scalar() == 4  # two series of two runs, each block in a clock
+            conn.execute(text("DELETE FROM clocks WHERE run_id = 'broken'"))
             command.downgrade(alembic_config(conn), "0007")
             conn.commit()
             columns = list(conn.execute(text("SELECT * FROM series")).keys())
         assert columns == ["run_id", "name"]
         assert store.create_schema() == head_revision()
-        assert store.runs.find_runs(*asked)["runs"][0]["metrics"] == kept
+        again = {run["id"]: run["metrics"] for run in store.runs.find_runs(*asked)["runs"]}
+        assert again == {"r": kept["r"], "broken": {}}
     finally:
         store.dispose()

@@ -329,3 +329,14 @@ def test_each_series_is_summarised_as_its_frames_are_stored_and_runs_sort_by_it(
     assert order("max:loss", True) == ["a", "b", "d", "c"]
     assert order("max:acc", True)[0] == "d"
     assert store.runs.find_runs(RunFilter(sort="min:loss"), limit=1, offset=1)["total"] == 4
+    # Points at the same highest step: the last sent is the last value, in one transaction
+    # (merged before the write) and across two (merged by the upsert).
+    with store.engine.begin() as conn:
+        store.series.add_points(conn, "d", 2, {"acc": Columns([5], [6.0], [0.81])}, now=4)
+        store.series.add_points(conn, "d", 3, {"acc": Columns([5], [7.0], [0.82])}, now=4)
+    last = store.runs.find_runs(RunFilter(q="-d"), metrics=("acc",))["runs"][0]["metrics"]
+    assert last == {"acc": {"step": 5, "last": 0.82, "min": 0.8, "max": 0.82}}
+    with store.engine.begin() as conn:
+        store.series.add_points(conn, "d", 4, {"acc": Columns([5], [8.0], [0.79])}, now=5)
+    last = store.runs.find_runs(RunFilter(q="-d"), metrics=("acc",))["runs"][0]["metrics"]
+    assert last == {"acc": {"step": 5, "last": 0.79, "min": 0.79, "max": 0.82}}

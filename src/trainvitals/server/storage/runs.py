@@ -12,7 +12,7 @@ import hmac
 import json
 import secrets
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -226,12 +226,10 @@ class RunStore:
 
     Args:
         engine: the database.
-        forget_series: called with the id of a run that ended (its series are forgotten).
     """
 
-    def __init__(self, engine: Engine, forget_series: Callable[[str], None]) -> None:
+    def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._forget_series = forget_series
         self._insert_run = dialect_insert(engine, runs).on_conflict_do_nothing()
         self._insert_event = dialect_insert(engine, events).on_conflict_do_nothing()
 
@@ -311,7 +309,6 @@ class RunStore:
     def mark_lost(self, conn: Connection, run_id: str, now: float) -> RunSummary | None:
         """Give up on a running run that went silent; returns its summary, or None when it
         is not running any more."""
-        self._forget_series(run_id)
         changed = conn.execute(
             update(runs)
             .where(runs.c.id == run_id, runs.c.status.in_(_values(moves(Silent()))))
@@ -342,7 +339,6 @@ class RunStore:
         )
 
     def end_run(self, conn: Connection, run_id: str, seq: int, end: RunEnd) -> None:
-        self._forget_series(run_id)
         event = End(end.reason)
         new = runs.c.last_seq < seq
         # The ending is written only where the lifecycle lets the run end: a finished or

@@ -4,6 +4,7 @@ their steps and times in the run's ``clocks``, once for all the series that have
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,10 +36,9 @@ from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage import codec
 from trainvitals.server.storage.runs import lock_run, merge_progress, past_days, write_progress
-from trainvitals.server.storage.schema import chunks, clocks, dialect_insert, runs, series
-from trainvitals.server.storage.summary import Summary, summarize
+from trainvitals.server.storage.schema import chunks, clocks, runs, series
+from trainvitals.server.storage.summary import Summary, last_point, summary_at
 
-_PENDING_SERIES = "trainvitals.pending_series"  # in Connection.info: [(run id, [names])]
 _PENDING_CHUNKS = "trainvitals.pending_chunks"  # in Connection.info: [chunk row]
 _PENDING_PROGRESS = "trainvitals.pending_progress"  # in Connection.info: {run id: progress}
 #: In Connection.info: {(run id, series): Summary} of the transaction's frames.
@@ -99,11 +99,6 @@ class SeriesStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._insert_series = dialect_insert(engine, series).on_conflict_do_nothing()
-        # Run id -> the series names this process has committed for it: a frame's known
-        # series need no insert. Forgotten when the run ends (a run that speaks again only
-        # costs inserts that are ignored).
-        self._known: dict[str, set[str]] = {}
         event.listen(engine, "commit", self._flush)
         event.listen(engine, "rollback", self._drop)
         event.listen(engine, "before_execute", self._before_execute)
@@ -119,7 +114,7 @@ class SeriesStore:
         last_step: int | None = None
         # Series of one frame that share their steps and times (the wire's clocks) share the
         # very lists: those are packed once.
-        clocks: dict[tuple[int, int], tuple[bytes, bytes, np.ndarray]] = {}
+        clocks: dict[tuple[int, int], tuple[bytes, bytes, int, tuple[int, int]]] = {}
         summaries: dict[tuple[str, str], Summary] = conn.info.setdefault(_PENDING_SUMMARIES, {})
         for name, (steps, times, values) in points.items():
             clock = clocks.get((id(steps), id(times)))
@@ -131,31 +126,24 @@ class SeriesStore:
                 # with ingest; the compactor encodes them later, many frames at a time.
                 clock = clocks[(id(steps), id(times))] = (
                     *codec.encode_raw_clock(step_array, times),
-                    step_array,
+                    int(step_array.size),
+                    last_point(step_array),
                 )
-            step_bytes, time_bytes, step_array = clock
+            step_bytes, time_bytes, n, last = clock
             value_array = np.asarray(values, dtype=np.float64)
             rows.append(
-                {"run_id": run_id, "series": name, "seq": seq, "n": int(step_array.size),
-                 "steps": step_bytes, "times": time_bytes,
-                 "vals": codec.encode_raw_values(value_array)}
+                {"run_id": run_id, "series": name, "seq": seq, "n": n, "steps": step_bytes,
+                 "times": time_bytes, "vals": codec.encode_raw_values(value_array)}
             )  # fmt: skip
-            summary = summarize(step_array, value_array)
-            assert summary is not None  # a series with points
+            summary = summary_at(value_array, *last)
             earlier = summaries.get((run_id, name))
             summaries[(run_id, name)] = summary if earlier is None else earlier.then(summary)
             top = summary.last_step
             last_step = top if last_step is None else max(last_step, top)
         if rows:
-            # Stored as the transaction commits, with its other frames (``_flush``).
+            # Stored as the transaction commits, with its other frames (``_flush``); so are
+            # the series' rows, made by the first frame of each and then kept up to date.
             conn.info.setdefault(_PENDING_CHUNKS, []).extend(rows)
-            known = self._known.get(run_id, ())
-            new = [r["series"] for r in rows if r["series"] not in known]
-            if new:
-                conn.execute(self._insert_series, [{"run_id": run_id, "name": n} for n in new])
-                # Remembered once committed (see ``committed``): a rolled-back insert must be
-                # made again when the frame is replayed.
-                conn.info.setdefault(_PENDING_SERIES, []).append((run_id, new))
         # The run's row is updated with the transaction's other frames', in one round trip as
         # it commits (``_flush``), or before any other statement of it (``_before_execute``).
         pending = conn.info.setdefault(_PENDING_PROGRESS, {})
@@ -190,13 +178,16 @@ class SeriesStore:
         merged = _summary_rows(summaries or {})
         if conn.dialect.name != "postgresql":
             if merged:
-                raw.executemany(_UPSERT_SUMMARY_ROWS, [list(row.values()) for row in merged])
+                order = ("run_id", "name", *_SUMMARY_COLUMNS)
+                raw.executemany(_UPSERT_SUMMARY_ROWS, [[row[c] for c in order] for row in merged])
             if values:
                 marks = ", ".join("?" for _ in _CHUNK_COLUMNS)
                 raw.executemany(
                     f"INSERT OR IGNORE INTO chunks ({columns}) VALUES ({marks})", values
                 )
             return
+        from psycopg import Pipeline  # PostgreSQL's driver, there when it is the database
+
         copied = len(values) >= _COPY_FROM_ROWS
         with raw.cursor() as cursor:
             if copied:
@@ -207,7 +198,8 @@ class SeriesStore:
                     copy.set_types(_CHUNK_TYPES)  # the blobs as they are, not hex text
                     for row in values:
                         copy.write_row(row)
-            with raw.pipeline():
+            # One round trip for both, where libpq pipelines (psycopg's binary wheel does).
+            with raw.pipeline() if Pipeline.is_supported() else contextlib.nullcontext():
                 if merged:  # every row in one statement
                     cursor.execute(_UPSERT_SUMMARY_JSON, [json.dumps(merged, allow_nan=False)])
                 if copied:
@@ -222,14 +214,18 @@ class SeriesStore:
                         values,
                     )
 
-    def committed(self, conn: Connection) -> None:
-        """The transaction on ``conn`` was committed: remember the series it stored."""
-        for run_id, names in conn.info.pop(_PENDING_SERIES, ()):
-            self._known.setdefault(run_id, set()).update(names)
+    def discard(self, conn: Connection, run_id: str) -> None:
+        """The run is deleted in the transaction on ``conn``: its frames held for the commit
+        are not to be stored (they would make its series' rows again)."""
+        chunks_held = conn.info.get(_PENDING_CHUNKS)
+        if chunks_held:
+            chunks_held[:] = [row for row in chunks_held if row["run_id"] != run_id]
+        for key in [key for key in conn.info.get(_PENDING_SUMMARIES, {}) if key[0] == run_id]:
+            del conn.info[_PENDING_SUMMARIES][key]
+        conn.info.get(_PENDING_PROGRESS, {}).pop(run_id, None)
 
     def rolled_back(self, conn: Connection) -> None:
         """The transaction on ``conn`` failed: what it stored is not there."""
-        conn.info.pop(_PENDING_SERIES, None)
         conn.info.pop(_PENDING_CHUNKS, None)
         conn.info.pop(_PENDING_PROGRESS, None)
         conn.info.pop(_PENDING_SUMMARIES, None)
@@ -240,10 +236,6 @@ class SeriesStore:
             conn.info.pop(_PENDING_CHUNKS, None)
             conn.info.pop(_PENDING_PROGRESS, None)
             conn.info.pop(_PENDING_SUMMARIES, None)
-
-    def forget(self, run_id: str) -> None:
-        """The run ended: stop remembering its series."""
-        self._known.pop(run_id, None)
 
     # -- reads (thread pool) -----------------------------------------------------------------
 

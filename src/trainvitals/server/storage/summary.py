@@ -48,9 +48,19 @@ def summarize(steps: np.ndarray, values: np.ndarray) -> Summary | None:
     """The summary of points (``steps`` int64, ``values`` float64, as sent); None when empty."""
     if steps.size == 0:
         return None
+    return summary_at(values, *last_point(steps))
+
+
+def last_point(steps: np.ndarray) -> tuple[int, int]:
+    """The highest of (non-empty) ``steps``, and the index of its last point: series that share
+    their steps share these."""
     top = int(steps.max())
-    # The last point at the highest step (steps come in order: most often the very last).
-    at = steps.size - 1 if steps[-1] == top else int(np.flatnonzero(steps == top)[-1])
+    # Steps come in order: most often the very last.
+    return top, steps.size - 1 if steps[-1] == top else int(np.flatnonzero(steps == top)[-1])
+
+
+def summary_at(values: np.ndarray, top: int, at: int) -> Summary:
+    """The summary of (non-empty) ``values`` whose last point, at step ``top``, is ``at``."""
     low, high = values.min(), values.max()  # two passes, and no copy unless one is not finite
     if not (math.isfinite(low) and math.isfinite(high)):
         finite = values[np.isfinite(values)]
