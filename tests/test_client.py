@@ -82,6 +82,8 @@ def test_runs_history_and_alerts(team: Team) -> None:
 
         detail = api.run(run.id)
         assert detail.config == {"lr": 0.1} and detail.series == ["loss"]
+        assert detail.metrics == best[0].metrics  # a run's page has every series' summary
+        assert set(api.run(nan_run).metrics) == {"loss", "nonfinite/loss"}
         for fmt in ("parquet", "jsonl"):
             frame = detail.history(["loss"], format=fmt)
             assert list(frame.columns) == ["name", "step", "time", "value"]

@@ -200,6 +200,9 @@ def test_open_pages_follow_a_run_live_its_health_and_its_points(
     expect(row.locator("[data-health]")).to_have_text("critical: nonfinite")
     expect(header.locator("#run-status [data-health]")).to_have_text("critical: nonfinite")
     expect(compared.locator(".compared-runs [data-health]")).to_have_text("critical: nonfinite")
+    # The run page's summary follows it: the last loss is NaN now, its least still 0.2.
+    loss_summary = header.locator('#run-summary tr[data-summary="loss"] td')
+    expect(loss_summary).to_have_text(["NaN", "6", "0.2", "1"], timeout=15_000)
     expect(row.locator("[data-status]")).to_have_text("running")  # the rest of the run kept
     # A point streamed after the compare view opened is drawn on its run's trace.
     runs[1].log(6, {"loss": 0.125})
@@ -315,6 +318,13 @@ def test_selected_runs_are_compared_one_colour_each_on_every_chart(
         "(spans) => spans.map((s) => getComputedStyle(s).backgroundColor)"
     )
     assert len(swatches) == 2
+    # Each series' last value, a run a column; the least and greatest in the cell's title.
+    summaries = page.locator("#summary-compare tr[data-summary]")
+    assert summaries.evaluate_all("(rows) => rows.map((r) => r.dataset.summary)") == ["loss", "lr"]
+    expect(summaries.first.locator("td")).to_have_text(["0.0303", "0.02857"])  # 1/33, 1/35
+    assert summaries.nth(1).locator("td").first.get_attribute("title") == (
+        "min 0.06061 · max 0.5 · last at step 30"
+    )
     # The config table marks the keys that differ (lr and batch both do here).
     differs = page.locator("#config-compare tr[data-differs=true]").evaluate_all(
         "(rows) => rows.map((r) => r.dataset.configKey)"

@@ -7,7 +7,7 @@
 import { download, exportRunsPath, getRun, getSeries } from "./api.js";
 import { CHART_CONTROLS, ChartSet, replaceQuery } from "./chart-set.js";
 import { Chart, chartOf, plotlyReady } from "./charts.js";
-import { escapeHTML, healthBadge, runPath, setTitle, statusBadge } from "./format.js";
+import { escapeHTML, formatNumber, healthBadge, runPath, setTitle, statusBadge, summaryOrder, summaryValue } from "./format.js";
 import { withSummary } from "./live.js";
 
 // Colour-blind-friendly (Okabe–Ito), then more: a run's colour is its place in the address.
@@ -64,6 +64,8 @@ class CompareView {
       <details class="panel" open><summary>Configuration <span class="muted" id="config-differ"></span></summary>
         <label class="config-only"><input type="checkbox" name="only-differing"> Only the keys that differ</label>
         <div class="table-scroll"><table class="kv config-compare" id="config-compare"></table></div></details>
+      <details class="panel" open><summary>Summary <span class="muted">each series' last value; its least and greatest on hover</span></summary>
+        <div class="table-scroll"><table class="kv config-compare summary-compare" id="summary-compare"></table></div></details>
       ${CHART_CONTROLS}
       <div class="charts" id="charts"></div>`;
     this.chartsRoot = root.querySelector("#charts");
@@ -78,6 +80,7 @@ class CompareView {
       draw();
     });
     draw();
+    drawSummaries(root.querySelector("#summary-compare"), runs);
   }
 
   drawLegend() {
@@ -190,6 +193,24 @@ class CompareView {
   destroy() { this.set.destroy(); }
 }
 
+// The runs' columns' heading row: each run's swatch and name.
+const runHeadings = (first, runs) => `<tr><th>${escapeHTML(first)}</th>${runs.map((run, i) =>
+  `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}</th>`).join("")}</tr>`;
+
+// Series as rows (every compared run's), runs as columns: each series' last value, with its
+// least and greatest and the step of the last in the cell's title.
+function drawSummaries(table, runs) {
+  const names = summaryOrder(new Set(runs.flatMap((run) => Object.keys(run.metrics ?? {}))));
+  const rows = names.map((name) => `<tr data-summary="${escapeHTML(name)}"><th>${escapeHTML(name)}</th>${runs.map((run) => {
+    const summary = run.metrics?.[name];
+    if (!summary) return `<td class="num muted">—</td>`;
+    const shown = (value) => (value == null ? "—" : formatNumber(value));
+    const title = `min ${shown(summary.min)} · max ${shown(summary.max)} · last at step ${summary.step}`;
+    return `<td class="num" title="${escapeHTML(title)}">${summaryValue(summary, "last")}</td>`;
+  }).join("")}</tr>`);
+  table.innerHTML = runHeadings("series", runs) + (rows.join("") || `<tr><td class="muted">No points yet.</td></tr>`);
+}
+
 // Keys as rows, runs as columns; a row whose values are not all equal is marked (and the
 // others left out when onlyDiffering); how many differ in count.
 function drawConfig(table, count, runs, onlyDiffering) {
@@ -197,7 +218,7 @@ function drawConfig(table, count, runs, onlyDiffering) {
   const valuesOf = new Map(keys.map((key) => [key, runs.map((run) => shown(run.config?.[key]))]));
   const differing = new Set(keys.filter((key) => new Set(valuesOf.get(key)).size > 1));
   count.textContent = `(${differing.size} of ${keys.length} ${keys.length === 1 ? "key differs" : "keys differ"}, marked)`;
-  const head = `<tr><th>key</th>${runs.map((run, i) => `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}</th>`).join("")}</tr>`;
+  const head = runHeadings("key", runs);
   const rows = (onlyDiffering ? [...differing] : keys).map((key) => {
     const values = valuesOf.get(key);
     const differs = differing.has(key);

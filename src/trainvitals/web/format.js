@@ -54,6 +54,23 @@ export function formatNumber(value, digits = 4) {
   return String(Number(value.toPrecision(digits)));
 }
 
+// One statistic of a series' summary ({ step, last, min, max, nonfinite }) as HTML: a number,
+// "NaN", "+Inf" or "−Inf" marked as such for a last value that is not finite, "—" for none.
+export function summaryValue(summary, stat) {
+  if (stat === "last" && summary?.nonfinite) {
+    const text = { nan: "NaN", inf: "+Inf", "-inf": "−Inf" }[summary.nonfinite] ?? summary.nonfinite;
+    return `<span class="nonfinite">${escapeHTML(text)}</span>`;
+  }
+  const value = summary?.[stat];
+  return escapeHTML(value == null ? "—" : formatNumber(value));
+}
+
+// Series names in the order a summary lists them: the model's own metrics (loss, val_loss, ...)
+// first, then the vitals (grad/..., host/..., gpu0/...), each alphabetically.
+export function summaryOrder(names) {
+  return [...names].sort((a, b) => a.includes("/") - b.includes("/") || (a < b ? -1 : a > b ? 1 : 0));
+}
+
 // Order of worker names as the server sorts them: chief (or master) first, then by type, then
 // by index, so worker:2 comes before worker:10.
 export function workerOrder(a, b) {

@@ -6,7 +6,7 @@ import { deleteRun, download, editRun, exportPath, getRun, getRunAlerts, getSeri
 import { setBannerScope } from "./banner.js";
 import { CHART_CONTROLS, ChartSet } from "./chart-set.js";
 import { Chart, alertChartIds, chartOf, plotlyReady } from "./charts.js";
-import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, tagList } from "./format.js";
+import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, summaryOrder, summaryValue, tagList } from "./format.js";
 import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
 import { withSummary } from "./live.js";
@@ -39,10 +39,14 @@ const LAYOUT = `
   ${CHART_CONTROLS}
   <div class="charts" id="charts"></div>
   <div id="run-job"></div>
+  <details class="panel" open><summary>Summary <span class="muted">each series' last, least and greatest value</span></summary>
+    <div class="table-scroll"><table class="kv summary-table" id="run-summary"></table></div></details>
   <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
   <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
 
 const ENDED = new Set(["crashed", "lost"]);
+// How often, at most, the run is fetched again for its series' summaries while it steps (ms).
+const SUMMARY_REFRESH = 5000;
 
 // The run page, live: load() draws it, onLive(message) follows the websocket, destroy() stops.
 export class RunPage {
@@ -118,6 +122,7 @@ export class RunPage {
     this.set.mount(this.root.querySelector(".chart-controls"), this.chartsRoot);
     this.root.querySelector("#run-config").innerHTML = kvRows(this.run.config);
     this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
+    this.drawSummary();
     try {
       await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
     } catch (error) {
@@ -169,11 +174,30 @@ export class RunPage {
       if (!summary) return;
       // A summary can be the run's health alone (an alert about it changed): no status.
       const changed = summary.status != null && summary.status !== this.run.status;
+      const stepped = summary.last_step != null && summary.last_step !== this.run.last_step;
       this.run = withSummary(this.run, summary);
       this.drawHeader();
-      // The live summary has no stacks or traceback: fetch the run when its state changes.
+      // The live summary has no stacks or traceback: fetch the run when its state changes,
+      // and every few seconds at most while it steps (its series' summaries).
       if (changed) this.refresh();
+      else if (stepped && !this.summaryDue && !document.hidden) {
+        this.summaryDue = setTimeout(() => { this.summaryDue = null; this.refresh().catch(() => {}); }, SUMMARY_REFRESH);
+      }
     }
+  }
+
+  // Each series' last value (at its highest step), least and greatest, as the server keeps them.
+  drawSummary() {
+    const metrics = this.run.metrics ?? {};
+    const rows = summaryOrder(Object.keys(metrics)).map((name) => {
+      const summary = metrics[name];
+      return `<tr data-summary="${escapeHTML(name)}"><th>${escapeHTML(name)}</th>
+        <td class="num">${summaryValue(summary, "last")}</td><td class="num muted">${escapeHTML(summary.step)}</td>
+        <td class="num">${summaryValue(summary, "min")}</td><td class="num">${summaryValue(summary, "max")}</td></tr>`;
+    });
+    this.root.querySelector("#run-summary").innerHTML = rows.length
+      ? `<tr><th>series</th><th class="num">last</th><th class="num">at step</th><th class="num">min</th><th class="num">max</th></tr>${rows.join("")}`
+      : `<tr><td class="muted">No points yet.</td></tr>`;
   }
 
   showDeleted() {
@@ -197,6 +221,7 @@ export class RunPage {
     if (current !== this.refreshes) return true; // a later refresh is on its way
     this.run = since.filter((summary) => summary.id === this.runId).reduce(withSummary, run);
     this.drawHeader();
+    this.drawSummary();
     if (this.job) {
       this.job.update(run.job?.runs ?? []);
       this.job.update(since.filter((summary) => summary.job_id === this.job.jobId));
@@ -215,6 +240,7 @@ export class RunPage {
     this.waiting?.();
     for (const off of this.off) off();
     clearInterval(this.ticker);
+    clearTimeout(this.summaryDue);
     clearTimeout(this.reloading);
     this.alertList?.destroy();
     this.job?.destroy();

@@ -7,7 +7,7 @@ import { listRuns } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { comparePath } from "./compare.js";
 import { withSummary } from "./live.js";
-import { escapeHTML, formatAgo, formatNumber, formatTime, healthBadge, runPath, setTitle, statusBadge, tagList, workerOrder } from "./format.js";
+import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, summaryValue, tagList, workerOrder } from "./format.js";
 
 const PAGE_SIZE = 50;
 const STATUSES = ["running", "stalled", "finished", "crashed", "lost"];
@@ -120,10 +120,7 @@ function metricColumns(state) {
 
 function metricCell(summary, { stat }) {
   if (!summary) return `<td class="num metric-cell muted">—</td>`;
-  const value = summary[stat];
-  const shown = stat === "last" && summary.nonfinite
-    ? `<span class="nonfinite">${escapeHTML(summary.nonfinite === "nan" ? "NaN" : summary.nonfinite === "inf" ? "+Inf" : "−Inf")}</span>`
-    : escapeHTML(value == null ? "—" : formatNumber(value));
+  const shown = summaryValue(summary, stat);
   const title = stat === "last" ? `at step ${summary.step}` : `${stat} of the finite values; last step ${summary.step}`;
   return `<td class="num metric-cell" title="${escapeHTML(title)}">${shown}</td>`;
 }

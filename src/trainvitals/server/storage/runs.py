@@ -199,6 +199,8 @@ class RunDetail(_RunEnding):
     config: dict[str, Any]
     env: dict[str, Any]
     series: list[str]  # the names of its series
+    #: Each of its series' summary, by name (those with a point).
+    metrics: dict[str, MetricSummary]
     job: NotRequired[Job]
 
 
@@ -505,6 +507,7 @@ class RunStore:
             ).scalars()
             run = dict(row)
             run["series"] = list(names)
+            run["metrics"] = _metric_summaries(conn, [run_id]).get(run_id, {})
             if job and run["job_id"]:
                 run["job"] = _job(conn, run["job_id"])
         run["config"] = json.loads(run["config"])
@@ -647,10 +650,11 @@ def run_summary(run: Mapping[str, Any]) -> RunSummary:
 
 
 def _metric_summaries(
-    conn: Connection, run_ids: list[str], names: tuple[str, ...]
+    conn: Connection, run_ids: list[str], names: tuple[str, ...] | None = None
 ) -> dict[str, dict[str, MetricSummary]]:
-    """Run id -> series name -> its summary, of those of ``names`` each run has points of."""
-    if not run_ids or not names:
+    """Run id -> series name -> its summary, of those of ``names`` (all when None) each run
+    has points of."""
+    if not run_ids or names == ():
         return {}
     query = select(
         series.c.run_id,
@@ -660,7 +664,9 @@ def _metric_summaries(
         series.c.last_nonfinite,
         series.c.min_value,
         series.c.max_value,
-    ).where(series.c.run_id.in_(run_ids), series.c.name.in_(names), series.c.last_step.is_not(None))
+    ).where(series.c.run_id.in_(run_ids), series.c.last_step.is_not(None))
+    if names is not None:
+        query = query.where(series.c.name.in_(names))
     found: dict[str, dict[str, MetricSummary]] = {}
     for run_id, name, step, last, nonfinite, low, high in conn.execute(query):
         summary = MetricSummary(step=step, last=last, min=low, max=high)
