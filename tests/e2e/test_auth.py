@@ -247,6 +247,18 @@ def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> 
     # The token works as one made by the command: it streams runs of p, and only streams.
     before = time.time()
     run = stream(server, token, "p")
+
+    def last_used() -> dict[str, float | None]:
+        rows = call(server, "/api/v1/tokens", team.admin)[1]["tokens"]  # type: ignore[index]
+        return {t["name"]: t["last_used_at"] for t in rows}
+
+    # When each was last used, to a minute (written off the requests' path: polled): bob's as
+    # it streamed, before any request of its own; the admin's; the reader's never.
+    wait_for(lambda: last_used()["bob's laptop"] is not None, what="bob's token's use")
+    used = last_used()
+    bob = used["bob's laptop"]
+    assert bob is not None and before <= bob <= time.time()
+    assert used["alice"] is not None and used["viewer-p"] is None
     assert call(server, f"/api/v1/runs/{run}", team.admin)[0] == 200
     assert call(server, "/api/v1/runs", token)[0] == 403
     # Listed, never with a secret; the admin's own token is marked.
@@ -257,13 +269,6 @@ def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> 
         ("alice", True), ("agents-p", False), ("viewer-p", False), ("agents-q", False),
         ("bob's laptop", False),
     ]  # fmt: skip
-    # When each was last used, to a minute: bob's as it streamed; the admin's at its first
-    # request (not written again within the minute); the reader's never.
-    used = {t["name"]: t["last_used_at"] for t in rows}
-    assert used["viewer-p"] is None
-    assert (
-        used["alice"] is not None and used["alice"] <= before <= used["bob's laptop"] <= time.time()
-    )
     text = json.dumps(listed)
     for secret in (token, team.admin, team.ingest_p, team.read_p, team.ingest_q):
         assert secret.split("_", 2)[2] not in text

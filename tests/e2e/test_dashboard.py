@@ -460,12 +460,15 @@ def test_the_workers_of_a_job_are_grouped_and_compared_live(
 def test_an_error_from_the_server_is_shown_as_text_not_run_as_html(
     server: ServerProcess, browser: Any
 ) -> None:
-    # The server's 422 repeats the invalid filter; the page must show it, not parse it.
+    # A 422 reads as the Python client's reason, one line (not FastAPI's JSON, which repeats
+    # the input); a 404 repeats the run id asked for: the page shows it, never parses it.
     payload = '<img src=x onerror="window.__xss=1">'
     page = browser.new_page()
     page.goto(f"{server.url}/#/alerts?state={quote(payload)}")
     error = page.locator("#app .error")
-    expect(error).to_contain_text("422")
+    expect(error).to_contain_text("422: query.state: Input should be 'firing', 'resolved'")
+    page.goto(f"{server.url}/#/runs/{quote(payload)}")
+    expect(error).to_contain_text("404")
     expect(error).to_contain_text("<img src=x onerror=")
     assert page.locator("#app img").count() == 0
     assert page.evaluate("typeof window.__xss") == "undefined"

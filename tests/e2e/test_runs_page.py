@@ -286,6 +286,9 @@ def test_metric_columns_follow_a_streaming_run(server: ServerProcess, browser: A
     row = page.locator(f"tr.run-row[data-run-id='{run.id}']")
     expect(row.locator("td.last-step")).to_have_text("4")
     expect(failure).to_be_visible()
+    # The list keeps drawing the view it shows: its headings and its cells agree.
+    expect(page.locator("th[data-metric-column]")).to_have_count(2)
+    expect(row.locator("td.metric-cell")).to_have_count(2)
     page.locator("input[name=metrics]").fill("loss")
     expect(failure).to_be_hidden()
     expect(row.locator("td.metric-cell")).to_have_text(["0.25"])

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.processes import ServerProcess, create_token, ingest_refusal, stream
+from harness.processes import ServerProcess, create_token, ingest_refusal, stream, wait_for
 from tests.e2e.test_dashboard import expect
 
 HOSTILE = "<img src=x onerror=window.owned=1>"
@@ -33,6 +33,12 @@ def test_an_admin_makes_a_token_sees_it_once_and_revokes_it(browser: Any, tmp_pa
     server = ServerProcess(db, args=["--auth", "required"])
     try:
         page = sign_in(browser, server, lead)
+
+        def lead_used() -> bool:  # a use is written off the request's path: polled
+            listed = page.request.get(server.url + "/api/v1/tokens").json()["tokens"]
+            return any(t["name"] == "lead-p" and t["last_used_at"] for t in listed)
+
+        wait_for(lead_used, what="the lead's use")
         page.locator("#tokens-nav").click()
         expect(page).to_have_title("Tokens · trainvitals")
         rows = page.locator("tr.token-row")

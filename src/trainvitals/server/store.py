@@ -94,6 +94,7 @@ class Store:
         return str(project)
 
     def dispose(self) -> None:
+        self.tokens.uses.close()
         self.engine.dispose()
 
     def rolled_back(self, conn: Connection) -> None:

@@ -154,6 +154,8 @@ def _lost(conn: Connection | None) -> bool:
     errors nor marks the connection invalidated (psycopg says it is ``broken``)."""
     if conn is None:
         return False
+    if conn.invalidated:
+        return True
     try:
         raw = conn.connection.driver_connection
     except Exception:  # SQLAlchemy already gave it up

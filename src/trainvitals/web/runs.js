@@ -158,6 +158,9 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     </nav>`;
   const body = root.querySelector("#runs-body");
   const form = root.querySelector("form");
+  // A view the server refused (or could not give) is said above the list, which keeps the
+  // runs it showed, still live, until a view is given.
+  const failure = root.querySelector("#runs-error");
   for (const key of ["q", "project", "status", "health", "tag", "archived", "cols", "metrics"]) form.elements[key].value = state[key];
   const selected = new Set();
   let runs = new Map(); // this page's runs, in the server's order
@@ -165,18 +168,20 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   let firing = new Map(); // run id -> its firing alerts
   let loads = 0;
 
-  const span = () => COLUMNS.length + 2 + configKeys(state).length + metricColumns(state).length;
-  const isNewestFirst = () => state.sort === "started_at" && state.order === "desc";
+  // The view the list shows: the last one the server gave (a refused one changes nothing).
+  let shown = { ...state };
+  const span = () => COLUMNS.length + 2 + configKeys(shown).length + metricColumns(shown).length;
+  const isNewestFirst = () => shown.sort === "started_at" && shown.order === "desc";
 
   const sortHeading = (key, label, cls, extra = "") => {
-    const sorted = state.sort === key ? (state.order === "asc" ? "ascending" : "descending") : "none";
+    const sorted = shown.sort === key ? (shown.order === "asc" ? "ascending" : "descending") : "none";
     const arrow = sorted === "ascending" ? " ▲" : sorted === "descending" ? " ▼" : "";
     return `<th class="${cls}" aria-sort="${sorted}"${extra}><button type="button" class="sort" data-sort="${escapeHTML(key)}">${escapeHTML(label)}${arrow}</button></th>`;
   };
   const drawHead = () => {
     const headings = COLUMNS.map(([key, label, cls]) => sortHeading(key, label, cls));
-    const config = configKeys(state).map((key) => `<th data-config-column="${escapeHTML(key)}">${escapeHTML(key)}</th>`);
-    const metrics = metricColumns(state).map(({ stat, name, sort }) =>
+    const config = configKeys(shown).map((key) => `<th data-config-column="${escapeHTML(key)}">${escapeHTML(key)}</th>`);
+    const metrics = metricColumns(shown).map(({ stat, name, sort }) =>
       sortHeading(sort, stat === "last" ? name : `${name} (${stat})`, "num", ` data-metric-column="${escapeHTML(sort)}"`));
     const head = root.querySelector("#runs-head");
     const html = `<th><span class="visually-hidden">Select</span></th>${headings.join("")}${config.join("")}${metrics.join("")}`;
@@ -193,8 +198,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   const runCells = (run) => {
     const worker = run.worker ? ` <span class="worker-tag" data-worker="${escapeHTML(run.worker)}">${escapeHTML(run.worker)}</span>` : "";
     const notes = run.notes ? ` <span class="notes-mark" title="${escapeHTML(run.notes)}" aria-label="has notes">✎</span>` : "";
-    const config = configKeys(state).map((key) => `<td class="config-cell" data-config="${escapeHTML(key)}">${escapeHTML(configValue(run.config?.[key]))}</td>`);
-    const metrics = metricColumns(state).map((column) => metricCell(run.metrics?.[column.name], column));
+    const config = configKeys(shown).map((key) => `<td class="config-cell" data-config="${escapeHTML(key)}">${escapeHTML(configValue(run.config?.[key]))}</td>`);
+    const metrics = metricColumns(shown).map((column) => metricCell(run.metrics?.[column.name], column));
     return [
       // Whether it is ticked is the box's own state, kept in step with `selected`.
       `<td><input type="checkbox" class="select-run" aria-label="${escapeHTML(`select ${run.name}`)}"></td>`,
@@ -255,7 +260,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     const ordered = [...runs.values()];
     if (!ordered.length) {
       drawn = new Map();
-      const filtered = queryOf({ ...state, page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: "" }).size;
+      const filtered = queryOf({ ...shown, page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: "" }).size;
       body.innerHTML = filtered
         ? `<tr><td colspan="${span()}" class="empty">No runs match. <a href="#/">Show every run</a></td></tr>`
         : `<tr><td colspan="${span()}" class="empty">No runs yet. Add
@@ -271,7 +276,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       syncRows(body, rows);
     }
     if (focus) body.querySelector(`tr.run-row[data-run-id="${CSS.escape(focus.id)}"] ${focus.control}`)?.focus();
-    const first = Number(state.page) * PAGE_SIZE;
+    const first = Number(shown.page) * PAGE_SIZE;
     root.querySelector("#run-count").textContent = `${total} run${total === 1 ? "" : "s"}`;
     root.querySelector("#run-count").dataset.total = String(total);
     root.querySelector("#page-range").textContent = total ? `${first + 1}–${first + ordered.length} of ${total}` : "";
@@ -281,23 +286,24 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   };
 
   // Whether the archived filter still shows a run of the list (archived or back elsewhere).
-  const archivedShown = (run) => state.archived === "include" || (state.archived === "only") === Boolean(run.archived);
+  const archivedShown = (run) => shown.archived === "include" || (shown.archived === "only") === Boolean(run.archived);
   // A run the server pushes: updated in place when on this page; a new run appears at the top
   // of the first page of the newest-first list when it passes the filters.
   const matches = (run) =>
     run.name != null
-    && (!state.q || run.name.toLowerCase().includes(state.q.toLowerCase()))
-    && (!state.project || run.project === state.project)
-    && (!state.status || run.status === state.status)
-    && !state.health // a new run's alerts are not known here
-    && (!state.tag || (run.tags ?? []).includes(state.tag))
-    && state.archived !== "only" // an old run archived elsewhere: not at the top of the list
+    && (!shown.q || run.name.toLowerCase().includes(shown.q.toLowerCase()))
+    && (!shown.project || run.project === shown.project)
+    && (!shown.status || run.status === shown.status)
+    && !shown.health // a new run's alerts are not known here
+    && (!shown.tag || (run.tags ?? []).includes(shown.tag))
+    && shown.archived !== "only" // an old run archived elsewhere: not at the top of the list
     && archivedShown(run);
   // Metric columns are read again, at most every few seconds, while the page's runs step (or
   // a new run comes without them), and not while the tab is hidden.
   let metricsDue = null;
   const refreshMetrics = () => {
-    if (metricsDue || document.hidden || !metricColumns(state).length) return;
+    // Not while a view is refused: that request would be refused again.
+    if (metricsDue || document.hidden || !failure.hidden || !metricColumns(shown).length) return;
     metricsDue = setTimeout(() => { metricsDue = null; load().catch(showError); }, METRIC_REFRESH);
   };
   const apply = (summaries) => {
@@ -307,7 +313,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
         const run = withSummary(runs.get(summary.id), summary);
         if (archivedShown(run)) runs.set(summary.id, run);
         else { runs.delete(summary.id); selected.delete(summary.id); total -= 1; }
-      } else if (state.page === "0" && isNewestFirst() && matches(summary)) {
+      } else if (shown.page === "0" && isNewestFirst() && matches(summary)) {
         refreshMetrics(); // a pushed run has no metrics: they come with the page
         runs = new Map([[summary.id, summary], ...runs]);
         total += 1;
@@ -317,9 +323,6 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     redraw();
   };
 
-  // A view the server refused (or could not give) is said above the list, which keeps the
-  // runs it showed, still live, until a view is given.
-  const failure = root.querySelector("#runs-error");
   const showError = (error) => { failure.textContent = `Could not list the runs: ${error.message}`; failure.hidden = false; };
   const load = async () => {
     const current = ++loads;
@@ -330,9 +333,16 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       config: configKeys(state),
       metric: [...new Set(metricColumns(state).map(({ name }) => name))],
     };
-    const [page, since] = await live.fetchWithRuns(() => listRuns(query));
+    let page, since;
+    try {
+      [page, since] = await live.fetchWithRuns(() => listRuns(query));
+    } catch (error) {
+      if (current === loads) throw error;
+      return; // a later view is on its way: this one's failure is no news
+    }
     if (current !== loads) return; // a later change of the filters is on its way
     failure.hidden = true;
+    shown = { ...state };
     runs = new Map(page.runs.map((run) => [run.id, run]));
     total = page.total;
     drawHead();

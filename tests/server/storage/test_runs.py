@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from harness.processes import RUN_CONTRACT_FIELDS
 from tests.server.storage.rows import alert_row, hello, job_of
@@ -340,3 +340,24 @@ def test_each_series_is_summarised_as_its_frames_are_stored_and_runs_sort_by_it(
         store.series.add_points(conn, "d", 4, {"acc": Columns([5], [8.0], [0.79])}, now=5)
     last = store.runs.find_runs(RunFilter(q="-d"), metrics=("acc",))["runs"][0]["metrics"]
     assert last == {"acc": {"step": 5, "last": 0.79, "min": 0.79, "max": 0.82}}
+
+
+def test_a_run_deleted_in_the_writers_transaction_keeps_none_of_its_frames(store: Store) -> None:
+    """Frames of a run held for the commit, and any after its deletion in the same
+    transaction (an agent still streaming it), leave no rows behind; other runs keep theirs."""
+    loss = {"loss": Columns([1], [1.0], [0.5])}
+    with store.engine.begin() as conn:
+        for run_id in ("gone", "kept"):
+            store.runs.open_run(conn, hello(run_id), now=1.0)
+    with store.engine.begin() as conn:
+        store.series.add_points(conn, "gone", 1, loss, now=2.0)
+        store.series.add_points(conn, "kept", 1, loss, now=2.0)
+        assert store.delete_run(conn, "gone")
+        assert store.series.add_points(conn, "gone", 2, loss, now=3.0) is None
+    with store.engine.connect() as conn:
+        for table in ("series", "chunks"):
+            left = conn.execute(text(f"SELECT DISTINCT run_id FROM {table}")).scalars().all()
+            assert left == ["kept"], table
+    with store.engine.begin() as conn:  # the next transaction forgets the deletion
+        store.runs.open_run(conn, hello("gone"), now=4.0)
+        assert store.series.add_points(conn, "gone", 1, loss, now=5.0) == 1

@@ -3,7 +3,9 @@ SQLite and PostgreSQL, and two revokes at once cannot each leave the other as th
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from pathlib import Path
 
 from sqlalchemy import select, text, update
 
@@ -72,6 +74,7 @@ def test_a_tokens_use_is_noted_at_most_once_a_minute(store: Store) -> None:
     token_id = token_id_of(token)
 
     def last_used() -> float | None:
+        assert store.tokens.uses.wait()
         info = store.tokens.get(token_id)
         assert info is not None
         return info.last_used_at
@@ -90,3 +93,31 @@ def test_a_tokens_use_is_noted_at_most_once_a_minute(store: Store) -> None:
     assert last_used() == 1200.0
     assert store.tokens.verify(token + "x", now=2000.0) is None  # a wrong one is no use of it
     assert last_used() == 1200.0
+    store.tokens.uses.note(token_id, now=1300.0)  # a websocket's frames say so too
+    assert last_used() == 1300.0
+
+
+def test_a_database_busy_with_a_write_never_holds_a_request_for_a_tokens_use(
+    tmp_path: Path,
+) -> None:
+    """The use is written by a thread of its own: while another process holds SQLite's write
+    lock, the token is proven at once, and its use is written once the lock is free."""
+    db = tmp_path / "team.db"
+    store = Store(str(db))
+    store.create_schema()
+    try:
+        token = store.tokens.create("agents", "p", "ingest", now=100.0)
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")  # the write lock, as a long writer holds it
+        try:
+            assert store.tokens.verify(token, now=1000.0) is not None
+            info = store.tokens.get(token_id_of(token))
+            assert info is not None and info.last_used_at is None  # queued, not written
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        assert store.tokens.uses.wait()
+        info = store.tokens.get(token_id_of(token))
+        assert info is not None and info.last_used_at == 1000.0
+    finally:
+        store.dispose()

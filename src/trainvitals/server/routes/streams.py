@@ -20,7 +20,7 @@ from trainvitals.protocol import (
     INGEST_PATH,
     LIVE_PATH,
 )
-from trainvitals.server.auth import identify
+from trainvitals.server.auth import LOCAL, identify
 from trainvitals.server.connections import TokenSocket
 from trainvitals.server.deps import AppState, StateDep
 from trainvitals.server.ingest import IngestSession
@@ -97,6 +97,8 @@ async def _ingest(
                     CLOSE_UNSUPPORTED_DATA, "expected JSON text frames, got a binary frame"
                 )
             reply = await session.handle(text)
+            if who is not LOCAL:  # an agent streaming for days uses its token all along
+                state.store.tokens.uses.note(who.token_id)
             if socket.revoked:  # closed meanwhile: its token was revoked
                 return
             if reply is not None:

@@ -41,6 +41,8 @@ from trainvitals.server.storage.summary import Summary, last_point, summary_at
 
 _PENDING_CHUNKS = "trainvitals.pending_chunks"  # in Connection.info: [chunk row]
 _PENDING_PROGRESS = "trainvitals.pending_progress"  # in Connection.info: {run id: progress}
+#: In Connection.info: the runs deleted in the transaction (their later frames are dropped).
+_DELETED = "trainvitals.deleted_runs"
 #: In Connection.info: {(run id, series): Summary} of the transaction's frames.
 _PENDING_SUMMARIES = "trainvitals.pending_summaries"
 _SUMMARY_COLUMNS = ("last_step", "last_value", "last_nonfinite", "min_value", "max_value")
@@ -109,7 +111,9 @@ class SeriesStore:
         self, conn: Connection, run_id: str, seq: int, points: Mapping[str, AnyColumns], now: float
     ) -> int | None:
         """Store one frame's points, and the run's progress; returns the highest step in
-        it (None when empty)."""
+        it (None when empty, or when the run was deleted earlier in this transaction)."""
+        if run_id in conn.info.get(_DELETED, ()):
+            return None
         rows = []
         last_step: int | None = None
         # Series of one frame that share their steps and times (the wire's clocks) share the
@@ -167,6 +171,7 @@ class SeriesStore:
         progress = conn.info.pop(_PENDING_PROGRESS, None)
         if progress:
             write_progress(conn, progress)
+        conn.info.pop(_DELETED, None)
         summaries = conn.info.pop(_PENDING_SUMMARIES, None)
         rows = conn.info.pop(_PENDING_CHUNKS, None)
         if not summaries and not rows:
@@ -215,8 +220,10 @@ class SeriesStore:
                     )
 
     def discard(self, conn: Connection, run_id: str) -> None:
-        """The run is deleted in the transaction on ``conn``: its frames held for the commit
-        are not to be stored (they would make its series' rows again)."""
+        """The run is deleted in the transaction on ``conn``: its frames held for the commit,
+        and any that come later in it, are not to be stored (they would make its series' rows
+        again)."""
+        conn.info.setdefault(_DELETED, set()).add(run_id)
         chunks_held = conn.info.get(_PENDING_CHUNKS)
         if chunks_held:
             chunks_held[:] = [row for row in chunks_held if row["run_id"] != run_id]
@@ -229,6 +236,7 @@ class SeriesStore:
         conn.info.pop(_PENDING_CHUNKS, None)
         conn.info.pop(_PENDING_PROGRESS, None)
         conn.info.pop(_PENDING_SUMMARIES, None)
+        conn.info.pop(_DELETED, None)
 
     def _drop(self, conn: Connection) -> None:
         """The transaction rolls back: its held chunks are not to be stored."""
@@ -236,6 +244,7 @@ class SeriesStore:
             conn.info.pop(_PENDING_CHUNKS, None)
             conn.info.pop(_PENDING_PROGRESS, None)
             conn.info.pop(_PENDING_SUMMARIES, None)
+            conn.info.pop(_DELETED, None)
 
     # -- reads (thread pool) -----------------------------------------------------------------
 

@@ -13,7 +13,10 @@ import enum
 import hashlib
 import hmac
 import logging
+import math
+import queue
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 
@@ -140,11 +143,74 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+class UseNotes:
+    """Each token's last use, written off the requests' path: by one thread of its own, at most
+    once a minute a token whatever came of the last try (a request never waits for the
+    database's lock, nor do a busy token's requests try again one after the other)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._tried: dict[str, float] = {}  # token id -> when its use was last queued
+        self._queue: queue.SimpleQueue[tuple[str, float] | None] = queue.SimpleQueue()
+        self._pending = 0  # queued and not yet written (see ``wait``)
+        self._done = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def note(self, token_id: str, now: float | None = None, written: float | None = None) -> None:
+        """A use of the token at ``now``; ``written``: the last use stored, when known."""
+        now = time.time() if now is None else now
+        with self._lock:
+            last = max(self._tried.get(token_id, -math.inf), written or -math.inf)
+            if now - last < USE_RESOLUTION:
+                return
+            self._tried[token_id] = now
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="trainvitals-token-uses", daemon=True
+                )
+                self._thread.start()
+        self._queue.put((token_id, now))
+
+    def wait(self, timeout: float = 10.0) -> bool:
+        """Until every use noted so far is written (or failed); False on timeout."""
+        with self._done:
+            return self._done.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            token_id, now = item
+            stale = or_(
+                tokens.c.last_used_at.is_(None), tokens.c.last_used_at <= now - USE_RESOLUTION
+            )
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(
+                        update(tokens)
+                        .where(tokens.c.id == token_id, stale)
+                        .values(last_used_at=now)
+                    )
+            except SQLAlchemyError as exc:
+                log.info(
+                    "trainvitals: could not note token %s's use: %s", token_id, type(exc).__name__
+                )
+            with self._done:
+                self._pending -= 1
+                self._done.notify_all()
+
+
 class TokenStore:
     """Tokens and sessions, on their own short transactions (they are not the writer's)."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self.uses = UseNotes(engine)
 
     def create(self, name: str, project: str, role: str, now: float | None = None) -> str:
         """A new token; returns it, the only time its secret is known."""
@@ -260,26 +326,8 @@ class TokenStore:
         return self._used(row, now)
 
     def _used(self, row: RowMapping, now: float | None) -> Principal:
-        """The principal of a token row just proven, its use written when the last one written
-        is a minute old. Best effort: a database too busy to take the write (SQLite's lock)
-        does not refuse the request."""
-        now = time.time() if now is None else now
-        last = row["last_used_at"]
-        if last is None or now - last >= USE_RESOLUTION:
-            stale = or_(
-                tokens.c.last_used_at.is_(None), tokens.c.last_used_at <= now - USE_RESOLUTION
-            )
-            try:
-                with self._engine.begin() as conn:
-                    conn.execute(
-                        update(tokens)
-                        .where(tokens.c.id == row["id"], stale)
-                        .values(last_used_at=now)
-                    )
-            except SQLAlchemyError as exc:
-                log.info(
-                    "trainvitals: could not note token %s's use: %s", row["id"], type(exc).__name__
-                )
+        """The principal of a token row just proven, its use noted (see :class:`UseNotes`)."""
+        self.uses.note(row["id"], now, row["last_used_at"])
         return Principal(row["id"], row["name"], row["project"], Role(row["role"]))
 
     def open_session(self, principal: Principal, ttl: float, now: float | None = None) -> str:

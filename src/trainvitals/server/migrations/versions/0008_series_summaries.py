@@ -18,6 +18,7 @@ Create Date: 2026-11-27
 from __future__ import annotations
 
 import logging
+import zlib
 from typing import Any
 
 import sqlalchemy as sa
@@ -122,7 +123,7 @@ def _fill(batch: int = 1000) -> None:
             continue
         try:
             steps, _, values = codec.decode([row])
-        except StorageError as exc:
+        except (StorageError, ValueError, zlib.error) as exc:  # a clock missing, a torn blob
             log.warning(
                 "revision 0008: series %r of run %s left unsummarised: %s", name, run_id, exc
             )
