@@ -141,6 +141,37 @@ def test_series_are_columns_of_the_list_and_its_sort_orders(
     assert not page.errors, page.errors
 
 
+def test_the_runs_are_plotted_a_point_a_run_by_a_config_value_and_a_metric(
+    seeded: ServerProcess, browser: Any
+) -> None:
+    """TensorBoard's hyperparameter scatter: every run of the view (not one page) a point, x a
+    config column or a metric column, y a metric column; the axes kept in the address."""
+    page = open_page(seeded, browser, "/#/?cols=lr")
+    page.locator("#runs-plot summary").click()
+    note = page.locator("#runs-plot-note")
+    expect(note).to_have_text("Add metric columns (loss, min:val_loss) to plot the runs by them.")
+    page.locator("input[name=metrics]").fill("min:loss, max:lr")
+    plot = page.locator("#runs-plot-area")
+    expect(plot).to_have_attribute("data-points", str(RUNS))  # every page's runs
+    expect(note).to_have_text(f"{RUNS} of {RUNS} runs")
+    assert page.locator("#runs-plot [name=px] option").all_inner_texts() == [
+        "lr", "loss (min)", "lr (max)",
+    ]  # fmt: skip
+    points = plot.evaluate("(p) => [p.data[0].x, p.data[0].y, p.data[0].customdata]")
+    # run i: lr 0.001 * (1 + i % 7), least loss 1 / (30 + i % 7)
+    by_run = {run: (x, y) for x, y, run in zip(*points, strict=True)}
+    assert by_run["seed000003"] == (0.004, 1 / 33) and by_run["seed000013"] == (0.007, 1 / 36)
+    query = parse_qs(urlsplit(page.evaluate("location.hash")[1:]).query)
+    assert (query["px"], query["py"]) == (["config:lr"], ["min:loss"])
+    page.locator("#runs-plot [name=py]").select_option("max:lr")
+    expect(plot).to_have_attribute("aria-label", f"lr (max) against lr: {RUNS} runs")
+    again = open_page(seeded, browser, "/#/?" + urlsplit(page.evaluate("location.hash")[1:]).query)
+    expect(again.locator("#runs-plot-area")).to_have_attribute(
+        "aria-label", f"lr (max) against lr: {RUNS} runs"
+    )  # the address draws the same plot
+    assert not page.errors and not again.errors, (page.errors, again.errors)
+
+
 def test_a_run_that_blew_up_never_looks_like_a_clean_finish(
     seeded: ServerProcess, browser: Any
 ) -> None:

@@ -6,6 +6,7 @@ import { mostUrgentFirst } from "./alert-feed.js";
 import { listRuns } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { comparePath } from "./compare.js";
+import { PLOT_RUNS, drawRunsPlot, plotAxis } from "./runs-plot.js";
 import { withSummary } from "./live.js";
 import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, summaryValue, tagList, workerOrder } from "./format.js";
 
@@ -19,7 +20,7 @@ const COLUMNS = [
   ["started_at", "Started", "wide-only"], ["last_step", "Last step", "num wide-only"],
   ["last_seen", "Last seen", ""], ["host", "Host", "wide-only"],
 ];
-const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: "" };
+const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: "", px: "", py: "" };
 // A series' statistics a metric column shows, each sorted first in the order that puts the
 // best runs of a loss (last, min) or of an accuracy (max) on top.
 const METRIC_ORDER = { last: "asc", min: "asc", max: "desc" };
@@ -147,6 +148,12 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
         <input type="text" name="metrics" placeholder="loss, min:val_loss" size="16"></label>
     </form>
     <p id="runs-error" class="error" role="alert" hidden></p>
+    <details class="panel runs-plot" id="runs-plot"><summary>Plot the runs <span class="muted">a point a run, every page</span></summary>
+      <div class="filters plot-axes"><label>x <select name="px"></select></label>
+        <label>y <select name="py"></select></label>
+        <span class="muted" id="runs-plot-note" role="status"></span></div>
+      <div class="plot" id="runs-plot-area"></div>
+    </details>
     <div class="table-scroll"><table class="runs-table">
       <thead><tr id="runs-head"></tr></thead>
       <tbody id="runs-body"><tr><td class="muted">Loading…</td></tr></tbody>
@@ -163,6 +170,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   const failure = root.querySelector("#runs-error");
   for (const key of ["q", "project", "status", "health", "tag", "archived", "cols", "metrics"]) form.elements[key].value = state[key];
   const selected = new Set();
+  const plotPanel = root.querySelector("#runs-plot");
+  plotPanel.open = Boolean(state.py);
   let runs = new Map(); // this page's runs, in the server's order
   let total = 0;
   let firing = new Map(); // run id -> its firing alerts
@@ -324,15 +333,59 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   };
 
   const showError = (error) => { failure.textContent = `Could not list the runs: ${error.message}`; failure.hidden = false; };
+  // The list request of a view: its filters, sort and columns, `limit` runs from `offset`.
+  const requestOf = (view, limit, offset) => ({
+    q: view.q, project: view.project, status: view.status, health: view.health, tag: view.tag, archived: view.archived,
+    sort: view.sort, order: view.order, limit, offset, config: configKeys(view),
+    metric: [...new Set(metricColumns(view).map(({ name }) => name))],
+  });
+
+  // The plot of the runs, while its panel is open: its axes are the list's columns (config
+  // values and metric columns for x, metric columns for y), its runs every page of the view.
+  const area = root.querySelector("#runs-plot-area");
+  const note = root.querySelector("#runs-plot-note");
+  const [xSelect, ySelect] = ["px", "py"].map((name) => plotPanel.querySelector(`[name=${name}]`));
+  let plots = 0;
+  const fillAxis = (select, keys, chosen) => {
+    select.innerHTML = keys.map((key) => `<option value="${escapeHTML(key)}">${escapeHTML(plotAxis(key).label)}</option>`).join("");
+    select.value = keys.includes(chosen) ? chosen : (keys[0] ?? "");
+  };
+  const drawPlot = async () => {
+    if (!plotPanel.open) return;
+    const current = ++plots;
+    const metrics = metricColumns(shown).map(({ sort }) => sort);
+    fillAxis(xSelect, [...configKeys(shown).map((key) => `config:${key}`), ...metrics], state.px);
+    fillAxis(ySelect, metrics, state.py);
+    if (!metrics.length) {
+      note.textContent = "Add metric columns (loss, min:val_loss) to plot the runs by them.";
+      area.hidden = true;
+      return;
+    }
+    Object.assign(state, { px: xSelect.value, py: ySelect.value });
+    keepInAddress();
+    const page = await listRuns(requestOf(shown, PLOT_RUNS, 0));
+    if (current !== plots || !plotPanel.open) return;
+    area.hidden = false;
+    const drawn = await drawRunsPlot(area, page.runs, plotAxis(xSelect.value), plotAxis(ySelect.value));
+    const cut = page.total > PLOT_RUNS ? ` (the first ${PLOT_RUNS})` : "";
+    note.textContent = `${drawn} of ${page.total} runs${cut}${drawn < page.runs.length ? "; the others lack a value" : ""}`;
+  };
+  const plotError = (error) => { note.textContent = `Could not plot the runs: ${error.message}`; };
+  plotPanel.addEventListener("toggle", () => {
+    if (plotPanel.open) drawPlot().catch(plotError);
+    else { Object.assign(state, { px: "", py: "" }); keepInAddress(); }
+  });
+  for (const select of [xSelect, ySelect]) {
+    select.addEventListener("change", () => {
+      Object.assign(state, { px: xSelect.value, py: ySelect.value });
+      drawPlot().catch(plotError);
+    });
+  }
+
   const load = async () => {
     const current = ++loads;
     setBannerScope(state.project || null);
-    const query = {
-      q: state.q, project: state.project, status: state.status, health: state.health, tag: state.tag, archived: state.archived,
-      sort: state.sort, order: state.order, limit: PAGE_SIZE, offset: Number(state.page) * PAGE_SIZE || 0,
-      config: configKeys(state),
-      metric: [...new Set(metricColumns(state).map(({ name }) => name))],
-    };
+    const query = requestOf(state, PAGE_SIZE, Number(state.page) * PAGE_SIZE || 0);
     let page, since;
     try {
       [page, since] = await live.fetchWithRuns(() => listRuns(query));
@@ -343,18 +396,22 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     if (current !== loads) return; // a later change of the filters is on its way
     failure.hidden = true;
     shown = { ...state };
+    drawPlot().catch(plotError);
     runs = new Map(page.runs.map((run) => [run.id, run]));
     total = page.total;
     drawHead();
     apply(since.filter((summary) => runs.has(summary.id)));
   };
 
-  // A change of the view: into the address (without a new history entry per keystroke), then
-  // the page from the server.
-  const change = (changes) => {
-    Object.assign(state, changes);
+  // The view into the address, without a new history entry per keystroke.
+  const keepInAddress = () => {
     const query = queryOf(state);
     history.replaceState(null, "", `#/${query.size ? `?${query}` : ""}`);
+  };
+  // A change of the view: into the address, then the page from the server.
+  const change = (changes) => {
+    Object.assign(state, changes);
+    keepInAddress();
     load().catch(showError);
   };
   // Typing waits for a pause; every field changed meanwhile goes with it.
@@ -413,7 +470,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     }
   }, 5000);
 
-  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); clearTimeout(typing); clearTimeout(metricsDue); };
+  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); clearTimeout(typing); clearTimeout(metricsDue); if (area.dataset.points) window.Plotly?.purge(area); };
   try {
     await load();
   } catch (error) {
