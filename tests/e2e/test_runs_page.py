@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from harness.processes import ServerProcess
+from harness.processes import ServerProcess, wait_for
 from harness.seed import seed_runs
 from tests.e2e.test_charts import download
 from tests.e2e.test_dashboard import expect
@@ -165,11 +165,53 @@ def test_the_runs_are_plotted_a_point_a_run_by_a_config_value_and_a_metric(
     assert (query["px"], query["py"]) == (["config:lr"], ["min:loss"])
     page.locator("#runs-plot [name=py]").select_option("max:lr")
     expect(plot).to_have_attribute("aria-label", f"lr (max) against lr: {RUNS} runs")
+    page.locator("#runs-plot [name=logx]").check()  # a learning rate's decades
+    wait_for(lambda: plot.evaluate("(p) => p._fullLayout.xaxis.type") == "log", what="log x")
+    assert parse_qs(urlsplit(page.evaluate("location.hash")[1:]).query)["plog"] == ["x"]
     again = open_page(seeded, browser, "/#/?" + urlsplit(page.evaluate("location.hash")[1:]).query)
     expect(again.locator("#runs-plot-area")).to_have_attribute(
         "aria-label", f"lr (max) against lr: {RUNS} runs"
     )  # the address draws the same plot
     assert not page.errors and not again.errors, (page.errors, again.errors)
+
+
+#: The page position of a plotted run's point: (x, y) in CSS pixels.
+POINT_AT = """(plot, id) => {
+  const trace = plot.data[0], i = trace.customdata.indexOf(id);
+  const { xaxis, yaxis } = plot._fullLayout, box = plot.getBoundingClientRect();
+  const x = trace.x[i], at = xaxis.type === "category" ? xaxis.d2l(x) : x;
+  const y = trace.y[i];
+  return [box.left + xaxis._offset + xaxis.l2p(at), box.top + yaxis._offset + yaxis.l2p(y)];
+}"""
+
+
+def test_a_plotted_run_is_the_one_clicked_and_its_config_values_are_text(
+    server: ServerProcess, browser: Any
+) -> None:
+    """Runs of a grid share their x: a click opens the run under the pointer, not the first at
+    its x; a config value is a category shown as text (plotly reads markup in labels)."""
+    hostile = '<a href="https://evil.example/">x</a>'
+    ids = {}
+    for name, opt, loss in (("low", "sgd", 0.1), ("high", "sgd", 0.9), ("odd", hostile, 0.5),
+                            ("quoted", 'adam "beta"', 0.3)):  # fmt: skip
+        run = Run(resolve(server=server.url, project="grid", run_name=name, config={"opt": opt}),
+                  system_metrics=False, watchdog=False)  # fmt: skip
+        run.start()
+        run.log(1, {"loss": loss})
+        assert run.finish()
+        ids[name] = run.id
+    page = open_page(server, browser, "/#/?cols=opt&metrics=loss&px=config%3Aopt&py=last%3Aloss")
+    plot = page.locator("#runs-plot-area")
+    expect(plot).to_have_attribute("data-points", "4")
+    ticks = plot.locator(".xtick text").evaluate_all("(ts) => ts.map((t) => t.textContent)")
+    assert sorted(ticks) == sorted([hostile, 'adam "beta"', "sgd"]), ticks
+    assert plot.locator("a").count() == 0
+    for name in ("low", "high"):  # both at x = sgd
+        page.mouse.click(*plot.evaluate(POINT_AT, ids[name]))
+        expect(page).to_have_title(f"{name} · trainvitals")
+        page.go_back()
+        expect(plot).to_have_attribute("data-points", "4")
+    assert not page.errors, page.errors
 
 
 def test_a_run_that_blew_up_never_looks_like_a_clean_finish(

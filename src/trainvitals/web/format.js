@@ -7,6 +7,12 @@ export function escapeHTML(value) {
 }
 
 // The address of a run's page.
+// Text for plotly's labels, titles and hover text, which it reads as a subset of HTML: & < >
+// escaped, and quotes as numeric entities (plotly knows no &quot;, and would show it as is).
+export function plotText(value) {
+  return String(value).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;" }[c]));
+}
+
 export function runPath(runId) {
   return `#/runs/${encodeURIComponent(runId)}`;
 }

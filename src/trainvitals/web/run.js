@@ -213,11 +213,13 @@ export class RunPage {
     try {
       [run, since] = await this.live.fetchWithRuns(() => getRun(this.runId));
     } catch (error) {
+      if (this.destroyed) return false;
       if (error.status !== 404) throw error;
       // Deleted while this page's live stream was away (or not yet open): nobody told it.
       if (!this.destroyed) this.showDeleted();
       return false;
     }
+    if (this.destroyed) return false; // the page was left meanwhile: it draws nothing more
     if (current !== this.refreshes) return true; // a later refresh is on its way
     this.run = since.filter((summary) => summary.id === this.runId).reduce(withSummary, run);
     this.drawHeader();

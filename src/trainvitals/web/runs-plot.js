@@ -3,17 +3,20 @@
 // series' statistic; a point opens its run.
 
 import { PLOT_CONFIG, PLOT_LAYOUT, plotlyReady, themed } from "./charts.js";
-import { escapeHTML, formatNumber, runPath } from "./format.js";
+import { formatNumber, plotText, runPath } from "./format.js";
 
-// Runs plotted at most (the list's view, newest first unless it is sorted otherwise).
-export const PLOT_RUNS = 1000;
+// Runs plotted at most (the list's view, newest first unless it is sorted otherwise): under
+// SQLite's oldest limit of 999 parameters a statement, which the list's lookups by run id use.
+export const PLOT_RUNS = 900;
 
 // An axis from its key: "config:lr" (a config value), or a metric column's sort key
 // ("last:loss", "min:val_loss"); its label; and a run's value on it (undefined: none).
 export function plotAxis(key) {
   const at = key.indexOf(":");
   const kind = key.slice(0, at), name = key.slice(at + 1);
-  if (kind === "config") return { key, label: name, value: (run) => run.config?.[name] };
+  if (kind === "config") {
+    return { key, label: name, value: (run) => (run.config && Object.hasOwn(run.config, name) ? run.config[name] : undefined) };
+  }
   return {
     key,
     label: kind === "last" ? name : `${name} (${kind})`,
@@ -24,23 +27,32 @@ export function plotAxis(key) {
   };
 }
 
-// Draws the runs on `plot` (a div); returns how many have a value on both axes.
-export async function drawRunsPlot(plot, runs, x, y) {
+// Draws the runs on `plot` (a div), each axis on a log scale when its `log` says so (and its
+// values are numbers); returns how many runs have a value on both axes.
+export async function drawRunsPlot(plot, runs, x, y, log = { x: false, y: false }) {
   const Plotly = await plotlyReady();
   const shown = runs.filter((run) => x.value(run) !== undefined && y.value(run) !== undefined);
   const xs = shown.map((run) => x.value(run));
   const numeric = xs.every((value) => typeof value === "number");
+  const base = structuredClone(PLOT_LAYOUT);
   const layout = themed({
-    ...structuredClone(PLOT_LAYOUT), height: 320, showlegend: false,
-    xaxis: { ...structuredClone(PLOT_LAYOUT.xaxis), title: { text: escapeHTML(x.label) }, type: numeric ? "linear" : "category" },
-    yaxis: { ...structuredClone(PLOT_LAYOUT.yaxis), title: { text: escapeHTML(y.label) } },
+    ...base, height: 320, showlegend: false,
+    // The nearest point, not the first of those at its x: runs of a grid share their x.
+    hovermode: "closest",
+    // A zoom survives the redraws of a live list, until an axis changes.
+    uirevision: `${x.key}|${y.key}|${log.x}|${log.y}`,
+    xaxis: {
+      ...base.xaxis, title: { text: plotText(x.label) },
+      type: numeric ? (log.x ? "log" : "linear") : "category", categoryorder: "category ascending",
+    },
+    yaxis: { ...base.yaxis, title: { text: plotText(y.label) }, type: log.y ? "log" : "linear" },
   });
-  // plotly reads hover text as HTML: every name and value is escaped.
-  const text = shown.map((run, i) => `${escapeHTML(run.name)}<br>${escapeHTML(x.label)}: ${escapeHTML(shownValue(xs[i]))}<br>${escapeHTML(y.label)}: ${escapeHTML(formatNumber(y.value(run)))}`);
+  // plotly reads labels and hover text as HTML: every name and value is escaped.
+  const text = shown.map((run, i) => `${plotText(run.name)}<br>${plotText(x.label)}: ${plotText(shownValue(xs[i]))}<br>${plotText(y.label)}: ${plotText(formatNumber(y.value(run)))}`);
   await Plotly.react(plot, [{
-    type: "scatter", mode: "markers", x: numeric ? xs : xs.map(shownValue), y: shown.map((run) => y.value(run)),
-    text, hovertemplate: "%{text}<extra></extra>", customdata: shown.map((run) => run.id),
-    marker: { size: 9, opacity: 0.8 },
+    type: "scatter", mode: "markers", x: numeric ? xs : xs.map((value) => plotText(shownValue(value))),
+    y: shown.map((run) => y.value(run)), text, hovertemplate: "%{text}<extra></extra>",
+    customdata: shown.map((run) => run.id), marker: { size: 9, opacity: 0.75 },
   }], layout, PLOT_CONFIG);
   if (!plot.dataset.clickable) {
     plot.on("plotly_click", (event) => { const id = event.points?.[0]?.customdata; if (id) location.hash = runPath(id); });
@@ -51,4 +63,5 @@ export async function drawRunsPlot(plot, runs, x, y) {
   return shown.length;
 }
 
-const shownValue = (value) => (typeof value === "number" ? formatNumber(value) : typeof value === "object" ? JSON.stringify(value) : String(value));
+// A value as the plot shows it (categories keep every digit: two settings never merge).
+const shownValue = (value) => (typeof value === "object" ? JSON.stringify(value) : String(value));

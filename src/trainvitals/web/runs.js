@@ -20,7 +20,9 @@ const COLUMNS = [
   ["started_at", "Started", "wide-only"], ["last_step", "Last step", "num wide-only"],
   ["last_seen", "Last seen", ""], ["host", "Host", "wide-only"],
 ];
-const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: "", px: "", py: "" };
+const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: "", px: "", py: "", plog: "" };
+// How often, at most, an open plot of the runs is read again while they stream (ms).
+const PLOT_REFRESH = 15000;
 // A series' statistics a metric column shows, each sorted first in the order that puts the
 // best runs of a loss (last, min) or of an accuracy (max) on top.
 const METRIC_ORDER = { last: "asc", min: "asc", max: "desc" };
@@ -150,7 +152,9 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     <p id="runs-error" class="error" role="alert" hidden></p>
     <details class="panel runs-plot" id="runs-plot"><summary>Plot the runs <span class="muted">a point a run, every page</span></summary>
       <div class="filters plot-axes"><label>x <select name="px"></select></label>
+        <label><input type="checkbox" name="logx"> log</label>
         <label>y <select name="py"></select></label>
+        <label><input type="checkbox" name="logy"> log</label>
         <span class="muted" id="runs-plot-note" role="status"></span></div>
       <div class="plot" id="runs-plot-area"></div>
     </details>
@@ -176,6 +180,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   let total = 0;
   let firing = new Map(); // run id -> its firing alerts
   let loads = 0;
+  let gone = false; // the page was left: nothing more is drawn, nor put in the address
 
   // The view the list shows: the last one the server gave (a refused one changes nothing).
   let shown = { ...state };
@@ -269,7 +274,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     const ordered = [...runs.values()];
     if (!ordered.length) {
       drawn = new Map();
-      const filtered = queryOf({ ...shown, page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: "" }).size;
+      const looks = { page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: "", px: "", py: "", plog: "" };
+      const filtered = queryOf({ ...shown, ...looks }).size;
       body.innerHTML = filtered
         ? `<tr><td colspan="${span()}" class="empty">No runs match. <a href="#/">Show every run</a></td></tr>`
         : `<tr><td colspan="${span()}" class="empty">No runs yet. Add
@@ -341,18 +347,24 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   });
 
   // The plot of the runs, while its panel is open: its axes are the list's columns (config
-  // values and metric columns for x, metric columns for y), its runs every page of the view.
+  // values and metric columns for x, metric columns for y), its runs every page of the view,
+  // read again when the view or an axis changes, and at most every PLOT_REFRESH ms while the
+  // runs stream.
   const area = root.querySelector("#runs-plot-area");
   const note = root.querySelector("#runs-plot-note");
   const [xSelect, ySelect] = ["px", "py"].map((name) => plotPanel.querySelector(`[name=${name}]`));
-  let plots = 0;
+  const [logX, logY] = ["logx", "logy"].map((name) => plotPanel.querySelector(`[name=${name}]`));
+  logX.checked = state.plog.includes("x");
+  logY.checked = state.plog.includes("y");
+  let plotted = { key: null, at: 0 }; // the last plot's request and axes, and when
+  let plotting = false; // a plot on its way (another is asked for at its end when due)
   const fillAxis = (select, keys, chosen) => {
-    select.innerHTML = keys.map((key) => `<option value="${escapeHTML(key)}">${escapeHTML(plotAxis(key).label)}</option>`).join("");
-    select.value = keys.includes(chosen) ? chosen : (keys[0] ?? "");
+    const html = keys.map((key) => `<option value="${escapeHTML(key)}">${escapeHTML(plotAxis(key).label)}</option>`).join("");
+    if (select.drawn !== html) { select.innerHTML = html; select.drawn = html; } // an open list stays
+    if (select.value !== chosen) select.value = keys.includes(chosen) ? chosen : (keys[0] ?? "");
   };
-  const drawPlot = async () => {
-    if (!plotPanel.open) return;
-    const current = ++plots;
+  const drawPlot = async (force = false) => {
+    if (!plotPanel.open || gone) return;
     const metrics = metricColumns(shown).map(({ sort }) => sort);
     fillAxis(xSelect, [...configKeys(shown).map((key) => `config:${key}`), ...metrics], state.px);
     fillAxis(ySelect, metrics, state.py);
@@ -361,22 +373,34 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       area.hidden = true;
       return;
     }
-    Object.assign(state, { px: xSelect.value, py: ySelect.value });
+    Object.assign(state, { px: xSelect.value, py: ySelect.value, plog: `${logX.checked ? "x" : ""}${logY.checked ? "y" : ""}` });
     keepInAddress();
-    const page = await listRuns(requestOf(shown, PLOT_RUNS, 0));
-    if (current !== plots || !plotPanel.open) return;
-    area.hidden = false;
-    const drawn = await drawRunsPlot(area, page.runs, plotAxis(xSelect.value), plotAxis(ySelect.value));
-    const cut = page.total > PLOT_RUNS ? ` (the first ${PLOT_RUNS})` : "";
-    note.textContent = `${drawn} of ${page.total} runs${cut}${drawn < page.runs.length ? "; the others lack a value" : ""}`;
+    const request = requestOf(shown, PLOT_RUNS, 0);
+    const key = JSON.stringify([request, state.px, state.py, state.plog]);
+    if (plotting || (key === plotted.key && !force && Date.now() - plotted.at < PLOT_REFRESH)) return;
+    plotting = true;
+    try {
+      const page = await listRuns(request);
+      if (gone || !plotPanel.open) return;
+      plotted = { key, at: Date.now() };
+      const drawn = await drawRunsPlot(area, page.runs, plotAxis(xSelect.value), plotAxis(ySelect.value), { x: logX.checked, y: logY.checked });
+      if (gone) return;
+      area.hidden = false;
+      const cut = page.total > PLOT_RUNS ? ` (the first ${PLOT_RUNS})` : "";
+      note.textContent = `${drawn} of ${page.total} runs${cut}${drawn < page.runs.length ? "; the others lack a value" : ""}`;
+    } finally {
+      plotting = false;
+    }
+    // The view or an axis changed while it was on its way: that one now.
+    if (JSON.stringify([requestOf(shown, PLOT_RUNS, 0), xSelect.value, ySelect.value, state.plog]) !== key) drawPlot().catch(plotError);
   };
   const plotError = (error) => { note.textContent = `Could not plot the runs: ${error.message}`; };
   plotPanel.addEventListener("toggle", () => {
     if (plotPanel.open) drawPlot().catch(plotError);
-    else { Object.assign(state, { px: "", py: "" }); keepInAddress(); }
+    else { Object.assign(state, { px: "", py: "", plog: "" }); keepInAddress(); }
   });
-  for (const select of [xSelect, ySelect]) {
-    select.addEventListener("change", () => {
+  for (const control of [xSelect, ySelect, logX, logY]) {
+    control.addEventListener("change", () => {
       Object.assign(state, { px: xSelect.value, py: ySelect.value });
       drawPlot().catch(plotError);
     });
@@ -390,10 +414,10 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     try {
       [page, since] = await live.fetchWithRuns(() => listRuns(query));
     } catch (error) {
-      if (current === loads) throw error;
-      return; // a later view is on its way: this one's failure is no news
+      if (current === loads && !gone) throw error;
+      return; // a later view is on its way (or the page was left): this one's failure is no news
     }
-    if (current !== loads) return; // a later change of the filters is on its way
+    if (current !== loads || gone) return; // a later change of the filters is on its way
     failure.hidden = true;
     shown = { ...state };
     drawPlot().catch(plotError);
@@ -470,7 +494,10 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     }
   }, 5000);
 
-  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); clearTimeout(typing); clearTimeout(metricsDue); if (area.dataset.points) window.Plotly?.purge(area); };
+  const cleanup = () => { offMessage(); offReconnect(); offAlerts(); clearInterval(ticker); clearTimeout(typing); clearTimeout(metricsDue);
+    gone = true;
+    window.Plotly?.purge(area);
+  };
   try {
     await load();
   } catch (error) {

@@ -226,7 +226,7 @@ class RunEditRequest(BaseModel):
 @router.patch("/runs/{run_id}")
 async def edit_run(run_id: str, body: RunEditRequest, state: StateDep, who: Admin) -> RunSummary:
     """Rename, tag, note or archive a run (``admin`` on its project). Returns its summary."""
-    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
+    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False, False)
     if run is None:
         raise run_not_found(run_id)
     check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))
@@ -244,7 +244,7 @@ async def edit_run(run_id: str, body: RunEditRequest, state: StateDep, who: Admi
 async def delete_run(run_id: str, state: StateDep, who: Admin) -> DeletedAnswer:
     """Delete a run that has ended, with its points, alerts and notices (``admin`` on its
     project). A run still running or stalled is ``409``: its agent would write it again."""
-    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
+    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False, False)
     if run is None:
         raise run_not_found(run_id)
     check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))
@@ -273,7 +273,7 @@ def get_series(
     (inclusive): only the points in that range, so a zoom gets full detail. NaN/Inf values
     come back as null; ``count`` is the points stored in the range (none when ``min_step``
     is above ``max_step``)."""
-    run = store.runs.get_run(run_id, job=False)
+    run = store.runs.get_run(run_id, job=False, metrics=False)
     if run is None:
         raise run_not_found(run_id)
     check_project(who, Role.READ, run["project"], run_not_found(run_id))
@@ -345,7 +345,7 @@ def export_series(run_id: str, store: StoreDep, who: Reader, query: ExportDep) -
     resolution, streamed as CSV, JSON Lines or Parquet (see docs/contract.md#export);
     ``min_step`` and ``max_step`` (inclusive): only the points in that range; ``filename``:
     the file's name before its extension (the run's id by default)."""
-    run = store.runs.get_run(run_id, job=False)
+    run = store.runs.get_run(run_id, job=False, metrics=False)
     if run is None:
         raise run_not_found(run_id)
     check_project(who, Role.READ, run["project"], run_not_found(run_id))
@@ -378,7 +378,7 @@ def export_runs(
         }])  # fmt: skip
     runs = []
     for run_id in asked:
-        found = store.runs.get_run(run_id, job=False)
+        found = store.runs.get_run(run_id, job=False, metrics=False)
         if found is None:
             raise run_not_found(run_id)
         check_project(who, Role.READ, found["project"], run_not_found(run_id))
@@ -421,7 +421,7 @@ def run_alerts(
     run_id: str, store: StoreDep, who: Reader, state: AlertState | None = None, limit: Limit = 1000
 ) -> AlertsAnswer:
     """Alerts of one run, newest first."""
-    run = store.runs.get_run(run_id, job=False)
+    run = store.runs.get_run(run_id, job=False, metrics=False)
     if run is None:
         raise run_not_found(run_id)
     check_project(who, Role.READ, run["project"], run_not_found(run_id))

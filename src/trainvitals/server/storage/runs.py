@@ -496,8 +496,9 @@ class RunStore:
         with self._engine.connect() as conn:
             return list(conn.execute(query).scalars())
 
-    def get_run(self, run_id: str, job: bool = True) -> RunDetail | None:
-        """One run with its series names and (``job``) its job's runs."""
+    def get_run(self, run_id: str, job: bool = True, metrics: bool = True) -> RunDetail | None:
+        """One run with its series names, (``metrics``) their summaries, and (``job``) its
+        job's runs."""
         with self._engine.connect() as conn:
             row = conn.execute(select(*_ROW).where(runs.c.id == run_id)).mappings().first()
             if row is None:
@@ -507,7 +508,7 @@ class RunStore:
             ).scalars()
             run = dict(row)
             run["series"] = list(names)
-            run["metrics"] = _metric_summaries(conn, [run_id]).get(run_id, {})
+            run["metrics"] = _metric_summaries(conn, [run_id]).get(run_id, {}) if metrics else {}
             if job and run["job_id"]:
                 run["job"] = _job(conn, run["job_id"])
         run["config"] = json.loads(run["config"])
