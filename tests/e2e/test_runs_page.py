@@ -189,11 +189,13 @@ def test_a_plotted_run_is_the_one_clicked_and_its_config_values_are_text(
     server: ServerProcess, browser: Any
 ) -> None:
     """Runs of a grid share their x: a click opens the run under the pointer, not the first at
-    its x; a config value is a category shown as text (plotly reads markup in labels)."""
+    its x; a config value is a category shown as text (plotly reads markup in labels); a run
+    whose loss turned NaN is a cross at the top, not left out."""
     hostile = '<a href="https://evil.example/">x</a>'
     ids = {}
     for name, opt, loss in (("low", "sgd", 0.1), ("high", "sgd", 0.9), ("odd", hostile, 0.5),
-                            ("quoted", 'adam "beta"', 0.3)):  # fmt: skip
+                            ("quoted", 'adam "beta"', 0.3),
+                            ("diverged", 'adam "beta"', float("nan"))):  # fmt: skip
         run = Run(resolve(server=server.url, project="grid", run_name=name, config={"opt": opt}),
                   system_metrics=False, watchdog=False)  # fmt: skip
         run.start()
@@ -202,7 +204,9 @@ def test_a_plotted_run_is_the_one_clicked_and_its_config_values_are_text(
         ids[name] = run.id
     page = open_page(server, browser, "/#/?cols=opt&metrics=loss&px=config%3Aopt&py=last%3Aloss")
     plot = page.locator("#runs-plot-area")
-    expect(plot).to_have_attribute("data-points", "4")
+    expect(plot).to_have_attribute("data-points", "5")
+    expect(plot).to_have_attribute("data-diverged", "1")
+    expect(page.locator("#runs-plot-note")).to_contain_text("5 of 5 runs, 1 diverged")
     ticks = plot.locator(".xtick text").evaluate_all("(ts) => ts.map((t) => t.textContent)")
     assert sorted(ticks) == sorted([hostile, 'adam "beta"', "sgd"]), ticks
     assert plot.locator("a").count() == 0
@@ -210,7 +214,9 @@ def test_a_plotted_run_is_the_one_clicked_and_its_config_values_are_text(
         page.mouse.click(*plot.evaluate(POINT_AT, ids[name]))
         expect(page).to_have_title(f"{name} · trainvitals")
         page.go_back()
-        expect(plot).to_have_attribute("data-points", "4")
+        expect(plot).to_have_attribute("data-points", "5")
+    cross = plot.evaluate("(p) => [p.data[1].customdata, p.data[1].y, Math.max(...p.data[0].y)]")
+    assert cross == [[ids["diverged"]], [0.9], 0.9]  # at the top of the finite ones
     assert not page.errors, page.errors
 
 

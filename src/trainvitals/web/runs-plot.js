@@ -24,16 +24,22 @@ export function plotAxis(key) {
       const summary = run.metrics?.[name];
       return summary && summary[kind] != null ? summary[kind] : undefined;
     },
+    // "nan", "inf" or "-inf" for a run whose last value is not finite (it diverged).
+    nonfinite: (run) => (kind === "last" ? run.metrics?.[name]?.nonfinite : undefined),
   };
 }
 
 // Draws the runs on `plot` (a div), each axis on a log scale when its `log` says so (and its
-// values are numbers); returns how many runs have a value on both axes.
+// values are numbers); a run whose last y is NaN or ±Inf (it diverged) is a red cross at the
+// top. Returns how many runs are drawn, and how many of them diverged.
 export async function drawRunsPlot(plot, runs, x, y, log = { x: false, y: false }) {
   const Plotly = await plotlyReady();
   const shown = runs.filter((run) => x.value(run) !== undefined && y.value(run) !== undefined);
+  const diverged = runs.filter((run) => x.value(run) !== undefined && y.nonfinite?.(run));
   const xs = shown.map((run) => x.value(run));
-  const numeric = xs.every((value) => typeof value === "number");
+  const numeric = [...xs, ...diverged.map((run) => x.value(run))].every((value) => typeof value === "number");
+  const ys = shown.map((run) => y.value(run));
+  const top = ys.length ? Math.max(...ys) : 1;
   const base = structuredClone(PLOT_LAYOUT);
   const layout = themed({
     ...base, height: 320, showlegend: false,
@@ -49,18 +55,27 @@ export async function drawRunsPlot(plot, runs, x, y, log = { x: false, y: false 
   });
   // plotly reads labels and hover text as HTML: every name and value is escaped.
   const text = shown.map((run, i) => `${plotText(run.name)}<br>${plotText(x.label)}: ${plotText(shownValue(xs[i]))}<br>${plotText(y.label)}: ${plotText(formatNumber(y.value(run)))}`);
+  const xOf = (values) => (numeric ? values : values.map((value) => plotText(shownValue(value))));
+  const bad = getComputedStyle(document.documentElement).getPropertyValue("--bad").trim() || "#c53030";
+  const crosses = diverged.map((run) => x.value(run));
   await Plotly.react(plot, [{
-    type: "scatter", mode: "markers", x: numeric ? xs : xs.map((value) => plotText(shownValue(value))),
-    y: shown.map((run) => y.value(run)), text, hovertemplate: "%{text}<extra></extra>",
+    type: "scatter", mode: "markers", x: xOf(xs), y: ys, text, hovertemplate: "%{text}<extra></extra>",
     customdata: shown.map((run) => run.id), marker: { size: 9, opacity: 0.75 },
+  }, {
+    type: "scatter", mode: "markers", x: xOf(crosses), y: crosses.map(() => top),
+    text: diverged.map((run, i) => `${plotText(run.name)}<br>${plotText(x.label)}: ${plotText(shownValue(crosses[i]))}<br>${plotText(y.label)}: ${plotText(y.nonfinite(run))} (diverged)`),
+    hovertemplate: "%{text}<extra></extra>", customdata: diverged.map((run) => run.id),
+    marker: { size: 11, symbol: "x", color: bad }, cliponaxis: false,
   }], layout, PLOT_CONFIG);
   if (!plot.dataset.clickable) {
     plot.on("plotly_click", (event) => { const id = event.points?.[0]?.customdata; if (id) location.hash = runPath(id); });
     plot.dataset.clickable = "true";
   }
-  plot.dataset.points = String(shown.length);
-  plot.setAttribute("aria-label", `${y.label} against ${x.label}: ${shown.length} runs`);
-  return shown.length;
+  plot.dataset.points = String(shown.length + diverged.length);
+  plot.dataset.diverged = String(diverged.length);
+  const crossed = diverged.length ? `, ${diverged.length} diverged` : "";
+  plot.setAttribute("aria-label", `${y.label} against ${x.label}: ${shown.length + diverged.length} runs${crossed}`);
+  return { drawn: shown.length + diverged.length, diverged: diverged.length };
 }
 
 // A value as the plot shows it (categories keep every digit: two settings never merge).

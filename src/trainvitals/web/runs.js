@@ -383,11 +383,12 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       const page = await listRuns(request);
       if (gone || !plotPanel.open) return;
       plotted = { key, at: Date.now() };
-      const drawn = await drawRunsPlot(area, page.runs, plotAxis(xSelect.value), plotAxis(ySelect.value), { x: logX.checked, y: logY.checked });
+      const { drawn, diverged } = await drawRunsPlot(area, page.runs, plotAxis(xSelect.value), plotAxis(ySelect.value), { x: logX.checked, y: logY.checked });
       if (gone) return;
       area.hidden = false;
       const cut = page.total > PLOT_RUNS ? ` (the first ${PLOT_RUNS})` : "";
-      note.textContent = `${drawn} of ${page.total} runs${cut}${drawn < page.runs.length ? "; the others lack a value" : ""}`;
+      const crossed = diverged ? `, ${diverged} diverged (NaN or Inf: a red cross at the top)` : "";
+      note.textContent = `${drawn} of ${page.total} runs${cut}${crossed}${drawn < page.runs.length ? "; the others lack a value" : ""}`;
     } finally {
       plotting = false;
     }
