@@ -274,6 +274,10 @@ def test_open_pages_follow_a_run_live_its_health_and_its_points(
     assert row.locator("[data-health]").count() == 0
     assert header.locator("#run-status [data-health]").count() == 0
 
+    # The run page's summary: a value selected to copy stays selected as the run steps.
+    least = header.locator('#run-summary tr[data-summary="loss"] td').nth(2)
+    expect(least).to_have_text("0.2")
+    least.evaluate(SELECT_TEXT)
     # The health badge of a run turns critical where it is shown when a critical alert fires.
     bad.log(6, {"loss": math.nan, "nonfinite/loss": 1.0})
     expect(row.locator("[data-health]")).to_have_text("critical: nonfinite")
@@ -282,6 +286,7 @@ def test_open_pages_follow_a_run_live_its_health_and_its_points(
     # The run page's summary follows it: the last loss is NaN now, its least still 0.2.
     loss_summary = header.locator('#run-summary tr[data-summary="loss"] td')
     expect(loss_summary).to_have_text(["NaN", "6", "0.2", "1"], timeout=15_000)
+    assert header.evaluate("getSelection().toString()") == "0.2"
     expect(row.locator("[data-status]")).to_have_text("running")  # the rest of the run kept
     # A point streamed after the compare view opened is drawn on its run's trace.
     runs[1].log(6, {"loss": 0.125})

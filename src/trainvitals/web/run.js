@@ -10,6 +10,7 @@ import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, forma
 import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
 import { withSummary } from "./live.js";
+import { syncCells, syncRows } from "./rows.js";
 import { GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
 
 const LAYOUT = `
@@ -40,7 +41,9 @@ const LAYOUT = `
   <div class="charts" id="charts"></div>
   <div id="run-job"></div>
   <details class="panel" open><summary>Summary <span class="muted">each series' last, least and greatest value</span></summary>
-    <div class="table-scroll"><table class="kv summary-table" id="run-summary"></table></div></details>
+    <div class="table-scroll"><table class="kv summary-table" id="run-summary">
+      <thead><tr><th>series</th><th class="num">last</th><th class="num">at step</th><th class="num">min</th><th class="num">max</th></tr></thead>
+      <tbody id="run-summary-body"></tbody></table></div></details>
   <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
   <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
 
@@ -186,18 +189,27 @@ export class RunPage {
     }
   }
 
-  // Each series' last value (at its highest step), least and greatest, as the server keeps them.
+  // Each series' last value (at its highest step), least and greatest, as the server keeps them;
+  // updated in place while the run steps, so a value selected to copy stays selected.
   drawSummary() {
     const metrics = this.run.metrics ?? {};
+    const body = this.root.querySelector("#run-summary-body");
+    this.summaryRows ??= new Map();
     const rows = summaryOrder(Object.keys(metrics)).map((name) => {
+      let row = this.summaryRows.get(name);
+      if (!row) {
+        row = document.createElement("tr");
+        row.dataset.summary = name;
+        this.summaryRows.set(name, row);
+      }
       const summary = metrics[name];
-      return `<tr data-summary="${escapeHTML(name)}"><th>${escapeHTML(name)}</th>
-        <td class="num">${summaryValue(summary, "last")}</td><td class="num muted">${escapeHTML(summary.step)}</td>
-        <td class="num">${summaryValue(summary, "min")}</td><td class="num">${summaryValue(summary, "max")}</td></tr>`;
+      syncCells(row, [`<th>${escapeHTML(name)}</th>`, `<td class="num">${summaryValue(summary, "last")}</td>`,
+        `<td class="num muted">${escapeHTML(summary.step)}</td>`, `<td class="num">${summaryValue(summary, "min")}</td>`,
+        `<td class="num">${summaryValue(summary, "max")}</td>`]);
+      return row;
     });
-    this.root.querySelector("#run-summary").innerHTML = rows.length
-      ? `<tr><th>series</th><th class="num">last</th><th class="num">at step</th><th class="num">min</th><th class="num">max</th></tr>${rows.join("")}`
-      : `<tr><td class="muted">No points yet.</td></tr>`;
+    if (rows.length) syncRows(body, rows);
+    else body.innerHTML = `<tr><td class="muted" colspan="5">No points yet.</td></tr>`;
   }
 
   showDeleted() {

@@ -7,6 +7,7 @@ import { listRuns } from "./api.js";
 import { setBannerScope } from "./banner.js";
 import { comparePath } from "./compare.js";
 import { PLOT_RUNS, drawRunsPlot, plotAxis } from "./runs-plot.js";
+import { syncCells, syncRows } from "./rows.js";
 import { withSummary } from "./live.js";
 import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, summaryValue, tagList, workerOrder } from "./format.js";
 
@@ -62,30 +63,6 @@ function jobCells(job, members, span) {
   return [`<td colspan="${span}">Job <code>${escapeHTML(job)}</code> ·
     <span data-job-workers="${escapeHTML(members.length)}">${escapeHTML(workers)}</span>
     <span class="muted">(${escapeHTML(summary)})</span></td>`];
-}
-
-// Brings a drawn row to the cells wanted (each cell's HTML), replacing only the cells whose
-// HTML changed: a live list updates every half second, and a cell left alone keeps a
-// selection of its text, the keyboard's focus and anything holding on to it.
-function syncCells(row, cells) {
-  const drawn = row.drawnCells ?? [];
-  if (drawn.length !== cells.length || row.cells.length !== cells.length) {
-    row.innerHTML = cells.join("");
-  } else {
-    const fresh = document.createElement("tr");
-    fresh.innerHTML = cells.map((cell, i) => (cell === drawn[i] ? "<td></td>" : cell)).join("");
-    const replacements = [...fresh.cells];
-    cells.forEach((cell, i) => { if (cell !== drawn[i]) row.cells[i].replaceWith(replacements[i]); });
-  }
-  row.drawnCells = cells;
-}
-
-// Puts the rows wanted into the table's body in order, moving only those out of place and
-// removing the rest.
-function syncRows(body, rows) {
-  const wanted = new Set(rows);
-  for (const child of [...body.children]) if (!wanted.has(child)) child.remove();
-  rows.forEach((row, i) => { if (body.children[i] !== row) body.insertBefore(row, body.children[i] ?? null); });
 }
 
 function configValue(value) {
