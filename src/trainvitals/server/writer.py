@@ -158,8 +158,8 @@ def _lost(conn: Connection | None) -> bool:
         return True
     try:
         raw = conn.connection.driver_connection
-    except Exception:  # SQLAlchemy already gave it up
-        return conn.invalidated
+    except Exception:  # closed, not lost: nothing to try again on
+        return False
     return bool(getattr(raw, "broken", False))
 
 

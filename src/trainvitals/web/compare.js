@@ -7,7 +7,7 @@
 import { download, exportRunsPath, getRun, getSeries } from "./api.js";
 import { CHART_CONTROLS, ChartSet, replaceQuery } from "./chart-set.js";
 import { Chart, chartOf, plotlyReady } from "./charts.js";
-import { escapeHTML, formatNumber, healthBadge, runPath, setTitle, statusBadge, summaryOrder, summaryValue } from "./format.js";
+import { escapeHTML, healthBadge, runPath, setTitle, statusBadge, summaryOrder, summaryText, summaryValue } from "./format.js";
 import { withSummary } from "./live.js";
 
 // Colour-blind-friendly (Okabe–Ito), then more: a run's colour is its place in the address.
@@ -204,8 +204,7 @@ function drawSummaries(table, runs) {
   const rows = names.map((name) => `<tr data-summary="${escapeHTML(name)}"><th>${escapeHTML(name)}</th>${runs.map((run) => {
     const summary = run.metrics?.[name];
     if (!summary) return `<td class="num muted">—</td>`;
-    const shown = (value) => (value == null ? "—" : formatNumber(value));
-    const title = `min ${shown(summary.min)} · max ${shown(summary.max)} · last at step ${summary.step}`;
+    const title = `min ${summaryText(summary, "min")} · max ${summaryText(summary, "max")} · last at step ${summary.step}`;
     return `<td class="num" title="${escapeHTML(title)}">${summaryValue(summary, "last")}</td>`;
   }).join("")}</tr>`);
   table.innerHTML = runHeadings("series", runs) + (rows.join("") || `<tr><td class="muted">No points yet.</td></tr>`);

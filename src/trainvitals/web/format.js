@@ -6,13 +6,13 @@ export function escapeHTML(value) {
   })[c]);
 }
 
-// The address of a run's page.
 // Text for plotly's labels, titles and hover text, which it reads as a subset of HTML: & < >
 // escaped, and quotes as numeric entities (plotly knows no &quot;, and would show it as is).
 export function plotText(value) {
   return String(value).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&#34;", "'": "&#39;" }[c]));
 }
 
+// The address of a run's page.
 export function runPath(runId) {
   return `#/runs/${encodeURIComponent(runId)}`;
 }
@@ -60,15 +60,20 @@ export function formatNumber(value, digits = 4) {
   return String(Number(value.toPrecision(digits)));
 }
 
-// One statistic of a series' summary ({ step, last, min, max, nonfinite }) as HTML: a number,
-// "NaN", "+Inf" or "−Inf" marked as such for a last value that is not finite, "—" for none.
-export function summaryValue(summary, stat) {
+// One statistic of a series' summary ({ step, last, min, max, nonfinite }) as text: a number,
+// "NaN", "+Inf" or "−Inf" for a last value that is not finite, "—" for none.
+export function summaryText(summary, stat) {
   if (stat === "last" && summary?.nonfinite) {
-    const text = { nan: "NaN", inf: "+Inf", "-inf": "−Inf" }[summary.nonfinite] ?? summary.nonfinite;
-    return `<span class="nonfinite">${escapeHTML(text)}</span>`;
+    return { nan: "NaN", inf: "+Inf", "-inf": "−Inf" }[summary.nonfinite] ?? summary.nonfinite;
   }
   const value = summary?.[stat];
-  return escapeHTML(value == null ? "—" : formatNumber(value));
+  return value == null ? "—" : formatNumber(value);
+}
+
+// The same as HTML, a last value that is not finite marked as such.
+export function summaryValue(summary, stat) {
+  const text = escapeHTML(summaryText(summary, stat));
+  return stat === "last" && summary?.nonfinite ? `<span class="nonfinite">${text}</span>` : text;
 }
 
 // Series names in the order a summary lists them: the model's own metrics (loss, val_loss, ...)

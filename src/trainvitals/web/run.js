@@ -228,7 +228,7 @@ export class RunPage {
       if (this.destroyed) return false;
       if (error.status !== 404) throw error;
       // Deleted while this page's live stream was away (or not yet open): nobody told it.
-      if (!this.destroyed) this.showDeleted();
+      this.showDeleted();
       return false;
     }
     if (this.destroyed) return false; // the page was left meanwhile: it draws nothing more

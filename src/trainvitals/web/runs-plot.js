@@ -3,7 +3,7 @@
 // series' statistic; a point opens its run.
 
 import { PLOT_CONFIG, PLOT_LAYOUT, plotlyReady, themed } from "./charts.js";
-import { formatNumber, plotText, runPath } from "./format.js";
+import { formatNumber, plotText, runPath, summaryText } from "./format.js";
 
 // Runs plotted at most (the list's view, newest first unless it is sorted otherwise): under
 // SQLite's oldest limit of 999 parameters a statement, which the list's lookups by run id use.
@@ -24,8 +24,11 @@ export function plotAxis(key) {
       const summary = run.metrics?.[name];
       return summary && summary[kind] != null ? summary[kind] : undefined;
     },
-    // "nan", "inf" or "-inf" for a run whose last value is not finite (it diverged).
-    nonfinite: (run) => (kind === "last" ? run.metrics?.[name]?.nonfinite : undefined),
+    // "NaN", "+Inf" or "−Inf" for a run whose last value is not finite (it diverged).
+    nonfinite: (run) => {
+      const summary = run.metrics?.[name];
+      return kind === "last" && summary?.nonfinite ? summaryText(summary, "last") : undefined;
+    },
   };
 }
 

@@ -335,12 +335,18 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   logY.checked = state.plog.includes("y");
   let plotted = { key: null, at: 0 }; // the last plot's request and axes, and when
   let plotting = false; // a plot on its way (another is asked for at its end when due)
+  // The axes the controls show, into the view's state.
+  const axesChosen = () => Object.assign(state, {
+    px: xSelect.value, py: ySelect.value, plog: `${logX.checked ? "x" : ""}${logY.checked ? "y" : ""}`,
+  });
+  // What a plot of the view shown reads and draws: the same key, the same plot.
+  const plotKey = () => JSON.stringify([requestOf(shown, PLOT_RUNS, 0), state.px, state.py, state.plog]);
   const fillAxis = (select, keys, chosen) => {
     const html = keys.map((key) => `<option value="${escapeHTML(key)}">${escapeHTML(plotAxis(key).label)}</option>`).join("");
     if (select.drawn !== html) { select.innerHTML = html; select.drawn = html; } // an open list stays
     if (select.value !== chosen) select.value = keys.includes(chosen) ? chosen : (keys[0] ?? "");
   };
-  const drawPlot = async (force = false) => {
+  const drawPlot = async () => {
     if (!plotPanel.open || gone) return;
     const metrics = metricColumns(shown).map(({ sort }) => sort);
     fillAxis(xSelect, [...configKeys(shown).map((key) => `config:${key}`), ...metrics], state.px);
@@ -350,14 +356,13 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       area.hidden = true;
       return;
     }
-    Object.assign(state, { px: xSelect.value, py: ySelect.value, plog: `${logX.checked ? "x" : ""}${logY.checked ? "y" : ""}` });
+    axesChosen();
     keepInAddress();
-    const request = requestOf(shown, PLOT_RUNS, 0);
-    const key = JSON.stringify([request, state.px, state.py, state.plog]);
-    if (plotting || (key === plotted.key && !force && Date.now() - plotted.at < PLOT_REFRESH)) return;
+    const key = plotKey();
+    if (plotting || (key === plotted.key && Date.now() - plotted.at < PLOT_REFRESH)) return;
     plotting = true;
     try {
-      const page = await listRuns(request);
+      const page = await listRuns(requestOf(shown, PLOT_RUNS, 0));
       if (gone || !plotPanel.open) return;
       plotted = { key, at: Date.now() };
       const { drawn, diverged } = await drawRunsPlot(area, page.runs, plotAxis(xSelect.value), plotAxis(ySelect.value), { x: logX.checked, y: logY.checked });
@@ -370,7 +375,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       plotting = false;
     }
     // The view or an axis changed while it was on its way: that one now.
-    if (JSON.stringify([requestOf(shown, PLOT_RUNS, 0), xSelect.value, ySelect.value, state.plog]) !== key) drawPlot().catch(plotError);
+    if (plotKey() !== key) drawPlot().catch(plotError);
   };
   const plotError = (error) => { note.textContent = `Could not plot the runs: ${error.message}`; };
   plotPanel.addEventListener("toggle", () => {
@@ -379,7 +384,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   });
   for (const control of [xSelect, ySelect, logX, logY]) {
     control.addEventListener("change", () => {
-      Object.assign(state, { px: xSelect.value, py: ySelect.value });
+      axesChosen(); // before drawPlot fills the lists from the state
       drawPlot().catch(plotError);
     });
   }

@@ -226,7 +226,7 @@ class RunEditRequest(BaseModel):
 @router.patch("/runs/{run_id}")
 async def edit_run(run_id: str, body: RunEditRequest, state: StateDep, who: Admin) -> RunSummary:
     """Rename, tag, note or archive a run (``admin`` on its project). Returns its summary."""
-    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False, False)
+    run = await asyncio.to_thread(state.store.runs.get_run, run_id, job=False, metrics=False)
     if run is None:
         raise run_not_found(run_id)
     check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))
@@ -244,7 +244,7 @@ async def edit_run(run_id: str, body: RunEditRequest, state: StateDep, who: Admi
 async def delete_run(run_id: str, state: StateDep, who: Admin) -> DeletedAnswer:
     """Delete a run that has ended, with its points, alerts and notices (``admin`` on its
     project). A run still running or stalled is ``409``: its agent would write it again."""
-    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False, False)
+    run = await asyncio.to_thread(state.store.runs.get_run, run_id, job=False, metrics=False)
     if run is None:
         raise run_not_found(run_id)
     check_project(who, Role.ADMIN, run["project"], run_not_found(run_id))

@@ -46,11 +46,15 @@ _DELETED = "trainvitals.deleted_runs"
 #: In Connection.info: {(run id, series): Summary} of the transaction's frames.
 _PENDING_SUMMARIES = "trainvitals.pending_summaries"
 _SUMMARY_COLUMNS = ("last_step", "last_value", "last_nonfinite", "min_value", "max_value")
+#: An upsert's row, in the order of its columns.
+_SUMMARY_ROW = ("run_id", "name", *_SUMMARY_COLUMNS)
+#: What a transaction holds in Connection.info until it commits (``_flush``) or rolls back.
+_HELD = (_PENDING_CHUNKS, _PENDING_PROGRESS, _PENDING_SUMMARIES, _DELETED)
 _NEWER = "series.last_step IS NULL OR excluded.last_step >= series.last_step"
 #: Each series' summary merged with a transaction's (both engines take this upsert; in SET,
 #: every column reads the row as it was).
 _UPSERT_SUMMARY = (
-    f"INSERT INTO series (run_id, name, {', '.join(_SUMMARY_COLUMNS)}) {{rows}} "
+    f"INSERT INTO series ({', '.join(_SUMMARY_ROW)}) {{rows}} "
     "ON CONFLICT (run_id, name) DO UPDATE SET "
     + ", ".join(
         f"{c} = CASE WHEN {_NEWER} THEN excluded.{c} ELSE series.{c} END"
@@ -183,8 +187,9 @@ class SeriesStore:
         merged = _summary_rows(summaries or {})
         if conn.dialect.name != "postgresql":
             if merged:
-                order = ("run_id", "name", *_SUMMARY_COLUMNS)
-                raw.executemany(_UPSERT_SUMMARY_ROWS, [[row[c] for c in order] for row in merged])
+                raw.executemany(
+                    _UPSERT_SUMMARY_ROWS, [[row[c] for c in _SUMMARY_ROW] for row in merged]
+                )
             if values:
                 marks = ", ".join("?" for _ in _CHUNK_COLUMNS)
                 raw.executemany(
@@ -233,18 +238,13 @@ class SeriesStore:
 
     def rolled_back(self, conn: Connection) -> None:
         """The transaction on ``conn`` failed: what it stored is not there."""
-        conn.info.pop(_PENDING_CHUNKS, None)
-        conn.info.pop(_PENDING_PROGRESS, None)
-        conn.info.pop(_PENDING_SUMMARIES, None)
-        conn.info.pop(_DELETED, None)
+        for key in _HELD:
+            conn.info.pop(key, None)
 
     def _drop(self, conn: Connection) -> None:
-        """The transaction rolls back: its held chunks are not to be stored."""
-        if not conn.invalidated:  # else they go with the connection (``rolled_back``)
-            conn.info.pop(_PENDING_CHUNKS, None)
-            conn.info.pop(_PENDING_PROGRESS, None)
-            conn.info.pop(_PENDING_SUMMARIES, None)
-            conn.info.pop(_DELETED, None)
+        """The transaction rolls back: what it held is not to be stored."""
+        if not conn.invalidated:  # else it goes with the connection (``rolled_back``)
+            self.rolled_back(conn)
 
     # -- reads (thread pool) -----------------------------------------------------------------
 
