@@ -686,6 +686,37 @@ def test_a_run_deleted_while_its_page_loads_says_so(server: ServerProcess, brows
     assert not errors
 
 
+def test_a_run_deleted_while_its_live_streams_first_open_reads_it_says_so(
+    server: ServerProcess, browser: Any
+) -> None:
+    """The stream opens while the page loads: its reload reads the run, still there, then asks for
+    its points, and the run goes before they are read. Both loads' 404s are the deletion, said as
+    one, and none is left unhandled (stop 37's CI host made this order)."""
+    seed_runs(server.db, 1, steps=5)
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.add_init_script(HOLD_LIVE)
+    held: list[Any] = []
+    page.route("**/api/v1/runs/seed000000/series?**", lambda route: held.append(route))
+
+    def asked(count: int) -> bool:
+        page.evaluate("0")  # lets playwright hand over the routed requests
+        return len(held) == count
+
+    page.goto(server.url + "/#/runs/seed000000")
+    wait_for(lambda: asked(1), what="the page's load to ask for the points")
+    page.evaluate("window.__releaseLive()")  # its first open reloads: the run is read again
+    wait_for(lambda: asked(2), what="the stream's reload to ask for the points")
+    assert server.send("DELETE", "/api/v1/runs/seed000000")[0] == 200
+    for route in held:
+        route.continue_()
+    expect(page.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
+    expect(page.locator("#run-name")).to_have_text("run-00000")
+    page.evaluate("0")
+    assert not errors
+
+
 def test_a_run_is_renamed_tagged_noted_archived_and_deleted_from_its_page(
     server: ServerProcess, browser: Any
 ) -> None:

@@ -69,6 +69,7 @@ export class RunPage {
     this.chartsRoot = null;
     this.following = null; // the live stream of this run, from before its history loads
     this.refreshes = 0;
+    this.refreshing = null; // the latest refresh's answer
     this.reloading = null;
     this.ticker = null;
     this.waiting = null; // stops waiting for a run not there yet (waitForRun)
@@ -126,14 +127,8 @@ export class RunPage {
     this.root.querySelector("#run-config").innerHTML = kvRows(this.run.config);
     this.root.querySelector("#run-env").innerHTML = kvRows(this.run.env);
     this.drawSummary();
-    try {
-      await Promise.all([this.reload(), this.loadAlerts(), this.job?.load()]);
-    } catch (error) {
-      // Deleted while its page loaded (its "deleted" message waits for start() below): said
-      // as a deletion seen live is, not as a failed page.
-      if (error.status === 404 && !(await this.refresh())) return;
-      throw error;
-    }
+    // Deleted while its page loaded (its "deleted" message waits for start() below).
+    if (!(await this.unlessGone(Promise.all([this.reload(), this.loadAlerts(), this.job?.load()])))) return;
     this.charts.get("grad_norm")?.showTopVariables();
     this.drawMarkers(); // the layers an alert names stay shown, whatever their rank
     this.following.start();
@@ -217,10 +212,27 @@ export class RunPage {
       <h3>This run was deleted</h3><p><a href="#/">Back to runs</a></p></div>`;
   }
 
+  // Reads of the run's parts that find it deleted meanwhile (a 404): said as a deletion seen live
+  // is, not as a failed page. False when the run is gone.
+  async unlessGone(reads) {
+    try {
+      await reads;
+      return true;
+    } catch (error) {
+      if (error.status === 404 && !(await this.refresh())) return false;
+      throw error;
+    }
+  }
+
   // The run fetched anew, with the summaries pushed meanwhile over it, so that the status shown
-  // is the last the server sent; the job's workers with it. False when the run is gone.
-  async refresh() {
-    const current = ++this.refreshes;
+  // is the last the server sent; the job's workers with it. False when the run is gone; a
+  // refresh overtaken by a later one answers with the later one's answer.
+  refresh() {
+    this.refreshing = this.fetchRun(++this.refreshes);
+    return this.refreshing;
+  }
+
+  async fetchRun(current) {
     let run, since;
     try {
       [run, since] = await this.live.fetchWithRuns(() => getRun(this.runId));
@@ -232,7 +244,7 @@ export class RunPage {
       return false;
     }
     if (this.destroyed) return false; // the page was left meanwhile: it draws nothing more
-    if (current !== this.refreshes) return true; // a later refresh is on its way
+    if (current !== this.refreshes) return this.refreshing; // a later refresh is on its way
     this.run = since.filter((summary) => summary.id === this.runId).reduce(withSummary, run);
     this.drawHeader();
     this.drawSummary();
@@ -245,8 +257,7 @@ export class RunPage {
 
   async onReconnect() {
     if (!(await this.refresh())) return; // the run is gone
-    this.reload();
-    this.job?.load();
+    await this.unlessGone(Promise.all([this.reload(), this.job?.load()])); // or goes meanwhile
   }
 
   destroy() {
