@@ -37,11 +37,17 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         server.stop()
 
 
-def open_page(server: ServerProcess, browser: Any, path: str = "/", width: int = 1400) -> Any:
+def erring_page(browser: Any, width: int = 1400) -> tuple[Any, list[str]]:
+    """A new page, and the errors it will raise (also its ``errors``)."""
     page = browser.new_page(viewport={"width": width, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.errors = errors
+    return page, errors
+
+
+def open_page(server: ServerProcess, browser: Any, path: str = "/", width: int = 1400) -> Any:
+    page, _ = erring_page(browser, width)
     page.goto(server.url + path)
     return page
 
@@ -283,6 +289,11 @@ def test_open_pages_follow_a_run_live_its_health_and_its_points(
     expect(row.locator("[data-health]")).to_have_text("critical: nonfinite")
     expect(header.locator("#run-status [data-health]")).to_have_text("critical: nonfinite")
     expect(compared.locator(".compared-runs [data-health]")).to_have_text("critical: nonfinite")
+    # The compare view's summary follows both runs, updated in place: a value selected stays.
+    compared_loss = compared.locator('#summary-compare tr[data-summary="loss"] td')
+    compared_loss.nth(1).evaluate(SELECT_TEXT)
+    expect(compared_loss).to_have_text(["NaN", "0.2"], timeout=15_000)
+    assert compared.evaluate("getSelection().toString()") == "0.2"
     # The run page's summary follows it: the last loss is NaN now, its least still 0.2.
     loss_summary = header.locator('#run-summary tr[data-summary="loss"] td')
     expect(loss_summary).to_have_text(["NaN", "6", "0.2", "1"], timeout=15_000)
@@ -654,9 +665,7 @@ def test_a_run_deleted_before_its_pages_live_stream_opened_says_so(
     server: ServerProcess, browser: Any
 ) -> None:
     seed_runs(server.db, 1, steps=5)
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page, errors = erring_page(browser)
     page.add_init_script(HOLD_LIVE)
     page.goto(server.url + "/#/runs/seed000000")
     expect(page.locator("#run-name")).to_have_text("run-00000")  # fetched, not yet live
@@ -666,19 +675,22 @@ def test_a_run_deleted_before_its_pages_live_stream_opened_says_so(
     assert not errors
 
 
+def delete_before_its_points(server: ServerProcess, page: Any, run_id: str) -> None:
+    """Deletes ``run_id`` just before ``page``'s first read of its points goes to the server."""
+
+    def delete_first(route: Any) -> None:
+        assert server.send("DELETE", f"/api/v1/runs/{run_id}")[0] == 200
+        route.continue_()
+
+    page.route(f"**/api/v1/runs/{run_id}/series?**", delete_first, times=1)
+
+
 def test_a_run_deleted_while_its_page_loads_says_so(server: ServerProcess, browser: Any) -> None:
     """Deleted between its summary's answer and its points' (a CI host was slow enough): the
     points' 404 is the deletion, said as one, not a failed page."""
     seed_runs(server.db, 1, steps=5)
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-
-    def delete_first(route: Any) -> None:  # the run goes just before its points are read
-        assert server.send("DELETE", "/api/v1/runs/seed000000")[0] == 200
-        route.continue_()
-
-    page.route("**/api/v1/runs/seed000000/series?**", delete_first)
+    page, errors = erring_page(browser)
+    delete_before_its_points(server, page, "seed000000")
     page.goto(server.url + "/#/runs/seed000000")
     expect(page.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
     expect(page.locator("#run-name")).to_have_text("run-00000")
@@ -693,9 +705,7 @@ def test_a_run_deleted_while_its_live_streams_first_open_reads_it_says_so(
     its points, and the run goes before they are read. Both loads' 404s are the deletion, said as
     one, and none is left unhandled (stop 37's CI host made this order)."""
     seed_runs(server.db, 1, steps=5)
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page, errors = erring_page(browser)
     page.add_init_script(HOLD_LIVE)
     held: list[Any] = []
     page.route("**/api/v1/runs/seed000000/series?**", lambda route: held.append(route))
@@ -713,6 +723,31 @@ def test_a_run_deleted_while_its_live_streams_first_open_reads_it_says_so(
         route.continue_()
     expect(page.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
     expect(page.locator("#run-name")).to_have_text("run-00000")
+    page.evaluate("0")
+    assert not errors
+
+
+def test_compared_runs_deleted_as_the_view_loads_or_later_are_marked_and_keep_their_traces(
+    server: ServerProcess, browser: Any
+) -> None:
+    seed_runs(server.db, 2, steps=5)
+    page, errors = erring_page(browser)
+    delete_before_its_points(server, page, "seed000000")
+    page.goto(server.url + "/#/compare?runs=seed000000,seed000001")
+    loss = page.locator('[data-chart="loss"]')
+    expect(loss).to_have_attribute("data-series", "1")  # the other run's, drawn
+    legend = page.locator(".compared-runs li")
+    expect(legend.nth(0).locator("[data-deleted]")).to_have_text("deleted")
+    expect(legend.nth(1).locator("[data-status]")).to_have_text("crashed")
+    heads = page.locator("#summary-compare thead th")
+    expect(heads).to_have_text(["series", "run-00000 deleted", "run-00001"])
+    # Deleted while the view is open: marked, its traces and summaries kept.
+    assert server.send("DELETE", "/api/v1/runs/seed000001")[0] == 200
+    expect(legend.nth(1).locator("[data-deleted]")).to_have_text("deleted")
+    expect(heads).to_have_text(["series", "run-00000 deleted", "run-00001 deleted"])
+    assert legend.nth(1).locator("[data-status]").count() == 0
+    expect(loss).to_have_attribute("data-series", "1")
+    expect(page.locator('#summary-compare tr[data-summary="loss"] td').nth(1)).not_to_have_text("—")
     page.evaluate("0")
     assert not errors
 

@@ -9,12 +9,14 @@ import { CHART_CONTROLS, ChartSet, replaceQuery } from "./chart-set.js";
 import { Chart, chartOf, plotlyReady } from "./charts.js";
 import { escapeHTML, healthBadge, runPath, setTitle, statusBadge, summaryOrder, summaryText, summaryValue } from "./format.js";
 import { withSummary } from "./live.js";
+import { syncCells, syncRows } from "./rows.js";
 
 // Colour-blind-friendly (Okabe–Ito), then more: a run's colour is its place in the address.
 export const RUN_COLOURS = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#7f3c8d", "#3b3b3b", "#b8860b", "#1b9e77"];
 const DASHES = ["solid", "dot", "dash", "dashdot", "longdash"];
 export const MAX_COMPARED = 10;
 const POINTS = 1000; // per series and run: enough for an overview of several runs
+const SUMMARY_REFRESH = 5000; // ms: the summary table read again at most this often while runs step
 
 export function comparePath(runIds) {
   return `#/compare?runs=${runIds.map(encodeURIComponent).join(",")}`;
@@ -33,7 +35,10 @@ export async function renderCompare(root, live, params) {
   root.innerHTML = `<p class="muted">Loading ${escapeHTML(ids.length)} runs…</p>`;
   // Followed live as a run's page is: from before the history loads, so no point falls between.
   let view = null;
-  const following = live.follow(ids, { onMessage: (message) => view.onLive(message), onReconnect: () => view?.reload() });
+  const following = live.follow(ids, {
+    onMessage: (message) => view.onLive(message),
+    onReconnect: () => view?.onReconnect().catch((error) => console.warn("trainvitals: could not reload the compared runs:", error)),
+  });
   try {
     const [runs] = await Promise.all([Promise.all(ids.map((id) => getRun(id))), plotlyReady()]);
     view = new CompareView(root, runs, params);
@@ -57,6 +62,10 @@ class CompareView {
     this.dashes = new Map(); // chart id -> its series names, in the order their dashes go
     this.traces = new Map(); // trace key -> { r: the run's place, name: the series }
     this.reloading = new Set();
+    this.stepped = new Set(); // the runs that stepped since their summaries were read
+    this.summaryDue = null;
+    this.summaryRows = new Map(); // series name -> its row, kept while it is drawn
+    this.destroyed = false;
     setTitle(`Compare ${runs.length} runs`);
     root.innerHTML = `
       <div class="page-head"><h1>Compare ${escapeHTML(runs.length)} runs</h1></div>
@@ -65,7 +74,8 @@ class CompareView {
         <label class="config-only"><input type="checkbox" name="only-differing"> Only the keys that differ</label>
         <div class="table-scroll"><table class="kv config-compare" id="config-compare"></table></div></details>
       <details class="panel" open><summary>Summary <span class="muted">each series' last value; its least and greatest on hover</span></summary>
-        <div class="table-scroll"><table class="kv config-compare summary-compare" id="summary-compare"></table></div></details>
+        <div class="table-scroll"><table class="kv config-compare summary-compare" id="summary-compare">
+          <thead><tr></tr></thead><tbody></tbody></table></div></details>
       ${CHART_CONTROLS}
       <div class="charts" id="charts"></div>`;
     this.chartsRoot = root.querySelector("#charts");
@@ -80,23 +90,95 @@ class CompareView {
       draw();
     });
     draw();
-    drawSummaries(root.querySelector("#summary-compare"), runs);
+    this.drawSummaries();
   }
 
   drawLegend() {
     this.root.querySelector(".compared-runs").innerHTML = this.runs.map((run, i) => `<li data-compared-run="${escapeHTML(run.id)}">
       <span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>
       <a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>
-      ${statusBadge(run.status)}${healthBadge(run.health)} <span class="muted">${escapeHTML(run.project)}</span></li>`).join("");
+      ${run.deleted ? DELETED : statusBadge(run.status) + healthBadge(run.health)} <span class="muted">${escapeHTML(run.project)}</span></li>`).join("");
   }
 
-  // Every series of every run, downsampled, in the runs' order (the traces' order).
+  // Series as rows (every compared run's), runs as columns: each series' last value, with its
+  // least and greatest and the step of the last in the cell's title. Updated in place, so that
+  // a value selected to copy stays selected while the runs step.
+  drawSummaries() {
+    const table = this.root.querySelector("#summary-compare");
+    syncCells(table.tHead.rows[0], runHeadings("series", this.runs));
+    const names = summaryOrder(new Set(this.runs.flatMap((run) => Object.keys(run.metrics ?? {}))));
+    const rows = names.map((name) => {
+      let row = this.summaryRows.get(name);
+      if (!row) {
+        row = document.createElement("tr");
+        row.dataset.summary = name;
+        this.summaryRows.set(name, row);
+      }
+      syncCells(row, [`<th>${escapeHTML(name)}</th>`, ...this.runs.map((run) => summaryCell(run.metrics?.[name]))]);
+      return row;
+    });
+    for (const name of this.summaryRows.keys()) if (!names.includes(name)) this.summaryRows.delete(name);
+    const body = table.tBodies[0];
+    if (rows.length) syncRows(body, rows);
+    else body.innerHTML = `<tr><td class="muted" colspan="${this.runs.length + 1}">No points yet.</td></tr>`;
+  }
+
+  // Every series of every run, downsampled, in the runs' order (the traces' order). A run
+  // deleted meanwhile keeps the traces drawn and is marked in the legend.
   async reload() {
-    const answers = await Promise.all(this.runs.map((run) => getSeries(run.id, [], POINTS)));
-    answers.forEach(({ series }, r) => {
-      for (const [name, data] of Object.entries(series)) this.add(r, name, data);
+    const answers = await Promise.all(this.runs.map((run, r) => (run.deleted ? null : this.unlessGone(r, getSeries(run.id, [], POINTS)))));
+    if (this.destroyed) return;
+    answers.forEach((answer, r) => {
+      for (const [name, data] of Object.entries(answer?.series ?? {})) this.add(r, name, data);
     });
     if (!this.set.charts.size) this.chartsRoot.innerHTML = `<p class="muted">No points yet.</p>`;
+  }
+
+  // A read of a compared run's; its 404 (the run deleted) marks the run and answers null.
+  async unlessGone(r, read) {
+    try {
+      return await read;
+    } catch (error) {
+      if (error.status !== 404) throw error;
+      this.markDeleted(r);
+      return null;
+    }
+  }
+
+  markDeleted(r) {
+    if (this.destroyed || this.runs[r].deleted) return;
+    this.runs[r] = { ...this.runs[r], deleted: true };
+    this.stepped.delete(this.runs[r].id);
+    this.drawLegend();
+    this.drawSummaries();
+  }
+
+  // The series' summaries of the runs that stepped (every run's, with its state, after a
+  // reconnect), read again and drawn in place.
+  async refreshSummaries(whole = false) {
+    const indices = this.runs.map((run, r) => r).filter((r) => !this.runs[r].deleted && (whole || this.stepped.has(this.runs[r].id)));
+    this.stepped.clear();
+    const answers = await Promise.all(indices.map((r) => this.unlessGone(r, getRun(this.runs[r].id))));
+    if (this.destroyed) return;
+    answers.forEach((run, i) => {
+      const r = indices[i];
+      if (run) this.runs[r] = whole ? run : { ...this.runs[r], metrics: run.metrics };
+    });
+    this.drawLegend();
+    this.drawSummaries();
+  }
+
+  summariesSoon() {
+    if (this.summaryDue || document.hidden) return;
+    this.summaryDue = setTimeout(() => {
+      this.summaryDue = null;
+      this.refreshSummaries().catch((error) => console.warn("trainvitals: could not read the runs' summaries:", error));
+    }, SUMMARY_REFRESH);
+  }
+
+  // The live stream came back: points and states may have been missed meanwhile.
+  async onReconnect() {
+    await Promise.all([this.reload(), this.refreshSummaries(true)]);
   }
 
   // One run's series, whole (live: only its new points).
@@ -168,8 +250,8 @@ class CompareView {
     this.reloading.add(key);
     const { r, name } = this.traces.get(key);
     try {
-      const { series } = await getSeries(this.runs[r].id, [name], POINTS);
-      if (series[name]) this.add(r, name, series[name]);
+      const answer = await this.unlessGone(r, getSeries(this.runs[r].id, [name], POINTS));
+      if (answer?.series[name] && !this.destroyed) this.add(r, name, answer.series[name]);
     } finally {
       this.reloading.delete(key);
     }
@@ -180,34 +262,44 @@ class CompareView {
     const r = this.runs.findIndex((run) => run.id === message.run_id);
     if (message.type === "points" && r >= 0) {
       for (const [name, data] of Object.entries(message.series)) this.add(r, name, data, true);
+    } else if (message.type === "deleted" && r >= 0) {
+      this.markDeleted(r);
     } else if (message.type === "runs") {
       let changed = false;
       for (const summary of message.runs) {
         const at = this.runs.findIndex((run) => run.id === summary.id);
-        if (at >= 0) { this.runs[at] = withSummary(this.runs[at], summary); changed = true; }
+        if (at < 0 || this.runs[at].deleted) continue;
+        if (summary.last_step != null && summary.last_step !== this.runs[at].last_step) this.stepped.add(summary.id);
+        this.runs[at] = withSummary(this.runs[at], summary);
+        changed = true;
       }
-      if (changed) this.drawLegend();
+      if (!changed) return;
+      this.drawLegend();
+      syncCells(this.root.querySelector("#summary-compare").tHead.rows[0], runHeadings("series", this.runs)); // a name
+      if (this.stepped.size) this.summariesSoon();
     }
   }
 
-  destroy() { this.set.destroy(); }
+  destroy() {
+    this.destroyed = true;
+    clearTimeout(this.summaryDue);
+    this.set.destroy();
+  }
 }
 
-// The runs' columns' heading row: each run's swatch and name.
-const runHeadings = (first, runs) => `<tr><th>${escapeHTML(first)}</th>${runs.map((run, i) =>
-  `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}</th>`).join("")}</tr>`;
+const DELETED = '<span class="badge deleted-badge" data-deleted>deleted</span>';
 
-// Series as rows (every compared run's), runs as columns: each series' last value, with its
-// least and greatest and the step of the last in the cell's title.
-function drawSummaries(table, runs) {
-  const names = summaryOrder(new Set(runs.flatMap((run) => Object.keys(run.metrics ?? {}))));
-  const rows = names.map((name) => `<tr data-summary="${escapeHTML(name)}"><th>${escapeHTML(name)}</th>${runs.map((run) => {
-    const summary = run.metrics?.[name];
-    if (!summary) return `<td class="num muted">—</td>`;
-    const title = `min ${summaryText(summary, "min")} · max ${summaryText(summary, "max")} · last at step ${summary.step}`;
-    return `<td class="num" title="${escapeHTML(title)}">${summaryValue(summary, "last")}</td>`;
-  }).join("")}</tr>`);
-  table.innerHTML = runHeadings("series", runs) + (rows.join("") || `<tr><td class="muted">No points yet.</td></tr>`);
+// The runs' columns' headings, each a cell's HTML: each run's swatch and name, and a mark on a
+// run deleted.
+const runHeadings = (first, runs) => [`<th>${escapeHTML(first)}</th>`, ...runs.map((run, i) =>
+  `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}${run.deleted ? ` ${DELETED}` : ""}</th>`)];
+
+// A run's series summary as a cell: its last value; its least, greatest and the last's step in
+// the title.
+function summaryCell(summary) {
+  if (!summary) return `<td class="num muted">—</td>`;
+  const title = `min ${summaryText(summary, "min")} · max ${summaryText(summary, "max")} · last at step ${summary.step}`;
+  return `<td class="num" title="${escapeHTML(title)}">${summaryValue(summary, "last")}</td>`;
 }
 
 // Keys as rows, runs as columns; a row whose values are not all equal is marked (and the
@@ -217,7 +309,7 @@ function drawConfig(table, count, runs, onlyDiffering) {
   const valuesOf = new Map(keys.map((key) => [key, runs.map((run) => shown(run.config?.[key]))]));
   const differing = new Set(keys.filter((key) => new Set(valuesOf.get(key)).size > 1));
   count.textContent = `(${differing.size} of ${keys.length} ${keys.length === 1 ? "key differs" : "keys differ"}, marked)`;
-  const head = runHeadings("key", runs);
+  const head = `<tr>${runHeadings("key", runs).join("")}</tr>`;
   const rows = (onlyDiffering ? [...differing] : keys).map((key) => {
     const values = valuesOf.get(key);
     const differs = differing.has(key);
