@@ -240,8 +240,8 @@ def test_names_from_a_run_are_text_on_the_page(server: ServerProcess, browser: A
     )
     run.start()
     try:
-        run.log(1, {"loss": 1.0, "<b>bold</b>": 2.0})
-        run.log(2, {"loss": 0.5, "<b>bold</b>": 3.0})
+        run.log(1, {"loss": 1.0, "<b>bold</b>": 2.0, 'acc "top-5"': 0.5})
+        run.log(2, {"loss": 0.5, "<b>bold</b>": 3.0, 'acc "top-5"': 0.6})
         page = browser.new_page()
         page.goto(server.url + "/")
         expect(page.locator(f"tr.run-row[data-run-id='{run.id}'] a")).to_have_text("<i>tilted</i>")
@@ -250,6 +250,8 @@ def test_names_from_a_run_are_text_on_the_page(server: ServerProcess, browser: A
         chart = page.locator('[data-chart="<b>bold</b>"]')
         expect(chart.locator("h3")).to_have_text("<b>bold</b>")
         expect(chart.locator(".legendtext")).to_have_text("<b>bold</b>")
+        quoted = page.locator("[data-chart='acc \"top-5\"']")
+        expect(quoted.locator(".legendtext")).to_have_text('acc "top-5"')  # not &quot;
         assert page.locator("#app i, #app b").count() == 0
     finally:
         run.finish()

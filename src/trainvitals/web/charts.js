@@ -5,7 +5,7 @@
 // series they are about.
 
 import { SEVERITY_COLOURS } from "./alert-feed.js";
-import { escapeHTML, formatDuration } from "./format.js";
+import { escapeHTML, formatDuration, plotText } from "./format.js";
 import { clippedRange, debiasedEma, fullRange, logTicks, siDigits, stepsBetween, withDetail } from "./plotmath.js";
 import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
@@ -499,7 +499,7 @@ export class Chart {
       });
       annotations.push({
         x, xref: "x", y: 1, yref: "paper", xanchor: "left", yanchor: "top", showarrow: false,
-        text: escapeHTML(alert.rule), hovertext: escapeHTML(alert.message), font: { size: 10, color: colour },
+        text: plotText(alert.rule), hovertext: plotText(alert.message), font: { size: 10, color: colour },
       });
       const forecast = alert.evidence?.forecast;
       if (!firing || alert.rule !== "oom_forecast" || !forecast || chartOf(forecast.series)?.id !== this.id) continue;
@@ -511,7 +511,7 @@ export class Chart {
       const left = Math.max(0, t1 - Date.now() / 1000);
       annotations.push({
         x: this.xOf(s1, t1), y: v1, xref: "x", yref: "y", ax: -36, ay: -28, arrowcolor: colour, arrowwidth: 1,
-        text: `limit in ~${escapeHTML(formatDuration(left))}`, font: { size: 11, color: colour },
+        text: `limit in ~${plotText(formatDuration(left))}`, font: { size: 11, color: colour },
         bgcolor: "rgba(255,255,255,0.85)",
       });
       forecasts += 1;
@@ -559,7 +559,7 @@ export class Chart {
         : data.step.slice(0, points).map((step, i) => this.xOf(step, data.time[i], source.start));
       // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
       const y = points === data.value.length ? data.value : data.value.slice(0, points);
-      const trace = { legendgroup: name, ...style, name: escapeHTML(label), x, y, type: "scatter", visible };
+      const trace = { legendgroup: name, ...style, name: plotText(label), x, y, type: "scatter", visible };
       if (weight > 0 && smoothable(source.name)) {
         traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
         this.traceNames.push(name);

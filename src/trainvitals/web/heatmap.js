@@ -3,7 +3,7 @@
 // "the top five" would hide the one that matters. The layers an alert names are marked.
 
 import { PLOT_CONFIG, PLOT_LAYOUT, cancelDraw, drawSoon, liveWait, themed } from "./charts.js";
-import { escapeHTML } from "./format.js";
+import { plotText } from "./format.js";
 import { GRAD_NORM_PREFIX } from "./series.js";
 
 const COLUMNS = 300; // step buckets: each cell shows the largest norm of its steps
@@ -102,18 +102,20 @@ export class GradHeatmap {
     const { x, z } = heatmapCells(layers, first, last);
     const short = names.map((name) => name.slice(GRAD_NORM_PREFIX.length));
     const marked = new Set(this.marked);
-    // plotly reads tick labels as HTML: names are escaped; the layers an alert names are bold.
-    const ticktext = short.map((name) => (marked.has(name) ? `<b>▶ ${escapeHTML(name)}</b>` : escapeHTML(name)));
+    // plotly reads tick labels and hover text as HTML: names are escaped (the rows' names too, which
+    // the hover shows); the layers an alert names are bold.
+    const rows = short.map(plotText);
+    const ticktext = short.map((name, i) => (marked.has(name) ? `<b>▶ ${rows[i]}</b>` : rows[i]));
     const layout = themed({
       ...structuredClone(PLOT_LAYOUT),
       height: Math.max(200, 60 + ROW_PX * names.length),
       showlegend: false,
       margin: { ...PLOT_LAYOUT.margin, l: 12 },
     });
-    Object.assign(layout.yaxis, { automargin: true, tickvals: short, ticktext, tickfont: { size: 10 }, autorange: "reversed" });
+    Object.assign(layout.yaxis, { automargin: true, tickvals: rows, ticktext, tickfont: { size: 10 }, autorange: "reversed" });
     if (xrange) Object.assign(layout.xaxis, { range: [...xrange], autorange: false });
     Plotly.react(this.plot, [{
-      type: "heatmap", x, y: short, z, colorscale: "Viridis", hoverongaps: false,
+      type: "heatmap", x, y: rows, z, colorscale: "Viridis", hoverongaps: false,
       colorbar: { title: { text: "log₁₀" }, thickness: 10 },
       hovertemplate: "%{y}<br>step %{x:.0f}<br>norm 10^%{z:.2f}<extra></extra>",
     }], layout, PLOT_CONFIG);
