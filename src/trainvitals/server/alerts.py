@@ -247,7 +247,7 @@ class AlertEngine:
         return _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
 
     async def _rebuild(self, run_id: str) -> _RunAlerts | None:
-        run = await asyncio.to_thread(self._store.runs.get_run, run_id)
+        run = await asyncio.to_thread(self._store.runs.get_run, run_id, job=False, metrics=False)
         if run is None:
             return None
         leased_at = time.monotonic()

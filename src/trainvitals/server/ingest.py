@@ -149,7 +149,9 @@ class IngestSession:
                 hello.run_id,
                 DRAIN_FOR,
             )
-        known = await asyncio.to_thread(self._store.runs.get_run, hello.run_id, False)
+        known = await asyncio.to_thread(
+            self._store.runs.get_run, hello.run_id, job=False, metrics=False
+        )
         if known is None:
             await self._quotas.new_run(self._who.token_id)
         else:

@@ -177,7 +177,7 @@ export class RunPage {
       this.drawHeader();
       // The live summary has no stacks or traceback: fetch the run when its state changes,
       // and every few seconds at most while it steps (its series' summaries).
-      if (changed) this.refresh();
+      if (changed) this.refresh().catch((error) => console.warn("trainvitals: could not read the run again:", error));
       else if (stepped && !this.summaryDue && !document.hidden) {
         this.summaryDue = setTimeout(() => { this.summaryDue = null; this.refresh().catch(() => {}); }, SUMMARY_REFRESH);
       }

@@ -363,7 +363,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     plotting = true;
     try {
       const page = await listRuns(requestOf(shown, PLOT_RUNS, 0));
-      if (gone || !plotPanel.open) return;
+      if (gone || !plotPanel.open || plotKey() !== key) return; // another view: asked for below
       plotted = { key, at: Date.now() };
       const { drawn, diverged } = await drawRunsPlot(area, page.runs, plotAxis(xSelect.value), plotAxis(ySelect.value), { x: logX.checked, y: logY.checked });
       if (gone) return;
@@ -373,9 +373,9 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       note.textContent = `${drawn} of ${page.total} runs${cut}${crossed}${drawn < page.runs.length ? "; the others lack a value" : ""}`;
     } finally {
       plotting = false;
+      // The view or an axis changed while it was on its way (or failed): that one now.
+      if (!gone && plotKey() !== key) drawPlot().catch(plotError);
     }
-    // The view or an axis changed while it was on its way: that one now.
-    if (plotKey() !== key) drawPlot().catch(plotError);
   };
   const plotError = (error) => { note.textContent = `Could not plot the runs: ${error.message}`; };
   plotPanel.addEventListener("toggle", () => {
@@ -469,7 +469,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     if (message.type === "runs") apply(message.runs);
     else if (message.type === "deleted" && runs.delete(message.run_id)) { total -= 1; selected.delete(message.run_id); redraw(); }
   });
-  const offReconnect = live.onReconnect(load);
+  const offReconnect = live.onReconnect(() => load().catch(showError));
   const offAlerts = feed.on(redraw);
   const ticker = setInterval(() => {
     for (const cell of body.querySelectorAll("td.ago")) {

@@ -176,3 +176,9 @@ def test_an_unknown_encoding_says_to_upgrade() -> None:
     (row,) = rows_of((np.arange(3), np.arange(3.0), np.arange(3.0)))
     with pytest.raises(StorageError, match="encoding 9, which this version does not know"):
         codec.decode([(9, *row[1:])])
+
+
+def test_a_raw_row_cut_at_a_whole_point_is_refused_not_misread() -> None:
+    steps, times, values = codec.encode_raw([1, 2], [1.0, 2.0], [3.0, 4.0])
+    with pytest.raises(StorageError, match="hold 2/2/1 steps/times/values, not 2"):
+        codec.decode([(codec.RAW, 2, steps, times, values[:8])])

@@ -219,13 +219,13 @@ def test_a_database_of_a_newer_version_is_refused(tmp_path: Path) -> None:
 def test_series_stored_before_revision_0008_are_summarised_by_the_upgrade(db_url: str) -> None:
     """Downgraded below 0008 the summaries are gone; upgraded again, each series' summary is
     read from its points (a compacted block with a shared clock, then frames as sent) and
-    equals the one the writer kept. A series whose block lost its clock is left without one,
-    and the upgrade goes on."""
+    equals the one the writer kept. A series whose block lost its clock, or whose raw frame's
+    values were cut at a whole point, is left without one, and the upgrade goes on."""
     import numpy as np
 
     from tests.server.storage.rows import hello
     from trainvitals.protocol import Columns
-    from trainvitals.server.storage import RunFilter
+    from trainvitals.server.storage import RunFilter, codec
     from trainvitals.server.storage.series import Due
 
     steps = np.arange(1, 501)
@@ -243,6 +243,16 @@ def test_series_stored_before_revision_0008_are_summarised_by_the_upgrade(db_url
         with store.engine.begin() as conn:
             later = Columns([501, 502], [1.8e9, 1.8e9 + 1], [np.inf, float("nan")])
             store.series.add_points(conn, "r", 2, {"loss": later}, now=3.0)
+            store.runs.open_run(conn, hello("torn"), now=1.0)
+            two = Columns([1, 2], [1.0, 2.0], [3.0, 4.0])
+            store.series.add_points(conn, "torn", 1, {"loss": two}, now=2.0)
+        with store.engine.begin() as conn:  # an old raw frame, its values' blob a point short
+            steps2, times2, values2 = codec.encode_raw(*two)
+            conn.execute(
+                text("UPDATE chunks SET encoding = :raw, n = 2, steps = :s, times = :t, vals = :v,"
+                     " clock = NULL WHERE run_id = 'torn'"),
+                {"raw": codec.RAW, "s": steps2, "t": times2, "v": values2[:8]},
+            )  # fmt: skip
         asked = RunFilter(sort="name"), 50, 0, (), ("loss", "acc")
         kept = {run["id"]: run["metrics"] for run in store.runs.find_runs(*asked)["runs"]}
         assert kept["r"]["loss"] == {"step": 502, "last": None, "min": float(loss.min()),
@@ -258,6 +268,6 @@ def test_series_stored_before_revision_0008_are_summarised_by_the_upgrade(db_url
         assert columns == ["run_id", "name"]
         assert store.create_schema() == head_revision()
         again = {run["id"]: run["metrics"] for run in store.runs.find_runs(*asked)["runs"]}
-        assert again == {"r": kept["r"], "broken": {}}
+        assert again == {"r": kept["r"], "broken": {}, "torn": {}}
     finally:
         store.dispose()

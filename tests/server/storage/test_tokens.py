@@ -6,11 +6,12 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select, text, update
 
 from harness.processes import wait_for
-from trainvitals.server.storage.tokens import ALL_PROJECTS, Role, token_id_of, tokens
+from trainvitals.server.storage.tokens import ALL_PROJECTS, Role, UseNotes, token_id_of, tokens
 from trainvitals.server.store import Store
 
 
@@ -95,6 +96,40 @@ def test_a_tokens_use_is_noted_at_most_once_a_minute(store: Store) -> None:
     assert last_used() == 1200.0
     store.tokens.uses.note(token_id, now=1300.0)  # a websocket's frames say so too
     assert last_used() == 1300.0
+
+
+class FailsOnce:
+    """An engine whose first transaction fails with an error of no database's."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine, self.failed = engine, False
+
+    def begin(self) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("not a database error")
+        return self.engine.begin()
+
+
+def test_the_use_notes_go_on_after_any_failed_write_and_stop_at_close(store: Store) -> None:
+    token_id = token_id_of(store.tokens.create("agents", "p", "ingest", now=100.0))
+    notes = UseNotes(FailsOnce(store.engine))  # type: ignore[arg-type]
+
+    def last_used() -> float | None:
+        assert notes.wait(timeout=10)
+        info = store.tokens.get(token_id)
+        assert info is not None
+        return info.last_used_at
+
+    notes.note(token_id, now=1000.0)
+    assert last_used() is None  # failed, and counted done: wait() does not hang
+    notes.note(token_id, now=1100.0)
+    assert last_used() == 1100.0  # the thread lived on
+    notes.note(token_id, now=1200.0)
+    notes.close()  # writes what was noted before it...
+    assert last_used() == 1200.0
+    notes.note(token_id, now=1300.0)  # ...and nothing after
+    assert last_used() == 1200.0
 
 
 def test_a_database_busy_with_a_write_never_holds_a_request_for_a_tokens_use(

@@ -150,7 +150,9 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
                 return
             if kind == "subscribe":
                 if who.projects is not None:  # only the runs of the project it sees
-                    run = await asyncio.to_thread(state.store.runs.get_run, run_id, False)
+                    run = await asyncio.to_thread(
+                        state.store.runs.get_run, run_id, job=False, metrics=False
+                    )
                     if run is None or run["project"] != who.projects:
                         continue
                 state.hub.watch(subscriber, run_id)

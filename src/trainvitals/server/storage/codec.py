@@ -269,11 +269,16 @@ def _concatenate(parts: Sequence[ArrayColumns]) -> ArrayColumns:
 
 
 def _decode_raw(rows: Sequence[Row]) -> ArrayColumns:
-    return Columns(
+    columns = Columns(
         np.frombuffer(b"".join(row[2] for row in rows), dtype=_I8),  # type: ignore[misc]
         np.frombuffer(b"".join(row[3] for row in rows), dtype=_F8),  # type: ignore[misc]
         np.frombuffer(b"".join(row[4] for row in rows), dtype=_F8),  # type: ignore[misc]
     )
+    points = sum(int(row[1]) for row in rows)  # type: ignore[call-overload]
+    if any(column.size != points for column in columns):  # a blob cut at a whole point
+        sizes = "/".join(str(column.size) for column in columns)
+        raise StorageError(f"stored chunks hold {sizes} steps/times/values, not {points}")
+    return columns
 
 
 def _inflate(data: object, width: int = 8) -> np.ndarray:

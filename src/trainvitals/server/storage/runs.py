@@ -496,7 +496,7 @@ class RunStore:
         with self._engine.connect() as conn:
             return list(conn.execute(query).scalars())
 
-    def get_run(self, run_id: str, job: bool = True, metrics: bool = True) -> RunDetail | None:
+    def get_run(self, run_id: str, *, job: bool = True, metrics: bool = True) -> RunDetail | None:
         """One run with its series names, (``metrics``) their summaries, and (``job``) its
         job's runs."""
         with self._engine.connect() as conn:

@@ -35,7 +35,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import SQLAlchemyError
 
 from trainvitals.exceptions import ConfigurationError
 from trainvitals.server.storage.schema import metadata
@@ -156,13 +155,14 @@ class UseNotes:
         self._pending = 0  # queued and not yet written (see ``wait``)
         self._done = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def note(self, token_id: str, now: float | None = None, written: float | None = None) -> None:
         """A use of the token at ``now``; ``written``: the last use stored, when known."""
         now = time.time() if now is None else now
         with self._lock:
             last = max(self._tried.get(token_id, -math.inf), written or -math.inf)
-            if now - last < USE_RESOLUTION:
+            if self._closed or now - last < USE_RESOLUTION:
                 return
             self._tried[token_id] = now
             self._pending += 1
@@ -171,7 +171,7 @@ class UseNotes:
                     target=self._run, name="trainvitals-token-uses", daemon=True
                 )
                 self._thread.start()
-        self._queue.put((token_id, now))
+            self._queue.put((token_id, now))  # under the lock: never behind close()'s end
 
     def wait(self, timeout: float = 10.0) -> bool:
         """Until every use noted so far is written (or failed); False on timeout."""
@@ -179,9 +179,14 @@ class UseNotes:
             return self._done.wait_for(lambda: self._pending == 0, timeout)
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=5)
+        """Writes what was noted before, then stops; later notes are dropped."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._queue.put(None)
+        if thread is not None:
+            thread.join(timeout=5)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
@@ -196,13 +201,14 @@ class UseNotes:
                         .where(tokens.c.id == token_id, stale)
                         .values(last_used_at=now)
                     )
-            except SQLAlchemyError as exc:
+            except Exception as exc:  # whatever it was, the thread goes on to the next note
                 log.info(
                     "trainvitals: could not note token %s's use: %s", token_id, type(exc).__name__
                 )
-            with self._done:
-                self._pending -= 1
-                self._done.notify_all()
+            finally:
+                with self._done:
+                    self._pending -= 1
+                    self._done.notify_all()
 
 
 class TokenStore:
