@@ -53,3 +53,27 @@ def test_a_runs_health_is_pushed_with_its_summary_or_alone() -> None:
         {"id": "b", "project": "q", "health": {"worst": "warning", "rules": ["stall"],
                                                "firing": []}},
     ]  # fmt: skip
+
+
+def test_a_change_after_a_quiet_spell_is_pushed_at_once_and_the_next_waits_its_turn() -> None:
+    """The push loop sleeps until something changed (an idle server is not woken for it), pushes
+    that first change at once, and at most once an interval after: here an hour, so the second
+    change is still held while the loop has run many times over."""
+
+    async def pushed() -> tuple[dict[str, object], int]:
+        hub = Hub(runs_push_interval=3600.0)
+        browser = hub.subscribe()
+        hub.start()
+        try:
+            hub.run_changed(cast(RunSummary, {"id": "a", "project": "p", "last_step": 1}))
+            first = json.loads(await asyncio.wait_for(browser.queue.get(), timeout=30))
+            hub.run_changed(cast(RunSummary, {"id": "a", "project": "p", "last_step": 2}))
+            for _ in range(100):
+                await asyncio.sleep(0)  # the push task's turns: it waits out its hour
+            return first, browser.queue.qsize()
+        finally:
+            await hub.stop()
+
+    first, held = asyncio.run(pushed())
+    assert first["runs"] == [{"id": "a", "project": "p", "last_step": 1}]
+    assert held == 0

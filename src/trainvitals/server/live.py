@@ -83,6 +83,8 @@ class Hub:
         self._dirty_runs: dict[str, RunSummary] = {}
         #: Runs whose health changed since the last push: run id -> (project, health).
         self._dirty_health: dict[str, tuple[str, RunHealth]] = {}
+        #: Set when something waits to be pushed: the push loop sleeps while nothing changes.
+        self._due = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -138,6 +140,7 @@ class Hub:
         What people edit of a run (:data:`EDITABLE`) is pushed only from a ``fresh`` summary,
         read from the database just now: an ingest session's copy of a run renamed since
         would undo the rename in every browser. Browsers keep what they had of those fields."""
+        self._due.set()
         if fresh:
             self._dirty_runs[run["id"]] = run
             return
@@ -150,6 +153,7 @@ class Hub:
         """Queue a run's health (an alert about it changed) for the next coalesced push: in
         its summary when that goes too, else alone as ``{"id", "project", "health"}``."""
         self._dirty_health[run_id] = (project, health)
+        self._due.set()
 
     def run_deleted(self, run_id: str, project: str) -> None:
         """Tell every browser that sees ``project`` (on every replica) that the run is gone."""
@@ -220,8 +224,18 @@ class Hub:
                 subscriber.offer(message)
 
     async def _push_runs_forever(self) -> None:
+        """Pushes what changed: the first change after a quiet spell at once, later ones
+        together, one push an interval at most; asleep while nothing changes (an idle server
+        is not woken for it)."""
+        loop = asyncio.get_running_loop()
+        pushed = -math.inf
         while True:
-            await asyncio.sleep(self._interval)
+            await self._due.wait()
+            wait = pushed + self._interval - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._due.clear()
+            pushed = loop.time()
             self.flush_runs()
 
     def flush_runs(self) -> None:
