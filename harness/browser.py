@@ -7,7 +7,10 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.processes import ServerProcess
 
 CHROMIUM = os.environ.get("TRAINVITALS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 # No background networking: this machine's network is closed, and the test must not wait on it.
@@ -38,3 +41,22 @@ def chromium() -> Iterator[Any]:
             yield instance
         finally:
             instance.close()
+
+
+def erring_page(browser: Any, width: int = 1400) -> tuple[Any, list[str]]:
+    """A new page of ``browser``, and the errors it will raise (also its ``errors``)."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.errors = errors
+    return page, errors
+
+
+def delete_before_its_points(server: ServerProcess, page: Any, run_id: str) -> None:
+    """Deletes ``run_id`` just before ``page``'s first read of its points goes to the server."""
+
+    def delete_first(route: Any) -> None:
+        assert server.send("DELETE", f"/api/v1/runs/{run_id}")[0] == 200
+        route.continue_()
+
+    page.route(f"**/api/v1/runs/{run_id}/series?**", delete_first, times=1)

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
+from harness.browser import delete_before_its_points, erring_page
 from harness.processes import ServerProcess, create_token, demo_training, stream, wait_for
 from trainvitals import Run, resolve
 
@@ -453,7 +454,23 @@ def test_the_workers_of_a_job_are_grouped_and_compared_live(
         expect(panel.locator("tbody tr")).to_have_count(3)
         expect(step_times).to_have_attribute("data-points", "55")
         expect(page.locator("[data-fact='Worker']")).to_have_text("worker:0 of 3 in the job")
-        assert not errors, errors
+
+        # A worker deleted while the page is open is marked so; its traces are kept.
+        assert third.finish()
+        assert server.send("DELETE", f"/api/v1/runs/{third.id}")[0] == 200
+        deleted = panel.locator(f"tr[data-run-id='{third.id}'] [data-deleted]")
+        expect(deleted).to_have_text("deleted")
+        expect(step_times).to_have_attribute("data-points", "55")
+        # One deleted just before a page reads its series leaves that page whole.
+        assert second.finish()
+        fresh, fresh_errors = erring_page(browser)
+        delete_before_its_points(server, fresh, second.id)
+        fresh.goto(f"{server.url}/#/runs/{first.id}")
+        fresh_panel = fresh.locator("[data-panel='job']")
+        expect(fresh_panel.locator(f"tr[data-run-id='{second.id}'] [data-deleted]")).to_be_visible()
+        expect(fresh.locator("#run-name")).to_have_text("sync-0")
+        fresh.evaluate("0")
+        assert not errors and not fresh_errors, errors + fresh_errors
     finally:
         for run in workers:
             run.finish()

@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from harness.browser import delete_before_its_points, erring_page
 from harness.processes import ServerProcess, wait_for
 from harness.seed import seed_runs
 from tests.e2e.test_charts import download
@@ -35,15 +36,6 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         yield server
     finally:
         server.stop()
-
-
-def erring_page(browser: Any, width: int = 1400) -> tuple[Any, list[str]]:
-    """A new page, and the errors it will raise (also its ``errors``)."""
-    page = browser.new_page(viewport={"width": width, "height": 900})
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.errors = errors
-    return page, errors
 
 
 def open_page(server: ServerProcess, browser: Any, path: str = "/", width: int = 1400) -> Any:
@@ -673,16 +665,6 @@ def test_a_run_deleted_before_its_pages_live_stream_opened_says_so(
     page.evaluate("window.__releaseLive()")
     expect(page.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
     assert not errors
-
-
-def delete_before_its_points(server: ServerProcess, page: Any, run_id: str) -> None:
-    """Deletes ``run_id`` just before ``page``'s first read of its points goes to the server."""
-
-    def delete_first(route: Any) -> None:
-        assert server.send("DELETE", f"/api/v1/runs/{run_id}")[0] == 200
-        route.continue_()
-
-    page.route(f"**/api/v1/runs/{run_id}/series?**", delete_first, times=1)
 
 
 def test_a_run_deleted_while_its_page_loads_says_so(server: ServerProcess, browser: Any) -> None:

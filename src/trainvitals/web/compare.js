@@ -7,7 +7,7 @@
 import { download, exportRunsPath, getRun, getSeries } from "./api.js";
 import { CHART_CONTROLS, ChartSet, replaceQuery } from "./chart-set.js";
 import { Chart, chartOf, plotlyReady } from "./charts.js";
-import { escapeHTML, healthBadge, runPath, setTitle, statusBadge, summaryOrder, summaryText, summaryValue } from "./format.js";
+import { DELETED_BADGE, escapeHTML, healthBadge, runPath, setTitle, statusBadge, summaryOrder, summaryText, summaryValue } from "./format.js";
 import { withSummary } from "./live.js";
 import { syncCells, syncRows } from "./rows.js";
 
@@ -97,7 +97,7 @@ class CompareView {
     this.root.querySelector(".compared-runs").innerHTML = this.runs.map((run, i) => `<li data-compared-run="${escapeHTML(run.id)}">
       <span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>
       <a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>
-      ${run.deleted ? DELETED : statusBadge(run.status) + healthBadge(run.health)} <span class="muted">${escapeHTML(run.project)}</span></li>`).join("");
+      ${run.deleted ? DELETED_BADGE : statusBadge(run.status) + healthBadge(run.health)} <span class="muted">${escapeHTML(run.project)}</span></li>`).join("");
   }
 
   // Series as rows (every compared run's), runs as columns: each series' last value, with its
@@ -287,12 +287,10 @@ class CompareView {
   }
 }
 
-const DELETED = '<span class="badge deleted-badge" data-deleted>deleted</span>';
-
 // The runs' columns' headings, each a cell's HTML: each run's swatch and name, and a mark on a
 // run deleted.
 const runHeadings = (first, runs) => [`<th>${escapeHTML(first)}</th>`, ...runs.map((run, i) =>
-  `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}${run.deleted ? ` ${DELETED}` : ""}</th>`)];
+  `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}${run.deleted ? ` ${DELETED_BADGE}` : ""}</th>`)];
 
 // A run's series summary as a cell: its last value; its least, greatest and the last's step in
 // the title.

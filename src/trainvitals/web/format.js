@@ -39,6 +39,9 @@ export function formatDuration(seconds) {
   return `${Math.floor(m / 60)} h ${m % 60} min`;
 }
 
+// A run deleted while a page showed it (its traces and values kept where they were drawn).
+export const DELETED_BADGE = '<span class="badge deleted-badge" data-deleted>deleted</span>';
+
 export function statusBadge(status) {
   return `<span class="badge status-${escapeHTML(status)}" data-status="${escapeHTML(status)}">${escapeHTML(status)}</span>`;
 }

@@ -4,7 +4,7 @@
 
 import { getSeries } from "./api.js";
 import { Chart } from "./charts.js";
-import { escapeHTML, formatAgo, runPath, statusBadge, workerOrder } from "./format.js";
+import { DELETED_BADGE, escapeHTML, formatAgo, runPath, statusBadge, workerOrder } from "./format.js";
 import { withSummary } from "./live.js";
 import { HOST_RSS, LOSS, STEP_TIME } from "./series.js";
 
@@ -64,8 +64,18 @@ export class JobPanel {
     await this.reload(member);
   }
 
+  // A worker's compared series, read again. Another worker deleted meanwhile (a 404) is marked
+  // so; this run's own 404 is the page's to say.
   async reload(member) {
-    const { series } = await getSeries(member.id, COMPARED.map((compared) => compared.series));
+    if (this.members.get(member.id)?.deleted) return;
+    let series;
+    try {
+      ({ series } = await getSeries(member.id, COMPARED.map((compared) => compared.series)));
+    } catch (error) {
+      if (error.status !== 404 || member.id === this.runId) throw error;
+      this.markDeleted(member.id);
+      return;
+    }
     for (const [name, data] of Object.entries(series)) {
       if (data.step.length) this.chartFor(name).setSeries(label(member), data);
     }
@@ -73,7 +83,15 @@ export class JobPanel {
 
   reloadWorker(worker) {
     const member = [...this.members.values()].find((m) => label(m) === worker);
-    if (member) this.reload(member);
+    if (member) this.reload(member).catch(warn);
+  }
+
+  // Another worker of the job deleted: marked in the table, its traces kept, read no more.
+  markDeleted(id) {
+    const member = this.members.get(id);
+    if (!member || member.deleted || id === this.runId) return;
+    this.members.set(id, { ...member, deleted: true });
+    this.draw();
   }
 
   draw() {
@@ -84,7 +102,7 @@ export class JobPanel {
         <td><span class="worker-tag">${escapeHTML(m.worker ?? "?")}</span></td>
         <td>${m.id === this.runId ? `${escapeHTML(m.name)} <span class="muted">(this run)</span>`
           : `<a href="${escapeHTML(runPath(m.id))}">${escapeHTML(m.name)}</a>`}</td>
-        <td>${statusBadge(m.status)}</td><td class="num">${escapeHTML(m.last_step ?? "—")}</td>
+        <td>${m.deleted ? DELETED_BADGE : statusBadge(m.status)}</td><td class="num">${escapeHTML(m.last_step ?? "—")}</td>
         <td>${escapeHTML(formatAgo(m.last_seen))}</td><td>${escapeHTML(m.host ?? "")}</td></tr>`).join("");
   }
 
@@ -94,8 +112,9 @@ export class JobPanel {
     if (!summaries.length) return;
     for (const summary of summaries) {
       const known = this.members.get(summary.id);
+      if (known?.deleted) continue; // a summary sent before its deletion
       this.members.set(summary.id, withSummary(known, summary));
-      if (!known) this.addToCharts(summary);
+      if (!known) this.addToCharts(summary).catch(warn);
     }
     this.draw();
   }
@@ -111,6 +130,8 @@ export class JobPanel {
       }
     } else if (message.type === "runs") {
       this.update(message.runs.filter((summary) => summary.job_id === this.jobId));
+    } else if (message.type === "deleted") {
+      this.markDeleted(message.run_id);
     }
   }
 
@@ -121,3 +142,4 @@ export class JobPanel {
 }
 
 const label = (member) => member.worker ?? member.name;
+const warn = (error) => console.warn("trainvitals: could not read a worker's series:", error);
