@@ -95,5 +95,30 @@ def test_an_admin_makes_a_token_sees_it_once_and_revokes_it(browser: Any, tmp_pa
         expect(reader.locator("form.sign-in .error")).to_have_text("Your token was revoked.")
         expect(reader.locator("#live-indicator")).to_have_text("signed out")
         assert not reader.errors, reader.errors
+
+        # A revoked token presented again is refused, and that attempt is its last use, marked:
+        # a leak, or an agent still holding it, to look into.
+        spare = create_token(db, "p", "ingest", "spare")
+        page.reload()
+        spare_row = rows.filter(has_text="spare")
+        page.once("dialog", lambda dialog: dialog.accept())
+        spare_row.locator("button[data-revoke]").click()
+        expect(spare_row.locator("[data-token-state]")).to_have_attribute(
+            "data-token-state", "revoked"
+        )
+        expect(spare_row.locator("td[data-last-used]")).to_have_text("never")
+        code, _ = ingest_refusal(server, spare, "p")
+        assert code == 1008
+
+        def tried() -> bool:
+            listed = page.request.get(server.url + "/api/v1/tokens").json()["tokens"]
+            return any(t["name"] == "spare" and t["last_used_at"] for t in listed)
+
+        wait_for(tried, what="the revoked token's attempt noted")
+        page.reload()
+        expect(spare_row.locator("td[data-after-revoke]")).to_have_text(
+            re.compile(r"^\d+ s ago \(after revoked\)$")
+        )
+        assert not page.errors, page.errors
     finally:
         server.stop()

@@ -39,13 +39,22 @@ def token_command(args: argparse.Namespace) -> int:
                 f"{'id':<14}{'role':<8}{'project':<20}{'created':<22}{'revoked':<22}"
                 f"{'last used':<22}name"
             )
+            tried = 0  # revoked tokens presented after their revocation
             for t in store.tokens.list():
                 created, revoked, used = (
                     _when(t.created_at), _when(t.revoked_at), _when(t.last_used_at)
                 )  # fmt: skip
+                if t.revoked_at is not None and (t.last_used_at or 0) > t.revoked_at:
+                    used, tried = f"{used} !", tried + 1
                 print(
                     f"{t.id:<14}{t.role:<8}{t.project:<20}{created:<22}{revoked:<22}{used:<22}"
                     f"{t.name}"
+                )
+            if tried:
+                print(
+                    f"(!: {tried} revoked token(s) presented after the revocation, and refused:"
+                    " a leak, or an agent still holding it)",
+                    file=sys.stderr,
                 )
             return 0
         if store.tokens.revoke(args.id):

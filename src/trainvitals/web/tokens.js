@@ -54,8 +54,18 @@ export async function renderTokens(root, identity) {
       <td>${escapeHTML(token.name)}${yours} <code class="muted">${escapeHTML(token.id)}</code></td>
       <td>${escapeHTML(token.role)}</td><td>${escapeHTML(token.project)}</td>
       <td class="wide-only">${escapeHTML(formatTime(token.created_at))}</td>
-      <td data-last-used="${escapeHTML(token.last_used_at ?? "")}" title="${escapeHTML(token.last_used_at ? formatTime(token.last_used_at) : "not used since it was made")}">${escapeHTML(token.last_used_at ? formatAgo(token.last_used_at) : "never")}</td>
+      ${lastUsed(token)}
       <td>${state}</td><td>${action}</td></tr>`;
+  };
+
+  // When the token was last used; a use after its revocation (refused) is marked: a leak, or
+  // an agent still holding it, to look into.
+  const lastUsed = (token) => {
+    const at = token.last_used_at;
+    const after = at != null && token.revoked_at != null && at > token.revoked_at;
+    const title = at ? `${formatTime(at)}${after ? ": tried after its revocation, and refused" : ""}` : "not used since it was made";
+    const text = at ? formatAgo(at) : "never";
+    return `<td data-last-used="${escapeHTML(at ?? "")}"${after ? ' class="used-after-revoke" data-after-revoke' : ""} title="${escapeHTML(title)}">${escapeHTML(text)}${after ? " (after revoked)" : ""}</td>`;
   };
 
   const load = async () => {

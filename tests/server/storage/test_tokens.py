@@ -98,6 +98,22 @@ def test_a_tokens_use_is_noted_at_most_once_a_minute(store: Store) -> None:
     assert last_used() == 1300.0
 
 
+def test_a_revoked_tokens_attempt_is_refused_and_noted_as_its_last_use(store: Store) -> None:
+    """Presented whole after its revocation: refused, and the attempt is its last use (a leak,
+    or an agent still holding it, that an admin sees); a wrong secret is no attempt of it."""
+    token = store.tokens.create("agents", "p", "ingest", now=100.0)
+    token_id = token_id_of(token)
+    assert store.tokens.revoke(token_id, now=200.0)
+    assert store.tokens.verify(token, now=300.0) is None
+    assert store.tokens.uses.wait()
+    info = store.tokens.get(token_id)
+    assert info is not None and (info.revoked_at, info.last_used_at) == (200.0, 300.0)
+    assert store.tokens.verify(token[:-1] + ("A" if token[-1] != "A" else "B"), now=400.0) is None
+    assert store.tokens.uses.wait()
+    info = store.tokens.get(token_id)
+    assert info is not None and info.last_used_at == 300.0
+
+
 class FailsOnce:
     """An engine whose first transaction fails with an error of no database's."""
 

@@ -320,14 +320,17 @@ class TokenStore:
 
     def verify(self, token: str, now: float | None = None) -> Principal | None:
         """Who ``token`` speaks for, or None when it is unknown, wrong or revoked (a use of
-        it, at ``now``)."""
+        it, at ``now``). A revoked token presented whole is refused and its attempt noted as
+        its last use: one used after its revocation is a leak, or an agent forgotten, to find."""
         if not token.startswith(_PREFIX) or len(token) > 200:
             return None
-        token_id = token_id_of(token)
-        query = select(tokens).where(tokens.c.id == token_id, tokens.c.revoked_at.is_(None))
+        query = select(tokens).where(tokens.c.id == token_id_of(token))
         with self._engine.connect() as conn:
             row = conn.execute(query).mappings().first()
         if row is None or not hmac.compare_digest(row["hash"], _digest(token)):
+            return None
+        if row["revoked_at"] is not None:
+            self.uses.note(row["id"], now, row["last_used_at"])
             return None
         return self._used(row, now)
 
