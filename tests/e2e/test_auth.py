@@ -26,6 +26,7 @@ from harness.processes import (
     trainvitals,
     wait_for,
 )
+from trainvitals.server.store import Store
 
 
 @dataclass
@@ -94,6 +95,16 @@ def test_tokens_are_listed_without_secrets_and_stored_hashed(tmp_path: Path) -> 
     assert secret not in dump
     assert trainvitals("token", "revoke", "--db", db, token_id).returncode == 0
     assert trainvitals("token", "revoke", "--db", db, token_id).returncode == 1
+    # Presented after its revocation (here to the store, as a server does): refused, and marked.
+    store = Store(db)
+    try:
+        assert store.tokens.verify(token) is None
+        assert store.tokens.uses.wait()
+    finally:
+        store.dispose()
+    listed = trainvitals("token", "list", "--db", db)
+    assert listed.stdout.splitlines()[1].endswith(" ! viewer")
+    assert "1 revoked token(s) presented after the revocation, and refused" in listed.stderr
 
 
 def test_the_token_command_does_not_load_the_web_application(tmp_path: Path) -> None:
