@@ -54,6 +54,7 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/cli_startup.py
 	$(PY) benchmarks/runs_list.py
 	$(PY) benchmarks/metric_sort.py
+	$(PY) benchmarks/idle_server.py
 
 # Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system
