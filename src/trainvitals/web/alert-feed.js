@@ -42,7 +42,7 @@ export class AlertFeed {
     this.handlers = new Set();
     this.receivedDuringLoad = null;
     live.on((message) => { if (message.type === "alert") this.receive(message.alert); });
-    live.onReconnect(() => this.load());
+    live.onReconnect(() => this.load().catch((error) => console.warn("trainvitals: could not reload the firing alerts:", error)));
     document.addEventListener("click", (event) => this.act(event));
   }
 
