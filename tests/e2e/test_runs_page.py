@@ -667,6 +667,40 @@ def test_a_run_deleted_before_its_pages_live_stream_opened_says_so(
     assert not errors
 
 
+def test_a_run_begun_while_the_list_loads_is_listed(server: ServerProcess, browser: Any) -> None:
+    """The list's answer is read before a run begins; the run's first summary (the only one
+    pushed whole) reaches the page before that answer does: the run is listed all the same,
+    not dropped as one the answer lacked (a loaded CI host made this order)."""
+    seed_runs(server.db, 1, steps=5)
+    page, errors = erring_page(browser)
+    frames: list[str] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda data: frames.append(str(data))))
+    held: list[tuple[Any, Any]] = []
+    page.route("**/api/v1/runs?**", lambda route: held.append((route, route.fetch())), times=1)
+
+    def pumped(condition: Any) -> Any:
+        page.evaluate("0")  # lets playwright hand over the routed request and the frames
+        return condition()
+
+    page.goto(server.url + "/")
+    expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
+    wait_for(lambda: pumped(lambda: held), what="the list's answer, read and held")
+    run = Run(resolve(server=server.url, project="vision", run_name="begun-meanwhile"),
+              system_metrics=False, watchdog=False)  # fmt: skip
+    run.start()
+    try:
+        wait_for(lambda: pumped(lambda: any(run.id in frame for frame in frames)),
+                 what="the new run's summary pushed to the page")  # fmt: skip
+        route, answer = held[0]
+        route.fulfill(response=answer)
+        expect(page.locator("tr.run-row")).to_have_count(2)
+        expect(page.locator("tr.run-row a").first).to_have_text("begun-meanwhile")
+        expect(page.locator("#run-count")).to_have_text("2 runs")
+        assert not errors
+    finally:
+        run.finish()
+
+
 def test_a_run_deleted_while_its_page_loads_says_so(server: ServerProcess, browser: Any) -> None:
     """Deleted between its summary's answer and its points' (a CI host was slow enough): the
     points' 404 is the deletion, said as one, not a failed page."""

@@ -407,7 +407,10 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     runs = new Map(page.runs.map((run) => [run.id, run]));
     total = page.total;
     drawHead();
-    apply(since.filter((summary) => runs.has(summary.id)));
+    // The summaries pushed while the answer came: over the runs in it, and a run begun after
+    // the answer was read (its first summary pushed meanwhile, and never again whole) as new.
+    const newest = Math.max(-Infinity, ...page.runs.map((run) => run.started_at));
+    apply(since.filter((summary) => runs.has(summary.id) || summary.started_at > newest));
   };
 
   // The view into the address, without a new history entry per keystroke.
