@@ -74,6 +74,19 @@ def timings(src: str, db: str) -> dict[str, Callable[[], None]]:
     return runs
 
 
+def sources(against: str | None, stack: contextlib.ExitStack) -> dict[str, str]:
+    """Each side's package source: this checkout's ("this") and, ``against`` a git ref, that
+    ref's in a worktree that goes with ``stack`` ("ref"); each checked to be what it imports."""
+    sides = {"this": str(ROOT / "src")}
+    if against:
+        sides["ref"] = str(stack.enter_context(git_worktree(against)) / "src")
+    for side, src in sides.items():
+        where = imported_from(src)
+        if not where.startswith(str(Path(src).resolve())):
+            raise RuntimeError(f"{side} imported trainvitals from {where}")
+    return sides
+
+
 def imported_from(src: str) -> str:
     code = "import trainvitals; print(trainvitals.__file__)"
     done = subprocess.run([sys.executable, "-c", code], env=env_for(src), check=True,
@@ -87,13 +100,7 @@ def main() -> None:
     parser.add_argument("--against", metavar="REF", help="a git commit to compare with")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        sides = {"this": str(ROOT / "src")}
-        if args.against:
-            sides["ref"] = str(stack.enter_context(git_worktree(args.against)) / "src")
-        for side, src in sides.items():
-            where = imported_from(src)
-            if not where.startswith(str(Path(src).resolve())):
-                raise RuntimeError(f"{side} imported trainvitals from {where}")
+        sides = sources(args.against, stack)
         runs = {side: timings(src, str(Path(tmp) / f"{side}.db")) for side, src in sides.items()}
         seconds: dict[str, dict[str, list[float]]] = {
             side: {name: [] for name in runs[side]} for side in sides

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.cli_startup import command, env_for, imported_from
-from harness.processes import ROOT, ServerProcess, cpu_seconds, git_worktree
+from benchmarks.cli_startup import command, env_for, sources
+from harness.processes import ServerProcess, cpu_seconds
 
 
 def switches(pid: int) -> tuple[int, int]:
@@ -71,13 +71,8 @@ def main() -> None:
     parser.add_argument("--against", metavar="REF", help="a git commit to compare with")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        sides = {"this": str(ROOT / "src")}
-        if args.against:
-            sides["ref"] = str(stack.enter_context(git_worktree(args.against)) / "src")
+        sides = sources(args.against, stack)
         for side, src in sides.items():
-            where = imported_from(src)
-            if not where.startswith(str(Path(src).resolve())):
-                raise RuntimeError(f"{side} imported trainvitals from {where}")
             # Each side's database at its own schema (another commit may have other migrations).
             db = str(Path(tmp) / f"{side}.db")
             command(["-m", "trainvitals", "db", "upgrade", "--db", db], env_for(src))()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from harness.processes import ServerProcess
+
+T = TypeVar("T")
 
 CHROMIUM = os.environ.get("TRAINVITALS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 # No background networking: this machine's network is closed, and the test must not wait on it.
@@ -60,3 +62,10 @@ def delete_before_its_points(server: ServerProcess, page: Any, run_id: str) -> N
         route.continue_()
 
     page.route(f"**/api/v1/runs/{run_id}/series?**", delete_first, times=1)
+
+
+def pumped(page: Any, condition: Callable[[], T]) -> T:
+    """``condition()`` after a round trip to ``page``: playwright hands the test its events
+    (routed requests, websocket frames, page errors) only while the test is in one of its calls."""
+    page.evaluate("0")
+    return condition()

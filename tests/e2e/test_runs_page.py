@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from harness.browser import delete_before_its_points, erring_page
+from harness.browser import delete_before_its_points, erring_page, pumped
 from harness.processes import ServerProcess, wait_for
 from harness.seed import seed_runs
 from tests.e2e.test_charts import download
@@ -678,18 +678,14 @@ def test_a_run_begun_while_the_list_loads_is_listed(server: ServerProcess, brows
     held: list[tuple[Any, Any]] = []
     page.route("**/api/v1/runs?**", lambda route: held.append((route, route.fetch())), times=1)
 
-    def pumped(condition: Any) -> Any:
-        page.evaluate("0")  # lets playwright hand over the routed request and the frames
-        return condition()
-
     page.goto(server.url + "/")
     expect(page.locator("#live-indicator")).to_have_attribute("data-state", "live")
-    wait_for(lambda: pumped(lambda: held), what="the list's answer, read and held")
+    wait_for(lambda: pumped(page, lambda: held), what="the list's answer, read and held")
     run = Run(resolve(server=server.url, project="vision", run_name="begun-meanwhile"),
               system_metrics=False, watchdog=False)  # fmt: skip
     run.start()
     try:
-        wait_for(lambda: pumped(lambda: any(run.id in frame for frame in frames)),
+        wait_for(lambda: pumped(page, lambda: any(run.id in frame for frame in frames)),
                  what="the new run's summary pushed to the page")  # fmt: skip
         route, answer = held[0]
         route.fulfill(response=answer)
@@ -726,14 +722,10 @@ def test_a_run_deleted_while_its_live_streams_first_open_reads_it_says_so(
     held: list[Any] = []
     page.route("**/api/v1/runs/seed000000/series?**", lambda route: held.append(route))
 
-    def asked(count: int) -> bool:
-        page.evaluate("0")  # lets playwright hand over the routed requests
-        return len(held) == count
-
     page.goto(server.url + "/#/runs/seed000000")
-    wait_for(lambda: asked(1), what="the page's load to ask for the points")
+    wait_for(lambda: pumped(page, lambda: len(held) == 1), what="the load to ask for the points")
     page.evaluate("window.__releaseLive()")  # its first open reloads: the run is read again
-    wait_for(lambda: asked(2), what="the stream's reload to ask for the points")
+    wait_for(lambda: pumped(page, lambda: len(held) == 2), what="the reload to ask for them")
     assert server.send("DELETE", "/api/v1/runs/seed000000")[0] == 200
     for route in held:
         route.continue_()

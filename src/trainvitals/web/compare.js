@@ -104,8 +104,8 @@ class CompareView {
   // least and greatest and the step of the last in the cell's title. Updated in place, so that
   // a value selected to copy stays selected while the runs step.
   drawSummaries() {
+    this.drawSummaryHead();
     const table = this.root.querySelector("#summary-compare");
-    syncCells(table.tHead.rows[0], runHeadings("series", this.runs));
     const names = summaryOrder(new Set(this.runs.flatMap((run) => Object.keys(run.metrics ?? {}))));
     const rows = names.map((name) => {
       let row = this.summaryRows.get(name);
@@ -121,6 +121,11 @@ class CompareView {
     const body = table.tBodies[0];
     if (rows.length) syncRows(body, rows);
     else body.innerHTML = `<tr><td class="muted" colspan="${this.runs.length + 1}">No points yet.</td></tr>`;
+  }
+
+  // The table's column headings: a run renamed or deleted is so in its heading.
+  drawSummaryHead() {
+    syncCells(this.root.querySelector("#summary-compare").tHead.rows[0], runHeadings("series", this.runs));
   }
 
   // Every series of every run, downsampled, in the runs' order (the traces' order). A run
@@ -156,7 +161,7 @@ class CompareView {
   // The series' summaries of the runs that stepped (every run's, with its state, after a
   // reconnect), read again and drawn in place.
   async refreshSummaries(whole = false) {
-    const indices = this.runs.map((run, r) => r).filter((r) => !this.runs[r].deleted && (whole || this.stepped.has(this.runs[r].id)));
+    const indices = [...this.runs.keys()].filter((r) => !this.runs[r].deleted && (whole || this.stepped.has(this.runs[r].id)));
     this.stepped.clear();
     const answers = await Promise.all(indices.map((r) => this.unlessGone(r, getRun(this.runs[r].id))));
     if (this.destroyed) return;
@@ -275,7 +280,7 @@ class CompareView {
       }
       if (!changed) return;
       this.drawLegend();
-      syncCells(this.root.querySelector("#summary-compare").tHead.rows[0], runHeadings("series", this.runs)); // a name
+      this.drawSummaryHead();
       if (this.stepped.size) this.summariesSoon();
     }
   }
