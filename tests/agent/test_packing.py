@@ -150,3 +150,27 @@ def test_the_learning_rate_is_read_where_the_optimizer_has_one() -> None:
     schedule = keras.optimizers.schedules.ExponentialDecay(1.0, decay_steps=1, decay_rate=0.5)
     assert float(learning_rate_of(keras.optimizers.SGD(schedule))) == 1.0  # at iteration 0
     assert learning_rate_of(object()) is None  # an optimizer of its own: nothing, no error
+
+
+def test_the_rows_found_sick_in_bulk_are_those_found_one_by_one() -> None:
+    """``decode`` looks only at the rows that may be sick; the rest must be healthy."""
+    rng = np.random.default_rng(5)
+    for measured in (ALL, Measured(loss=False, grads=True, names=ALL.names), Measured()):
+        width = len(packing.HEAD) + len(measured.names)
+        block = rng.random((400, width))
+        block[:, 1:4] = 0.0
+        for column in range(width):
+            hit = rng.random(400) < 0.01
+            block[hit, column] = rng.choice([math.nan, math.inf, -math.inf, 3.0])
+        steps = list(range(1, 401))
+        decoded = packing.decode(block, steps, [0.0] * 400, measured, StepVitals(10))
+        one_by_one = [j for j in range(400) if packing.sick(block[j], measured)]
+        assert decoded.sick == one_by_one
+        assert one_by_one  # the block has sick rows to find
+
+
+def test_times_in_bulk_are_rounded_as_one_at_a_time() -> None:
+    rng = np.random.default_rng(11)
+    times = 1795317434.0 + rng.random(20_000) * 1e6
+    times[:4] = [1795317434.1234567, 1795317434.0000005, 1e9 + 0.5e-6, 0.0]
+    assert packing.micros(times) == [whole_micros(t) for t in times.tolist()]

@@ -51,3 +51,29 @@ def test_only_what_the_step_measured() -> None:
     measured = Measured(loss=False, inputs=True, grads=False, names=NAMES)
     values, norms = decode_one(vector(1.0), 1, measured, StepVitals())
     assert (values, norms) == ({"nonfinite/inputs": 0.0}, None)
+
+
+def test_a_block_of_rows_records_the_norms_of_the_rows_each_would_alone() -> None:
+    """``due_rows`` (one block, no Python at each row) against ``due`` row by row, over
+    blocks with jumps, non-finite norms and counts, and changes of the trained variables."""
+    rng = np.random.default_rng(3)
+    for trial in range(300):
+        every = int(rng.integers(1, 12))
+        bulk, one = StepVitals(every), StepVitals(every)
+        step = 1
+        for _ in range(int(rng.integers(1, 5))):
+            count = int(rng.integers(0, 40))
+            steps = np.arange(step, step + count, dtype=np.int64)
+            step += count
+            norms = rng.lognormal(0.0, 0.3, count)
+            special = rng.random(count)
+            norms[special < 0.03 * (trial % 4)] *= 50.0  # jumps, in some blocks only
+            norms[special > 0.99] = rng.choice([math.nan, math.inf, 0.0])
+            nonfinite = np.where(rng.random(count) > 0.98, 2.0, 0.0)
+            variables = int(rng.choice([2, 2, 2, 1]))
+            expected = [
+                j
+                for j in range(count)
+                if one.due(int(steps[j]), float(norms[j]), float(nonfinite[j]), variables)
+            ]
+            assert bulk.due_rows(steps, norms, nonfinite, variables) == expected, trial

@@ -33,7 +33,7 @@ from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.protocol import Columns, EndReason, whole_micros
+from trainvitals.protocol import EndReason
 from trainvitals.series import (
     EPOCH,
     EPOCH_PREFIX,
@@ -346,21 +346,16 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             if steps[-1] > known[-1][0]:
                 known.append((steps[-1], now))
             at = np.interp(numbers, [k[0] for k in known], [k[1] for k in known])
-            times = [whole_micros(t) for t in (at + _to_unix()).tolist()]
+            times = packing.micros(at + _to_unix())
         if clock:
             self._last_end = clock[-1]
         decoded = packing.decode(block, steps, times, measured, self._vitals)
         columns = decoded.columns
         step_times = self._take_step_times()
         if step_times:
-            columns[STEP_TIME] = Columns(
-                [t[0] for t in step_times],
-                [whole_micros(t[2]) for t in step_times],
-                [t[1] for t in step_times],
-            )
+            columns[STEP_TIME] = packing.step_time_columns(step_times)
         sick = [steps[j] for j in decoded.sick]
-        flagged = set(decoded.sick)
-        healthy = [s for j, s in enumerate(steps) if j not in flagged]
+        healthy = np.delete(numbers, decoded.sick).tolist()
         return packing.Pivot(columns, [], steps, healthy, sick, decoded.healthy_norms)
 
     def _record(self, batch: packing.Pivot) -> None:

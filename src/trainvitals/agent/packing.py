@@ -128,6 +128,16 @@ def _sick(head: list[float], measured: Measured) -> bool:
     return forward or backward
 
 
+def _maybe_sick(head: npt.NDArray[np.float64], measured: Measured) -> list[int]:
+    """The rows of ``head`` that :func:`_sick` may call sick (a count not zero, or a loss or
+    norm not finite), found without Python at every row; the rest are healthy."""
+    counts, finite = suspect(measured)
+    maybe = (head[:, counts] != 0).any(axis=1)
+    if finite:
+        maybe |= ~np.isfinite(head[:, finite]).all(axis=1)
+    return np.flatnonzero(maybe).tolist()
+
+
 def _recorded(measured: Measured) -> list[tuple[str, int]]:
     """The head's series that ``measured`` records, with their positions."""
     return [
@@ -163,8 +173,7 @@ def decode(
     ``vitals`` says are due, and Keras's metrics that follow the norms in a row of the device
     ring (:mod:`trainvitals.agent.ring`)."""
     head = block[:, : len(HEAD)]
-    by_row = head.tolist()
-    sick_rows = [j for j, row in enumerate(by_row) if _sick(row, measured)]
+    sick_rows = [j for j in _maybe_sick(head, measured) if _sick(head[j].tolist(), measured)]
     by_series = head.T.tolist()
     columns: dict[str, ListColumns] = {
         name: Columns(steps, times, by_series[i]) for name, i in _recorded(measured)
@@ -174,12 +183,13 @@ def decode(
         columns[name] = Columns(steps, times, block[:, width + j].tolist())
     if not measured.grads:
         return Decoded(columns, sick_rows, None)
-    norm, nonfinite = by_series[_NORM], by_series[_NONFINITE_GRADS]
     names = measured.names
     norms = block[:, len(HEAD) : width]
     if block.shape[1] != width + len(measured.metrics):
         return Decoded(columns, sick_rows, None)
-    due = [j for j in range(len(steps)) if vitals.due(steps[j], norm[j], nonfinite[j], len(names))]
+    due = vitals.due_rows(
+        np.asarray(steps, np.int64), head[:, _NORM], head[:, _NONFINITE_GRADS], len(names)
+    )
     if not due:
         return Decoded(columns, sick_rows, None)
     due_steps = [steps[j] for j in due]
@@ -204,6 +214,18 @@ def decode_one(
     return values, decoded.healthy_norms
 
 
+def micros(times: npt.NDArray[np.float64]) -> list[float]:
+    """Unix ``times`` to the microsecond, each exactly as :func:`~trainvitals.protocol.
+    whole_micros` rounds it (the same three float operations), without a call a time."""
+    return (np.floor(times * 1e6 + 0.5) / 1e6).tolist()  # type: ignore[no-any-return]
+
+
+def step_time_columns(step_times: Sequence[StepTime]) -> ListColumns:
+    """The ``step_time`` series of the steps' ``(step, seconds, unix time)``."""
+    steps, seconds, unix = zip(*step_times, strict=True)
+    return Columns(list(steps), micros(np.asarray(unix, np.float64)), list(seconds))
+
+
 def pivot(
     rows: list[Row],
     step_times: Sequence[StepTime],
@@ -221,11 +243,7 @@ def pivot(
     times = [whole_micros(row[1] + to_unix) for row in rows]
     columns: dict[str, ListColumns] = {}
     if step_times:
-        columns[STEP_TIME] = Columns(
-            [t[0] for t in step_times],
-            [whole_micros(t[2]) for t in step_times],
-            [t[1] for t in step_times],
-        )
+        columns[STEP_TIME] = step_time_columns(step_times)
     keys = rows[0][3].keys()
     if all(row[3].keys() == keys for row in rows):
         for key in keys:

@@ -13,6 +13,9 @@ import math
 import threading
 from collections.abc import Mapping
 
+import numpy as np
+import numpy.typing as npt
+
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
@@ -68,3 +71,46 @@ class StepVitals:
             if due:
                 self._last_norm = norm
         return due
+
+    def due_rows(
+        self,
+        steps: npt.NDArray[np.int64],
+        norms: npt.NDArray[np.float64],
+        nonfinite: npt.NDArray[np.float64],
+        variables: int = 0,
+    ) -> list[int]:
+        """The positions of the rows that record their per-variable norms, as :meth:`due`
+        would say for each row in turn (``steps`` ascending, one row a step, all of them
+        with ``variables`` variables), without Python at every row.
+
+        A jump is judged against the norm of the last row recorded, so the rows are
+        sequential in principle; but while no row jumps above the rows that are due anyway
+        (every N steps, non-finite, a changed count of variables), those are exactly the rows
+        due. Only a block in which some row might jump goes row by row."""
+        count = len(steps)
+        if count == 0:
+            return []
+        with self._lock:
+            last_norm = self._last_norm
+            due = (steps % self._every == 0) | ~np.isfinite(norms) | (nonfinite > 0)
+            if self._variables is not None and variables != self._variables:
+                due[0] = True
+            # Each row's last recorded norm, were the rows due anyway the only ones recorded.
+            latest = np.maximum.accumulate(np.where(due, np.arange(count), -1))
+            shifted = np.concatenate([[-1], latest[:-1]])
+            before = np.where(shifted >= 0, norms[np.maximum(shifted, 0)], last_norm)
+            with np.errstate(invalid="ignore"):
+                jumps = norms > JUMP * before
+            if not jumps.any():
+                self._variables = variables
+                rows = np.flatnonzero(due)
+                if len(rows):
+                    self._last_norm = float(norms[rows[-1]])
+                return rows.tolist()
+        return [
+            j
+            for j, (step, norm, bad) in enumerate(
+                zip(steps.tolist(), norms.tolist(), nonfinite.tolist(), strict=True)
+            )
+            if self.due(step, norm, bad, variables)
+        ]
