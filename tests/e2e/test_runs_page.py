@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -627,6 +628,39 @@ def test_a_run_archived_elsewhere_leaves_an_open_list_that_hides_archived_runs(
     assert not hiding.errors and not showing.errors
 
 
+def test_an_old_run_pushed_whole_takes_its_place_in_the_list_not_the_top(
+    server: ServerProcess, browser: Any
+) -> None:
+    """A rename (or a run marked lost) pushes the whole summary of a run that may be old: on
+    the first page of the newest-first list it goes where its start puts it, and a run of a
+    later page stays off this one."""
+    seed_runs(server.db, 52, steps=2)
+    page = open_page(server, browser, "/#/")
+    rows = page.locator("tr.run-row")
+    expect(rows).to_have_count(50)
+    expect(page.locator("#run-count")).to_have_text("52 runs")
+
+    def rename(run: str, name: str) -> int:
+        return server.send("PATCH", f"/api/v1/runs/{run}", {"name": name})[0]
+
+    assert rename("seed000000", "oldest, renamed") == 200  # on the second page
+    assert rename("seed000051", "newest, renamed") == 200  # pushed after it
+    expect(rows.first).to_contain_text("newest, renamed")
+    expect(rows).to_have_count(50)
+    expect(page.locator("#run-count")).to_have_text("52 runs")
+    assert "oldest, renamed" not in page.locator("#runs-body").inner_text()
+
+    # Runs that come to pass the filter by a rename: each in its place by its start.
+    page.goto(server.url + "/#/?q=mark")
+    expect(page.locator("#runs-body td.empty")).to_contain_text("No runs match")
+    for i in (10, 30, 20):
+        assert rename(f"seed0000{i}", f"mark {i}") == 200
+    expect(rows).to_have_count(3)
+    expect(rows).to_have_text([re.compile("mark 30"), re.compile("mark 20"), re.compile("mark 10")])
+    expect(page.locator("#run-count")).to_have_text("3 runs")
+    assert not page.errors
+
+
 #: A page script that holds the live websocket back until ``__releaseLive()``: as a page whose
 #: live stream opens only after its run was fetched (a slow proxy, a loaded server).
 HOLD_LIVE = """
@@ -756,6 +790,36 @@ def test_compared_runs_deleted_as_the_view_loads_or_later_are_marked_and_keep_th
     assert legend.nth(1).locator("[data-status]").count() == 0
     expect(loss).to_have_attribute("data-series", "1")
     expect(page.locator('#summary-compare tr[data-summary="loss"] td').nth(1)).not_to_have_text("—")
+    page.evaluate("0")
+    assert not errors
+
+
+def test_a_compare_link_naming_runs_that_are_gone_shows_the_others(
+    server: ServerProcess, browser: Any
+) -> None:
+    """A shared link outlives a run it names (or names one that never was): the view opens
+    with the runs that are there, each in its place and colour, and says which are not."""
+    seed_runs(server.db, 3, steps=5)
+    assert server.send("DELETE", "/api/v1/runs/seed000001")[0] == 200
+    page, errors = erring_page(browser)
+    page.goto(server.url + "/#/compare?runs=seed000000,seed000001,nosuchrun,seed000002")
+    loss = page.locator('[data-chart="loss"]')
+    expect(loss).to_have_attribute("data-series", "2")
+    legend = page.locator(".compared-runs li")
+    expect(legend).to_have_count(4)
+    expect(legend.locator("[data-missing]")).to_have_count(2)
+    expect(legend.nth(1)).to_contain_text("seed000001")
+    expect(legend.nth(1).locator("[data-missing]")).to_have_text("not found")
+    expect(legend.nth(2).locator("[data-missing]")).to_have_text("not found")
+    expect(legend.nth(3).locator("[data-status]")).to_have_text("finished")
+    # The runs still there keep the colours of their places in the link.
+    colours = legend.locator(".swatch").evaluate_all("els => els.map(e => e.style.background)")
+    assert colours[3] == "rgb(204, 121, 167)" and colours[0] == "rgb(0, 114, 178)"
+    heads = page.locator("#summary-compare thead th")
+    expect(heads).to_have_text(
+        ["series", "run-00000", "seed000001 not found", "nosuchrun not found", "run-00002"]
+    )
+    assert page.locator("#app > p.error").count() == 0
     page.evaluate("0")
     assert not errors
 

@@ -40,7 +40,7 @@ export async function renderCompare(root, live, params) {
     onReconnect: () => view?.onReconnect().catch((error) => console.warn("trainvitals: could not reload the compared runs:", error)),
   });
   try {
-    const [runs] = await Promise.all([Promise.all(ids.map((id) => getRun(id))), plotlyReady()]);
+    const [runs] = await Promise.all([Promise.all(ids.map(readCompared)), plotlyReady()]);
     view = new CompareView(root, runs, params);
     await view.reload();
   } catch (error) {
@@ -51,6 +51,21 @@ export async function renderCompare(root, live, params) {
   following.start();
   return () => { following.stop(); view.destroy(); };
 }
+
+// A run the link names, or, where there is no such run (deleted since the link was made, or
+// never there), a stand-in that keeps its place (so the others keep their colours) and says so.
+async function readCompared(id) {
+  try {
+    return await getRun(id);
+  } catch (error) {
+    if (error.status !== 404) throw error;
+    return { id, name: id, project: "", config: {}, metrics: {}, deleted: true, missing: true };
+  }
+}
+
+// A compared run that is gone: deleted while the view is open, or not found when it opened.
+const goneBadge = (run) => (run.missing ? NOT_FOUND_BADGE : DELETED_BADGE);
+const NOT_FOUND_BADGE = '<span class="badge deleted-badge" data-deleted data-missing>not found</span>';
 
 // The compared runs' charts: one Chart per chart id (as a run's page has), whose series are
 // the traces "<run id>\n<series>", each drawn in its run's colour and its series' dash.
@@ -97,7 +112,7 @@ class CompareView {
     this.root.querySelector(".compared-runs").innerHTML = this.runs.map((run, i) => `<li data-compared-run="${escapeHTML(run.id)}">
       <span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>
       <a href="${escapeHTML(runPath(run.id))}">${escapeHTML(run.name)}</a>
-      ${run.deleted ? DELETED_BADGE : statusBadge(run.status) + healthBadge(run.health)} <span class="muted">${escapeHTML(run.project)}</span></li>`).join("");
+      ${run.deleted ? goneBadge(run) : statusBadge(run.status) + healthBadge(run.health)} <span class="muted">${escapeHTML(run.project)}</span></li>`).join("");
   }
 
   // Series as rows (every compared run's), runs as columns: each series' last value, with its
@@ -295,7 +310,7 @@ class CompareView {
 // The runs' columns' headings, each a cell's HTML: each run's swatch and name, and a mark on a
 // run deleted.
 const runHeadings = (first, runs) => [`<th>${escapeHTML(first)}</th>`, ...runs.map((run, i) =>
-  `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}${run.deleted ? ` ${DELETED_BADGE}` : ""}</th>`)];
+  `<th><span class="swatch" style="background:${RUN_COLOURS[i % RUN_COLOURS.length]}"></span>${escapeHTML(run.name)}${run.deleted ? ` ${goneBadge(run)}` : ""}</th>`)];
 
 // A run's series summary as a cell: its last value; its least, greatest and the last's step in
 // the title.
