@@ -799,10 +799,10 @@ def test_a_compare_link_naming_runs_that_are_gone_shows_the_others(
 ) -> None:
     """A shared link outlives a run it names (or names one that never was): the view opens
     with the runs that are there, each in its place and colour, and says which are not."""
-    seed_runs(server.db, 3, steps=5)
+    seed_runs(server.db, 22, steps=5)  # runs 0 and 21 have the same config
     assert server.send("DELETE", "/api/v1/runs/seed000001")[0] == 200
     page, errors = erring_page(browser)
-    page.goto(server.url + "/#/compare?runs=seed000000,seed000001,nosuchrun,seed000002")
+    page.goto(server.url + "/#/compare?runs=seed000000,seed000001,nosuchrun,seed000021")
     loss = page.locator('[data-chart="loss"]')
     expect(loss).to_have_attribute("data-series", "2")
     legend = page.locator(".compared-runs li")
@@ -811,14 +811,16 @@ def test_a_compare_link_naming_runs_that_are_gone_shows_the_others(
     expect(legend.nth(1)).to_contain_text("seed000001")
     expect(legend.nth(1).locator("[data-missing]")).to_have_text("not found")
     expect(legend.nth(2).locator("[data-missing]")).to_have_text("not found")
-    expect(legend.nth(3).locator("[data-status]")).to_have_text("finished")
+    expect(legend.nth(3).locator("[data-status]")).to_have_text("crashed")
     # The runs still there keep the colours of their places in the link.
     colours = legend.locator(".swatch").evaluate_all("els => els.map(e => e.style.background)")
     assert colours[3] == "rgb(204, 121, 167)" and colours[0] == "rgb(0, 114, 178)"
     heads = page.locator("#summary-compare thead th")
     expect(heads).to_have_text(
-        ["series", "run-00000", "seed000001 not found", "nosuchrun not found", "run-00002"]
+        ["series", "run-00000", "seed000001 not found", "nosuchrun not found", "run-00021"]
     )
+    # A run not found has no config: the two runs there agree, and no key differs.
+    expect(page.locator("#config-differ")).to_have_text("(0 of 2 keys differ, marked)")
     assert page.locator("#app > p.error").count() == 0
     page.evaluate("0")
     assert not errors

@@ -325,7 +325,9 @@ function summaryCell(summary) {
 function drawConfig(table, count, runs, onlyDiffering) {
   const keys = [...new Set(runs.flatMap((run) => Object.keys(run.config ?? {})))].sort();
   const valuesOf = new Map(keys.map((key) => [key, runs.map((run) => shown(run.config?.[key]))]));
-  const differing = new Set(keys.filter((key) => new Set(valuesOf.get(key)).size > 1));
+  // A run not found has no config to differ by: its "—" marks no key.
+  const differs = (values) => new Set(values.filter((value, r) => !runs[r].missing)).size > 1;
+  const differing = new Set(keys.filter((key) => differs(valuesOf.get(key))));
   count.textContent = `(${differing.size} of ${keys.length} ${keys.length === 1 ? "key differs" : "keys differ"}, marked)`;
   const head = `<tr>${runHeadings("key", runs).join("")}</tr>`;
   const rows = (onlyDiffering ? [...differing] : keys).map((key) => {
