@@ -354,10 +354,12 @@ class Api:
         """One run, with its config and series names (``ApiError`` 404 when there is none)."""
         return ApiRun._from(self, self._get_json(f"/api/v1/runs/{_path(run_id)}"))
 
-    def tokens(self) -> list[Token]:
+    def tokens(self, revoked: Literal["include", "hide", "only"] = "include") -> list[Token]:
         """The tokens this client's ``admin`` token governs (all of them for an admin of every
-        project, else its project's), revoked ones too, in the order they were made."""
-        tokens: list[Token] = self._get_json("/api/v1/tokens")["tokens"]
+        project, else its project's), in the order they were made: revoked ones too, unless
+        ``revoked`` is ``hide`` (or ``only``: those alone)."""
+        query = "" if revoked == "include" else f"?revoked={revoked}"
+        tokens: list[Token] = self._get_json("/api/v1/tokens" + query)["tokens"]
         return tokens
 
     def create_token(

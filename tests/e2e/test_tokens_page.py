@@ -122,3 +122,68 @@ def test_an_admin_makes_a_token_sees_it_once_and_revokes_it(browser: Any, tmp_pa
         assert not page.errors, page.errors
     finally:
         server.stop()
+
+
+def test_revoked_tokens_are_listed_a_page_at_a_time_after_the_live_ones(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Years of a team's tokens: the live ones, then the newest revoked ones, 50 at a time;
+    the count line says how many were tried after their revocation. The API pages alike."""
+    from sqlalchemy import update
+
+    from trainvitals.server.storage.tokens import token_id_of, tokens
+    from trainvitals.server.store import Store
+
+    db = str(tmp_path / "team.db")
+    store = Store(db)
+    try:
+        store.create_schema()
+        lead = store.tokens.create("lead", "p", "admin", now=1000.0)
+        store.tokens.create("live-1", "p", "ingest", now=1001.0)
+        store.tokens.create("live-2", "p", "read", now=1002.0)
+        store.tokens.create("elsewhere", "q", "read", now=1003.0)  # not the lead's to see
+        for i in range(60):
+            old = token_id_of(store.tokens.create(f"old-{i:02d}", "p", "ingest", now=2000.0 + i))
+            assert store.tokens.revoke(old, now=3000.0 + i)
+        with store.engine.begin() as conn:  # old-07 presented after its revocation
+            conn.execute(update(tokens).where(tokens.c.name == "old-07").values(last_used_at=4e3))
+    finally:
+        store.dispose()
+    server = ServerProcess(db, args=["--auth", "required"])
+    try:
+        page = sign_in(browser, server, lead)
+
+        def listed(query: str = "") -> Any:
+            answer = page.request.get(server.url + "/api/v1/tokens" + query)
+            assert answer.status == 200, answer.text()
+            return answer.json()
+
+        whole = listed()  # as before: every token, in the order made
+        assert [t["name"] for t in whole["tokens"][:3]] == ["lead", "live-1", "live-2"]
+        assert len(whole["tokens"]) == whole["total"] == 63
+        assert (whole["live"], whole["revoked"], whole["tried_after_revoke"]) == (3, 60, 1)
+        some = listed("?revoked=only&order=newest&limit=5&offset=5")
+        assert [t["name"] for t in some["tokens"]] == [f"old-{i:02d}" for i in range(54, 49, -1)]
+        assert some["total"] == 60
+        live = listed("?revoked=hide")["tokens"]
+        assert [t["name"] for t in live] == ["lead", "live-1", "live-2"]
+        for bad in ("?limit=0", "?limit=1001", "?offset=-1", "?revoked=all", "?order=oldest"):
+            assert page.request.get(server.url + "/api/v1/tokens" + bad).status == 422, bad
+
+        page.goto(server.url + "/#/tokens")
+        rows = page.locator("tr.token-row")
+        expect(rows).to_have_count(53)
+        expect(page.locator("#token-count")).to_have_text(
+            "3 live, 60 revoked, 1 tried after revocation"
+        )
+        names = rows.locator("td:first-child").all_inner_texts()
+        assert [n.split()[0] for n in names[:4]] == ["live-2", "live-1", "lead", "old-59"]
+        more = page.locator("#more-revoked")
+        expect(more).to_have_text("Show 10 more revoked (10 not shown)")
+        more.click()
+        expect(rows).to_have_count(63)
+        expect(more).to_be_hidden()
+        expect(rows.filter(has_text="old-07").locator("td[data-after-revoke]")).to_have_count(1)
+        assert not page.errors, page.errors
+    finally:
+        server.stop()

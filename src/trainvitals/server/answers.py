@@ -124,6 +124,13 @@ class TokenAnswer(TypedDict):
 
 class TokensAnswer(TypedDict):
     tokens: list[TokenAnswer]
+    #: The tokens the list's ``revoked`` filter matches, all pages.
+    total: int
+    #: Every token the admin governs, whatever the filter: live, revoked, and revoked and
+    #: presented whole after it (refused).
+    live: int
+    revoked: int
+    tried_after_revoke: int
 
 
 class NewTokenAnswer(TokenAnswer):

@@ -110,7 +110,8 @@ export const silenceAlert = (id, durationS) =>
 
 // An admin's tokens (never their secrets): { tokens: [{ id, name, project, role, created_at,
 // revoked_at, current }] }; a new one's answer holds `token`, the only time it is shown.
-export const listTokens = () => getJSON("/api/v1/tokens");
+// The tokens: { revoked: "hide" | "only", order: "newest", limit, offset }, any of them.
+export const listTokens = (query = {}) => getJSON(`/api/v1/tokens${query && Object.keys(query).length ? `?${new URLSearchParams(query)}` : ""}`);
 export const createToken = ({ name, project, role }) => postJSON("/api/v1/tokens", { name, project, role });
 export const revokeToken = (id) => sendJSON("DELETE", `/api/v1/tokens/${encodeURIComponent(id)}`);
 

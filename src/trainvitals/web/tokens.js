@@ -10,6 +10,7 @@ const ROLES = [
   ["admin", "admin: also acknowledge, edit, and manage tokens"],
 ];
 const METRICS = ["metrics", "metrics: Prometheus scrapes /metrics"];
+const REVOKED_PAGE = 50; // revoked tokens listed at first, and added by each "more"
 
 export async function renderTokens(root, identity) {
   setTitle("Tokens");
@@ -36,9 +37,11 @@ export async function renderTokens(root, identity) {
     <div class="table-scroll"><table class="runs-table tokens-table">
       <thead><tr><th>Name</th><th>Role</th><th>Project</th><th class="wide-only">Made</th><th>Last used</th><th>State</th><th><span class="visually-hidden">Revoke</span></th></tr></thead>
       <tbody id="tokens-body"><tr><td colspan="7" class="muted">Loading…</td></tr></tbody>
-    </table></div>`;
+    </table></div>
+    <p><button type="button" id="more-revoked" hidden></button></p>`;
   const form = root.querySelector("#token-form");
   const body = root.querySelector("#tokens-body");
+  const moreButton = root.querySelector("#more-revoked");
   const shown = root.querySelector("#new-token");
   form.elements.project.value = everyProject ? "" : identity.project;
 
@@ -68,14 +71,23 @@ export async function renderTokens(root, identity) {
     return `<td data-last-used="${escapeHTML(at ?? "")}"${after ? ' class="used-after-revoke" data-after-revoke' : ""} title="${escapeHTML(title)}">${escapeHTML(text)}${after ? " (after revoked)" : ""}</td>`;
   };
 
+  // Live tokens first (a project holds at most 100), newest first; then the revoked ones,
+  // newest first, a page at a time: a team's server makes and revokes tokens for years.
+  let revokedShown = REVOKED_PAGE;
   const load = async () => {
-    const { tokens } = await listTokens();
-    const live = tokens.filter((token) => !token.revoked_at).length;
-    root.querySelector("#token-count").textContent = `${live} live, ${tokens.length - live} revoked`;
-    // Live ones first, each group newest first.
-    const ordered = [...tokens].sort((a, b) => Boolean(a.revoked_at) - Boolean(b.revoked_at) || b.created_at - a.created_at);
+    const [live, revoked] = await Promise.all([
+      listTokens({ revoked: "hide", order: "newest" }),
+      listTokens({ revoked: "only", order: "newest", limit: revokedShown }),
+    ]);
+    const tried = revoked.tried_after_revoke;
+    root.querySelector("#token-count").textContent = `${live.live} live, ${live.revoked} revoked`
+      + (tried ? `, ${tried} tried after revocation` : "");
+    const ordered = [...live.tokens, ...revoked.tokens];
     body.innerHTML = ordered.length ? ordered.map(row).join("")
       : `<tr><td colspan="7" class="empty">No tokens yet.</td></tr>`;
+    const more = revoked.total - revoked.tokens.length;
+    moreButton.hidden = more <= 0;
+    moreButton.textContent = `Show ${Math.min(more, REVOKED_PAGE)} more revoked (${more} not shown)`;
   };
 
   form.addEventListener("submit", async (event) => {
@@ -114,6 +126,15 @@ export async function renderTokens(root, identity) {
     try {
       const revoked = await revokeToken(button.dataset.revoke);
       if (revoked.current) { location.reload(); return; } // this page's own: signed out
+      await load();
+    } catch (failure) {
+      form.querySelector(".error").textContent = failure.message;
+    }
+  });
+
+  moreButton.addEventListener("click", async () => {
+    revokedShown += REVOKED_PAGE;
+    try {
       await load();
     } catch (failure) {
       form.querySelector(".error").textContent = failure.message;

@@ -172,3 +172,25 @@ def test_a_database_busy_with_a_write_never_holds_a_request_for_a_tokens_use(
         assert info is not None and info.last_used_at == 1000.0
     finally:
         store.dispose()
+
+
+def test_tokens_are_listed_live_or_revoked_a_page_at_a_time_and_counted(store: Store) -> None:
+    projects = ["p" if i % 3 else "q" for i in range(9)]
+    made = [store.tokens.create(f"t{i}", p, "read", now=100.0 + i) for i, p in enumerate(projects)]
+    for i in (1, 2, 4, 8):  # p's t1, t2, t4, t8 revoked; t4 presented after it
+        assert store.tokens.revoke(token_id_of(made[i]), now=200.0 + i)
+    with store.engine.begin() as conn:
+        conn.execute(update(tokens).where(tokens.c.name == "t4").values(last_used_at=300.0))
+        conn.execute(update(tokens).where(tokens.c.name == "t5").values(last_used_at=300.0))
+
+    def names(**how: Any) -> list[str]:
+        return [info.name for info in store.tokens.list("p", **how)]
+
+    assert names() == ["t1", "t2", "t4", "t5", "t7", "t8"]
+    assert names(revoked="hide") == ["t5", "t7"]
+    assert names(revoked="only", newest_first=True) == ["t8", "t4", "t2", "t1"]
+    assert names(revoked="only", newest_first=True, limit=2, offset=1) == ["t4", "t2"]
+    assert names(limit=2, offset=5) == ["t8"]
+    assert store.tokens.count("p") == (2, 4, 1)  # t5's use is not after a revocation
+    assert store.tokens.count(None) == (5, 4, 1)
+    assert store.tokens.count("nobody") == (0, 0, 0)

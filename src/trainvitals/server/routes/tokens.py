@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainvitals.server.answers import (
@@ -32,6 +32,7 @@ from trainvitals.server.schemas import Name
 from trainvitals.server.storage.tokens import (
     ALL_PROJECTS,
     Principal,
+    Revoked,
     Role,
     TokenInfo,
     token_id_of,
@@ -104,9 +105,30 @@ Manager = Annotated[Principal, Depends(_manager)]
 
 
 @router.get("/tokens")
-def list_tokens(who: Manager, store: StoreDep) -> TokensAnswer:
-    """The tokens this admin governs, revoked ones too, in the order they were made."""
-    return {"tokens": [_answer(info, who) for info in store.tokens.list(who.projects)]}
+def list_tokens(
+    who: Manager,
+    store: StoreDep,
+    revoked: Revoked = "include",
+    order: Literal["made", "newest"] = "made",
+    limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> TokensAnswer:
+    """The tokens this admin governs in the order they were made (``order=newest``: the
+    newest first), revoked ones too unless ``revoked`` says ``hide`` (or ``only``), all of
+    them or ``limit`` from ``offset``; with how many match, and how many are live, revoked,
+    and tried after their revocation."""
+    listed = store.tokens.list(
+        who.projects, revoked=revoked, limit=limit, offset=offset, newest_first=order == "newest"
+    )
+    count = store.tokens.count(who.projects)
+    total = {"include": count.live + count.revoked, "hide": count.live, "only": count.revoked}
+    return {
+        "tokens": [_answer(info, who) for info in listed],
+        "total": total[revoked],
+        "live": count.live,
+        "revoked": count.revoked,
+        "tried_after_revoke": count.tried_after_revoke,
+    }
 
 
 @router.post("/tokens", status_code=201, responses=TOKEN_CONFLICT)

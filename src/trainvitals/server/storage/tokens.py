@@ -19,6 +19,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import (
     Column,
@@ -26,9 +27,11 @@ from sqlalchemy import (
     Float,
     Index,
     RowMapping,
+    Select,
     String,
     Table,
     and_,
+    case,
     delete,
     func,
     or_,
@@ -70,6 +73,27 @@ sessions = Table(
     Column("expires_at", Float, nullable=False),
     Index("ix_sessions_token", "token_id"),
 )
+
+
+#: Which tokens a list holds: the revoked ones too, the live ones only, or the revoked only.
+Revoked = Literal["include", "hide", "only"]
+
+
+class TokenCount(NamedTuple):
+    live: int
+    revoked: int
+    #: Revoked, and presented whole after it (refused): a leak, or an agent forgotten.
+    tried_after_revoke: int
+
+
+def _which(query: Select[Any], project: str | None, revoked: Revoked) -> Select[Any]:
+    if project is not None:
+        query = query.where(tokens.c.project == project)
+    if revoked == "hide":
+        query = query.where(tokens.c.revoked_at.is_(None))
+    elif revoked == "only":
+        query = query.where(tokens.c.revoked_at.is_not(None))
+    return query
 
 
 class Role(enum.StrEnum):
@@ -246,14 +270,37 @@ class TokenStore:
             )
         return token
 
-    def list(self, project: str | None = None) -> list[TokenInfo]:
-        """Every token in the order they were made; of ``project`` only when given."""
-        query = select(tokens).order_by(tokens.c.created_at)
-        if project is not None:
-            query = query.where(tokens.c.project == project)
+    def list(
+        self,
+        project: str | None = None,
+        *,
+        revoked: Revoked = "include",
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = False,
+    ) -> list[TokenInfo]:
+        """The tokens in the order they were made (``newest_first``: the other way); of
+        ``project`` only when given; ``revoked``: with the revoked ones (``include``), without
+        them (``hide``), or those only (``only``); at most ``limit`` from ``offset``."""
+        order = tokens.c.created_at.desc() if newest_first else tokens.c.created_at
+        query = _which(select(tokens), project, revoked).order_by(order, tokens.c.id)
+        query = query.limit(limit).offset(offset or None)
         with self._engine.connect() as conn:
             rows = conn.execute(query).mappings().all()
         return [_info(r) for r in rows]
+
+    def count(self, project: str | None = None) -> TokenCount:
+        """How many tokens (of ``project`` when given) are live, revoked, and revoked and
+        tried after it (a use noted after the revocation)."""
+        revoked_at, used = tokens.c.revoked_at, tokens.c.last_used_at
+        query = select(
+            func.count(),
+            func.count(revoked_at),
+            func.coalesce(func.sum(case((and_(revoked_at.is_not(None), used > revoked_at), 1))), 0),
+        )
+        with self._engine.connect() as conn:
+            total, revoked, tried = conn.execute(_which(query, project, "include")).one()
+        return TokenCount(int(total) - int(revoked), int(revoked), int(tried))
 
     def get(self, token_id: str) -> TokenInfo | None:
         with self._engine.connect() as conn:
