@@ -649,6 +649,16 @@ def test_an_old_run_pushed_whole_takes_its_place_in_the_list_not_the_top(
     expect(rows).to_have_count(50)
     expect(page.locator("#run-count")).to_have_text("52 runs")
     assert "oldest, renamed" not in page.locator("#runs-body").inner_text()
+    # The newest deleted: 49 listed of 51. The run of the next page renamed again is counted
+    # there already: the page read again lists 50 (down to seed000001), and 51 runs still.
+    assert server.send("DELETE", "/api/v1/runs/seed000051")[0] == 200
+    expect(rows).to_have_count(49)
+    expect(page.locator("#run-count")).to_have_text("51 runs")
+    assert rename("seed000000", "oldest, renamed again") == 200
+    expect(rows).to_have_count(50)
+    expect(rows.last).to_contain_text("run-00001")
+    expect(page.locator("#run-count")).to_have_text("51 runs")
+    assert "oldest, renamed" not in page.locator("#runs-body").inner_text()
 
     # Runs that come to pass the filter by a rename: each in its place by its start.
     page.goto(server.url + "/#/?q=mark")
@@ -795,7 +805,7 @@ def test_compared_runs_deleted_as_the_view_loads_or_later_are_marked_and_keep_th
 
 
 def test_a_compare_link_naming_runs_that_are_gone_shows_the_others(
-    server: ServerProcess, browser: Any
+    server: ServerProcess, browser: Any, tmp_path: Path
 ) -> None:
     """A shared link outlives a run it names (or names one that never was): the view opens
     with the runs that are there, each in its place and colour, and says which are not."""
@@ -821,6 +831,9 @@ def test_a_compare_link_naming_runs_that_are_gone_shows_the_others(
     )
     # A run not found has no config: the two runs there agree, and no key differs.
     expect(page.locator("#config-differ")).to_have_text("(0 of 2 keys differ, marked)")
+    # Nor points: a chart's file holds those of the runs there.
+    _, lines = download(page, "loss", "csv", tmp_path)
+    assert {line.split(",")[0] for line in lines[1:]} == {"seed000000", "seed000021"}
     assert page.locator("#app > p.error").count() == 0
     page.evaluate("0")
     assert not errors

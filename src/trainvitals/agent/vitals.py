@@ -90,6 +90,7 @@ class StepVitals:
         count = len(steps)
         if count == 0:
             return []
+        norms = np.asarray(norms, np.float64)  # compared as due compares Python floats
         with self._lock:
             last_norm = self._last_norm
             due = (steps % self._every == 0) | ~np.isfinite(norms) | (nonfinite > 0)
@@ -100,7 +101,7 @@ class StepVitals:
             shifted = np.concatenate([[-1], latest[:-1]])
             before = np.where(shifted >= 0, norms[np.maximum(shifted, 0)], last_norm)
             with np.errstate(invalid="ignore"):
-                jumps = norms > JUMP * before
+                jumps = ~due & (norms > JUMP * before)  # a row due anyway jumps to no effect
             if not jumps.any():
                 self._variables = variables
                 rows = np.flatnonzero(due)

@@ -243,7 +243,9 @@ class CompareView {
         ? { min: Math.min(...ranges.map((s) => s.min)), max: Math.max(...ranges.map((s) => s.max)) }
         : { min: 1, max: 0 }; // nothing in view: a file of the header alone
     }
-    const ids = this.runs.map((run) => run.id);
+    // A run gone from the server has no points to export: the file holds the others'.
+    const ids = this.runs.filter((run) => !run.deleted).map((run) => run.id);
+    if (!ids.length) return;
     download(exportRunsPath(ids, names, format, range, `compare-${chart.id}`));
   }
 
@@ -280,7 +282,7 @@ class CompareView {
   // A compared run's new points, or its summary (status, health) changed.
   onLive(message) {
     const r = this.runs.findIndex((run) => run.id === message.run_id);
-    if (message.type === "points" && r >= 0) {
+    if (message.type === "points" && r >= 0 && !this.runs[r].missing) {
       for (const [name, data] of Object.entries(message.series)) this.add(r, name, data, true);
     } else if (message.type === "deleted" && r >= 0) {
       this.markDeleted(r);

@@ -279,10 +279,10 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
 
   // Whether the archived filter still shows a run of the list (archived or back elsewhere).
   const archivedShown = (run) => shown.archived === "include" || (shown.archived === "only") === Boolean(run.archived);
-  // A run the server pushes: updated in place when on this page; a run not listed that now
-  // passes the filters (a new run; an old one renamed, or marked lost) takes its place by its
-  // start on the first page of the newest-first list, unless it started before every run of a
-  // full page (a later page's run).
+  // A run the server pushes: updated in place when on this page; a new run that passes the
+  // filters appears at the top of the first page of the newest-first list. An older run not
+  // listed that now passes them (renamed, marked lost) has a place, and a count, that only
+  // the server knows (it may be counted on a later page already): the page is read again.
   const matches = (run) =>
     run.name != null
     && (!shown.q || run.name.toLowerCase().includes(shown.q.toLowerCase()))
@@ -301,6 +301,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     metricsDue = setTimeout(() => { metricsDue = null; load().catch(showError); }, METRIC_REFRESH);
   };
   const apply = (summaries) => {
+    let stale = false;
     for (const summary of summaries) {
       if (runs.has(summary.id)) {
         if (summary.last_step !== runs.get(summary.id).last_step) refreshMetrics();
@@ -308,17 +309,19 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
         if (archivedShown(run)) runs.set(summary.id, run);
         else { runs.delete(summary.id); selected.delete(summary.id); total -= 1; }
       } else if (shown.page === "0" && isNewestFirst() && matches(summary)) {
-        const listed = [...runs.values()];
-        if (listed.length >= PAGE_SIZE && summary.started_at < listed[listed.length - 1].started_at) continue;
+        const newest = runs.values().next().value;
+        if (newest && summary.started_at <= newest.started_at) {
+          stale = true;
+          continue;
+        }
         refreshMetrics(); // a pushed run has no metrics: they come with the page
-        const at = listed.findIndex((run) => run.started_at < summary.started_at);
-        listed.splice(at < 0 ? listed.length : at, 0, summary);
-        runs = new Map(listed.map((run) => [run.id, run]));
+        runs = new Map([[summary.id, summary], ...runs]);
         total += 1;
         if (runs.size > PAGE_SIZE) runs.delete([...runs.keys()].pop());
       }
     }
     redraw();
+    if (stale) load().catch(showError);
   };
 
   const showError = (error) => { failure.textContent = `Could not list the runs: ${error.message}`; failure.hidden = false; };

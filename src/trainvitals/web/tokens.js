@@ -73,21 +73,32 @@ export async function renderTokens(root, identity) {
 
   // Live tokens first (a project holds at most 100), newest first; then the revoked ones,
   // newest first, a page at a time: a team's server makes and revokes tokens for years.
-  let revokedShown = REVOKED_PAGE;
+  let listed = { live: [], revoked: [], total: 0 }; // the tokens drawn, and revoked ones in all
+  const draw = () => {
+    const ordered = [...listed.live, ...listed.revoked];
+    body.innerHTML = ordered.length ? ordered.map(row).join("")
+      : `<tr><td colspan="7" class="empty">No tokens yet.</td></tr>`;
+    const more = listed.total - listed.revoked.length;
+    moreButton.hidden = more <= 0;
+    moreButton.textContent = `Show ${Math.min(more, REVOKED_PAGE)} more revoked (${more} not shown)`;
+  };
   const load = async () => {
     const [live, revoked] = await Promise.all([
       listTokens({ revoked: "hide", order: "newest" }),
-      listTokens({ revoked: "only", order: "newest", limit: revokedShown }),
+      listTokens({ revoked: "only", order: "newest", limit: REVOKED_PAGE }),
     ]);
     const tried = revoked.tried_after_revoke;
-    root.querySelector("#token-count").textContent = `${live.live} live, ${live.revoked} revoked`
+    root.querySelector("#token-count").textContent = `${revoked.live} live, ${revoked.revoked} revoked`
       + (tried ? `, ${tried} tried after revocation` : "");
-    const ordered = [...live.tokens, ...revoked.tokens];
-    body.innerHTML = ordered.length ? ordered.map(row).join("")
-      : `<tr><td colspan="7" class="empty">No tokens yet.</td></tr>`;
-    const more = revoked.total - revoked.tokens.length;
-    moreButton.hidden = more <= 0;
-    moreButton.textContent = `Show ${Math.min(more, REVOKED_PAGE)} more revoked (${more} not shown)`;
+    listed = { live: live.tokens, revoked: revoked.tokens, total: revoked.total };
+    draw();
+  };
+  // The next page of revoked tokens, after those drawn (a revoke meanwhile may repeat one).
+  const more = async () => {
+    const next = await listTokens({ revoked: "only", order: "newest", limit: REVOKED_PAGE, offset: listed.revoked.length });
+    const drawn = new Set(listed.revoked.map((token) => token.id));
+    listed = { ...listed, revoked: [...listed.revoked, ...next.tokens.filter((token) => !drawn.has(token.id))], total: next.total };
+    draw();
   };
 
   form.addEventListener("submit", async (event) => {
@@ -133,11 +144,13 @@ export async function renderTokens(root, identity) {
   });
 
   moreButton.addEventListener("click", async () => {
-    revokedShown += REVOKED_PAGE;
+    moreButton.disabled = true;
     try {
-      await load();
+      await more();
     } catch (failure) {
       form.querySelector(".error").textContent = failure.message;
+    } finally {
+      moreButton.disabled = false;
     }
   });
 
