@@ -55,6 +55,7 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/runs_list.py
 	$(PY) benchmarks/metric_sort.py
 	$(PY) benchmarks/idle_server.py
+	$(PY) benchmarks/hand_over.py
 
 # Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system
