@@ -176,6 +176,7 @@ def test_revoked_tokens_are_listed_a_page_at_a_time_after_the_live_ones(
         expect(page.locator("#token-count")).to_have_text(
             "3 live, 60 revoked, 1 tried after revocation"
         )
+        expect(page.locator("#token-count .used-after-revoke")).to_have_count(1)  # in red
         names = rows.locator("td:first-child").all_inner_texts()
         assert [n.split()[0] for n in names[:4]] == ["live-2", "live-1", "lead", "old-59"]
         more = page.locator("#more-revoked")

@@ -88,8 +88,14 @@ export async function renderTokens(root, identity) {
       listTokens({ revoked: "only", order: "newest", limit: REVOKED_PAGE }),
     ]);
     const tried = revoked.tried_after_revoke;
-    root.querySelector("#token-count").textContent = `${revoked.live} live, ${revoked.revoked} revoked`
-      + (tried ? `, ${tried} tried after revocation` : "");
+    const count = root.querySelector("#token-count");
+    count.textContent = `${revoked.live} live, ${revoked.revoked} revoked`;
+    if (tried) {
+      const mark = count.appendChild(document.createElement("span"));
+      mark.className = "used-after-revoke";
+      mark.title = "presented after their revocation, and refused: a leak, or an agent still holding one";
+      mark.textContent = `, ${tried} tried after revocation`;
+    }
     listed = { live: live.tokens, revoked: revoked.tokens, total: revoked.total };
     draw();
   };
