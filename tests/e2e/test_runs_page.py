@@ -628,6 +628,45 @@ def test_a_run_archived_elsewhere_leaves_an_open_list_that_hides_archived_runs(
     assert not hiding.errors and not showing.errors
 
 
+def test_a_compare_link_to_a_run_not_there_yet_draws_it_once_it_comes(
+    server: ServerProcess, browser: Any
+) -> None:
+    """A link made before its run's agent reached the server (as a run page waits for such a
+    run): "not found" until the run's first summary, then drawn in its place, live."""
+    seed_runs(server.db, 1, steps=5)
+    late = Run(resolve(server=server.url, project="live", run_name="late", config={"lr": 0.5}),
+               system_metrics=False, watchdog=False)  # fmt: skip
+    page, errors = erring_page(browser)
+    page.goto(server.url + f"/#/compare?runs=seed000000,{late.id}")
+    legend = page.locator(".compared-runs li")
+    expect(legend.nth(1).locator("[data-missing]")).to_have_text("not found")
+    loss = page.locator('[data-chart="loss"]')
+    expect(loss).to_have_attribute("data-series", "1")
+    late.start()
+    for step in range(1, 4):
+        late.log(step, {"loss": 2.0 / step})
+    expect(legend.nth(1)).to_contain_text("late")
+    expect(legend.nth(1).locator("[data-status]")).to_have_text("running")
+    expect(loss).to_have_attribute("data-series", "2")
+    expect(page.locator('#config-compare tr[data-config-key="lr"] td')).to_have_text(
+        ["0.001", "0.5"]
+    )
+    late.log(4, {"loss": 0.25})  # and followed live from there
+    wait_for(
+        lambda: (
+            loss.locator(".plot").evaluate(
+                f"(plot) => plot.data.find((t) => t.legendgroup === {late.id!r})?.x.length"
+            )
+            == 4
+        ),
+        what="the late run's four steps drawn",
+    )
+    assert late.finish()
+    expect(legend.nth(1).locator("[data-status]")).to_have_text("finished")
+    page.evaluate("0")
+    assert not errors
+
+
 def test_an_old_run_pushed_whole_takes_its_place_in_the_list_not_the_top(
     server: ServerProcess, browser: Any
 ) -> None:

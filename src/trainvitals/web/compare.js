@@ -100,6 +100,7 @@ class CompareView {
     const only = root.querySelector("[name=only-differing]");
     only.checked = params.get("config") === "differing";
     const draw = () => drawConfig(root.querySelector("#config-compare"), root.querySelector("#config-differ"), runs, only.checked);
+    this.drawConfig = draw;
     only.addEventListener("change", () => {
       replaceQuery((query) => (only.checked ? query.set("config", "differing") : query.delete("config")));
       draw();
@@ -279,9 +280,38 @@ class CompareView {
     }
   }
 
+  // A run the link named before it reached the server (its agent's hello came after the view
+  // opened): at its first summary it is read whole and drawn in its place; its live points
+  // that come meanwhile are held, and added after its history, as the view's own load does.
+  async found(r) {
+    const held = [];
+    const standIn = this.runs[r];
+    this.runs[r] = { ...standIn, held };
+    let read;
+    try {
+      read = await Promise.all([getRun(standIn.id), getSeries(standIn.id, [], POINTS)]);
+    } catch (error) {
+      this.runs[r] = standIn; // still not found (gone again, or the server away): as it was
+      if (error.status !== 404) throw error;
+      return;
+    }
+    if (this.destroyed) return;
+    const [run, answer] = read;
+    this.runs[r] = run;
+    for (const [name, data] of Object.entries(answer.series)) this.add(r, name, data);
+    for (const message of held) this.onLive(message);
+    this.drawLegend();
+    this.drawSummaries();
+    this.drawConfig();
+  }
+
   // A compared run's new points, or its summary (status, health) changed.
   onLive(message) {
     const r = this.runs.findIndex((run) => run.id === message.run_id);
+    if (r >= 0 && this.runs[r].held) {
+      this.runs[r].held.push(message);
+      return;
+    }
     if (message.type === "points" && r >= 0 && !this.runs[r].missing) {
       for (const [name, data] of Object.entries(message.series)) this.add(r, name, data, true);
     } else if (message.type === "deleted" && r >= 0) {
@@ -290,6 +320,10 @@ class CompareView {
       let changed = false;
       for (const summary of message.runs) {
         const at = this.runs.findIndex((run) => run.id === summary.id);
+        if (at >= 0 && this.runs[at].missing) {
+          if (!this.runs[at].held) this.found(at).catch((error) => console.warn("trainvitals: could not read a compared run:", error));
+          continue;
+        }
         if (at < 0 || this.runs[at].deleted) continue;
         if (summary.last_step != null && summary.last_step !== this.runs[at].last_step) this.stepped.add(summary.id);
         this.runs[at] = withSummary(this.runs[at], summary);
