@@ -78,9 +78,9 @@ export async function renderTokens(root, identity) {
     const ordered = [...listed.live, ...listed.revoked];
     body.innerHTML = ordered.length ? ordered.map(row).join("")
       : `<tr><td colspan="7" class="empty">No tokens yet.</td></tr>`;
-    const more = listed.total - listed.revoked.length;
-    moreButton.hidden = more <= 0;
-    moreButton.textContent = `Show ${Math.min(more, REVOKED_PAGE)} more revoked (${more} not shown)`;
+    const notShown = listed.total - listed.revoked.length;
+    moreButton.hidden = notShown <= 0;
+    moreButton.textContent = `Show ${Math.min(notShown, REVOKED_PAGE)} more revoked (${notShown} not shown)`;
   };
   const load = async () => {
     const [live, revoked] = await Promise.all([
