@@ -33,6 +33,7 @@ import statistics, sys, time
 import numpy as np
 from trainvitals.agent import packing
 from trainvitals.agent.vitals import StepVitals
+from trainvitals.series import GRAD_GLOBAL_NORM, LOSS, LOSS_SCALE, LR
 
 calls = int(sys.argv[1])
 names = tuple(f"sequential/dense{i}/{p}" for i in ("", "_1", "_2") for p in ("kernel", "bias"))
@@ -41,10 +42,11 @@ measured = packing.Measured(loss=True, inputs=True, grads=True, names=names, lr=
 rows = 500
 rng = np.random.default_rng(0)
 block = np.zeros((rows, len(packing.HEAD) + len(names) + 1))
-block[:, 0] = rng.random(rows)  # the loss; the three counts stay 0
-block[:, 4] = rng.random(rows) + 1.0  # the global norm
-block[:, 5] = 1e-3  # the learning rate
-block[:, 6] = np.nan  # no loss scale
+at = packing.HEAD.index
+block[:, at(LOSS)] = rng.random(rows)  # the NaN/Inf counts stay 0
+block[:, at(GRAD_GLOBAL_NORM)] = rng.random(rows) + 1.0
+block[:, at(LR)] = 1e-3
+block[:, at(LOSS_SCALE)] = np.nan  # no loss scale
 block[:, len(packing.HEAD):] = rng.random((rows, len(names) + 1))
 steps = list(range(1, rows + 1))
 times = [1795317434.0 + 0.002 * s for s in steps]

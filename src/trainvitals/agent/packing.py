@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from trainvitals.agent.vitals import StepVitals
 from trainvitals.detect.numeric import loss_scale_skip
-from trainvitals.protocol import Columns, ListColumns, whole_micros
+from trainvitals.protocol import Columns, ListColumns
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
@@ -215,8 +215,9 @@ def decode_one(
 
 
 def micros(times: npt.NDArray[np.float64]) -> list[float]:
-    """Unix ``times`` to the microsecond, each exactly as :func:`~trainvitals.protocol.
-    whole_micros` rounds it (the same three float operations), without a call a time."""
+    """Unix ``times`` to the microsecond, each exactly as
+    :func:`~trainvitals.protocol.whole_micros` rounds it (the same three float operations),
+    without a call a time."""
     return (np.floor(times * 1e6 + 0.5) / 1e6).tolist()  # type: ignore[no-any-return]
 
 
@@ -240,7 +241,7 @@ def pivot(
     """
     rows.sort(key=lambda row: row[0])
     steps = [row[0] for row in rows]
-    times = [whole_micros(row[1] + to_unix) for row in rows]
+    times = micros(np.asarray([row[1] for row in rows], np.float64) + to_unix)
     columns: dict[str, ListColumns] = {}
     if step_times:
         columns[STEP_TIME] = step_time_columns(step_times)
