@@ -3,12 +3,21 @@ restarted server, or a server retrying a webhook, don't arrive all at once.
 
 Used by the agent's sender and watchdog and by the server's notification delivery; plain
 Python, so the light agent can import it.
+
+The jitter comes from this module's own generator, never from :mod:`random`'s shared one: the
+agent's sender runs inside the training process, where the shared generator is the user's
+(``keras.utils.set_random_seed`` seeds it, and Keras draws every unseeded initializer's seed
+from it). A draw there at each reconnect would make a seeded run's next layer, or a data
+loader's next shuffle, depend on when the network failed.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+
+#: Seeded from the operating system's entropy when this module is imported.
+_jitter = random.Random()
 
 
 def backoff_delays(
@@ -24,5 +33,5 @@ def backoff_delays(
     """
     ceiling = initial
     while True:
-        yield random.uniform(0.0, ceiling)
+        yield _jitter.uniform(0.0, ceiling)
         ceiling = min(ceiling * factor, maximum)

@@ -383,6 +383,46 @@ def test_training_carries_on_with_one_warning_when_the_server_is_down(
     assert "training continues" in outage[0].getMessage()
 
 
+def test_a_seeded_fit_trains_the_same_with_the_callback_even_through_an_outage(
+    server: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``keras.utils.set_random_seed`` makes a fit repeatable, and the agent must not change
+    that: its in-step vitals read and never write, and it draws nothing from the shared
+    :mod:`random` generator, from which Keras seeds each initializer not given a seed. With
+    the server down, the sender reconnects all through the fit; a layer built afterwards
+    (a new head) still starts from the same weights."""
+    x, y = regression_data()
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def seeded_fit(*callbacks: Any) -> list[np.ndarray]:
+        keras.utils.set_random_seed(11)
+        model = keras.Sequential(
+            [
+                keras.Input((4,)),
+                keras.layers.Dense(8, activation="tanh"),
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+        model.fit(x, y, batch_size=BATCH, epochs=20, verbose=0, callbacks=list(callbacks))
+        head = keras.layers.Dense(3)
+        head.build((None, 8))
+        return [*model.get_weights(), *head.get_weights()]
+
+    bare = seeded_fit()
+    live = seeded_fit(trainvitals.VitalsCallback(server=server.url, run_name="seeded"))
+    with caplog.at_level(logging.WARNING, logger="trainvitals"):
+        offline = seeded_fit(
+            trainvitals.VitalsCallback(server=f"http://127.0.0.1:{port}", run_name="offline")
+        )
+    assert any("cannot reach" in r.getMessage() for r in caplog.records)
+    for weights in (live, offline):
+        assert all(np.array_equal(a, b) for a, b in zip(bare, weights, strict=True))
+
+
 CRASHING_SCRIPT = textwrap.dedent(
     """
     import sys

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 from functools import partial
 
 import pytest
+from websockets.sync.client import connect
 
 from harness.processes import wait_for
 from tests.agent.peer import running_peer
 from trainvitals.agent.buffer import PointBuffer
-from trainvitals.agent.transport import Sender
+from trainvitals.agent.transport import KeepaliveConnection, Sender
 from trainvitals.protocol import END, HELLO, POINTS, Columns, HelloFrame
 
 
@@ -73,6 +75,26 @@ def test_an_unacknowledged_frame_is_sent_again_after_a_reconnect() -> None:
     assert stored == [1, 2, 3, 4]  # nothing lost
     second = [f.get("seq") for f in peer.connections[1]]
     assert second[0] is None and second[1] == 2  # resent from the first unacknowledged one
+
+
+def test_reconnects_and_keepalive_pings_draw_nothing_from_the_shared_random_generator() -> None:
+    """In the training process, :mod:`random`'s shared generator is the user's: seeded by
+    ``keras.utils.set_random_seed``, and the source of each unseeded Keras initializer's seed.
+    The sender's reconnect jitter and its connection's keepalive pings (websockets draws their
+    payloads from it) would make a seeded run's next layer depend on the network's timing."""
+    random.seed(7)
+    state = random.getstate()
+    with running_peer() as peer:
+        peer.drop_at = 1  # dropped before its ack: the sender waits a jittered delay, reconnects
+        buffer = PointBuffer()
+        sender = Sender(peer.url, hello(), buffer, flush_interval=0.02)
+        sender.start()
+        buffer.add(1, 1.0, {"loss": 1.0})
+        wait_for(lambda: len(peer.connections) >= 2, what="the reconnect")
+        assert sender.close("completed", 2.0, None, timeout=10)
+        with connect(peer.url, create_connection=KeepaliveConnection) as ws:
+            assert all(ws.ping().wait(5) for _ in range(3))  # each answered: payloads unique
+    assert random.getstate() == state
 
 
 def test_a_server_that_does_not_welcome_is_reported_once_and_never_raises(

@@ -14,10 +14,12 @@ delay. Network trouble is logged once per outage, never raised.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -27,6 +29,7 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import DataLike
 
 from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames, without_clocks
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
@@ -45,6 +48,25 @@ from trainvitals.protocol import (
 )
 
 log = logging.getLogger("trainvitals")
+
+
+class KeepaliveConnection(ClientConnection):
+    """A client connection whose keepalive pings carry a count, not a random payload.
+
+    websockets draws each ping's payload from :mod:`random`'s shared generator, which in the
+    training process is the user's: seeded by ``keras.utils.set_random_seed``, and the source of
+    every unseeded Keras initializer's seed. A ping every 20 s from the sender thread would
+    make a seeded run's layers built after that (a fine-tuning head) differ from run to run.
+    Payloads only have to be unique among the pings awaiting a pong.
+    """
+
+    _count = itertools.count(1)
+
+    def ping(self, data: DataLike | None = None, *, ack_on_close: bool = False) -> threading.Event:
+        while data is None or data in self.pending_pings:
+            data = struct.pack("!I", next(self._count) % 2**32)
+        return super().ping(data, ack_on_close=ack_on_close)
+
 
 #: Every sender of this process, for :func:`_leave_connections_to_the_parent`.
 _senders: weakref.WeakSet[Sender] = weakref.WeakSet()
@@ -227,6 +249,7 @@ class Sender:
             close_timeout=2,
             max_size=MAX_FRAME_BYTES,
             compression=None,  # JSON floats compress poorly; spare the training process's CPU
+            create_connection=KeepaliveConnection,
         ) as ws:
             self._socket = ws.socket
             try:
