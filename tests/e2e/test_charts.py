@@ -119,6 +119,20 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     expect(loss.locator('[data-tool="log"]')).to_have_attribute("aria-pressed", "true")
     assert plot(page, "loss", "plot.layout.yaxis.type") == "log"
     assert plot(page, "grad_norm", "plot.layout.yaxis.type") == "log"  # its own default
+    # Less than a decade in view (1 to 7): round values, each in full, not a lone 2 and 5.
+    drawn(page, "grad_norm")
+    ticks = page.locator('[data-chart="grad_norm"] .ytick text').evaluate_all(
+        "(texts) => texts.map((text) => text.textContent)"
+    )
+    assert ticks == ["2", "4", "6"], ticks
+    spacing = page.evaluate(
+        """async () => { const { logTicks } = await import('/static/plotmath.js');
+                         return [logTicks([Math.log10(0.2), Math.log10(0.8)]),
+                                 logTicks([Math.log10(2e-5), Math.log10(6e-5)]),
+                                 logTicks([-2, 0.5]), logTicks([-20, 3]), logTicks([1, 1]),
+                                 logTicks(null)]; }"""
+    )
+    assert spacing == ["L0.2", "L0.00001", "D2", 4, "D2", "D2"]
     loss.locator('[data-tool="log"]').click()
     expect(loss.locator('[data-tool="log"]')).to_have_attribute("aria-pressed", "false")
 

@@ -49,11 +49,24 @@ export function clippedRange(values, log = false) {
 
 // Where a log axis' labels go: every decade over a few, every few decades over many (an
 // explosion spans twenty), so that labels never crowd; within a decade or three, the decades
-// and their 2 and 5 (plotly's "D2"), not every digit between. range: in decades.
+// and their 2 and 5 (plotly's "D2"), not every digit between. Within less than a decade, "D2"
+// may label only a 2 and a 5 with no decade in view to say which (0.2? 2e-5?): there, values
+// evenly spaced by a round step, each labelled in full (plotly's "L" ticks: 0.2, 0.3, 0.4).
+// range: in decades.
 export function logTicks(range) {
   if (!range) return "D2";
   const decades = range[1] - range[0];
-  return decades > 3 ? Math.ceil(decades / 6) : "D2";
+  if (decades > 3) return Math.ceil(decades / 6);
+  const span = 10 ** range[1] - 10 ** range[0];
+  if (decades >= 1 || !(span > 0)) return "D2";
+  return `L${roundStep(span / 5)}`;
+}
+
+// The round number (1, 2 or 5 times a power of ten) at or just above step.
+function roundStep(step) {
+  const power = 10 ** Math.floor(Math.log10(step));
+  const digit = [1, 2, 5, 10].find((d) => d * power >= step * (1 - 1e-9));
+  return Number((digit * power).toPrecision(1));
 }
 
 // The significant digits that SI labels ("81.3312G") on a linear axis over range need so that
