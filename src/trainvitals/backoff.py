@@ -13,11 +13,15 @@ loader's next shuffle, depend on when the network failed.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 
-#: Seeded from the operating system's entropy when this module is imported.
+#: Seeded from the operating system's entropy when this module is imported, and again in each
+#: forked child (as :mod:`random` reseeds its own): children must not back off in step.
 _jitter = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_jitter.seed)
 
 
 def backoff_delays(

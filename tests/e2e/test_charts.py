@@ -119,20 +119,39 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     expect(loss.locator('[data-tool="log"]')).to_have_attribute("aria-pressed", "true")
     assert plot(page, "loss", "plot.layout.yaxis.type") == "log"
     assert plot(page, "grad_norm", "plot.layout.yaxis.type") == "log"  # its own default
-    # Less than a decade in view (1 to 7): round values, each in full, not a lone 2 and 5.
+
+    # No power of ten in view: round values, each in full, not a lone 2 and 5. The y-axis
+    # dragged alone (plotly keeps that range) takes its ticks along; reset, the data's again.
+    def ticks_after(relayout: str, dtick: Any) -> list[str]:
+        page.evaluate(
+            f"""() => Plotly.relayout(document.querySelector('[data-chart="grad_norm"] .plot'),
+                                      {relayout})"""
+        )
+        page.wait_for_function(
+            """(dtick) => document.querySelector('[data-chart="grad_norm"] .plot')
+                                ._fullLayout.yaxis.dtick === dtick""",
+            arg=dtick,
+        )
+        texts: list[str] = page.locator('[data-chart="grad_norm"] .ytick text').evaluate_all(
+            "(texts) => texts.map((text) => text.textContent)"
+        )
+        return texts
+
     drawn(page, "grad_norm")
-    ticks = page.locator('[data-chart="grad_norm"] .ytick text').evaluate_all(
-        "(texts) => texts.map((text) => text.textContent)"
-    )
-    assert ticks == ["2", "4", "6"], ticks
+    assert ticks_after("{'yaxis.range': [Math.log10(0.19), Math.log10(0.85)]}", "L0.2") == [
+        "0.2", "0.4", "0.6", "0.8"
+    ]  # fmt: skip
+    assert len(ticks_after("{'yaxis.range[0]': -5, 'yaxis.range[1]': 3}", 2)) == 4
+    assert ticks_after("{'yaxis.autorange': true}", "D2")[:3] == ["1", "2", "5"]  # 1 to 7
     spacing = page.evaluate(
         """async () => { const { logTicks } = await import('/static/plotmath.js');
-                         return [logTicks([Math.log10(0.2), Math.log10(0.8)]),
-                                 logTicks([Math.log10(2e-5), Math.log10(6e-5)]),
+                         const log = Math.log10;
+                         return [logTicks([log(0.2), log(0.8)]), logTicks([log(0.8), log(0.2)]),
+                                 logTicks([log(2e-5), log(6e-5)]), logTicks([-0.5, 0.49]),
                                  logTicks([-2, 0.5]), logTicks([-20, 3]), logTicks([1, 1]),
                                  logTicks(null)]; }"""
     )
-    assert spacing == ["L0.2", "L0.00001", "D2", 4, "D2", "D2"]
+    assert spacing == ["L0.2", "L0.2", "L0.00001", "D2", "D2", 4, "D2", "D2"]
     loss.locator('[data-tool="log"]').click()
     expect(loss.locator('[data-tool="log"]')).to_have_attribute("aria-pressed", "false")
 

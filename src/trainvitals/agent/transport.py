@@ -25,11 +25,10 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
-from websockets.typing import DataLike
 
 from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames, without_clocks
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
@@ -47,25 +46,29 @@ from trainvitals.protocol import (
     end_frame,
 )
 
+if TYPE_CHECKING:
+    from websockets.typing import DataLike  # websockets 15 and later
+
 log = logging.getLogger("trainvitals")
 
 
 class KeepaliveConnection(ClientConnection):
     """A client connection whose keepalive pings carry a count, not a random payload.
 
-    websockets draws each ping's payload from :mod:`random`'s shared generator, which in the
-    training process is the user's: seeded by ``keras.utils.set_random_seed``, and the source of
-    every unseeded Keras initializer's seed. A ping every 20 s from the sender thread would
-    make a seeded run's layers built after that (a fine-tuning head) differ from run to run.
-    Payloads only have to be unique among the pings awaiting a pong.
+    websockets (15 and later) draws each ping's payload from :mod:`random`'s shared generator,
+    which in the training process is the user's: seeded by ``keras.utils.set_random_seed``, and
+    the source of every unseeded Keras initializer's seed. The connection's keepalive thread
+    pings every 20 s, which would make a seeded run's layers built after that (a fine-tuning
+    head) differ from run to run. A payload only has to differ from those of the pings awaiting
+    a pong: a count wraps after 2**32 pings, some 2,700 years of keepalives.
     """
 
     _count = itertools.count(1)
 
-    def ping(self, data: DataLike | None = None, *, ack_on_close: bool = False) -> threading.Event:
-        while data is None or data in self.pending_pings:
+    def ping(self, data: DataLike | None = None, **options: Any) -> threading.Event:
+        if data is None:
             data = struct.pack("!I", next(self._count) % 2**32)
-        return super().ping(data, ack_on_close=ack_on_close)
+        return super().ping(data, **options)
 
 
 #: Every sender of this process, for :func:`_leave_connections_to_the_parent`.
@@ -109,6 +112,8 @@ class Sender:
         tick: called on this thread at every look, connected or not (the run's reads and
             hang check: this thread keeps running while the training thread is stuck).
         pending: where unacknowledged frames wait (default: 32 MiB in memory, no spool).
+        keepalive: seconds between the connection's keepalive pings (default: websockets' own,
+            20 s; websockets before 15 sends none).
     """
 
     def __init__(
@@ -122,8 +127,10 @@ class Sender:
         tick: Callable[[], None] | None = None,
         pending: PendingFrames | None = None,
         read_interval: float | None = None,
+        keepalive: float | None = None,
     ) -> None:
         self._url = url
+        self._keepalive: dict[str, Any] = {} if keepalive is None else {"ping_interval": keepalive}
         self._hello = hello
         self._buffer = buffer
         self._flush_interval = flush_interval
@@ -250,6 +257,7 @@ class Sender:
             max_size=MAX_FRAME_BYTES,
             compression=None,  # JSON floats compress poorly; spare the training process's CPU
             create_connection=KeepaliveConnection,
+            **self._keepalive,
         ) as ws:
             self._socket = ws.socket
             try:

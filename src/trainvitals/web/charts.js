@@ -423,6 +423,15 @@ export class Chart {
   }
 
   zoomed(event) {
+    // The y-axis dragged alone: plotly keeps the range it was dragged to, and a log axis' tick
+    // spacing must follow it (a step of 0.2 over ten decades would be thousands of ticks).
+    const yrange = event["yaxis.range[0]"] != null ? [event["yaxis.range[0]"], event["yaxis.range[1]"]]
+      : Array.isArray(event["yaxis.range"]) ? event["yaxis.range"] : null;
+    const xEvent = event["xaxis.range[0]"] != null || Array.isArray(event["xaxis.range"]) || event["xaxis.autorange"];
+    if (this.log && !xEvent) {
+      if (yrange) Plotly.relayout(this.plot, { "yaxis.dtick": logTicks(yrange) });
+      else if (event["yaxis.autorange"]) this.schedule(); // back to the data's range and ticks
+    }
     let xrange;
     if (event["xaxis.autorange"] || event["autosize"]) xrange = null;
     else if (event["xaxis.range[0]"] != null) xrange = [event["xaxis.range[0]"], event["xaxis.range[1]"]];

@@ -49,23 +49,25 @@ export function clippedRange(values, log = false) {
 
 // Where a log axis' labels go: every decade over a few, every few decades over many (an
 // explosion spans twenty), so that labels never crowd; within a decade or three, the decades
-// and their 2 and 5 (plotly's "D2"), not every digit between. Within less than a decade, "D2"
-// may label only a 2 and a 5 with no decade in view to say which (0.2? 2e-5?): there, values
-// evenly spaced by a round step, each labelled in full (plotly's "L" ticks: 0.2, 0.3, 0.4).
-// range: in decades.
+// and their 2 and 5 (plotly's "D2"), not every digit between. With no power of ten in view
+// (0.2 to 0.8), "D2" would label a lone 2 and 5 with nothing to say which (0.2? 2e-5?): there,
+// values a round step apart, each labelled in full (plotly's "L" ticks: 0.2, 0.4, 0.6, 0.8).
+// range: in decades, either way round.
 export function logTicks(range) {
   if (!range) return "D2";
-  const decades = range[1] - range[0];
+  const low = Math.min(...range), high = Math.max(...range);
+  const decades = high - low;
   if (decades > 3) return Math.ceil(decades / 6);
-  const span = 10 ** range[1] - 10 ** range[0];
-  if (decades >= 1 || !(span > 0)) return "D2";
-  return `L${roundStep(span / 5)}`;
+  const span = 10 ** high - 10 ** low;
+  if (Math.ceil(low) <= high || !Number.isFinite(span) || !(span > 0)) return "D2";
+  return `L${roundStep(span / 3)}`;
 }
 
-// The round number (1, 2 or 5 times a power of ten) at or just above step.
+// The round number (1, 2 or 5 times a power of ten) at or just below step: from 3 to 7 steps
+// over the span it was taken from.
 function roundStep(step) {
   const power = 10 ** Math.floor(Math.log10(step));
-  const digit = [1, 2, 5, 10].find((d) => d * power >= step * (1 - 1e-9));
+  const digit = [5, 2, 1].find((d) => d * power <= step * (1 + 1e-9)) ?? 1;
   return Number((digit * power).toPrecision(1));
 }
 
