@@ -91,7 +91,8 @@ def server_side(server: ServerProcess, run_id: str, texts: list[str], settle: fl
     hello = {"type": "hello", "v": 1, "run_id": run_id, "project": "bench", "name": run_id,
              "started_at": time.time()}  # fmt: skip
     pid = server.process.pid
-    with connect(server.url.replace("http", "ws") + "/api/v1/ingest", max_size=None) as ws:
+    url = server.url.replace("http", "ws") + "/api/v1/ingest"
+    with connect(url, max_size=None, compression=None) as ws:  # as the agent: no deflate
         ws.send(json.dumps(hello))
         welcome = json.loads(ws.recv(timeout=30))
         if '"clocks"' in texts[0] and FEATURE_CLOCKS not in welcome.get("features", []):
