@@ -154,25 +154,37 @@ FORKING = textwrap.dedent(
 )
 
 
-def test_a_killed_process_whose_forked_worker_lives_on_is_reported_at_once(
-    server: ServerProcess, tmp_path: Path
-) -> None:
-    """The worker's copy of the run's socket is closed when it is forked: the server sees
-    the connection end with the training process, and the watchdog's report, which waits
-    for that (up to 15 s), comes at once."""
-    script = tmp_path / "forking.py"
-    script.write_text(FORKING)
+def told_to_go_on(server: ServerProcess, script: Path, text: str) -> subprocess.Popen[str]:
+    """The training script ``text``, started against ``server``, told to go on (a line on its
+    stdin) once its step 1 is stored."""
+    script.write_text(text)
     training = subprocess.Popen(
         [sys.executable, str(script), server.url],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert training.stdin is not None and training.stdout is not None
+    assert training.stdin is not None
     try:
         wait_for(lambda: only_run(server)["last_step"] == 1, timeout=60, what="step 1 stored")
-        training.stdin.write("fork\n")
+        training.stdin.write("go\n")
         training.stdin.flush()
+    except BaseException:
+        training.kill()
+        training.wait()
+        raise
+    return training
+
+
+def test_a_killed_process_whose_forked_worker_lives_on_is_reported_at_once(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The worker's copy of the run's socket is closed when it is forked: the server sees
+    the connection end with the training process, and the watchdog's report, which waits
+    for that (up to 15 s), comes at once."""
+    training = told_to_go_on(server, tmp_path / "forking.py", FORKING)
+    assert training.stdin is not None and training.stdout is not None
+    try:
         assert training.stdout.readline().strip() == "forked"
         training.send_signal(signal.SIGKILL)
         training.wait(10)
@@ -182,6 +194,66 @@ def test_a_killed_process_whose_forked_worker_lives_on_is_reported_at_once(
         training.kill()
         training.wait()
         training.stdin.close()  # the worker reads to the end of its input and exits
+
+
+WORKERS = textwrap.dedent(
+    """
+    import ctypes, multiprocessing, os, sys, threading, trainvitals
+
+    def waits():
+        threading.Event().wait()
+
+    def crashes():
+        ctypes.string_at(0)  # a C extension's bad pointer: SIGSEGV
+
+    mon = trainvitals.Monitor(server=sys.argv[1], run_name="workers", system_metrics=False)
+    mon.log(1, metrics={"loss": 1.0})
+    sys.stdin.readline()  # the test saw step 1 stored
+    fork = multiprocessing.get_context("fork")
+    stopped = fork.Process(target=waits)
+    stopped.start()
+    stopped.terminate()  # SIGTERM at once, as a pool shutting down sends its workers
+    stopped.join(30)
+    if stopped.is_alive():  # the SIGTERM was lost
+        stopped.kill()
+    crashed = fork.Process(target=crashes)
+    crashed.start()
+    crashed.join()
+    child = os.fork()
+    if child == 0:
+        sys.exit(3)  # a plain fork's child that exits as a script does: atexit handlers run
+    exited = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    mon.log(2, metrics={"loss": 0.5})
+    print(stopped.exitcode, crashed.exitcode, exited, flush=True)
+    threading.Event().wait()
+    """
+)
+
+
+def test_workers_forked_from_the_training_process_end_without_ending_its_run(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """A forked worker holds a copy of the run, not its threads. Terminated at once, it dies
+    (CPython dropped the SIGTERM that reached it before its fork was complete, and join()
+    waited forever); terminated or exiting, it does not tell the watchdog the run ended (the
+    watchdog left, and the training process's SIGKILL went unreported); crashing, its dump
+    does not land in the file the watchdog reads (the SIGKILL was reported as the worker's
+    segfault)."""
+    training = told_to_go_on(server, tmp_path / "workers.py", WORKERS)
+    assert training.stdout is not None
+    try:
+        assert training.stdout.readline().split() == [
+            str(-signal.SIGTERM), str(-signal.SIGSEGV), "3"
+        ]  # fmt: skip
+        wait_for(lambda: only_run(server)["last_step"] == 2, timeout=30, what="step 2 stored")
+        assert only_run(server)["status"] == "running"
+        training.send_signal(signal.SIGKILL)
+        training.wait(10)
+        crashed = crashed_run(server, timeout=15)
+        assert crashed["end_reason"] == "signal:SIGKILL", crashed["traceback"]
+    finally:
+        training.kill()
+        training.wait()
 
 
 GREEDY = textwrap.dedent(

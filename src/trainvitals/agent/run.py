@@ -105,6 +105,7 @@ class Run:
         self._use_watchdog = watchdog
         self._watchdog: Watchdog | None = None
         self._finished = False
+        self._pid = os.getpid()  # the process that started the run: the one that ends it
         self._lock = threading.Lock()
         self._tick_hooks: list[Callable[[], None]] = []
         #: Binds the run to this process on the server: every hello carries it, the
@@ -165,6 +166,7 @@ class Run:
                 )
         if self._sampler is not None:
             self._sampler.start()
+        self._pid = os.getpid()
         _install_exit_hooks()
         _open_runs.add(self)
 
@@ -204,7 +206,15 @@ class Run:
         """Send what is left and how the run ended; wait up to ``timeout`` s for the server.
 
         Returns whether the server acknowledged everything. Calling it twice is harmless.
+
+        Only the process that started the run ends it. A child forked from it (a data loader's
+        worker) holds a copy of the run, but not its threads. Its exit, or a SIGTERM from
+        ``Process.terminate()``, must not tell the watchdog that the run ended: the watchdog
+        would then leave, and a later SIGKILL of the training process would go unreported.
+        Nor should the child wait on a sender that is not running in it.
         """
+        if os.getpid() != self._pid:
+            return False
         with self._lock:
             if self._finished or self._sender is None:
                 return True
@@ -309,11 +319,21 @@ def _jsonable(value: Any) -> Any:
 # before atexit handlers, so the hook keeps the traceback and the atexit handler reports it.
 # SIGTERM's default action kills the process without running atexit handlers, so the signal
 # handler reports the ending first, then lets the signal do what it would have done.
+#
+# A child forked from the training process (a data loader's worker, a pool's) gets the signals'
+# handlers as they were before trainvitals: its runs are its parent's. That handler is Python's,
+# which runs only between bytecodes, so a worker blocked in C code would outlive a SIGTERM; and
+# CPython drops a signal that reaches a child before its fork is complete (a Process.terminate()
+# right after start() left the worker alive and join() waiting forever). So the forking thread
+# holds the signals blocked across the fork; the child puts the old handlers back, then lets
+# them through: one sent meanwhile kills it, as it would have without trainvitals.
 
 _open_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 _uncaught: list[str] = []
 _signals: list[str] = []
 _hooks_installed = False
+#: The signals given trainvitals' handler: the handler before it, and trainvitals'.
+_chained: dict[int, tuple[Any, Callable[[int, FrameType | None], None]]] = {}
 
 
 def _install_exit_hooks() -> None:
@@ -334,6 +354,37 @@ def _install_exit_hooks() -> None:
     if threading.current_thread() is threading.main_thread():  # signals live there only
         for signum in (signal.SIGTERM, signal.SIGINT):
             _chain_signal(signum)
+        if _chained and hasattr(os, "register_at_fork"):
+            os.register_at_fork(
+                before=_hold_signals, after_in_parent=_let_signals_in, after_in_child=_unchain
+            )
+
+
+#: The forking thread's signal mask before :func:`_hold_signals`, put back after the fork.
+_masks = threading.local()
+
+
+def _hold_signals() -> None:
+    _masks.before = signal.pthread_sigmask(signal.SIG_BLOCK, _chained)
+
+
+def _let_signals_in() -> None:
+    before = getattr(_masks, "before", None)
+    if before is None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _chained)
+    else:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        _masks.before = None
+
+
+def _unchain() -> None:
+    """In a forked child: the handlers from before trainvitals (where the script has not put
+    its own since), then the signals let in."""
+    for signum, (previous, ours) in _chained.items():
+        if signal.getsignal(signum) is ours:
+            signal.signal(signum, previous)
+    _let_signals_in()
+    _chained.clear()
 
 
 def _chain_signal(signum: int) -> None:
@@ -351,6 +402,7 @@ def _chain_signal(signum: int) -> None:
             previous(number, frame)  # e.g. SIGINT's KeyboardInterrupt: the script may catch it
 
     signal.signal(signum, handler)
+    _chained[signum] = (previous, handler)
 
 
 def _finish_open_runs() -> None:

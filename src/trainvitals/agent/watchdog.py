@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import IO
 
@@ -34,6 +35,26 @@ REPORT_FOR = 60.0
 WELCOME_WITHIN = 30.0
 
 _ENTRY = "import sys; from trainvitals.agent.watchdog import main; sys.exit(main(sys.argv[1:]))"
+
+#: This process's watchdogs, for :func:`_leave_the_fault_file_to_the_parent`.
+_watchdogs: weakref.WeakSet[Watchdog] = weakref.WeakSet()
+
+
+def _leave_the_fault_file_to_the_parent() -> None:
+    """In a child forked from the training process (a data loader's worker): stop writing
+    crash dumps to the file the parent's watchdog reads. A segfault of the child would
+    otherwise leave its stack there, and the parent's own death later, a SIGKILL, would be
+    reported as that segfault. faulthandler goes back to what it was before the watchdog (off);
+    the parent's file is untouched."""
+    for watchdog in list(_watchdogs):
+        if watchdog._fault_file is not None:
+            faulthandler.disable()
+            watchdog._fault_file.close()  # the child's copy of the descriptor only
+            watchdog._fault_file = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_leave_the_fault_file_to_the_parent)
 
 
 class Watchdog:
@@ -76,6 +97,7 @@ class Watchdog:
         assert self._process.stdin is not None
         self._process.stdin.write(json.dumps(hello) + "\n")
         self._process.stdin.flush()
+        _watchdogs.add(self)
 
     def done(self) -> None:
         """The run ended and told the server itself: the watchdog can go."""
