@@ -163,6 +163,7 @@ def told_to_go_on(server: ServerProcess, script: Path, text: str) -> subprocess.
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
+        cwd=script.parent,
     )
     assert training.stdin is not None
     try:
@@ -198,12 +199,13 @@ def test_a_killed_process_whose_forked_worker_lives_on_is_reported_at_once(
 
 WORKERS = textwrap.dedent(
     """
-    import ctypes, multiprocessing, os, sys, threading, trainvitals
+    import ctypes, multiprocessing, os, resource, sys, threading, trainvitals
 
     def waits():
         threading.Event().wait()
 
     def crashes():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
         ctypes.string_at(0)  # a C extension's bad pointer: SIGSEGV
 
     mon = trainvitals.Monitor(server=sys.argv[1], run_name="workers", system_metrics=False)
@@ -218,10 +220,10 @@ WORKERS = textwrap.dedent(
         stopped.kill()
     crashed = fork.Process(target=crashes)
     crashed.start()
-    crashed.join()
+    crashed.join(30)
     child = os.fork()
-    if child == 0:
-        sys.exit(3)  # a plain fork's child that exits as a script does: atexit handlers run
+    if child == 0:  # a plain fork's child: a finish is not its to do, then it exits as a
+        sys.exit(3 if mon.finish() is False else 4)  # script does (atexit handlers run)
     exited = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
     mon.log(2, metrics={"loss": 0.5})
     print(stopped.exitcode, crashed.exitcode, exited, flush=True)

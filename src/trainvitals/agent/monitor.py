@@ -146,7 +146,10 @@ class Monitor:
             self.finish(EndReason.EXCEPTION, "".join(traceback.format_exception(kind, exc, tb)))
 
     def finish(self, reason: str = EndReason.COMPLETED, traceback_text: str | None = None) -> bool:
-        """End the run; returns whether the server acknowledged everything."""
+        """End the run; returns whether the server acknowledged everything (False, doing
+        nothing, in a child forked from the training process: the run is not its to end)."""
+        if not self.run.here:
+            return False
         if self._started:
             self._read()
         return self.run.finish(reason, traceback_text)

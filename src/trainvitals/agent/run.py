@@ -116,6 +116,11 @@ class Run:
     def last_step(self) -> int:
         return self._buffer.last_step
 
+    @property
+    def here(self) -> bool:
+        """Whether this is the process that started the run, not a child forked from it."""
+        return os.getpid() == self._pid
+
     def hello(self) -> HelloFrame:
         return {
             "type": HELLO,
@@ -205,7 +210,8 @@ class Run:
     ) -> bool:
         """Send what is left and how the run ended; wait up to ``timeout`` s for the server.
 
-        Returns whether the server acknowledged everything. Calling it twice is harmless.
+        Returns whether the server acknowledged everything (False, doing nothing, in a child
+        forked from the process that started the run). Calling it twice is harmless.
 
         Only the process that started the run ends it. A child forked from it (a data loader's
         worker) holds a copy of the run, but not its threads. Its exit, or a SIGTERM from
@@ -213,7 +219,7 @@ class Run:
         would then leave, and a later SIGKILL of the training process would go unreported.
         Nor should the child wait on a sender that is not running in it.
         """
-        if os.getpid() != self._pid:
+        if not self.here:
             return False
         with self._lock:
             if self._finished or self._sender is None:
@@ -325,8 +331,9 @@ def _jsonable(value: Any) -> Any:
 # which runs only between bytecodes, so a worker blocked in C code would outlive a SIGTERM; and
 # CPython drops a signal that reaches a child before its fork is complete (a Process.terminate()
 # right after start() left the worker alive and join() waiting forever). So the forking thread
-# holds the signals blocked across the fork; the child puts the old handlers back, then lets
-# them through: one sent meanwhile kills it, as it would have without trainvitals.
+# holds the signals whose old handler is the default blocked across the fork; the child puts
+# the old handlers back, then lets them through: one sent meanwhile kills it, as it would have
+# without trainvitals. (A signal with a Python handler of the script's own is left to CPython.)
 
 _open_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 _uncaught: list[str] = []
@@ -364,27 +371,35 @@ def _install_exit_hooks() -> None:
 _masks = threading.local()
 
 
+def _held() -> list[int]:
+    """The signals held across a fork: those whose handler before the agent's was the default
+    (the kernel's, which kills a process at once). One with a Python handler is left to
+    CPython as it would be without the agent: let in inside the child's at-fork hooks, its
+    handler would run there, and its exception (SystemExit, KeyboardInterrupt) be dropped."""
+    return [signum for signum, (previous, _) in _chained.items() if previous == signal.SIG_DFL]
+
+
 def _hold_signals() -> None:
-    _masks.before = signal.pthread_sigmask(signal.SIG_BLOCK, _chained)
+    _masks.before = signal.pthread_sigmask(signal.SIG_BLOCK, _held())
 
 
 def _let_signals_in() -> None:
     before = getattr(_masks, "before", None)
-    if before is None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _chained)
-    else:
+    _masks.before = None
+    if before is not None:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        _masks.before = None
 
 
 def _unchain() -> None:
     """In a forked child: the handlers from before trainvitals (where the script has not put
-    its own since), then the signals let in."""
-    for signum, (previous, ours) in _chained.items():
-        if signal.getsignal(signum) is ours:
-            signal.signal(signum, previous)
-    _let_signals_in()
-    _chained.clear()
+    its own since), then the signals held let in."""
+    try:
+        for signum, (previous, ours) in _chained.items():
+            if signal.getsignal(signum) is ours:
+                signal.signal(signum, previous)
+    finally:
+        _let_signals_in()
+        _chained.clear()
 
 
 def _chain_signal(signum: int) -> None:
