@@ -139,7 +139,7 @@ def test_revoked_tokens_are_listed_a_page_at_a_time_after_the_live_ones(
     try:
         store.create_schema()
         lead = store.tokens.create("lead", "p", "admin", now=1000.0)
-        store.tokens.create("live-1", "p", "ingest", now=1001.0)
+        live_1 = token_id_of(store.tokens.create("live-1", "p", "ingest", now=1001.0))
         store.tokens.create("live-2", "p", "read", now=1002.0)
         store.tokens.create("elsewhere", "q", "read", now=1003.0)  # not the lead's to see
         for i in range(60):
@@ -165,6 +165,8 @@ def test_revoked_tokens_are_listed_a_page_at_a_time_after_the_live_ones(
         some = listed("?revoked=only&order=newest&limit=5&offset=5")
         assert [t["name"] for t in some["tokens"]] == [f"old-{i:02d}" for i in range(54, 49, -1)]
         assert some["total"] == 60
+        latest = listed("?revoked=only&order=revoked&limit=2")["tokens"]  # the latest revoked
+        assert [t["name"] for t in latest] == ["old-59", "old-58"]
         live = listed("?revoked=hide")["tokens"]
         assert [t["name"] for t in live] == ["lead", "live-1", "live-2"]
         for bad in ("?limit=0", "?limit=1001", "?offset=-1", "?revoked=all", "?order=oldest"):
@@ -185,6 +187,26 @@ def test_revoked_tokens_are_listed_a_page_at_a_time_after_the_live_ones(
         expect(rows).to_have_count(63)
         expect(more).to_be_hidden()
         expect(rows.filter(has_text="old-07").locator("td[data-after-revoke]")).to_have_count(1)
+
+        # A token revoked between the page's two reads (live, then revoked) is drawn once, as
+        # the latest revoked; read at once, in the order made, it stayed among the live ones.
+        server.token = lead
+
+        def revoke_first(route: Any) -> None:
+            assert server.send("DELETE", f"/api/v1/tokens/{live_1}")[0] == 200
+            route.continue_()
+
+        page.route(lambda url: "revoked=only" in url, revoke_first, times=1)
+        page.reload()
+        expect(page.locator("#token-count")).to_have_text(
+            "2 live, 61 revoked, 1 tried after revocation"
+        )
+        expect(rows).to_have_count(52)
+        names = rows.locator("td:first-child").all_inner_texts()
+        assert [n.split()[0] for n in names[:4]] == ["live-2", "lead", "live-1", "old-59"]
+        expect(
+            rows.filter(has_text="live-1").locator('[data-token-state="revoked"]')
+        ).to_have_count(1)
         assert not page.errors, page.errors
     finally:
         server.stop()

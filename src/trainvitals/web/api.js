@@ -110,7 +110,7 @@ export const silenceAlert = (id, durationS) =>
 
 // An admin's tokens (never their secrets): { tokens: [{ id, name, project, role, created_at,
 // revoked_at, last_used_at, current }], total, live, revoked, tried_after_revoke }, as `query`
-// ({ revoked: "hide" | "only", order: "newest", limit, offset }, any of them) asks; a new
+// ({ revoked: "hide" | "only", order: "newest" | "revoked", limit, offset }, any of them) asks; a new
 // one's answer holds `token`, the only time it is shown.
 export const listTokens = (query = {}) => getJSON(`/api/v1/tokens${query && Object.keys(query).length ? `?${new URLSearchParams(query)}` : ""}`);
 export const createToken = ({ name, project, role }) => postJSON("/api/v1/tokens", { name, project, role });

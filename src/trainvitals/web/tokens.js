@@ -71,8 +71,8 @@ export async function renderTokens(root, identity) {
     return `<td data-last-used="${escapeHTML(at ?? "")}"${after ? ' class="used-after-revoke" data-after-revoke' : ""} title="${escapeHTML(title)}">${escapeHTML(text)}${after ? " (after revoked)" : ""}</td>`;
   };
 
-  // Live tokens first (a project holds at most 100), newest first; then the revoked ones,
-  // newest first, a page at a time: a team's server makes and revokes tokens for years.
+  // Live tokens first (a project holds at most 100), newest first; then the revoked ones, the
+  // latest revoked first, a page at a time: a team's server makes and revokes tokens for years.
   let listed = { live: [], revoked: [], total: 0 }; // the tokens drawn, and revoked ones in all
   const draw = () => {
     const ordered = [...listed.live, ...listed.revoked];
@@ -82,11 +82,12 @@ export async function renderTokens(root, identity) {
     moreButton.hidden = notShown <= 0;
     moreButton.textContent = `Show ${Math.min(notShown, REVOKED_PAGE)} more revoked (${notShown} not shown)`;
   };
+  // The live tokens are read first, then the revoked: one revoked in between is in both, and
+  // drawn once, as revoked (at the top of its list). Read at once, it could be in neither.
   const load = async () => {
-    const [live, revoked] = await Promise.all([
-      listTokens({ revoked: "hide", order: "newest" }),
-      listTokens({ revoked: "only", order: "newest", limit: REVOKED_PAGE }),
-    ]);
+    const live = await listTokens({ revoked: "hide", order: "newest" });
+    const revoked = await listTokens({ revoked: "only", order: "revoked", limit: REVOKED_PAGE });
+    const gone = new Set(revoked.tokens.map((token) => token.id));
     const tried = revoked.tried_after_revoke;
     const count = root.querySelector("#token-count");
     count.textContent = `${revoked.live} live, ${revoked.revoked} revoked`;
@@ -96,12 +97,12 @@ export async function renderTokens(root, identity) {
       mark.title = "presented after their revocation, and refused: a leak, or an agent still holding one";
       mark.textContent = `, ${tried} tried after revocation`;
     }
-    listed = { live: live.tokens, revoked: revoked.tokens, total: revoked.total };
+    listed = { live: live.tokens.filter((token) => !gone.has(token.id)), revoked: revoked.tokens, total: revoked.total };
     draw();
   };
   // The next page of revoked tokens, after those drawn (a revoke meanwhile may repeat one).
   const more = async () => {
-    const next = await listTokens({ revoked: "only", order: "newest", limit: REVOKED_PAGE, offset: listed.revoked.length });
+    const next = await listTokens({ revoked: "only", order: "revoked", limit: REVOKED_PAGE, offset: listed.revoked.length });
     const drawn = new Set(listed.revoked.map((token) => token.id));
     listed = { ...listed, revoked: [...listed.revoked, ...next.tokens.filter((token) => !drawn.has(token.id))], total: next.total };
     draw();

@@ -188,9 +188,14 @@ def test_tokens_are_listed_live_or_revoked_a_page_at_a_time_and_counted(store: S
 
     assert names() == ["t1", "t2", "t4", "t5", "t7", "t8"]
     assert names(revoked="hide") == ["t5", "t7"]
-    assert names(revoked="only", newest_first=True) == ["t8", "t4", "t2", "t1"]
-    assert names(revoked="only", newest_first=True, limit=2, offset=1) == ["t4", "t2"]
+    assert names(revoked="only", order="newest") == ["t8", "t4", "t2", "t1"]
+    assert names(revoked="only", order="newest", limit=2, offset=1) == ["t4", "t2"]
     assert names(limit=2, offset=5) == ["t8"]
     assert store.tokens.count("p") == (2, 4, 1)  # t5's use is not after a revocation
     assert store.tokens.count(None) == (5, 4, 1)
     assert store.tokens.count("nobody") == (0, 0, 0)
+    # The latest revoked first, whenever they were made; then the live ones, newest first.
+    assert store.tokens.revoke(token_id_of(made[5]), now=250.0)  # t5: made before t8
+    assert names(revoked="only", order="revoked") == ["t5", "t8", "t4", "t2", "t1"]
+    assert names(order="revoked") == ["t5", "t8", "t4", "t2", "t1", "t7"]
+    assert names(order="revoked", revoked="hide") == ["t7"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +31,7 @@ from trainvitals.server.routes.api import VISIBLE
 from trainvitals.server.schemas import Name
 from trainvitals.server.storage.tokens import (
     ALL_PROJECTS,
+    Order,
     Principal,
     Revoked,
     Role,
@@ -109,16 +110,17 @@ def list_tokens(
     who: Manager,
     store: StoreDep,
     revoked: Revoked = "include",
-    order: Literal["made", "newest"] = "made",
+    order: Order = "made",
     limit: Annotated[int | None, Query(ge=1, le=1000)] = None,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
 ) -> TokensAnswer:
     """The tokens this admin governs in the order they were made (``order=newest``: the
-    newest first), revoked ones too unless ``revoked`` says ``hide`` (or ``only``), all of
-    them or ``limit`` from ``offset``; with how many match, and how many are live, revoked,
-    and tried after their revocation."""
+    newest first; ``order=revoked``: the latest revoked first, then the live ones, newest
+    first), revoked ones too unless ``revoked`` says ``hide`` (or ``only``), all of them or
+    ``limit`` from ``offset``; with how many match, and how many are live, revoked, and tried
+    after their revocation."""
     listed = store.tokens.list(
-        who.projects, revoked=revoked, limit=limit, offset=offset, newest_first=order == "newest"
+        who.projects, revoked=revoked, limit=limit, offset=offset, order=order
     )
     count = store.tokens.count(who.projects)
     total = {"include": count.live + count.revoked, "hide": count.live, "only": count.revoked}

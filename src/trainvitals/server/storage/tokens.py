@@ -77,6 +77,8 @@ sessions = Table(
 
 #: Which tokens a list holds: the revoked ones too, the live ones only, or the revoked only.
 Revoked = Literal["include", "hide", "only"]
+#: A token list's order: as made, the newest made first, or the latest revoked first.
+Order = Literal["made", "newest", "revoked"]
 
 
 class TokenCount(NamedTuple):
@@ -277,13 +279,19 @@ class TokenStore:
         revoked: Revoked = "include",
         limit: int | None = None,
         offset: int = 0,
-        newest_first: bool = False,
+        order: Order = "made",
     ) -> list[TokenInfo]:
-        """The tokens in the order they were made (``newest_first``: the other way); of
+        """The tokens in ``order``: as they were made, the newest made first (``newest``), or
+        the latest revoked first, then the live ones, newest first (``revoked``); of
         ``project`` only when given; ``revoked``: with the revoked ones (``include``), without
         them (``hide``), or those only (``only``); at most ``limit`` from ``offset``."""
-        order = tokens.c.created_at.desc() if newest_first else tokens.c.created_at
-        query = _which(select(tokens), project, revoked).order_by(order, tokens.c.id)
+        made = tokens.c.created_at
+        keys: dict[str, list[Any]] = {
+            "made": [made],
+            "newest": [made.desc()],
+            "revoked": [tokens.c.revoked_at.desc().nulls_last(), made.desc()],
+        }
+        query = _which(select(tokens), project, revoked).order_by(*keys[order], tokens.c.id)
         query = query.limit(limit).offset(offset or None)
         with self._engine.connect() as conn:
             rows = conn.execute(query).mappings().all()
