@@ -161,10 +161,12 @@ def notifying_server(
     port: int = 0,
     lease: float = 15.0,
     lost_after: float = 30.0,
+    hello_timeout: float = 10.0,
     **pace: float,
 ) -> ServerProcess:
     env = {
         "TRAINVITALS_LOST_AFTER": str(lost_after),
+        "TRAINVITALS_HELLO_TIMEOUT": str(hello_timeout),
         "TRAINVITALS_NOTIFY": str(channels_file(tmp_path, receiver, **pace)),
         "TRAINVITALS_PUBLIC_URL": PUBLIC_URL,
         "TRAINVITALS_NOTIFY_LEASE": str(lease),
