@@ -793,6 +793,39 @@ def test_a_run_deleted_while_its_page_loads_says_so(server: ServerProcess, brows
     assert not errors
 
 
+def test_a_run_deleted_before_the_alert_feeds_first_read_answers_says_so(
+    server: ServerProcess, browser: Any
+) -> None:
+    """The banner's alert feed, read as the app opens, answers after the run page drew and its
+    run was deleted: the page reads the run's alerts again, and their 404 is the deletion, said
+    as one, not an unhandled error (a CI host made this order)."""
+    seed_runs(server.db, 1, steps=5)
+    page, errors = erring_page(browser)
+    held: list[Any] = []
+    page.route(lambda url: "/api/v1/alerts?" in url, lambda route: held.append(route))
+    asked: list[tuple[str, int]] = []
+    page.on("response", lambda response: asked.append((response.url, response.status)))
+    page.goto(server.url + "/#/runs/seed000000")
+    expect(page.locator("#run-name")).to_have_text("run-00000")
+    wait_for(lambda: pumped(page, lambda: len(held) == 1), what="the feed's first read")
+    assert server.send("DELETE", "/api/v1/runs/seed000000")[0] == 200
+    expect(page.locator("[data-panel=deleted]")).to_contain_text("This run was deleted")
+    seen = len(asked)
+    held[0].continue_()
+    run = server.url + "/api/v1/runs/seed000000"
+
+    def read_again() -> list[tuple[str, int]]:
+        return [a for a in asked[seen:] if a[0].startswith(run)]
+
+    wait_for(lambda: pumped(page, read_again), what="the run's alerts read again")
+    assert read_again()[0] == (run + "/alerts", 404)
+    # Then the run read, found gone; before, the 404 was left unhandled (a page error).
+    wait_for(lambda: pumped(page, lambda: errors or len(read_again()) > 1), what="what follows")
+    assert not errors
+    assert read_again() == [(run + "/alerts", 404), (run, 404)]
+    assert page.locator("#app > p.error").count() == 0
+
+
 def test_a_run_deleted_while_its_live_streams_first_open_reads_it_says_so(
     server: ServerProcess, browser: Any
 ) -> None:

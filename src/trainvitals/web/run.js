@@ -113,9 +113,10 @@ export class RunPage {
     this.following = this.live.follow([this.runId], {
       onMessage: (message) => this.onLive(message), onReconnect: () => this.onReconnect(),
     });
-    // A null update: the feed reloaded after a reconnect, so this run's alerts may have changed too.
+    // A null update: the feed reloaded (after a reconnect, or its first read answered after this
+    // page's), so this run's alerts may have changed too; a 404 then is the run deleted meanwhile.
     this.off.push(this.feed.on((alert) => {
-      if (!alert) this.loadAlerts();
+      if (!alert) this.unlessGone(this.loadAlerts()).catch((error) => console.warn("trainvitals: could not read the run's alerts again:", error));
       else if (alert.run_id === this.runId) this.alertList.upsert(alert);
     }));
 
@@ -393,7 +394,10 @@ export class RunPage {
 
   reloadLater(name) { // a trace grew long: swap it for a downsampled copy
     if (this.reloading) return;
-    this.reloading = setTimeout(() => { this.reloading = null; this.reload([name]); }, 1000);
+    this.reloading = setTimeout(() => {
+      this.reloading = null;
+      this.unlessGone(this.reload([name])).catch((error) => console.warn("trainvitals: could not read a long series again:", error));
+    }, 1000);
   }
 
   chartFor(name) {
