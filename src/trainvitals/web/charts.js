@@ -261,6 +261,12 @@ const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" 
 // compared each start at 0), where the key is not the series' name (runs compared) or the runs
 // started apart.
 // Redraws are coalesced into one per animation frame, and wait while the chart is off screen.
+// The range a plotly relayout event gives an axis ("xaxis", "yaxis"), or null when none.
+function rangeIn(event, axis) {
+  if (event[`${axis}.range[0]`] != null) return [event[`${axis}.range[0]`], event[`${axis}.range[1]`]];
+  return Array.isArray(event[`${axis}.range`]) ? [...event[`${axis}.range`]] : null;
+}
+
 export class Chart {
   constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, onLog, onSeries, styleOf, seriesOf, view } = {}) {
     const { id, title, log = false, height = LAYOUT.height } = spec;
@@ -423,19 +429,17 @@ export class Chart {
   }
 
   zoomed(event) {
+    const zoomedTo = rangeIn(event, "xaxis");
     // The y-axis dragged alone: plotly keeps the range it was dragged to, and a log axis' tick
     // spacing must follow it (a step of 0.2 over ten decades would be thousands of ticks).
-    const yrange = event["yaxis.range[0]"] != null ? [event["yaxis.range[0]"], event["yaxis.range[1]"]]
-      : Array.isArray(event["yaxis.range"]) ? event["yaxis.range"] : null;
-    const xEvent = event["xaxis.range[0]"] != null || Array.isArray(event["xaxis.range"]) || event["xaxis.autorange"];
-    if (this.log && !xEvent) {
+    if (this.log && !zoomedTo && !event["xaxis.autorange"]) {
+      const yrange = rangeIn(event, "yaxis");
       if (yrange) Plotly.relayout(this.plot, { "yaxis.dtick": logTicks(yrange) });
       else if (event["yaxis.autorange"]) this.schedule(); // back to the data's range and ticks
     }
     let xrange;
     if (event["xaxis.autorange"] || event["autosize"]) xrange = null;
-    else if (event["xaxis.range[0]"] != null) xrange = [event["xaxis.range[0]"], event["xaxis.range[1]"]];
-    else if (Array.isArray(event["xaxis.range"])) xrange = [...event["xaxis.range"]];
+    else if (zoomedTo) xrange = zoomedTo;
     else return; // not a zoom (our own shapes, a resize)
     if (xrange === null && event["autosize"] && this.xrange) return;
     this.xrange = xrange;
