@@ -194,7 +194,10 @@ def test_a_run_with_too_many_series_is_closed_and_others_carry_on(tmp_path: Path
             code, reason = closed_with(ws)
         assert code == 1008 and "MAX_SERIES_PER_RUN" in reason
         honest.log(2, {"loss": 0.5})
-        assert honest.finish()
+        # Carrying on is the point, not how fast: on a loaded CI machine the end's ack once
+        # came after finish()'s default 10 s (not seen here since); what the server said
+        # then shows whether it was slow or stuck.
+        assert honest.finish(timeout=30), server.output()[-5000:]
         assert server.get(f"/api/v1/runs/{honest.id}")["status"] == "finished"
     finally:
         server.stop()
