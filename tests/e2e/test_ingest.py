@@ -12,7 +12,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
-from harness.processes import ServerProcess, run_series
+from harness.metrics import parse, scrape, value
+from harness.processes import ServerProcess, run_series, wait_for
 from trainvitals import Run, resolve
 from trainvitals.agent.buffer import encode_points, points_frames
 from trainvitals.protocol import MAX_FRAME_BYTES, Columns
@@ -215,6 +216,63 @@ def test_a_huge_body_gets_413_before_it_is_sent_and_the_server_stays_responsive(
     assert response.status == 413 and response.read() == b"request body too large"
     connection.close()
     assert server.get("/healthz") == {"status": "ok"}
+
+
+def test_a_watchdog_waits_for_a_process_killed_while_its_hello_was_queued(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """An out-of-memory kill at the first batch: the dead process's ``hello`` still waits
+    behind the writer (held here by a lock on the runs table) when its watchdog's arrives. The
+    watchdog waits for that connection too, so its ``end`` is numbered after the frames the
+    process sent after its hello, and they are stored, not taken for replays."""
+    import psycopg
+
+    server = ServerProcess(postgres_url)
+    owned = {**HELLO, "run_id": "oom", "run_secret": "the agent's own"}
+    lock = psycopg.connect(postgres_url)
+    try:
+        lock.execute("LOCK TABLE runs IN EXCLUSIVE MODE")  # reads go on, writes wait
+        dead = ingest(server)
+        dead.send(json.dumps(owned))
+        for seq in (1, 2, 3):
+            columns = {"step": [seq], "time": [float(seq)], "value": [0.5]}
+            dead.send(json.dumps({"type": "points", "v": 1, "seq": seq,
+                                  "series": {"loss": columns}}))  # fmt: skip
+        dead.socket.shutdown(socket.SHUT_WR)  # killed: what it sent is all there is
+        with psycopg.connect(postgres_url, autocommit=True) as probe:
+            wait_for(
+                lambda: (
+                    probe.execute(
+                        "SELECT count(*) FROM pg_locks"
+                        " WHERE NOT granted AND relation = 'runs'::regclass"
+                    ).fetchone()
+                    == (1,)
+                ),
+                what="the dead process's hello waiting on the lock",
+            )
+        watchdog = ingest(server)
+        watchdog.send(json.dumps({**owned, "watchdog": True}))
+
+        def held() -> bool:  # waiting for the dead connection, or (before) queued for a write
+            samples = parse(scrape(server, None)[1])
+            return bool(value(samples, "trainvitals_watchdogs_waiting")) or bool(
+                value(samples, "trainvitals_writer_queue_depth")
+            )
+
+        wait_for(held, what="the watchdog's hello waiting")
+        lock.commit()  # the writer goes on
+        seq = json.loads(watchdog.recv(timeout=60))["last_seq"] + 1
+        end = {"type": "end", "v": 1, "seq": seq, "reason": "oom_killed", "time": 2.0e9}
+        watchdog.send(json.dumps(end))
+        assert json.loads(watchdog.recv(timeout=60)) == {"type": "ack", "seq": seq}
+        watchdog.close()
+        dead.socket.close()
+        run = server.get("/api/v1/runs/oom")
+        assert (run["status"], run["end_reason"]) == ("crashed", "oom_killed"), run
+        assert seq == 4 and run["last_step"] == 3
+    finally:
+        lock.close()
+        server.stop()
 
 
 def test_a_page_of_another_origin_cannot_open_the_websockets(server: ServerProcess) -> None:

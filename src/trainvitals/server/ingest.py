@@ -8,6 +8,7 @@ connection with the code of the :class:`IngestRejected` it raises.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -75,7 +76,8 @@ class IngestSession:
     ) -> None:
         self._store = store
         self._open_runs = open_runs or OpenRuns()
-        self._closed: asyncio.Event | None = None
+        #: The run this connection's hello named, and the event to set when it closes.
+        self._holding: tuple[str, asyncio.Event] | None = None
         self._metrics = metrics
         self._who = who
         self._quotas = quotas or Quotas(Caps())
@@ -142,13 +144,13 @@ class IngestSession:
                 CLOSE_POLICY_VIOLATION,
                 f"this token may not send runs of project {hello.project[:40]!r}",
             )
-        if hello.watchdog and not await self._open_runs.drained(hello.run_id, DRAIN_FOR):
-            log.warning(
-                "run %s: its watchdog reports while a connection of the run is still open "
-                "after %g s",
-                hello.run_id,
-                DRAIN_FOR,
-            )
+        if hello.watchdog:
+            await self._drain(hello.run_id)
+        # Held from here, before anything the hello awaits: a killed process's hello may wait
+        # behind a loaded writer while its watchdog's arrives, and that watchdog must wait for
+        # this connection's frames too. A hello refused below lets go when its connection
+        # closes, a moment later.
+        self._holding = (hello.run_id, self._open_runs.opened(hello.run_id))
         known = await asyncio.to_thread(
             self._store.runs.get_run, hello.run_id, job=False, metrics=False
         )
@@ -167,7 +169,6 @@ class IngestSession:
             )
         self._last_seq = int(row["last_seq"])
         self.run = run_summary(row)
-        self._closed = self._open_runs.opened(hello.run_id)
         # Storage applied the hello (a lost run is running again); what follows from it:
         stored = RunState(RunStatus(row["status"]), row["last_step"], row["end_reason"])
         self._state, effects = transition(stored, lifecycle.Hello())
@@ -188,10 +189,27 @@ class IngestSession:
 
     def close(self) -> None:
         """The connection closed: a watchdog waiting for it goes on."""
-        if self._closed is not None:  # set with self.run, at the hello
-            assert self.run is not None
-            self._open_runs.closed(self.run["id"], self._closed)
-            self._closed = None
+        if self._holding is not None:  # set at the hello
+            self._open_runs.closed(*self._holding)
+            self._holding = None
+
+    async def _drain(self, run_id: str) -> None:
+        """A watchdog's hello: wait until the run's connections open here now have closed
+        (what its dead process sent is then stored), or :data:`DRAIN_FOR` seconds."""
+        waiting = (
+            self._metrics.watchdogs_waiting.track_inprogress()
+            if self._metrics is not None
+            else contextlib.nullcontext()
+        )
+        with waiting:
+            drained = await self._open_runs.drained(run_id, DRAIN_FOR)
+        if not drained:
+            log.warning(
+                "run %s: its watchdog reports while a connection of the run is still open "
+                "after %g s",
+                run_id,
+                DRAIN_FOR,
+            )
 
     async def _points(self, frame: Points) -> str:
         assert self.run is not None

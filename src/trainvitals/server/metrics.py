@@ -111,6 +111,12 @@ class Metrics:
         self.agents = Gauge(
             "trainvitals_agent_connections", "open agent connections", registry=registry
         )
+        self.watchdogs_waiting = Gauge(
+            "trainvitals_watchdogs_waiting",
+            "watchdogs' hellos waiting for their run's other connections here to close (a "
+            "killed process's last frames still being read and stored)",
+            registry=registry,
+        )
         self.browsers = Gauge(
             "trainvitals_browser_connections", "open browser live connections", registry=registry
         )
