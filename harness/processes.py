@@ -140,6 +140,19 @@ class ServerProcess:
             self.process.stdout.close()
 
 
+def start_script(script: Path, text: str, *args: str) -> subprocess.Popen[str]:
+    """The Python script ``text``, written to ``script`` and started with ``args`` in its
+    directory, its stdin and stdout piped (to tell it to go on, and to read what it says)."""
+    script.write_text(text)
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=script.parent,
+    )
+
+
 def terminate(process: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     """SIGTERM ``process`` unless it ended; SIGKILL it when it outlives ``timeout``."""
     if process.poll() is None:

@@ -20,7 +20,7 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import trainvitals  # noqa: E402
-from harness.processes import ServerProcess, run_series, wait_for  # noqa: E402
+from harness.processes import ServerProcess, run_series, start_script, wait_for  # noqa: E402
 from tests.agent.peer import HOURLY_SENDS  # noqa: E402
 from trainvitals.protocol import whole_micros  # noqa: E402
 from trainvitals.series import GRAD_GLOBAL_NORM  # noqa: E402
@@ -456,6 +456,107 @@ def test_an_exception_in_fit_is_reported_with_its_traceback(
     assert (run["status"], run["end_reason"]) == ("crashed", "exception")
     assert "RuntimeError: boom in batch 3" in run["traceback"]
     assert run["last_step"] == 4
+
+
+NOTEBOOK_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np, keras, trainvitals
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a kernel's, and Python's own
+
+    class InterruptButton(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:
+                os.kill(os.getpid(), signal.SIGINT)  # what a notebook's interrupt sends
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.ones((64, 4), "float32"); y = np.ones((64, 1), "float32")
+    vitals = trainvitals.VitalsCallback(server=sys.argv[1], run_name="interrupted")
+    try:
+        model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=[vitals, InterruptButton()])
+    except KeyboardInterrupt:  # the notebook shows it; the kernel lives on
+        print("interrupted", flush=True)
+    sys.stdin.readline()  # the next cells
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    again = trainvitals.VitalsCallback(server=sys.argv[1], run_name="again")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[again])
+    wrapped = {"train_step", "compute_loss", "_trainvitals_tap"} & set(vars(model))
+    print("wrapped:", sorted(wrapped), "apply" in vars(model.optimizer), flush=True)
+    """
+)
+
+
+def test_a_fit_interrupted_in_a_notebook_ends_its_run_at_once_and_lets_the_model_go(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """Keras skips ``on_train_end`` when an exception leaves ``fit``; in a notebook the kernel
+    lives on after Ctrl-C, and the run stayed ``running`` (its heartbeats went on), the next
+    fit's steps were read into it, and the train step stayed tapped."""
+    kernel = start_script(tmp_path / "notebook.py", NOTEBOOK_SCRIPT, server.url)
+    assert kernel.stdin is not None and kernel.stdout is not None
+    try:
+        assert kernel.stdout.readline() == "interrupted\n"
+        run = wait_for(
+            lambda: (r := named_run(server, "interrupted"))["status"] == "crashed" and r,
+            what="the interrupted run ended",
+        )
+        assert (run["end_reason"], run["last_step"]) == ("signal:SIGINT", 5)
+        assert kernel.poll() is None  # ended while the kernel lives on
+        kernel.stdin.write("go\n")
+        kernel.stdin.flush()
+        out, _ = kernel.communicate(timeout=120)
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+            kernel.wait()
+    assert kernel.returncode == 0 and "wrapped: [] False" in out, out
+    assert named_run(server, "interrupted")["last_step"] == 5  # the next fits' steps are not its
+    again = named_run(server, "again")
+    assert (again["status"], again["end_reason"], again["last_step"]) == (
+        "finished",
+        "completed",
+        8,
+    )
+
+
+def named_run(server: ServerProcess, name: str) -> dict[str, Any]:
+    (summary,) = [r for r in server.get("/api/v1/runs")["runs"] if r["name"] == name]
+    run: dict[str, Any] = server.get(f"/api/v1/runs/{summary['id']}")
+    return run
+
+
+def test_a_fit_left_by_an_error_the_script_catches_ends_its_run_before_the_retry(
+    server: ServerProcess,
+) -> None:
+    """A script that catches an out-of-memory error and fits again at once, with the same
+    callback: the failed fit's run ends as ``exception`` with its steps, and the retry is a run
+    of its own, not one whose steps are counted twice."""
+    x, y = regression_data()
+    model = small_model(0.01)
+
+    class OutOfMemory(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            if batch == 2:
+                raise RuntimeError("out of memory, say")
+
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, run_name="retried", system_metrics=False, watchdog=False
+    )
+    with pytest.raises(RuntimeError):
+        model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[vitals, OutOfMemory()])
+    assert vitals.run is not None
+    failed = vitals.run.id
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[vitals])
+    assert vitals.run.id != failed
+    run = wait_for(lambda: (r := server.get(f"/api/v1/runs/{failed}"))["ended_at"] and r)
+    assert (run["status"], run["end_reason"], run["last_step"]) == ("crashed", "exception", 3)
+    assert run_series(server, failed, "loss")["loss"]["step"] == [1, 2, 3]
+    retry = server.get(f"/api/v1/runs/{vitals.run.id}")
+    assert (retry["status"], retry["last_step"]) == ("finished", 6)
+    assert run_series(server, vitals.run.id, "loss")["loss"]["step"] == [1, 2, 3, 4, 5, 6]
+    assert not {"train_step", "compute_loss", "_trainvitals_tap"} & set(vars(model))
 
 
 def test_steps_before_a_hang_reach_the_server_while_it_hangs(server: ServerProcess) -> None:

@@ -21,6 +21,7 @@ from harness.processes import (
     memory_cgroup,
     run_in_cgroup,
     run_series,
+    start_script,
     wait_for,
 )
 from trainvitals import Run, resolve
@@ -157,14 +158,7 @@ FORKING = textwrap.dedent(
 def told_to_go_on(server: ServerProcess, script: Path, text: str) -> subprocess.Popen[str]:
     """The training script ``text``, started against ``server``, told to go on (a line on its
     stdin) once its step 1 is stored."""
-    script.write_text(text)
-    training = subprocess.Popen(
-        [sys.executable, str(script), server.url],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=script.parent,
-    )
+    training = start_script(script, text, server.url)
     assert training.stdin is not None
     try:
         wait_for(lambda: only_run(server)["last_step"] == 1, timeout=60, what="step 1 stored")

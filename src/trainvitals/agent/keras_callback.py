@@ -10,6 +10,7 @@ This module imports Keras; ``trainvitals/__init__.py`` loads it only when
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -27,9 +28,10 @@ from trainvitals.agent.config import (
     DEFAULT_RING_CAPACITY,
     resolve,
 )
+from trainvitals.agent.fitcall import FitCall
 from trainvitals.agent.packing import Row, StepTime
 from trainvitals.agent.protect import Guard, Protection
-from trainvitals.agent.run import Run
+from trainvitals.agent.run import Run, signal_since, signals_caught
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
@@ -168,6 +170,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         # wait in the ring: DeviceRing.keep).
         self._staged_clock: list[tuple[int, float]] = []
         self._read_lock = threading.Lock()
+        # The fit call under way (None: a loop of the script's own calls the hooks), and
+        # whether a look has seen it left.
+        self._fit: FitCall | None = None
+        self._fit_gone = False
+        self._looking: Run | None = None  # the run whose looks read the ring
+        self._signal_mark = 0
+        self._ending = threading.Lock()  # who ends a left fit's run: a look, or the next fit
 
     # Keras may call on_train_batch_end from a thread pool, several at once and out of order
     # (with the TensorFlow backend it calls it on the training thread): that hook only reads
@@ -175,6 +184,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     async_safe = True
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._end_left_fit()  # this callback's previous fit, left by an exception just now
         params = {k: v for k, v in (self.params or {}).items() if k in ("epochs", "steps")}
         self.guard = Guard(self._protect, self.model) if self._protect is not None else None
         self._autopsied = False
@@ -190,8 +200,12 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._pending, self._step_times, self._ends = [], [], []
         self._staged_clock = []
         self._last_end = (0, time.monotonic())
+        self._fit = FitCall.find(self.model)
+        self._fit_gone = False
+        self._signal_mark = signals_caught()
+        self._looking = self.run
         self.run.start()
-        self.run.on_tick(self._look)  # steps of a run that hangs still arrive
+        self.run.on_tick(functools.partial(self._look_for, self.run))  # a hung run's steps too
         self._weights_check = (
             tf_vitals.WeightsCheck.create(self.model) if self._weights_every else None
         )
@@ -201,6 +215,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.model,
             max(self._ring_capacity, 2 * per_execution),
             flag_nonfinite=self.guard is not None,
+            fit=self._fit,
         )
         self._tap.install()
 
@@ -267,6 +282,12 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         with self._read_lock:
             self._record(rows)
 
+    def _look_for(self, run: Run) -> None:
+        """``run``'s look, while its fit is under way: none once it has ended (its last
+        frames are on their way), nor for the run of an earlier fit of this callback."""
+        if run is self._looking:
+            self._look()
+
     def _look(self) -> None:
         """The sender's look, every ``read_interval``: read the ring, and hand what it has read
         to the run only when a frame leaves at this look anyway, or when the rows held since
@@ -274,7 +295,9 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         Otherwise the rows wait for the next send: turning them into points costs the sender
         about 0.4 ms a look inside a fit whatever their number, so one hand-over a frame pays
         it once, not at each of five looks. The hang detector still learns of every step at
-        each look."""
+        each look. A fit that an exception left ends its run (:meth:`_left_fit`)."""
+        if self._left_fit():
+            return
         tap, run = self._tap, self.run
         if tap is None or run is None or tap.ring is None:
             self._flush_pending()
@@ -286,17 +309,57 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             if self.guard is not None or run.rows_due(packing.head_series(block, tap.measured)):
                 self._record(self._hand_over(tap.ring, tap.measured))
 
-    def _flush_pending(self) -> None:
+    def _left_fit(self) -> bool:
+        """Whether ``fit`` has been left without ``on_train_end`` (an exception: Keras then
+        skips the hook), asked at every look before the ring is read (a walk of the training
+        thread's stack: microseconds, five times a second). Once it has, the
+        ring is no longer read at the looks: a later fit without the callback still runs the
+        tapped step, and its rows are not this run's. At the first look that finds it gone,
+        the steps whose ends the hooks saw are kept; at the next, the run ends
+        (:meth:`_end_left_fit`): an uncaught exception's own report (the excepthook, then the
+        exit) has had the first word, with its traceback."""
+        fit = self._fit
+        if fit is None or fit.running():
+            return False
+        if self._fit_gone:
+            self._end_left_fit()
+        else:
+            self._fit_gone = True
+            self._flush_pending(upto=self._last_step)
+        return True
+
+    def _end_left_fit(self) -> None:
+        """End the run of a fit that an exception left (on the sender's thread, or on the
+        training thread at this callback's next fit): its steps so far, then ``signal:SIGINT``
+        if Ctrl-C (a notebook's interrupt) came during it, else ``exception``, with the
+        traceback where it can still be seen (a notebook shows it). Without this the process,
+        which lives on, kept the run ``running``. The model keeps the tap until the next fit
+        with a ``VitalsCallback`` takes it off."""
+        with self._ending:
+            fit, self._fit = self._fit, None
+        run = self.run
+        if fit is None or run is None:
+            return
+        text = fit.exception_text()
+        fit.forget()
+        self._flush_pending(upto=self._last_step)
+        self._looking = None  # the ring is a later fit's from now on
+        reason = signal_since(self._signal_mark) or EndReason.EXCEPTION
+        log.warning("trainvitals: fit() was left by an exception; run %r ends as %s",
+                    run.config.run_name, reason)  # fmt: skip
+        run.finish(reason, text, timeout=0)  # the sender sends it: nothing to wait for here
+
+    def _flush_pending(self, upto: int | None = None) -> None:
         """Hand over every step recorded so far (the training thread calls this when half
         the ring is unread, at a NaN/Inf step with ``protect=``, and at each epoch's end;
-        without a ring, the sender at each look)."""
+        without a ring, the sender at each look); from the ring, none after step ``upto``."""
         tap = self._tap
         if tap is None:
             return
         with self._read_lock:  # blocks go to the run in step order, whoever reads
             if tap.ring is not None:
                 if self.run is not None:
-                    self._stage(tap.ring, self.run)
+                    self._stage(tap.ring, self.run, upto)
                 self._record(self._hand_over(tap.ring, tap.measured))
                 return
             with self._pending_lock:
@@ -315,13 +378,15 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             del step_times[: len(taken)]
         return taken
 
-    def _stage(self, ring: DeviceRing, run: Run) -> npt.NDArray[np.float64]:
+    def _stage(
+        self, ring: DeviceRing, run: Run, upto: int | None = None
+    ) -> npt.NDArray[np.float64]:
         """One fetch of the ring: its fresh rows are kept for the next hand-over, and every
         row kept since the last one is returned (a rise held for three steps may begin in an
         earlier look's rows); the execution ends noted since the last look go to the run's
         hang detector now."""
         lost = ring.lost
-        block = ring.keep()
+        block = ring.keep(upto)
         if ring.lost > lost:
             log.warning("trainvitals: %d steps' vitals overwritten before a read", ring.lost - lost)
         ends = self._ends
@@ -405,8 +470,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.run.log(self.run.last_step, epoch_values)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        with self._ending:
+            fit, self._fit = self._fit, None  # fit returns: the looks no longer ask
+        if fit is not None:
+            fit.forget()
         TrainStepTap.take(logs)
         self._flush_pending()
+        self._looking = None
         if self._tap is not None:
             self._tap.remove()
         if self.guard is not None:

@@ -105,14 +105,15 @@ class DeviceRing:
         with self._lock:
             return self._fresh()
 
-    def keep(self) -> npt.NDArray[np.float64]:
+    def keep(self, upto: int | None = None) -> npt.NDArray[np.float64]:
         """Read as :meth:`read` does, and keep the rows for :meth:`take`; returns the values of
         every row kept since the last take, oldest first, not only this read's (a reader looks
         at rows often, for a NaN or a rising norm, and turns them into points seldom; a rise
         held for several steps may begin in the rows of an earlier look). The array returned
-        is the one held: read it, do not write to it."""
+        is the one held: read it, do not write to it. Rows numbered after ``upto`` are left
+        unread (a later fit's, run by a train step the tap still wraps)."""
         with self._lock:
-            numbers, values = self._fresh()
+            numbers, values = self._fresh(upto)
             held_numbers, held = self._held
             if len(numbers):
                 if len(held_numbers):
@@ -130,12 +131,16 @@ class DeviceRing:
     def _empty(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         return np.empty(0, np.int64), np.empty((0, self.width), np.float64)
 
-    def _fresh(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    def _fresh(
+        self, upto: int | None = None
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         fetched = tf.raw_ops.ReadVariableOp(resource=self._rows.handle, dtype=tf.float32)
         rows = fetched.numpy()
         self.reads += 1
         numbers = rows[:, 0].astype(np.int64) * _SPLIT + rows[:, 1].astype(np.int64)
         fresh = np.flatnonzero(numbers > self.read_upto)
+        if upto is not None:
+            fresh = fresh[numbers[fresh] <= upto]
         if len(fresh) == 0:
             return self._empty()
         order = fresh[np.argsort(numbers[fresh], kind="stable")]

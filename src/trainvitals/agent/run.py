@@ -211,7 +211,9 @@ class Run:
         """Send what is left and how the run ended; wait up to ``timeout`` s for the server.
 
         Returns whether the server acknowledged everything (False, doing nothing, in a child
-        forked from the process that started the run). Calling it twice is harmless.
+        forked from the process that started the run). Calling it twice is harmless. With
+        ``timeout=0`` the end is queued and nothing waited for (the sender's own thread may
+        call it so).
 
         Only the process that started the run ends it. A child forked from it (a data loader's
         worker) holds a copy of the run, but not its threads. Its exit, or a SIGTERM from
@@ -235,7 +237,7 @@ class Run:
         delivered = self._sender.close(reason, time.time(), traceback_text or None, timeout)
         if self._watchdog is not None:
             self._watchdog.done()
-        if not delivered:
+        if not delivered and timeout > 0:
             log.warning(
                 "trainvitals: %d frames of run %r not acknowledged by %s after %.0f s",
                 self._sender.unacknowledged,
@@ -418,6 +420,18 @@ def _chain_signal(signum: int) -> None:
 
     signal.signal(signum, handler)
     _chained[signum] = (previous, handler)
+
+
+def signals_caught() -> int:
+    """How many SIGTERM/SIGINT the agent's handlers have seen in this process: a mark for
+    :func:`signal_since`."""
+    return len(_signals)
+
+
+def signal_since(mark: int) -> str | None:
+    """The end reason of the last signal seen since :func:`signals_caught` returned ``mark``
+    (``"signal:SIGINT"``: Ctrl-C, or a notebook's interrupt), if any."""
+    return _signals[-1] if len(_signals) > mark else None
 
 
 def _finish_open_runs() -> None:

@@ -7,7 +7,9 @@ the learning rate) and ``train_step`` (to compute the packed vector of
 ``tf_vitals.step_vitals`` and write it, with Keras's metrics, into the device ring of
 :mod:`trainvitals.agent.ring`). Nothing is added to what Keras fetches per step. Where there
 can be no ring (a strategy with several replicas), the vector rides in the logs instead, as
-one more output. :meth:`TrainStepTap.remove` puts the model back as it was.
+one more output. :meth:`TrainStepTap.remove` puts the model back as it was; a tap whose
+``fit`` an exception left (Keras then skips ``on_train_end``) is removed by the next tap
+installed on the model.
 
 Imports TensorFlow (through ``tf_vitals``): load it lazily.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 from trainvitals.agent import packing, tf_vitals
 from trainvitals.agent.config import DEFAULT_RING_CAPACITY
+from trainvitals.agent.fitcall import FitCall
 from trainvitals.agent.packing import Measured
 from trainvitals.agent.ring import DeviceRing
 from trainvitals.series import LOSS
@@ -33,6 +36,8 @@ log = logging.getLogger("trainvitals")
 VITALS_KEY = "trainvitals/vitals"
 #: The key of the step's NaN/Inf flag in the logs, when asked for (``flag_nonfinite``).
 NONFINITE_KEY = "trainvitals/nonfinite"
+#: The model's attribute (outside Keras's tracking) naming the tap installed on it.
+_INSTALLED = "_trainvitals_tap"
 
 
 @dataclass
@@ -63,9 +68,15 @@ class TrainStepTap:
     """
 
     def __init__(
-        self, model: Any, capacity: int = DEFAULT_RING_CAPACITY, flag_nonfinite: bool = False
+        self,
+        model: Any,
+        capacity: int = DEFAULT_RING_CAPACITY,
+        flag_nonfinite: bool = False,
+        fit: FitCall | None = None,
     ) -> None:
         self.model = model
+        #: The ``fit`` call the tap is for (None: a loop of the script's own calls the hooks).
+        self.fit = fit
         self.capacity = capacity
         #: Also put one scalar in each step's logs, non-zero when a value of the step is not
         #: finite, for a caller that must act at that very step (``Protection``): Keras
@@ -80,6 +91,11 @@ class TrainStepTap:
         """Wrap the methods and rebuild the train function. A model the tap cannot wrap
         still trains, without the in-step vitals, after one warning."""
         model = self.model
+        left = vars(model).get(_INSTALLED)
+        if left is not None and left is not self and not (left.fit and left.fit.running()):
+            # The tap of a fit that an exception left (on_train_end never came): the model's
+            # own methods first, then this fit's wrappers, not wrappers around wrappers.
+            left.remove()
         optimizer = getattr(model, "optimizer", None)
         captured = _Captured()
         try:
@@ -141,6 +157,7 @@ class TrainStepTap:
 
                 undo.append(_wrap(optimizer, "apply", measuring_apply))
             self._undo = undo
+            object.__setattr__(model, _INSTALLED, self)
             model.make_train_function(force=True)
         except Exception as exc:  # an unusual model must still train
             log.warning(
@@ -178,6 +195,8 @@ class TrainStepTap:
         undo, self._undo = self._undo, []
         for step in undo:
             step()
+        if vars(self.model).get(_INSTALLED) is self:
+            vars(self.model).pop(_INSTALLED)
         if undo:
             # A later fit without the tap must not run the instrumented step.
             self.model.train_function = None
