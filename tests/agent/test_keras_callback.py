@@ -484,6 +484,10 @@ NOTEBOOK_SCRIPT = textwrap.dedent(
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[again])
     wrapped = {"train_step", "compute_loss", "_trainvitals_tap"} & set(vars(model))
     print("wrapped:", sorted(wrapped), "apply" in vars(model.optimizer), flush=True)
+    # The kernel shut down with a run open: it exited, the interrupt long over.
+    left_open = trainvitals.Monitor(server=sys.argv[1], run_name="left open",
+                                    system_metrics=False, watchdog=False)
+    left_open.log(1, metrics={"loss": 1.0})
     """
 )
 
@@ -519,6 +523,7 @@ def test_a_fit_interrupted_in_a_notebook_ends_its_run_at_once_and_lets_the_model
         "completed",
         8,
     )
+    assert named_run(server, "left open")["end_reason"] == "exited"
 
 
 def named_run(server: ServerProcess, name: str) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from trainvitals.agent.config import (
 from trainvitals.agent.fitcall import FitCall
 from trainvitals.agent.packing import Row, StepTime
 from trainvitals.agent.protect import Guard, Protection
-from trainvitals.agent.run import Run, signal_since, signals_caught
+from trainvitals.agent.run import Run, signals_caught, take_signal_since
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
@@ -344,7 +344,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         fit.forget()
         self._flush_pending(upto=self._last_step)
         self._looking = None  # the ring is a later fit's from now on
-        reason = signal_since(self._signal_mark) or EndReason.EXCEPTION
+        reason = take_signal_since(self._signal_mark) or EndReason.EXCEPTION
         log.warning("trainvitals: fit() was left by an exception; run %r ends as %s",
                     run.config.run_name, reason)  # fmt: skip
         run.finish(reason, text, timeout=0)  # the sender sends it: nothing to wait for here

@@ -428,10 +428,16 @@ def signals_caught() -> int:
     return len(_signals)
 
 
-def signal_since(mark: int) -> str | None:
+def take_signal_since(mark: int) -> str | None:
     """The end reason of the last signal seen since :func:`signals_caught` returned ``mark``
-    (``"signal:SIGINT"``: Ctrl-C, or a notebook's interrupt), if any."""
-    return _signals[-1] if len(_signals) > mark else None
+    (``"signal:SIGINT"``: Ctrl-C, or a notebook's interrupt), if any; it and those before it
+    since ``mark`` are forgotten: the process got over them, and they are not the reason it
+    later exits for."""
+    if len(_signals) <= mark:
+        return None
+    reason = _signals[-1]
+    del _signals[mark:]
+    return reason
 
 
 def _finish_open_runs() -> None:
