@@ -12,7 +12,7 @@ from typing import Any
 
 from websockets.sync.server import Server, ServerConnection, serve
 
-from trainvitals.protocol import ACK, HELLO, WELCOME
+from trainvitals.protocol import ACK, END, HELLO, WELCOME
 
 #: An agent's settings for tests of what is sent at the next look (0.2 s) and what waits:
 #: a regular send an hour away, no sampler, no watchdog.
@@ -36,6 +36,8 @@ class Peer:
         self.welcome_override: dict[str, Any] | None = None
         #: What each connection's welcome lists as ``features``, by connection (none after).
         self.features: list[list[str]] = []
+        #: Set: the ``end`` frame is acknowledged only once it is set.
+        self.hold_end: threading.Event | None = None
         #: Each connection's Authorization header (None when absent).
         self.authorizations: list[str | None] = []
         self._lock = threading.Lock()
@@ -80,6 +82,8 @@ class Peer:
                 if self.drop_at == frame["seq"]:
                     self.drop_at = None
                     return  # the connection ends unacknowledged
+                if frame["type"] == END and self.hold_end is not None:
+                    self.hold_end.wait(30)
                 self.last_seq = max(self.last_seq, frame["seq"])
                 ws.send(json.dumps({"type": ACK, "seq": frame["seq"]}))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,6 +73,30 @@ def test_a_run_says_hello_streams_its_points_and_ends_with_its_reason() -> None:
     assert (end["type"], end["reason"], end["traceback"]) == (END, "exception", "Traceback: boom")
     assert [f["seq"] for f in frames[1:]] == list(range(1, len(frames)))
     assert run.finish() is True  # a second finish is harmless
+
+
+def test_an_end_sent_without_waiting_is_waited_for_by_the_next_finish_and_frees_the_watchdog() -> (
+    None
+):
+    """The sender's own thread ends the run of a fit that an exception left, without waiting
+    (``timeout=0``). The process's exit calls finish again: that call waits for the end, as a
+    first one would, rather than returning at once while the end may still be unsent. The
+    watchdog goes once the server has the end."""
+    with running_peer() as peer:
+        peer.hold_end = threading.Event()
+        run = Run(resolve(server=server_of(peer)), system_metrics=False, watchdog=True)
+        run.start()
+        assert run._watchdog is not None
+        watchdog = run._watchdog._process
+        run.log(1, {"loss": 1.0})
+        assert run.finish(EndReason.EXCEPTION, "Traceback: boom", timeout=0) is False
+        wait_for(lambda: END in [f["type"] for f in peer.frames()], what="the end sent")
+        assert run.finish(timeout=0.2) is False  # the end is not acknowledged yet
+        peer.hold_end.set()
+        assert run.finish(timeout=10) is True
+        wait_for(lambda: watchdog.poll() is not None, what="the watchdog gone")
+    assert watchdog.returncode == 0
+    assert [f["type"] for f in peer.frames()].count(END) == 1
 
 
 def test_a_nan_or_a_steep_gradient_rise_is_sent_at_the_next_read_not_the_next_send() -> None:

@@ -240,16 +240,15 @@ def test_a_watchdog_waits_for_a_process_killed_while_its_hello_was_queued(
                                   "series": {"loss": columns}}))  # fmt: skip
         dead.socket.shutdown(socket.SHUT_WR)  # killed: what it sent is all there is
         with psycopg.connect(postgres_url, autocommit=True) as probe:
-            wait_for(
-                lambda: (
-                    probe.execute(
-                        "SELECT count(*) FROM pg_locks"
-                        " WHERE NOT granted AND relation = 'runs'::regclass"
-                    ).fetchone()
-                    == (1,)
-                ),
-                what="the dead process's hello waiting on the lock",
-            )
+
+            def writer_waits() -> bool:
+                waiting = probe.execute(
+                    "SELECT count(*) FROM pg_locks"
+                    " WHERE NOT granted AND relation = 'runs'::regclass"
+                ).fetchone()
+                return waiting is not None and waiting[0] >= 1
+
+            wait_for(writer_waits, what="the dead process's hello waiting on the lock")
         watchdog = ingest(server)
         watchdog.send(json.dumps({**owned, "watchdog": True}))
 

@@ -24,6 +24,12 @@ class FitCall:
 
     def __init__(self, frame: FrameType, thread: int) -> None:
         self._frame: FrameType | None = frame
+        # The first frame outside Keras that leads to the call (Keras filters its own frames
+        # out of the tracebacks it raises): an exception that left fit passed through it.
+        caller = frame.f_back
+        while caller is not None and _in_keras(caller):
+            caller = caller.f_back
+        self._caller: FrameType | None = caller
         self.thread = thread
         #: The exception the interactive shell kept last (``sys.last_value``) when fit began.
         self._shown_before = getattr(sys, "last_value", None)
@@ -52,19 +58,39 @@ class FitCall:
         return False
 
     def forget(self) -> None:
-        """Let go of the frame (and so of what ``fit`` held: the model, the data)."""
-        self._frame = None
+        """Let go of the frames (and so of what ``fit`` held: the model, the data), and of
+        the exception shown before."""
+        self._frame = self._caller = self._shown_before = None
 
-    def exception_text(self) -> str | None:
-        """The traceback of the exception that left the call, where it can still be seen: the
-        one the thread is handling now (its ``except`` or ``finally`` block), else the one an
-        interactive shell (IPython, Jupyter) showed since the call began; None when the script
-        caught it and moved on."""
+    def exception(self) -> BaseException | None:
+        """The exception that left the call, where it can still be seen: the one the thread is
+        handling now (its ``except`` or ``finally`` block), else the one an interactive shell
+        (IPython, Jupyter) showed since the call began; only one whose traceback passes
+        through the call's caller. None when the script caught it and moved on."""
         handled: Any = sys._current_exceptions().get(self.thread)
-        error = handled[1] if isinstance(handled, tuple) else handled  # 3.11: exc_info()'s
-        if error is None:
-            shown = getattr(sys, "last_value", None)
-            error = shown if shown is not self._shown_before else None
-        if not isinstance(error, BaseException):
-            return None
-        return "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        candidates = [handled[1] if isinstance(handled, tuple) else handled]  # 3.11: exc_info
+        shown = getattr(sys, "last_value", None)
+        if shown is not self._shown_before:
+            candidates.append(shown)
+        for error in candidates:
+            if isinstance(error, BaseException) and self._passed_through(error):
+                return error
+        return None
+
+    def _passed_through(self, error: BaseException) -> bool:
+        caller = self._caller
+        entry = error.__traceback__
+        while entry is not None:
+            if entry.tb_frame is caller:
+                return True
+            entry = entry.tb_next
+        return False
+
+
+def _in_keras(frame: FrameType) -> bool:
+    module = frame.f_globals.get("__name__", "")
+    return isinstance(module, str) and (module == "keras" or module.startswith("keras."))
+
+
+def traceback_text(error: BaseException) -> str:
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__))

@@ -28,7 +28,7 @@ from trainvitals.agent.config import (
     DEFAULT_RING_CAPACITY,
     resolve,
 )
-from trainvitals.agent.fitcall import FitCall
+from trainvitals.agent.fitcall import FitCall, traceback_text
 from trainvitals.agent.packing import Row, StepTime
 from trainvitals.agent.protect import Guard, Protection
 from trainvitals.agent.run import Run, signals_caught, take_signal_since
@@ -169,14 +169,15 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         # The execution ends noted by the looks since the last hand-over (the rows they read
         # wait in the ring: DeviceRing.keep).
         self._staged_clock: list[tuple[int, float]] = []
-        self._read_lock = threading.Lock()
+        # Held by whoever reads the ring or hands steps over, and while a fit's state is
+        # replaced (re-entrant: the looks and the ending of a left fit flush under it).
+        self._read_lock = threading.RLock()
         # The fit call under way (None: a loop of the script's own calls the hooks), and
         # whether a look has seen it left.
         self._fit: FitCall | None = None
         self._fit_gone = False
-        self._looking: Run | None = None  # the run whose looks read the ring
+        self._looking: Run | None = None  # the run whose looks read the ring now
         self._signal_mark = 0
-        self._ending = threading.Lock()  # who ends a left fit's run: a look, or the next fit
 
     # Keras may call on_train_batch_end from a thread pool, several at once and out of order
     # (with the TensorFlow backend it calls it on the training thread): that hook only reads
@@ -184,7 +185,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     async_safe = True
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._end_left_fit()  # this callback's previous fit, left by an exception just now
+        with self._read_lock:  # this callback's previous fit, left by an exception just now
+            self._end_left_fit()
+            self._looking, self._tap = None, None  # no look reads while this fit is set up
+        fit = FitCall.find(self.model)
         params = {k: v for k, v in (self.params or {}).items() if k in ("epochs", "steps")}
         self.guard = Guard(self._protect, self.model) if self._protect is not None else None
         self._autopsied = False
@@ -200,10 +204,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._pending, self._step_times, self._ends = [], [], []
         self._staged_clock = []
         self._last_end = (0, time.monotonic())
-        self._fit = FitCall.find(self.model)
-        self._fit_gone = False
         self._signal_mark = signals_caught()
-        self._looking = self.run
         self.run.start()
         self.run.on_tick(functools.partial(self._look_for, self.run))  # a hung run's steps too
         self._weights_check = (
@@ -211,13 +212,16 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         )
         # Room for two executions at least: the hook reads between executions only.
         per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        self._tap = TrainStepTap(
+        tap = TrainStepTap(
             self.model,
             max(self._ring_capacity, 2 * per_execution),
             flag_nonfinite=self.guard is not None,
-            fit=self._fit,
+            fit=fit,
         )
-        self._tap.install()
+        tap.install()
+        with self._read_lock:  # the looks begin
+            self._tap, self._fit, self._fit_gone = tap, fit, False
+            self._looking = self.run
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch_first_step = self._last_step
@@ -285,29 +289,30 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def _look_for(self, run: Run) -> None:
         """``run``'s look, while its fit is under way: none once it has ended (its last
         frames are on their way), nor for the run of an earlier fit of this callback."""
-        if run is self._looking:
-            self._look()
+        with self._read_lock:
+            if run is self._looking:
+                self._look(run)
 
-    def _look(self) -> None:
+    def _look(self, run: Run) -> None:
         """The sender's look, every ``read_interval``: read the ring, and hand what it has read
         to the run only when a frame leaves at this look anyway, or when the rows held since
         the last hand-over hold something urgent (:mod:`~trainvitals.agent.urgency`).
         Otherwise the rows wait for the next send: turning them into points costs the sender
         about 0.4 ms a look inside a fit whatever their number, so one hand-over a frame pays
         it once, not at each of five looks. The hang detector still learns of every step at
-        each look. A fit that an exception left ends its run (:meth:`_left_fit`)."""
+        each look. A fit that an exception left ends its run (:meth:`_left_fit`). Called with
+        the read lock held."""
         if self._left_fit():
             return
-        tap, run = self._tap, self.run
-        if tap is None or run is None or tap.ring is None:
+        tap = self._tap
+        if tap is None or tap.ring is None:
             self._flush_pending()
             return
-        with self._read_lock:
-            block = self._stage(tap.ring, run)
-            # With protect=, every look confirms healthy steps, so that the weights' copies
-            # taken before them can go (one every `good_every` steps would pile up for a second).
-            if self.guard is not None or run.rows_due(packing.head_series(block, tap.measured)):
-                self._record(self._hand_over(tap.ring, tap.measured))
+        block = self._stage(tap.ring, run)
+        # With protect=, every look confirms healthy steps, so that the weights' copies
+        # taken before them can go (one every `good_every` steps would pile up for a second).
+        if self.guard is not None or run.rows_due(packing.head_series(block, tap.measured)):
+            self._record(self._hand_over(tap.ring, tap.measured))
 
     def _left_fit(self) -> bool:
         """Whether ``fit`` has been left without ``on_train_end`` (an exception: Keras then
@@ -317,7 +322,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         tapped step, and its rows are not this run's. At the first look that finds it gone,
         the steps whose ends the hooks saw are kept; at the next, the run ends
         (:meth:`_end_left_fit`): an uncaught exception's own report (the excepthook, then the
-        exit) has had the first word, with its traceback."""
+        exit) has had the first word, with its traceback. Called with the read lock held."""
         fit = self._fit
         if fit is None or fit.running():
             return False
@@ -334,20 +339,29 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if Ctrl-C (a notebook's interrupt) came during it, else ``exception``, with the
         traceback where it can still be seen (a notebook shows it). Without this the process,
         which lives on, kept the run ``running``. The model keeps the tap until the next fit
-        with a ``VitalsCallback`` takes it off."""
-        with self._ending:
-            fit, self._fit = self._fit, None
-        run = self.run
+        with a ``VitalsCallback`` takes it off. Called with the read lock held."""
+        fit, run = self._fit, self.run
         if fit is None or run is None:
             return
-        text = fit.exception_text()
-        fit.forget()
-        self._flush_pending(upto=self._last_step)
-        self._looking = None  # the ring is a later fit's from now on
-        reason = take_signal_since(self._signal_mark) or EndReason.EXCEPTION
-        log.warning("trainvitals: fit() was left by an exception; run %r ends as %s",
-                    run.config.run_name, reason)  # fmt: skip
-        run.finish(reason, text, timeout=0)  # the sender sends it: nothing to wait for here
+        self._fit = None
+        error = None
+        try:
+            error = fit.exception()
+            self._flush_pending(upto=self._last_step)
+        except Exception:  # the run ends all the same
+            log.exception("trainvitals: the last steps of a fit left by an exception are lost")
+        finally:
+            self._looking = None  # the ring is a later fit's from now on
+            fit.forget()
+            # A notebook's kernel may put its own SIGINT handler back around each cell, past
+            # the agent's: a KeyboardInterrupt says Ctrl-C as well.
+            reason = take_signal_since(self._signal_mark) or (
+                EndReason.SIGINT if isinstance(error, KeyboardInterrupt) else EndReason.EXCEPTION
+            )
+            text = traceback_text(error) if error is not None else None
+            log.warning("trainvitals: fit() was left by an exception; run %r ends as %s",
+                        run.config.run_name, reason)  # fmt: skip
+            run.finish(reason, text, timeout=0)  # the sender sends it: no wait here
 
     def _flush_pending(self, upto: int | None = None) -> None:
         """Hand over every step recorded so far (the training thread calls this when half
@@ -470,7 +484,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.run.log(self.run.last_step, epoch_values)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        with self._ending:
+        with self._read_lock:
             fit, self._fit = self._fit, None  # fit returns: the looks no longer ask
         if fit is not None:
             fit.forget()

@@ -155,6 +155,7 @@ class Run:
             token=self.config.token,
             heartbeat_interval=self.config.heartbeat_interval,
             tick=self._tick,
+            on_done=self._release_watchdog,
             pending=PendingFrames(
                 self.config.spool_after_bytes,
                 Spool(self.config.spool_dir, self.id, self.config.spool_max_bytes),
@@ -211,9 +212,10 @@ class Run:
         """Send what is left and how the run ended; wait up to ``timeout`` s for the server.
 
         Returns whether the server acknowledged everything (False, doing nothing, in a child
-        forked from the process that started the run). Calling it twice is harmless. With
-        ``timeout=0`` the end is queued and nothing waited for (the sender's own thread may
-        call it so).
+        forked from the process that started the run). A second call waits, as the first did,
+        for what the first sent. With ``timeout=0`` the end is queued and nothing waited for
+        (the sender's own thread may call it so): the run stays among those the process's
+        exit waits for, and its watchdog stays until the server has the end.
 
         Only the process that started the run ends it. A child forked from it (a data loader's
         worker) holds a copy of the run, but not its threads. Its exit, or a SIGTERM from
@@ -224,10 +226,15 @@ class Run:
         if not self.here:
             return False
         with self._lock:
-            if self._finished or self._sender is None:
+            if self._sender is None:
                 return True
-            self._finished = True
-        _open_runs.discard(self)
+            again, self._finished = self._finished, True
+        if again:
+            delivered = self._sender.wait(timeout)
+            self._release_watchdog()
+            return delivered
+        if timeout > 0:
+            _open_runs.discard(self)
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler.sample_once()  # the last readings before the end
@@ -235,8 +242,8 @@ class Run:
             # The server is away: don't hold the end of training hostage to it.
             timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
         delivered = self._sender.close(reason, time.time(), traceback_text or None, timeout)
-        if self._watchdog is not None:
-            self._watchdog.done()
+        if timeout > 0:
+            self._release_watchdog()
         if not delivered and timeout > 0:
             log.warning(
                 "trainvitals: %d frames of run %r not acknowledged by %s after %.0f s",
@@ -246,6 +253,15 @@ class Run:
                 timeout,
             )
         return delivered
+
+    def _release_watchdog(self) -> None:
+        """The run told the server how it ended (or the process is exiting having tried):
+        the watchdog can go. Once; from the finishing thread, or the sender's once the end
+        of a finish that did not wait is acknowledged."""
+        with self._lock:
+            watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.done()
 
     def on_tick(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` on the sender thread before each send (to hand over what is held)."""
@@ -424,7 +440,7 @@ def _chain_signal(signum: int) -> None:
 
 def signals_caught() -> int:
     """How many SIGTERM/SIGINT the agent's handlers have seen in this process: a mark for
-    :func:`signal_since`."""
+    :func:`take_signal_since`."""
     return len(_signals)
 
 

@@ -92,7 +92,7 @@ class TrainStepTap:
         still trains, without the in-step vitals, after one warning."""
         model = self.model
         left = vars(model).get(_INSTALLED)
-        if left is not None and left is not self and not (left.fit and left.fit.running()):
+        if left is not None and left is not self and left.fit and not left.fit.running():
             # The tap of a fit that an exception left (on_train_end never came): the model's
             # own methods first, then this fit's wrappers, not wrappers around wrappers.
             left.remove()

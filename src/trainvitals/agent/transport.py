@@ -114,6 +114,7 @@ class Sender:
         pending: where unacknowledged frames wait (default: 32 MiB in memory, no spool).
         keepalive: seconds between the connection's keepalive pings (default: websockets' own,
             20 s; websockets before 15 sends none).
+        on_done: called on this thread once the ``end`` is acknowledged.
     """
 
     def __init__(
@@ -128,8 +129,10 @@ class Sender:
         pending: PendingFrames | None = None,
         read_interval: float | None = None,
         keepalive: float | None = None,
+        on_done: Callable[[], None] | None = None,
     ) -> None:
         self._url = url
+        self._on_done = on_done
         self._keepalive: dict[str, Any] = {} if keepalive is None else {"ping_interval": keepalive}
         self._hello = hello
         self._buffer = buffer
@@ -167,6 +170,12 @@ class Sender:
         self._end = (reason, when, traceback)
         self._closing.set()
         self._wake.set()
+        self._done.wait(timeout)
+        return self._done.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the ``end`` :meth:`close` queued to be acknowledged;
+        whether it is."""
         self._done.wait(timeout)
         return self._done.is_set()
 
@@ -215,6 +224,8 @@ class Sender:
                 self._connection()
                 self._pending.close()
                 self._done.set()
+                if self._on_done is not None:
+                    self._on_done()
                 return
             except (
                 OSError,
