@@ -205,6 +205,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._staged_clock = []
         self._last_end = (0, time.monotonic())
         self._signal_mark = signals_caught()
+        with self._read_lock:  # the looks begin: they ask after the fit, and read no ring yet
+            self._fit, self._fit_gone, self._looking = fit, False, self.run
         self.run.start()
         self.run.on_tick(functools.partial(self._look_for, self.run))  # a hung run's steps too
         self._weights_check = (
@@ -219,9 +221,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             fit=fit,
         )
         tap.install()
-        with self._read_lock:  # the looks begin
-            self._tap, self._fit, self._fit_gone = tap, fit, False
-            self._looking = self.run
+        with self._read_lock:  # the looks read its ring from now on
+            self._tap = tap
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch_first_step = self._last_step
@@ -289,9 +290,15 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def _look_for(self, run: Run) -> None:
         """``run``'s look, while its fit is under way: none once it has ended (its last
         frames are on their way), nor for the run of an earlier fit of this callback."""
-        with self._read_lock:
+        # Not waiting for the lock: the training thread may hold it, or a SIGTERM handler
+        # that waits for this thread to send the end (a look skipped now comes again soon).
+        if not self._read_lock.acquire(blocking=False):
+            return
+        try:
             if run is self._looking:
                 self._look(run)
+        finally:
+            self._read_lock.release()
 
     def _look(self, run: Run) -> None:
         """The sender's look, every ``read_interval``: read the ring, and hand what it has read
@@ -330,6 +337,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self._end_left_fit()
         else:
             self._fit_gone = True
+            self.guard = None  # nothing to stop or restore: that fit is over
             self._flush_pending(upto=self._last_step)
         return True
 
@@ -343,7 +351,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         fit, run = self._fit, self.run
         if fit is None or run is None:
             return
-        self._fit = None
+        self._fit, self.guard = None, None  # nothing to stop or restore: that fit is over
         error = None
         try:
             error = fit.exception()

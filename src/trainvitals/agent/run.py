@@ -230,8 +230,11 @@ class Run:
                 return True
             again, self._finished = self._finished, True
         if again:
+            if not self._sender.connected:
+                timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
             delivered = self._sender.wait(timeout)
-            self._release_watchdog()
+            if delivered or timeout > 0:
+                self._release_watchdog()
             return delivered
         if timeout > 0:
             _open_runs.discard(self)
@@ -244,6 +247,8 @@ class Run:
         delivered = self._sender.close(reason, time.time(), traceback_text or None, timeout)
         if timeout > 0:
             self._release_watchdog()
+        elif (watchdog := self._watchdog) is not None:  # it waits for the end's ack
+            watchdog.release_faults()  # but a later crash is not this run's
         if not delivered and timeout > 0:
             log.warning(
                 "trainvitals: %d frames of run %r not acknowledged by %s after %.0f s",
@@ -356,6 +361,8 @@ def _jsonable(value: Any) -> Any:
 _open_runs: weakref.WeakSet[Run] = weakref.WeakSet()
 _uncaught: list[str] = []
 _signals: list[str] = []
+#: How many of ``_signals`` the process got over (take_signal_since): not why it exits.
+_signals_forgotten = 0
 _hooks_installed = False
 #: The signals given trainvitals' handler: the handler before it, and trainvitals'.
 _chained: dict[int, tuple[Any, Callable[[int, FrameType | None], None]]] = {}
@@ -449,15 +456,16 @@ def take_signal_since(mark: int) -> str | None:
     (``"signal:SIGINT"``: Ctrl-C, or a notebook's interrupt), if any; it and those before it
     since ``mark`` are forgotten: the process got over them, and they are not the reason it
     later exits for."""
+    global _signals_forgotten
     if len(_signals) <= mark:
         return None
-    reason = _signals[-1]
-    del _signals[mark:]
-    return reason
+    _signals_forgotten = len(_signals)
+    return _signals[-1]
 
 
 def _finish_open_runs() -> None:
     text = _uncaught[-1] if _uncaught else None
-    reason = _signals[-1] if _signals else EndReason.EXCEPTION if text else EndReason.EXITED
+    recent = _signals[-1] if len(_signals) > _signals_forgotten else None
+    reason = recent or (EndReason.EXCEPTION if text else EndReason.EXITED)
     for run in list(_open_runs):
         run.finish(reason, text, timeout=5.0)

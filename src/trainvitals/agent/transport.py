@@ -223,9 +223,9 @@ class Sender:
             try:
                 self._connection()
                 self._pending.close()
-                self._done.set()
-                if self._on_done is not None:
+                if self._on_done is not None:  # before a waiter in close() or wait() goes on
                     self._on_done()
+                self._done.set()
                 return
             except (
                 OSError,

@@ -19,6 +19,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -68,6 +69,7 @@ class Watchdog:
 
     def __init__(self, url: str, hello: HelloFrame, token: str | None) -> None:
         self._fault_file: IO[str] | None = None
+        self._faults_lock = threading.Lock()  # the run's finishing thread, or its sender's
         self._fault_path = ""
         if not faulthandler.is_enabled():  # leave a user's own faulthandler set-up alone
             handle, self._fault_path = tempfile.mkstemp(prefix="trainvitals-fault-", suffix=".txt")
@@ -107,11 +109,18 @@ class Watchdog:
             self._process.stdin.close()
         except (OSError, ValueError):
             pass
-        if self._fault_file is not None:
+        self.release_faults()
+
+    def release_faults(self) -> None:
+        """Stop sending crash dumps to this watchdog's file (the run has ended, though its
+        watchdog may wait for the server to have the end): the next run's watchdog, started
+        meanwhile, must not find ``faulthandler`` taken, nor a crash of its fit be filed here."""
+        with self._faults_lock:
+            fault_file, self._fault_file = self._fault_file, None
+        if fault_file is not None:
             faulthandler.disable()
-            self._fault_file.close()
+            fault_file.close()
             Path(self._fault_path).unlink(missing_ok=True)
-            self._fault_file = None
 
 
 # -- the watchdog process ---------------------------------------------------------------------
