@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import traceback
 from types import FrameType
 from typing import Any
 
@@ -90,7 +89,3 @@ class FitCall:
 def _in_keras(frame: FrameType) -> bool:
     module = frame.f_globals.get("__name__", "")
     return isinstance(module, str) and (module == "keras" or module.startswith("keras."))
-
-
-def traceback_text(error: BaseException) -> str:
-    return "".join(traceback.format_exception(type(error), error, error.__traceback__))

@@ -28,10 +28,10 @@ from trainvitals.agent.config import (
     DEFAULT_RING_CAPACITY,
     resolve,
 )
-from trainvitals.agent.fitcall import FitCall, traceback_text
+from trainvitals.agent.fitcall import FitCall
 from trainvitals.agent.packing import Row, StepTime
 from trainvitals.agent.protect import Guard, Protection
-from trainvitals.agent.run import Run, signals_caught, take_signal_since
+from trainvitals.agent.run import Run, signals_caught, take_signal_since, traceback_text
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals
@@ -324,9 +324,9 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def _left_fit(self) -> bool:
         """Whether ``fit`` has been left without ``on_train_end`` (an exception: Keras then
         skips the hook), asked at every look before the ring is read (a walk of the training
-        thread's stack: microseconds, five times a second). Once it has, the
-        ring is no longer read at the looks: a later fit without the callback still runs the
-        tapped step, and its rows are not this run's. At the first look that finds it gone,
+        thread's stack: microseconds, five times a second). Once it has, the ring is no longer
+        read at the looks: a later fit without the callback still runs the tapped step, and its
+        rows are not this run's. At the first look that finds it gone,
         the steps whose ends the hooks saw are kept; at the next, the run ends
         (:meth:`_end_left_fit`): an uncaught exception's own report (the excepthook, then the
         exit) has had the first word, with its traceback. Called with the read lock held."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -17,7 +16,7 @@ from trainvitals.agent.config import (
     resolve,
 )
 from trainvitals.agent.packing import Measured
-from trainvitals.agent.run import Run
+from trainvitals.agent.run import Run, traceback_text
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.vitals import StepVitals
 from trainvitals.protocol import EndReason, whole_micros
@@ -143,7 +142,7 @@ class Monitor:
         if exc is None:
             self.finish()
         else:
-            self.finish(EndReason.EXCEPTION, "".join(traceback.format_exception(kind, exc, tb)))
+            self.finish(EndReason.EXCEPTION, traceback_text(exc))
 
     def finish(self, reason: str = EndReason.COMPLETED, traceback_text: str | None = None) -> bool:
         """End the run; returns whether the server acknowledged everything (False, doing

@@ -229,9 +229,10 @@ class Run:
             if self._sender is None:
                 return True
             again, self._finished = self._finished, True
+        if not self._sender.connected:
+            # The server is away: don't hold the end of training hostage to it.
+            timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
         if again:
-            if not self._sender.connected:
-                timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
             delivered = self._sender.wait(timeout)
             if delivered or timeout > 0:
                 self._release_watchdog()
@@ -241,9 +242,6 @@ class Run:
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler.sample_once()  # the last readings before the end
-        if not self._sender.connected:
-            # The server is away: don't hold the end of training hostage to it.
-            timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
         delivered = self._sender.close(reason, time.time(), traceback_text or None, timeout)
         if timeout > 0:
             self._release_watchdog()
@@ -378,7 +376,7 @@ def _install_exit_hooks() -> None:
     def excepthook(
         kind: type[BaseException], value: BaseException, tb: TracebackType | None
     ) -> None:
-        _uncaught.append("".join(traceback.format_exception(kind, value, tb)))
+        _uncaught.append(traceback_text(value))
         previous(kind, value, tb)
 
     sys.excepthook = excepthook
@@ -443,6 +441,11 @@ def _chain_signal(signum: int) -> None:
 
     signal.signal(signum, handler)
     _chained[signum] = (previous, handler)
+
+
+def traceback_text(error: BaseException) -> str:
+    """``error``'s traceback as Python prints it: what an ``end`` frame carries."""
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__))
 
 
 def signals_caught() -> int:

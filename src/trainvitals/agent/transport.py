@@ -170,8 +170,7 @@ class Sender:
         self._end = (reason, when, traceback)
         self._closing.set()
         self._wake.set()
-        self._done.wait(timeout)
-        return self._done.is_set()
+        return self.wait(timeout)
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the ``end`` :meth:`close` queued to be acknowledged;
