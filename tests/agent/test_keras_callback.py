@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -583,14 +584,24 @@ def test_steps_before_a_hang_reach_the_server_while_it_hangs(server: ServerProce
     model = small_model(0.01)
     vitals = trainvitals.VitalsCallback(server=server.url, run_name="hangs", system_metrics=False)
     with fit_that_hangs(model, vitals, x, y, before=4) as (run_id, fitting):
-        series = wait_for(
-            lambda: (
-                (s := run_series(server, run_id, "loss", "grad/global_norm"))
-                and s.get("loss", {}).get("step") == [1, 2, 3, 4]
-                and s
-            ),
-            what="the four steps before the hang",
-        )
+        try:
+            series = wait_for(
+                lambda: (
+                    (s := run_series(server, run_id, "loss", "grad/global_norm"))
+                    and s.get("loss", {}).get("step") == [1, 2, 3, 4]
+                    and s
+                ),
+                what="the four steps before the hang",
+            )
+        except AssertionError as failed:
+            # One CI run (1d34c8a) found no run on the server after 30 s, the cause unknown:
+            # say where this process's threads were, and what the server said.
+            stacks = "\n".join(
+                f"{thread.name}:\n{''.join(traceback.format_stack(sys._current_frames()[tid]))}"
+                for thread in threading.enumerate()
+                if (tid := thread.ident) in sys._current_frames()
+            )
+            raise AssertionError(f"{failed}\n{stacks}\n{server.output()[-4000:]}") from None
         assert series["grad/global_norm"]["step"] == [1, 2, 3, 4]
         assert fitting.is_alive()  # still hanging: the points came without a fifth step
     assert run_series(server, run_id, "loss")["loss"]["step"] == [1, 2, 3, 4, 5, 6]
