@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import socket
@@ -575,6 +576,98 @@ def test_a_fit_left_by_an_error_the_script_catches_ends_its_run_before_the_retry
     assert (retry["status"], retry["last_step"]) == ("finished", 6)
     assert run_series(server, retried, "loss")["loss"]["step"] == [1, 2, 3, 4, 5, 6]
     assert not {"train_step", "compute_loss", "_trainvitals_tap"} & set(vars(model))
+
+
+def test_a_copy_of_the_callback_has_its_arguments_and_none_of_its_state(
+    server: ServerProcess,
+) -> None:
+    """A copy is made from the arguments (a subclass's own attributes copied too, the GPU
+    source shared): a callback that has run a fit copies into one that has not."""
+    from trainvitals.agent.gpu import SimulatedGpu
+
+    class Labelled(trainvitals.VitalsCallback):
+        def __init__(self, labels: list[str], **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.labels = labels
+
+    gpu = SimulatedGpu(mem_total=16e9, mem_start=2e9, mem_growth=0)
+    protect = trainvitals.Protection(good_every=7)
+    original = Labelled(
+        ["a"], server=server.url, run_name="copied", gpu=gpu, protect=protect, watchdog=False
+    )
+    x, y = regression_data()
+    small_model(0.01).fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[original])
+    copied = copy.deepcopy(original)
+    assert type(copied) is Labelled and copied.run is None and original.run is not None
+    assert copied.labels == ["a"] and copied.labels is not original.labels
+    assert copied._gpu is gpu and copied._protect == protect and copied._protect is not protect
+    small_model(0.01).fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[copied])
+    assert copied.run is not None and copied.run.id != original.run.id
+    run = wait_for(lambda: (r := server.get(f"/api/v1/runs/{copied.run.id}"))["ended_at"] and r)
+    assert (run["name"], run["status"], run["last_step"]) == ("copied", "finished", 6)
+
+
+def ended_runs(server: ServerProcess, project: str, count: int) -> list[dict[str, Any]] | None:
+    """The project's runs once there are ``count`` of them and each has ended."""
+    runs = [r for r in server.get("/api/v1/runs")["runs"] if r["project"] == project]
+    return runs if len(runs) == count and all(r["ended_at"] for r in runs) else None
+
+
+def test_a_keras_tuner_search_streams_each_trial_as_a_run_of_its_own(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """KerasTuner deep-copies the search's callbacks for every trial (a callback holding a
+    lock used to make the search fail at its first trial): each trial's fit is its own
+    complete run, with the callback's settings, and the callback given stays unused."""
+    import keras_tuner  # a dev dependency: not skipped when missing
+
+    x, y = regression_data()
+    rates = [0.01, 0.001]
+
+    def build(hp: Any) -> Any:
+        return small_model(hp.Choice("learning_rate", rates))
+
+    tuner = keras_tuner.GridSearch(
+        build, objective="loss", max_trials=len(rates), directory=tmp_path, project_name="grid"
+    )
+    vitals = trainvitals.VitalsCallback(
+        server=server.url,
+        project="tuned",
+        run_name="trial",
+        config={"search": "grid"},
+        system_metrics=False,
+        watchdog=False,
+    )
+    tuner.search(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[vitals])
+    assert vitals.run is None  # the trials used copies
+    trials = wait_for(lambda: ended_runs(server, "tuned", len(rates)), what="one ended run a trial")
+    for summary in trials:
+        run = server.get(f"/api/v1/runs/{summary['id']}")
+        assert (run["name"], run["status"], run["last_step"]) == ("trial", "finished", 6)
+        assert run["config"]["search"] == "grid"
+        assert run_series(server, summary["id"], "loss")["loss"]["step"] == [1, 2, 3, 4, 5, 6]
+    learning_rates = {round(run_series(server, t["id"], "lr")["lr"]["value"][0], 6) for t in trials}
+    assert learning_rates == set(rates)
+
+    class Tagged(keras_tuner.HyperModel):  # type: ignore[misc]
+        """docs/vitals.md's recipe: a trial's hyperparameters in its run's config."""
+
+        def build(self, hp: Any) -> Any:
+            return build(hp)
+
+        def fit(self, hp: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+            own = trainvitals.VitalsCallback(
+                server=server.url, project="tagged", config=hp.values, watchdog=False
+            )
+            kwargs["callbacks"] = [*kwargs.get("callbacks", []), own]
+            return model.fit(*args, **kwargs)
+
+    keras_tuner.GridSearch(
+        Tagged(), objective="loss", max_trials=len(rates), directory=tmp_path, project_name="tag"
+    ).search(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    tagged = wait_for(lambda: ended_runs(server, "tagged", len(rates)), what="one run a trial")
+    configs = [server.get(f"/api/v1/runs/{t['id']}")["config"] for t in tagged]
+    assert sorted(c["learning_rate"] for c in configs) == sorted(rates)
 
 
 def test_steps_before_a_hang_reach_the_server_while_it_hangs(server: ServerProcess) -> None:

@@ -10,6 +10,7 @@ This module imports Keras; ``trainvitals/__init__.py`` loads it only when
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import threading
@@ -136,6 +137,23 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         ring_capacity: int = DEFAULT_RING_CAPACITY,
     ) -> None:
         super().__init__()
+        # What a copy is made from (__deepcopy__): the arguments, not this callback's state.
+        self._arguments: dict[str, Any] = dict(
+            server=server,
+            project=project,
+            run_name=run_name,
+            token=token,
+            config=config,
+            flush_interval=flush_interval,
+            read_interval=read_interval,
+            grad_norms_every=grad_norms_every,
+            weights_every=weights_every,
+            system_metrics=system_metrics,
+            gpu=gpu,
+            watchdog=watchdog,
+            protect=protect,
+            ring_capacity=ring_capacity,
+        )
         self._protect = protect
         self._ring_capacity = int(ring_capacity)
         self.guard: Guard | None = None
@@ -178,6 +196,24 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._fit_gone = False
         self._looking: Run | None = None  # the run whose looks read the ring now
         self._signal_mark = 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> VitalsCallback:
+        """A new callback made from the same arguments, with none of this one's state.
+
+        KerasTuner deep-copies the search's callbacks for each trial: each copy then streams
+        its trial's fits as runs of their own. The locks, threads and open run of this
+        callback are not copied; the GPU source given as ``gpu`` is shared (it reads a
+        device, it holds no run's state). A subclass's own attributes are deep-copied.
+        """
+        cls = type(self)
+        copied = cls.__new__(cls)
+        memo[id(self)] = copied
+        arguments = {k: v for k, v in self._arguments.items() if k != "gpu"}
+        VitalsCallback.__init__(copied, **copy.deepcopy(arguments, memo), gpu=self._gpu)
+        for name, value in vars(self).items():
+            if name not in vars(copied):
+                setattr(copied, name, copy.deepcopy(value, memo))
+        return copied
 
     # Keras may call on_train_batch_end from a thread pool, several at once and out of order
     # (with the TensorFlow backend it calls it on the training thread): that hook only reads
