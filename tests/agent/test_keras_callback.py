@@ -582,7 +582,8 @@ def test_a_copy_of_the_callback_has_its_arguments_and_none_of_its_state(
     server: ServerProcess,
 ) -> None:
     """A copy is made from the arguments (a subclass's own attributes copied too, the GPU
-    source shared): a callback that has run a fit copies into one that has not."""
+    source shared, a config that cannot be deep-copied shared): a callback that has run a
+    fit copies into one that has not, and a shallow copy shares no run or lock either."""
     from trainvitals.agent.gpu import SimulatedGpu
 
     class Labelled(trainvitals.VitalsCallback):
@@ -593,18 +594,29 @@ def test_a_copy_of_the_callback_has_its_arguments_and_none_of_its_state(
     gpu = SimulatedGpu(mem_total=16e9, mem_start=2e9, mem_growth=0)
     protect = trainvitals.Protection(good_every=7)
     original = Labelled(
-        ["a"], server=server.url, run_name="copied", gpu=gpu, protect=protect, watchdog=False
+        ["a"],
+        server=server.url,
+        run_name="copied",
+        config={"lr": 0.01, "held": threading.Lock()},  # a lock: not to be deep-copied
+        gpu=gpu,
+        protect=protect,
+        watchdog=False,
     )
     x, y = regression_data()
     small_model(0.01).fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[original])
     copied = copy.deepcopy(original)
     assert type(copied) is Labelled and copied.run is None and original.run is not None
+    assert copied._model is None and copied.params is None  # Keras's, set by the next fit
     assert copied.labels == ["a"] and copied.labels is not original.labels
     assert copied._gpu is gpu and copied._protect == protect and copied._protect is not protect
     small_model(0.01).fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[copied])
     assert copied.run is not None and copied.run.id != original.run.id
     run = wait_for(lambda: (r := server.get(f"/api/v1/runs/{copied.run.id}"))["ended_at"] and r)
     assert (run["name"], run["status"], run["last_step"]) == ("copied", "finished", 6)
+    assert run["config"]["lr"] == 0.01 and "lock" in run["config"]["held"]
+    shallow = copy.copy(original)
+    assert type(shallow) is Labelled and shallow.run is None and shallow.labels is original.labels
+    assert shallow._read_lock is not original._read_lock and shallow._protect is protect
 
 
 def ended_runs(server: ServerProcess, project: str, count: int) -> list[dict[str, Any]] | None:
