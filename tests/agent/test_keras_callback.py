@@ -630,17 +630,27 @@ def test_a_keras_tuner_search_streams_each_trial_as_a_run_of_its_own(
 ) -> None:
     """KerasTuner deep-copies the search's callbacks for every trial (a callback holding a
     lock used to make the search fail at its first trial): each trial's fit is its own
-    complete run, with the callback's settings, and the callback given stays unused."""
+    complete run, with the callback's settings, and the callback given stays unused. The
+    hypermodel also adds a callback of its own to each fit (docs/vitals.md's recipe for a
+    trial's hyperparameters in its run's config): one fit, two callbacks, two whole runs."""
     import keras_tuner  # a dev dependency: not skipped when missing
 
     x, y = regression_data()
     rates = [0.01, 0.001]
 
-    def build(hp: Any) -> Any:
-        return small_model(hp.Choice("learning_rate", rates))
+    class Tagged(keras_tuner.HyperModel):  # type: ignore[misc]
+        def build(self, hp: Any) -> Any:
+            return small_model(hp.Choice("learning_rate", rates))
+
+        def fit(self, hp: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+            own = trainvitals.VitalsCallback(
+                server=server.url, project="tagged", config=hp.values, watchdog=False
+            )
+            kwargs["callbacks"] = [*kwargs.get("callbacks", []), own]
+            return model.fit(*args, **kwargs)
 
     tuner = keras_tuner.GridSearch(
-        build, objective="loss", max_trials=len(rates), directory=tmp_path, project_name="grid"
+        Tagged(), objective="loss", max_trials=len(rates), directory=tmp_path, project_name="g"
     )
     vitals = trainvitals.VitalsCallback(
         server=server.url,
@@ -660,26 +670,13 @@ def test_a_keras_tuner_search_streams_each_trial_as_a_run_of_its_own(
         assert run_series(server, summary["id"], "loss")["loss"]["step"] == [1, 2, 3, 4, 5, 6]
     learning_rates = {round(run_series(server, t["id"], "lr")["lr"]["value"][0], 6) for t in trials}
     assert learning_rates == set(rates)
-
-    class Tagged(keras_tuner.HyperModel):  # type: ignore[misc]
-        """docs/vitals.md's recipe: a trial's hyperparameters in its run's config."""
-
-        def build(self, hp: Any) -> Any:
-            return build(hp)
-
-        def fit(self, hp: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
-            own = trainvitals.VitalsCallback(
-                server=server.url, project="tagged", config=hp.values, watchdog=False
-            )
-            kwargs["callbacks"] = [*kwargs.get("callbacks", []), own]
-            return model.fit(*args, **kwargs)
-
-    keras_tuner.GridSearch(
-        Tagged(), objective="loss", max_trials=len(rates), directory=tmp_path, project_name="tag"
-    ).search(x, y, batch_size=BATCH, epochs=1, verbose=0)
     tagged = wait_for(lambda: ended_runs(server, "tagged", len(rates)), what="one run a trial")
-    configs = [server.get(f"/api/v1/runs/{t['id']}")["config"] for t in tagged]
-    assert sorted(c["learning_rate"] for c in configs) == sorted(rates)
+    by_rate = {server.get(f"/api/v1/runs/{t['id']}")["config"]["learning_rate"]: t for t in tagged}
+    assert sorted(by_rate) == sorted(rates)
+    for rate, summary in by_rate.items():
+        assert summary["last_step"] == 6 and summary["status"] == "finished"
+        lr = run_series(server, summary["id"], "lr")["lr"]["value"]
+        assert lr == pytest.approx([rate] * 6)
 
 
 def test_steps_before_a_hang_reach_the_server_while_it_hangs(server: ServerProcess) -> None:

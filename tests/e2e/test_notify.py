@@ -87,7 +87,11 @@ def test_slack_and_a_signed_webhook_hear_an_alert_and_its_resolution(
         assert "*Evidence*" in text and "*What to do*" in text
         assert message["blocks"][-1]["elements"][0]["url"] == f"{PUBLIC_URL}/#/runs/run-1"
         resolved = slack_resolved.json()
-        assert resolved["text"] == "Resolved: nonfinite on mnist/name-run-1"
+        # One CI run (11a5f40) got a group of two changes here, 1 fired and 1 resolved, not
+        # reproduced since: the message and the server's log say which alert fired.
+        assert resolved["text"] == "Resolved: nonfinite on mnist/name-run-1", (
+            f"{json.dumps(resolved, indent=1)}\n{server.output()[-4000:]}"
+        )
         assert len(resolved["blocks"]) == 1
 
         # The webhook: the alert as JSON, signed over timestamp and body.
