@@ -73,6 +73,7 @@ def test_run_page_draws_the_live_run(
         "nonfinite": "NaN/Inf count",
         "host_memory": "host memory",
         "step_time": "step time (s)",
+        "host_cpu": "process CPU % (100: one core)",  # the process's, not the host's
     }
     for chart_id, title in titles.items():
         expect(page.locator(f'[data-chart="{chart_id}"] h3')).to_have_text(title, timeout=30_000)
@@ -132,6 +133,8 @@ def test_run_page_draws_the_live_run(
     themed = """(ink) => [...document.querySelectorAll('[data-chart] .plot')]
                  .every((plot) => plot.layout?.font?.color === ink)"""
     page.wait_for_function(themed, arg="#1d2330")
+    # Charts that were off screen redraw once shown: the picture waits for the last of them.
+    page.wait_for_function("() => !document.querySelector('[data-chart][data-stale]')")
     # The run keeps streaming meanwhile: on a loaded 2-core machine the renderer can take a
     # while to settle a full-page frame of a dozen live charts.
     page.screenshot(path=str(screenshot), full_page=True, animations="disabled", timeout=120_000)

@@ -38,7 +38,7 @@ const GROUPS = [
   { id: LOSS_SCALE, title: "loss scale", rank: RANK.stepTime, log: true, holds: (name) => name === LOSS_SCALE },
   { id: "nonfinite", title: "NaN/Inf count", rank: RANK.nonfinite, holds: (name) => name.startsWith(NONFINITE_PREFIX) },
   { id: "host_memory", title: "host memory", rank: RANK.host, bytes: true, holds: (name) => HOST_MEMORY.has(name) },
-  { id: "host_cpu", title: "host CPU %", rank: RANK.host, holds: (name) => name === HOST_CPU_PERCENT },
+  { id: "host_cpu", title: "process CPU % (100: one core)", rank: RANK.host, holds: (name) => name === HOST_CPU_PERCENT },
   { id: "host_cpu_temp", title: "host CPU temperature (°C)", rank: RANK.host, holds: (name) => name === HOST_CPU_TEMP },
   { id: "disk_free", title: "disk free", rank: RANK.host, bytes: true, holds: (name) => name === HOST_DISK_FREE },
 ];
@@ -536,7 +536,7 @@ export class Chart {
   // the chart is off screen (it redraws when it comes back). Live points redraw at most every
   // LIVE_REDRAW_MS: a stream of hundreds of steps a second would otherwise hold the page.
   schedule({ live = false } = {}) {
-    if (!this.onScreen) { this.stale = true; return; }
+    if (!this.onScreen) { this.stale = true; this.card.dataset.stale = ""; return; }
     if (this.frame != null) return;
     if (this.timer != null) {
       if (live) return;
@@ -637,6 +637,7 @@ export class Chart {
   draw() {
     this.frame = null;
     this.stale = false;
+    delete this.card.dataset.stale; // an off-screen chart's redraw waits until it is shown
     const start = this.lastDraw = performance.now();
     const traces = this.traces();
     Plotly.react(this.plot, traces, this.layout(traces), CONFIG);
