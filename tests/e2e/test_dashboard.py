@@ -135,6 +135,23 @@ def test_run_page_draws_the_live_run(
     page.wait_for_function(themed, arg="#1d2330")
     # Charts that were off screen redraw once shown: the picture waits for the last of them.
     page.wait_for_function("() => !document.querySelector('[data-chart][data-stale]')")
+    # No row but the last is half empty: a chart before a wide one (the gradient norm's
+    # before the layers' heatmap) has a later chart beside it, not a hole.
+    half_rows = page.evaluate(
+        """() => {
+             const grid = document.getElementById('charts');
+             const rows = new Map();
+             for (const card of grid.children) {
+               const box = card.getBoundingClientRect();
+               const top = Math.round(box.top);
+               if (box.height) rows.set(top, (rows.get(top) ?? 0) + box.width);
+             }
+             const full = grid.getBoundingClientRect().width;
+             return [...rows].sort(([a], [b]) => a - b).slice(0, -1)
+               .filter(([, width]) => width < 0.75 * full).length;
+           }"""
+    )
+    assert half_rows == 0
     # The run keeps streaming meanwhile: on a loaded 2-core machine the renderer can take a
     # while to settle a full-page frame of a dozen live charts.
     page.screenshot(path=str(screenshot), full_page=True, animations="disabled", timeout=120_000)
