@@ -604,7 +604,13 @@ def test_a_copy_of_the_callback_has_its_arguments_and_none_of_its_state(
     )
     x, y = regression_data()
     small_model(0.01).fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[original])
-    copied = copy.deepcopy(original)
+    memo: dict[int, Any] = {}
+    copied = copy.deepcopy(original, memo)
+    # The memo is the caller's (KerasTuner copies a list of callbacks with one): what was
+    # copied is kept alive under the memo's own key, as copy.deepcopy keeps it. Under another
+    # key (a freed scratch memo's) that list would answer for any object that later took the
+    # same address.
+    assert any(kept is protect for kept in memo[id(memo)])
     assert type(copied) is Labelled and copied.run is None and original.run is not None
     assert copied._model is None and copied.params is None  # Keras's, set by the next fit
     assert copied.labels == ["a"] and copied.labels is not original.labels

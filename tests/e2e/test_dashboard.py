@@ -127,14 +127,22 @@ def test_run_page_draws_the_live_run(
         wait_for(lambda: points() >= 400, timeout=120, what="a few epochs for the screenshot")
     screenshot = Path(wanted or tmp_path / "dashboard.png")
     screenshot.parent.mkdir(parents=True, exist_ok=True)
-    # Every chart on screen, so that none waits to redraw (charts off screen do).
-    height = page.evaluate("document.documentElement.scrollHeight")
-    page.set_viewport_size({"width": 1400, "height": height + 200})
     themed = """(ink) => [...document.querySelectorAll('[data-chart] .plot')]
                  .every((plot) => plot.layout?.font?.color === ink)"""
     page.wait_for_function(themed, arg="#1d2330")
-    # Charts that were off screen redraw once shown: the picture waits for the last of them.
-    page.wait_for_function("() => !document.querySelector('[data-chart][data-stale]')")
+
+    def all_drawn() -> bool:
+        # Every chart on screen, so that none waits to redraw (charts off screen do): the
+        # viewport as tall as the page, which grows while charts arrive; then no chart still
+        # marked as waiting (the picture waits for the last of them).
+        height = page.evaluate("document.documentElement.scrollHeight")
+        if height > page.viewport_size["height"]:
+            page.set_viewport_size({"width": 1400, "height": height + 200})
+            return False
+        waiting = "[data-chart][data-stale]:not(.filtered-out)"
+        return not page.evaluate(f"() => !!document.querySelector('{waiting}')")
+
+    wait_for(all_drawn, timeout=60, what="every chart on screen and drawn")
     # No row but the last is half empty: a chart before a wide one (the gradient norm's
     # before the layers' heatmap) has a later chart beside it, not a hole.
     half_rows = page.evaluate(

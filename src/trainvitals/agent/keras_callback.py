@@ -15,7 +15,6 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -204,41 +203,40 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         KerasTuner deep-copies the search's callbacks for each trial: each copy then streams
         its trial's fits as runs of their own. The locks, threads and open run of this
         callback are not copied; the GPU source given as ``gpu`` is shared (it reads a
-        device, it holds no run's state), and so is a ``config`` that cannot be deep-copied
-        (it is only read: its values are then shared). A subclass's own attributes are
-        deep-copied; its ``__init__`` is not called again, and an attribute of this class
-        that it set after ``super().__init__()`` is as the arguments make it.
+        device), and a ``config`` that cannot be deep-copied is copied as a new dict whose
+        values are shared (it is only read). A subclass's own attributes are deep-copied; its
+        ``__init__`` is not called again, and an attribute of this class that it set after
+        ``super().__init__()`` is as the arguments make it.
         """
-
-        def copied(value: Any) -> Any:
-            # Into a scratch memo first: a copy that fails halfway leaves its half-made parts
-            # in the memo, where a later reference to the same object would find them.
-            scratch = dict(memo)
-            made = copy.deepcopy(value, scratch)
-            memo.update(scratch)
-            return made
-
-        return self._made_again(copied, memo)
+        return self._made_again(memo, deep=True)
 
     def __copy__(self) -> VitalsCallback:
         """As :meth:`__deepcopy__`, the arguments and a subclass's attributes shared: a
         copy sharing this callback's run and locks would record into the same run."""
-        return self._made_again(lambda value: value, {})
+        return self._made_again({}, deep=False)
 
-    def _made_again(self, copied_as: Callable[[Any], Any], memo: dict[int, Any]) -> VitalsCallback:
+    def _made_again(self, memo: dict[int, Any], deep: bool) -> VitalsCallback:
+        def copied(value: Any) -> Any:
+            return copy.deepcopy(value, memo) if deep else value
+
         cls = type(self)
         made = cls.__new__(cls)
         memo[id(self)] = made
         arguments = dict(self._arguments)
-        try:
-            arguments["config"] = copied_as(arguments["config"])
-        except Exception:  # a value that cannot be copied: the config is only read
-            arguments["config"] = dict(arguments["config"] or {})
-        arguments["protect"] = copied_as(arguments["protect"])  # the rest are plain values
+        config = arguments["config"]
+        if deep and config is not None:
+            try:
+                # With a memo of its own: a deep copy that fails halfway leaves its half-made
+                # parts in its memo, which must not be the caller's.
+                config = copy.deepcopy(config)
+            except Exception:  # a value that cannot be copied: the config is only read
+                config = dict(config)
+        arguments["config"] = config
+        arguments["protect"] = copied(arguments["protect"])  # the rest are plain values
         VitalsCallback.__init__(made, **arguments)
         for name, value in vars(self).items():
             if name not in vars(made):
-                setattr(made, name, copied_as(value))
+                setattr(made, name, copied(value))
         return made
 
     # Keras may call on_train_batch_end from a thread pool, several at once and out of order
