@@ -136,24 +136,15 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         protect: Protection | None = None,
         ring_capacity: int = DEFAULT_RING_CAPACITY,
     ) -> None:
+        # What a copy is made from (__deepcopy__): the arguments as given, not this callback's
+        # state. Taken first, while the locals are the parameters, and so every one of them.
+        given = dict(locals())
+        self._arguments: dict[str, Any] = {
+            name: value for name, value in given.items() if name not in ("self", "__class__")
+        }
+        if config is not None:
+            self._arguments["config"] = dict(config)  # as resolve() takes it
         super().__init__()
-        # What a copy is made from (__deepcopy__): the arguments, not this callback's state.
-        self._arguments: dict[str, Any] = dict(
-            server=server,
-            project=project,
-            run_name=run_name,
-            token=token,
-            config=None if config is None else dict(config),  # as resolve() took it
-            flush_interval=flush_interval,
-            read_interval=read_interval,
-            grad_norms_every=grad_norms_every,
-            weights_every=weights_every,
-            system_metrics=system_metrics,
-            gpu=gpu,
-            watchdog=watchdog,
-            protect=protect,
-            ring_capacity=ring_capacity,
-        )
         self._protect = protect
         self._ring_capacity = int(ring_capacity)
         self.guard: Guard | None = None

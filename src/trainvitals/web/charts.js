@@ -299,8 +299,7 @@ export class Chart {
     this.drawCost = 0; // ms the last redraw took
     this.revision = 0; // plotly's datarevision: the arrays it was given grow in place
     this.picked = ""; // what the series list shows, to redraw it only when that changed
-    this.onScreen = true;
-    this.stale = false;
+    this.onScreen = true; // off screen, a redraw waits (the card is marked data-stale)
     this.card.querySelector('[data-tool="log"]').addEventListener("click", () => {
       this.log = !this.log;
       this.onLog?.(this);
@@ -337,7 +336,7 @@ export class Chart {
     });
     this.observer = new IntersectionObserver(([entry]) => {
       this.onScreen = entry.isIntersecting;
-      if (this.onScreen && this.stale) this.schedule();
+      if (this.onScreen && "stale" in this.card.dataset) this.schedule();
     });
     this.observer.observe(this.card);
     // The system switched between light and dark: the plot takes the page's new colours.
@@ -536,7 +535,7 @@ export class Chart {
   // the chart is off screen (it redraws when it comes back). Live points redraw at most every
   // LIVE_REDRAW_MS: a stream of hundreds of steps a second would otherwise hold the page.
   schedule({ live = false } = {}) {
-    if (!this.onScreen) { this.stale = true; this.card.dataset.stale = ""; return; }
+    if (!this.onScreen) { this.card.dataset.stale = ""; return; } // redrawn when shown
     if (this.frame != null) return;
     if (this.timer != null) {
       if (live) return;
@@ -636,8 +635,7 @@ export class Chart {
 
   draw() {
     this.frame = null;
-    this.stale = false;
-    delete this.card.dataset.stale; // an off-screen chart's redraw waits until it is shown
+    delete this.card.dataset.stale;
     const start = this.lastDraw = performance.now();
     const traces = this.traces();
     Plotly.react(this.plot, traces, this.layout(traces), CONFIG);
