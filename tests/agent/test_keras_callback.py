@@ -490,7 +490,11 @@ NOTEBOOK_SCRIPT = textwrap.dedent(
     except KeyboardInterrupt:  # the notebook shows it; the kernel lives on
         print("interrupted", flush=True)
     sys.stdin.readline()  # the next cells
+    ring = vitals._tap.ring  # the interrupted fit's: a plain fit must not write into it
+    written = int(ring._written.numpy())
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    plain = {"train_step", "compute_loss", "make_train_function"} & set(vars(model))
+    print("plain:", sorted(plain), int(ring._written.numpy()) - written, flush=True)
     again = trainvitals.VitalsCallback(server=sys.argv[1], run_name="again")
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[again])
     wrapped = {"train_step", "compute_loss", "_trainvitals_tap"} & set(vars(model))
@@ -508,7 +512,7 @@ def test_a_fit_interrupted_in_a_notebook_ends_its_run_at_once_and_lets_the_model
 ) -> None:
     """Keras skips ``on_train_end`` when an exception leaves ``fit``; in a notebook the kernel
     lives on after Ctrl-C, and the run stayed ``running`` (its heartbeats went on), the next
-    fit's steps were read into it, and the train step stayed tapped."""
+    fit's steps were read into it, and the train step stayed tapped, for a plain fit too."""
     kernel = start_script(tmp_path / "notebook.py", NOTEBOOK_SCRIPT, server.url)
     assert kernel.stdin is not None and kernel.stdout is not None
     try:
@@ -527,6 +531,7 @@ def test_a_fit_interrupted_in_a_notebook_ends_its_run_at_once_and_lets_the_model
             kernel.kill()
             kernel.wait()
     assert kernel.returncode == 0 and "wrapped: [] False" in out, out
+    assert "plain: [] 0" in out, out  # the plain fit ran the model's own step
     assert named_run(server, "interrupted")["last_step"] == 5  # the next fits' steps are not its
     again = named_run(server, "again")
     assert (again["status"], again["end_reason"], again["last_step"]) == (

@@ -398,7 +398,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if Ctrl-C (a notebook's interrupt) came during it, else ``exception``, with the
         traceback where it can still be seen (a notebook shows it). Without this the process,
         which lives on, kept the run ``running``. The model keeps the tap until the next fit
-        with a ``VitalsCallback`` takes it off. Called with the read lock held."""
+        (or ``train_on_batch``) takes it off (``TrainStepTap``). Called with the read lock held."""
         fit, run = self._fit, self.run
         if fit is None or run is None:
             return

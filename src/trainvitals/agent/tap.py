@@ -8,8 +8,9 @@ the learning rate) and ``train_step`` (to compute the packed vector of
 :mod:`trainvitals.agent.ring`). Nothing is added to what Keras fetches per step. Where there
 can be no ring (a strategy with several replicas), the vector rides in the logs instead, as
 one more output. :meth:`TrainStepTap.remove` puts the model back as it was; a tap whose
-``fit`` an exception left (Keras then skips ``on_train_end``) is removed by the next tap
-installed on the model.
+``fit`` an exception left (Keras then skips ``on_train_end``) is removed when the next ``fit``
+asks for its train function, with a callback or without, or by the next tap installed on the
+model.
 
 Imports TensorFlow (through ``tf_vitals``): load it lazily.
 """
@@ -156,6 +157,24 @@ class TrainStepTap:
                     return apply(grads, trainable_variables)
 
                 undo.append(_wrap(optimizer, "apply", measuring_apply))
+            if self.fit is not None:
+                make_train_function = model.make_train_function
+
+                @functools.wraps(make_train_function)
+                def untapping_make_train_function(force: bool = False) -> Any:
+                    # Keras asks for the train function at the start of every fit (and of
+                    # each train_on_batch), on the training thread, before any callback runs.
+                    # A fit that an exception left never came to on_train_end: a later fit
+                    # without a VitalsCallback would run the tapped step, writing rows into a
+                    # ring no one reads. The training thread takes the tap off here, where no
+                    # step can be running (the sender's thread could pull the function from
+                    # under a fit that had just begun).
+                    if self.fit is not None and not self.fit.running():
+                        self.remove()
+                        return model.make_train_function(force=True)
+                    return make_train_function(force)
+
+                undo.append(_wrap(model, "make_train_function", untapping_make_train_function))
             self._undo = undo
             object.__setattr__(model, _INSTALLED, self)
             model.make_train_function(force=True)
