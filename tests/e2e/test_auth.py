@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from harness.notify import HOOK_PATH, receiving
 from harness.processes import (
     ServerProcess,
     create_token,
@@ -75,6 +76,25 @@ def test_serve_refuses_to_open_up_without_tokens(tmp_path: Path) -> None:
     assert off.returncode == 2 and "loopback address only" in off.stderr
     bare = trainvitals("serve", "--host", "0.0.0.0", "--port", "0", "--db", db)
     assert bare.returncode == 2 and "no tokens" in bare.stderr
+
+
+def test_without_auth_a_request_forwarded_from_elsewhere_is_refused(server: ServerProcess) -> None:
+    """Auth off speaks for an admin of every project, so it answers this machine only: a
+    proxy on this machine forwarding a client from elsewhere (uvicorn takes the address from
+    X-Forwarded-For, sent from loopback) is refused, the client here is not."""
+    assert server.get("/api/v1/session")["auth"] is False
+    request = urllib.request.Request(
+        server.url + "/api/v1/session", headers={"X-Forwarded-For": "203.0.113.5"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 403
+    assert "answers this machine only" in refused.value.read().decode()
+    url = server.url.replace("http", "ws") + "/api/v1/live"
+    with pytest.raises(InvalidStatus) as closed:
+        with connect(url, additional_headers={"X-Forwarded-For": "203.0.113.5"}):
+            pass
+    assert closed.value.response.status_code == 403
 
 
 def test_tokens_are_listed_without_secrets_and_stored_hashed(tmp_path: Path) -> None:
@@ -177,6 +197,85 @@ def test_an_ingest_token_sends_runs_of_its_own_project_only(team: Team) -> None:
         assert closed.value.rcvd.code == 1008 and reason in closed.value.rcvd.reason
 
 
+def test_a_run_keeps_its_project_even_for_a_hello_that_holds_its_secret(team: Team) -> None:
+    """An ingest token of p, given a run of q and that run's secret, cannot write into it by
+    naming p in its hello: the token's project check and the run's secret are two locks, not
+    one. Nor can an admin token of every project move the run."""
+    url = team.server.url.replace("http", "ws") + "/api/v1/ingest"
+    hello = {"type": "hello", "v": 1, "run_id": "run-of-q", "project": "q", "name": "n",
+             "started_at": 1.0, "run_secret": "the-secret-of-run-of-q"}  # fmt: skip
+    loss = {"loss": {"step": [1], "time": [1.0], "value": [0.5]}}
+    with connect(url, additional_headers={"Authorization": f"Bearer {team.ingest_q}"}) as ws:
+        ws.send(json.dumps(hello))
+        assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+        ws.send(json.dumps({"type": "points", "v": 1, "seq": 1, "series": loss}))
+        assert json.loads(ws.recv(timeout=10)) == {"type": "ack", "seq": 1}
+    injected = {"injected": {"step": [2], "time": [2.0], "value": [1.0]}}
+    for token in (team.ingest_p, team.admin):
+        with connect(url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.send(json.dumps({**hello, "project": "p"}))
+                ws.send(json.dumps({"type": "points", "v": 1, "seq": 2, "series": injected}))
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        assert "is not of project 'p'" in closed.value.rcvd.reason
+    status, run = call(team.server, "/api/v1/runs/run-of-q", team.admin)
+    assert status == 200 and run["project"] == "q"  # type: ignore[index]
+    assert sorted(run["series"]) == ["loss"]  # type: ignore[index]
+
+
+def test_a_token_of_one_project_sees_its_own_channels_and_rules_only(tmp_path: Path) -> None:
+    """The channels list and the rules route told a read token of p about q: the channels
+    routed to q (with q's other project names, delivery counts and last error) and q's
+    overrides."""
+    db = str(tmp_path / "team.db")
+    admin = create_token(db, "*", "admin", "alice")
+    read_p = create_token(db, "p", "read", "viewer-p")
+    ingest_q = create_token(db, "q", "ingest", "agents-q")
+    (tmp_path / "rules.toml").write_text("[projects.q.loss_divergence]\nenabled = false\n")
+    with receiving() as receiver:
+        hook = receiver.url(HOOK_PATH)
+        (tmp_path / "channels.toml").write_text(
+            f'[[channels]]\nname = "all"\nkind = "webhook"\nurl = "{hook}"\n'
+            f'[[channels]]\nname = "p-team"\nkind = "webhook"\nurl = "{hook}"\n'
+            'projects = ["p", "acquisition-x"]\n'
+            f'[[channels]]\nname = "q-team"\nkind = "webhook"\nurl = "{hook}"\n'
+            'projects = ["q"]\n'
+        )
+        env = {"TRAINVITALS_NOTIFY": str(tmp_path / "channels.toml"),
+               "TRAINVITALS_RULES": str(tmp_path / "rules.toml")}  # fmt: skip
+        server = ServerProcess(db, extra_env=env, args=["--auth", "required"])
+        try:
+            stream(server, ingest_q, "q")  # a NaN: an alert of q, to "all" and "q-team"
+
+            def channels(token: str) -> dict[str, Any]:
+                status, answer = call(server, "/api/v1/notify/channels", token)
+                assert status == 200, answer
+                return {c["name"]: c for c in answer["channels"]}  # type: ignore[index]
+
+            everyone = wait_for(
+                lambda: (c := channels(admin))["all"]["delivered"] == 1 and c,
+                what="the alert of q delivered to 'all'",
+            )
+            assert everyone["q-team"]["delivered"] == 1
+            assert everyone["p-team"]["projects"] == ["acquisition-x", "p"]
+            seen = channels(read_p)
+            assert sorted(seen) == ["all", "p-team"]
+            assert seen["p-team"]["projects"] == ["p"] and seen["all"]["projects"] is None
+            assert seen["all"]["delivered"] == 0  # q's alert is not p's
+            assert "acquisition-x" not in json.dumps(seen) and '"q' not in json.dumps(seen)
+
+            def divergence(token: str, project: str) -> bool:
+                status, answer = call(server, f"/api/v1/rules?project={project}", token)
+                assert status == 200, answer
+                return bool(answer["rules"]["loss_divergence"]["enabled"])  # type: ignore[index]
+
+            assert divergence(admin, "q") is False
+            assert divergence(read_p, "q") is True  # as for a project without overrides
+        finally:
+            server.stop()
+
+
 def test_the_live_stream_needs_a_token_and_shows_its_project_only(team: Team) -> None:
     url = team.server.url.replace("http", "ws") + "/api/v1/live"
     with connect(url) as ws, pytest.raises(ConnectionClosed) as closed:
@@ -211,6 +310,7 @@ def test_a_browser_signs_in_once_and_a_revoked_token_ends_its_session(team: Team
         cookie = response.headers["Set-Cookie"]
         assert json.loads(response.read())["name"] == "viewer-p"
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    assert "secure" not in cookie.lower()  # plain http here: a Secure cookie would not come back
     session = cookie.split(";", 1)[0]
 
     def with_cookie(path: str) -> int:
@@ -233,6 +333,37 @@ def test_a_browser_signs_in_once_and_a_revoked_token_ends_its_session(team: Team
 
 def token_id(token: str) -> str:
     return token.split("_")[1]
+
+
+def test_the_session_cookie_is_secure_where_browsers_use_https(tmp_path: Path) -> None:
+    """Behind a proxy that ends TLS, the request the server sees may be plain http: the
+    cookie is Secure when the proxy says https (X-Forwarded-Proto, which deploy/nginx.conf
+    sends), or when the public URL is https."""
+    db = str(tmp_path / "team.db")
+    token = create_token(db, "p", "read", "viewer")
+
+    def cookie(server: ServerProcess, headers: dict[str, str]) -> str:
+        body = json.dumps({"token": token}).encode()
+        headers = {"Content-Type": "application/json", **headers}
+        request = urllib.request.Request(server.url + "/api/v1/session", body, headers)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return str(response.headers["Set-Cookie"])
+
+    behind = ServerProcess(db, args=["--auth", "required"])
+    try:
+        assert "Secure" in cookie(behind, {"X-Forwarded-Proto": "https"})
+        assert "Secure" not in cookie(behind, {})
+    finally:
+        behind.stop()
+    public = ServerProcess(
+        db, args=["--auth", "required", "--public-url", "https://tv.example.org"]
+    )
+    try:
+        assert "Secure" in cookie(public, {})
+    finally:
+        public.stop()
+    conf = (Path(__file__).parents[2] / "deploy" / "nginx.conf").read_text()
+    assert "proxy_set_header X-Forwarded-Proto $scheme;" in conf
 
 
 def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> None:

@@ -66,7 +66,7 @@ def test_malformed_browser_message_closes_with_1007(server: ServerProcess) -> No
 def test_a_live_client_is_held_to_small_requests_for_real_run_ids(server: ServerProcess) -> None:
     url = server.url.replace("http", "ws") + "/api/v1/live"
 
-    def closed_after(*requests: str) -> tuple[int, str]:
+    def closed_after(*requests: str | bytes) -> tuple[int, str]:
         with connect(url) as ws, pytest.raises(ConnectionClosed) as closed:
             for request in requests:
                 ws.send(request)
@@ -81,3 +81,12 @@ def test_a_live_client_is_held_to_small_requests_for_real_run_ids(server: Server
     assert closed_after(odd)[0] == 1007
     many = [json.dumps({"type": "subscribe", "run_id": f"r{i}"}) for i in range(257)]
     assert closed_after(*many) == (1008, "at most 256 runs a connection")
+    # A binary frame, and a kilobyte of nesting: each its own close code, no traceback (the
+    # first raised a KeyError out of the route, the second a RecursionError).
+    binary = json.dumps({"type": "subscribe", "run_id": "r1"}).encode()
+    assert closed_after(binary) == (1003, "expected JSON text frames, got a binary frame")
+    assert closed_after("[" * 1000)[0] == 1007
+    with connect(url) as ws:  # the server lives on
+        ws.send(json.dumps({"type": "subscribe", "run_id": "r1"}))
+    server.stop()
+    assert "Traceback" not in server.output(), server.output()[-4000:]

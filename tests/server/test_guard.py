@@ -10,7 +10,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from trainvitals.server.guard import RequestGuard, allowed_hosts, is_loopback
+from trainvitals.server.guard import LOCAL_ONLY, RequestGuard, allowed_hosts, is_loopback
 
 
 async def echo(request: Request) -> JSONResponse:
@@ -24,12 +24,19 @@ async def socket(websocket: WebSocket) -> None:
     await websocket.close()
 
 
-def client(hosts: frozenset[str], public_url: str | None = None) -> TestClient:
+def client(
+    hosts: frozenset[str],
+    public_url: str | None = None,
+    local_only: bool = False,
+    address: str = "testclient",
+) -> TestClient:
     app = Starlette(
         routes=[Route("/w", echo, methods=["GET", "POST"]), WebSocketRoute("/ws", socket)]
     )
-    guarded = RequestGuard(app, hosts, public_url=public_url, max_body_bytes=1000)
-    return TestClient(guarded, base_url="http://127.0.0.1:8600")
+    guarded = RequestGuard(
+        app, hosts, public_url=public_url, max_body_bytes=1000, local_only=local_only
+    )
+    return TestClient(guarded, base_url="http://127.0.0.1:8600", client=(address, 50000))
 
 
 LOOPBACK = allowed_hosts("127.0.0.1", None)
@@ -101,3 +108,21 @@ def test_a_cross_origin_websocket_is_closed_before_it_opens() -> None:
             with http.websocket_connect("/ws", headers={**own, "Origin": "http://evil.example"}):
                 pass
         assert closed.value.code == 1008
+
+
+def test_without_auth_only_this_machine_is_answered_whatever_host_it_names() -> None:
+    """``create_app`` served by hand on every interface, auth off: a client elsewhere that
+    names ``Host: localhost`` passed the Host check, and spoke as an admin of every project."""
+    for address in ("10.0.0.9", "192.0.2.2", "2001:db8::1"):
+        with client(frozenset(), local_only=True, address=address) as http:
+            refused = http.get("/w", headers={"Host": "localhost"})
+            assert refused.status_code == 403 and refused.text == LOCAL_ONLY
+            with pytest.raises(WebSocketDisconnect), http.websocket_connect("/ws"):
+                pass
+    for address in ("127.0.0.1", "::1", "127.0.0.2"):
+        with client(frozenset(), local_only=True, address=address) as http:
+            assert http.get("/w").status_code == 200
+            with http.websocket_connect("/ws") as ws:
+                assert ws.receive_text() == "hi"
+    with client(frozenset(), address="10.0.0.9") as http:  # with auth: the token decides
+        assert http.get("/w").status_code == 200

@@ -146,6 +146,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ),
         public_url=settings.public_url,
         max_body_bytes=settings.max_body_bytes,
+        local_only=not settings.auth_required,
     )
     app.include_router(api.router)
     app.include_router(metrics.router)

@@ -14,6 +14,11 @@ a check:
 - **Writes are JSON**: a form or a ``no-cors`` fetch can only send ``text/plain``, a form or
   multipart body without a preflight, so state-changing routes take ``application/json`` only.
 - **Bodies over ``max_body_bytes``** get 413 before anything reads them.
+- **Without auth, this machine only** (``local_only``): every request then speaks for an
+  admin of every project, so one from another address is refused, whatever address the
+  server listens on (``create_app`` run by hand on ``0.0.0.0``) and whatever ``Host`` it
+  names. Behind a proxy on this machine, the address is the one the proxy forwards
+  (``X-Forwarded-For``, which uvicorn trusts from loopback).
 
 A refusal is a short plain answer (400, 403, 413 or 415); a websocket is closed before it is
 accepted, which its client sees as a 403 answer to its handshake.
@@ -32,6 +37,10 @@ from trainvitals.protocol import CLOSE_POLICY_VIOLATION
 #: Requests that change something; GET, HEAD and OPTIONS only read.
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+LOCAL_ONLY = (
+    "this server runs without tokens (auth off) and answers this machine only: serve with "
+    "--auth required and tokens to share it"
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -73,9 +82,11 @@ class RequestGuard:
         hosts: frozenset[str],
         public_url: str | None = None,
         max_body_bytes: int = 1 << 20,
+        local_only: bool = False,
     ) -> None:
         self.app = app
         self.hosts = hosts
+        self.local_only = local_only
         self.public_origin = _origin_of(public_url) if public_url else None
         self.max_body_bytes = max_body_bytes
 
@@ -127,6 +138,9 @@ class RequestGuard:
         await self.app(scope, replay, send)
 
     def _refusal(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
+        client = scope.get("client")  # None: a Unix socket's, this machine's
+        if self.local_only and client is not None and not is_loopback(str(client[0])):
+            return 403, LOCAL_ONLY
         host = _hostname(headers.get("host", ""))
         if self.hosts and host not in self.hosts:
             return 400, f"unknown host {host[:64]!r}"

@@ -161,6 +161,12 @@ class IngestSession:
         row = await self._writer.submit(
             partial(self._store.runs.open_run, hello=hello.model_dump(), now=time.time())
         )
+        if not row["owned"] and row["project"] != hello.project:
+            raise IngestRejected(
+                CLOSE_POLICY_VIOLATION,
+                f"run {hello.run_id[:20]!r} is not of project {hello.project[:40]!r}: a run "
+                "keeps the project of its first hello",
+            )
         if not row["owned"]:
             raise IngestRejected(
                 CLOSE_POLICY_VIOLATION,

@@ -23,13 +23,14 @@ from sqlalchemy import (
     Text,
     func,
     select,
+    true,
     update,
 )
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.detect.types import jsonable
 from trainvitals.server.notify.messages import Notice, NoticeChange
-from trainvitals.server.storage.schema import metadata
+from trainvitals.server.storage.schema import alerts, metadata
 
 #: Alert changes waiting for, or done with, a notification channel (the notify outbox).
 #: Rows are written in the alert's own transaction; ``owner`` is the server process that
@@ -180,15 +181,21 @@ class OutboxStore:
 
     # -- reads (thread pool) -----------------------------------------------------------------
 
-    def notice_summary(self) -> dict[str, ChannelSummary]:
+    def notice_summary(self, project: str | None = None) -> dict[str, ChannelSummary]:
         """Per channel that has had notices: how many are pending, delivered and failed,
-        when the last one was delivered, and the last error."""
+        when the last one was delivered, and the last error; of ``project``'s alerts only
+        when given (a token of one project learns nothing of the others')."""
         out: dict[str, ChannelSummary] = {}
+        of_project = (
+            outbox.c.alert_id.in_(select(alerts.c.id).where(alerts.c.project == project))
+            if project is not None
+            else true()
+        )
         with self._engine.connect() as conn:
             counts = conn.execute(
-                select(
-                    outbox.c.channel, outbox.c.state, func.count(), func.max(outbox.c.done_at)
-                ).group_by(outbox.c.channel, outbox.c.state)
+                select(outbox.c.channel, outbox.c.state, func.count(), func.max(outbox.c.done_at))
+                .where(of_project)
+                .group_by(outbox.c.channel, outbox.c.state)
             )
             for channel, state, count, done in counts:
                 summary = out.setdefault(channel, no_notices())
@@ -201,7 +208,9 @@ class OutboxStore:
             for channel, summary in out.items():
                 summary["last_error"] = conn.execute(
                     select(outbox.c.last_error)
-                    .where(outbox.c.channel == channel, outbox.c.last_error.is_not(None))
+                    .where(
+                        outbox.c.channel == channel, outbox.c.last_error.is_not(None), of_project
+                    )
                     .order_by(outbox.c.created_at.desc())
                     .limit(1)
                 ).scalar()

@@ -490,8 +490,11 @@ async def silence_alert(
 
 @router.get("/rules")
 def effective_rules(engine: AlertsDep, who: Reader, project: str | None = None) -> RulesAnswer:
-    """The thresholds in force (defaults, the rules file, and ``project``'s overrides)."""
-    rules = engine.rules.for_project(project) if project else engine.rules.defaults
+    """The thresholds in force (defaults, the rules file, and ``project``'s overrides). A
+    token of one project asking for another's gets the defaults, as for a project without
+    overrides: it learns nothing of the others."""
+    seen = scoped(who, project) if project else None
+    rules = engine.rules.for_project(seen) if isinstance(seen, str) else engine.rules.defaults
     return {"project": project, "rules": rules.as_dict()}
 
 

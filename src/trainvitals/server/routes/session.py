@@ -54,7 +54,10 @@ def sign_in(body: SignIn, request: Request, response: Response, state: StateDep)
         max_age=int(state.settings.session_ttl),
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        # Behind a proxy that ends TLS, the request itself may be plain http: the public
+        # URL says where browsers are.
+        secure=request.url.scheme == "https"
+        or (state.settings.public_url or "").lower().startswith("https://"),
         path="/",
     )
     return _identity(who, True)

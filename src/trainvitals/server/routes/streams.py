@@ -31,6 +31,7 @@ log = logging.getLogger("trainvitals.server")
 router = APIRouter()
 
 NO_TOKEN = "a token is required: 'Authorization: Bearer <token>', or sign in"
+BINARY_FRAME = "expected JSON text frames, got a binary frame"
 #: What a browser may send on the live websocket: small requests, for runs that can exist.
 _MAX_LIVE_REQUEST = 1024
 _MAX_SUBSCRIPTIONS = 256
@@ -93,9 +94,7 @@ async def _ingest(
                 return  # a frame that arrived after its token was revoked is not read
             text = message.get("text")
             if text is None:
-                raise IngestRejected(
-                    CLOSE_UNSUPPORTED_DATA, "expected JSON text frames, got a binary frame"
-                )
+                raise IngestRejected(CLOSE_UNSUPPORTED_DATA, BINARY_FRAME)
             reply = await session.handle(text)
             if who is not LOCAL:  # an agent streaming for days uses its token all along
                 state.store.tokens.uses.note(who.token_id)
@@ -131,7 +130,13 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
     sender = asyncio.create_task(_drain(websocket, subscriber))
     try:
         while True:
-            raw = await websocket.receive_text()
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text")
+            if raw is None:  # receive_text() would raise a KeyError: a traceback, no close code
+                await websocket.close(CLOSE_UNSUPPORTED_DATA, BINARY_FRAME)
+                return
             if len(raw) > _MAX_LIVE_REQUEST:  # a browser's requests are a few dozen bytes
                 await websocket.close(CLOSE_TOO_BIG, "live requests are at most 1 KiB")
                 return
@@ -194,7 +199,7 @@ def _live_request(raw: str) -> tuple[str, str] | None:
     """``(kind, run_id)`` of a browser's request, or None when it is not one."""
     try:
         request = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a kilobyte of "[[[[..."
         return None
     if not isinstance(request, dict):
         return None

@@ -244,17 +244,24 @@ class RunStore:
         A new run is bound to a secret: the one its first hello carries (``run_secret``: the
         agent makes one, so its watchdog knows it from the start), else one issued here and
         returned once, in ``secret``, for the welcome. A hello for an existing run must carry
-        it, else nothing changes and ``owned`` is False: no other client can take a run over."""
+        it, else nothing changes and ``owned`` is False: no other client can take a run over.
+        Nor can a hello move a run to another project (its token may send runs of that one
+        only): one naming another project than the run's changes nothing either."""
         claimed = hello.get("run_secret")
         stored = conn.execute(
-            select(runs.c.secret_hash).where(runs.c.id == hello["run_id"])
+            select(runs.c.secret_hash, runs.c.project).where(runs.c.id == hello["run_id"])
         ).first()
-        if stored is not None and stored[0] is not None:
-            if not claimed or not hmac.compare_digest(stored[0], _digest(claimed)):
-                theirs = conn.execute(select(*_ROW).where(runs.c.id == hello["run_id"]))
-                refused = {**theirs.mappings().one(), "created": False, "owned": False}
-                return cast(OpenedRun, {**refused, "secret": None})
-        bound = stored is not None and stored[0] is not None
+        if stored is not None and (
+            stored.project != hello["project"]
+            or (
+                stored.secret_hash is not None
+                and (not claimed or not hmac.compare_digest(stored.secret_hash, _digest(claimed)))
+            )
+        ):
+            theirs = conn.execute(select(*_ROW).where(runs.c.id == hello["run_id"]))
+            refused = {**theirs.mappings().one(), "created": False, "owned": False}
+            return cast(OpenedRun, {**refused, "secret": None})
+        bound = stored is not None and stored.secret_hash is not None
         issued = None if bound or claimed else secrets.token_urlsafe(24)
         binding = None if bound else _digest(claimed or issued or "")
         created = (
