@@ -117,6 +117,47 @@ def test_learning_run_and_steps_per_execution(server: ServerProcess) -> None:
     assert set(again.history) == {"loss", "mae"}
 
 
+@pytest.mark.parametrize(
+    ("data", "per_execution"), [("unknown length", 1), ("arrays", 4), ("unknown length", 4)]
+)
+def test_steps_are_numbered_right_where_keras_numbers_them_wrong(
+    server: ServerProcess, data: str, per_execution: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two ways Keras's own numbering ran ahead of the steps. A dataset of unknown length
+    (a ``filter``, a generator) ends each epoch with one more call of the step that finds no
+    batch: the ring counted it, so every epoch shifted the steps by one (1..4, 6..9, ...), with
+    a false warning of rows written over. ``steps_per_execution`` that does not divide the
+    epoch (4 of 6 batches): Keras numbers the last execution as a whole one, past the epoch's
+    end, and the next epochs' steps, its end marks and step times followed from there."""
+    import tensorflow as tf
+
+    x, y = regression_data()
+    model = small_model(0.01, steps_per_execution=per_execution)
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, run_name=f"{data} {per_execution}", system_metrics=False,
+        watchdog=False,
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="trainvitals"):
+        if data == "arrays":
+            model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[vitals])
+        else:
+            batches = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True)
+            assert batches.cardinality() == tf.data.UNKNOWN_CARDINALITY
+            model.fit(batches.batch(BATCH), epochs=3, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    assert not [r for r in caplog.records if "overwritten" in r.getMessage()]
+    run_id = vitals.run.id
+    run = wait_for(lambda: (r := server.get(f"/api/v1/runs/{run_id}"))["ended_at"] and r)
+    assert run["last_step"] == 18
+    series = run_series(server, run_id, "loss", "mae", "epoch", "step_time")
+    assert series["loss"]["step"] == series["mae"]["step"] == list(range(1, 19))
+    assert series["epoch"]["step"] == [6, 12, 18]
+    step_times = series["step_time"]["step"]
+    assert step_times and set(step_times) <= set(range(1, 19))
+    if per_execution == 4:  # an execution's time, filed under its last step
+        assert set(step_times) <= {4, 6, 10, 12, 16, 18}
+
+
 @contextlib.contextmanager
 def fit_that_hangs(
     model: Any, vitals: Any, x: np.ndarray, y: np.ndarray, before: int

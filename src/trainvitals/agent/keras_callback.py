@@ -178,6 +178,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         # The execution ends noted by the looks since the last hand-over (the rows they read
         # wait in the ring: DeviceRing.keep).
         self._staged_clock: list[tuple[int, float]] = []
+        self._staged_step_times: list[StepTime] = []
         # Held by whoever reads the ring or hands steps over, and while a fit's state is
         # replaced (re-entrant: the looks and the ending of a left fit flush under it).
         self._read_lock = threading.RLock()
@@ -253,7 +254,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         )
         self._epoch_first_step = self._last_step = 0
         self._pending, self._step_times, self._ends = [], [], []
-        self._staged_clock = []
+        self._staged_clock, self._staged_step_times = [], []
         self._last_end = (0, time.monotonic())
         self._signal_mark = signals_caught()
         with self._read_lock:  # the looks begin: they ask after the fit, and read no ring yet
@@ -298,6 +299,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         tap = self._tap
         if self.run is None or tap is None:
             return
+        # Keras numbers an execution by its last step as if it were whole: the last of an
+        # epoch that steps_per_execution does not divide ends past the epoch's last batch.
+        steps = (self.params or {}).get("steps")
+        if steps:
+            batch = min(batch, int(steps) - 1)
         step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
         now = time.monotonic()
         ring = tap.ring
@@ -458,13 +464,22 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         row kept since the last one is returned (a rise held for three steps may begin in an
         earlier look's rows); the execution ends noted since the last look go to the run's
         hang detector now."""
+        # The execution ends and step times are taken before the read: each is then of an
+        # execution whose rows the read sees, so none lies past the rows but where Keras
+        # numbered an execution past the data (the last of an epoch that steps_per_execution
+        # does not divide, numbered as a whole one; with data of unknown length, the one more
+        # that began and found no batch): those are filed under the last step there was.
+        ends = self._ends
+        clock = ends[: len(ends)]
+        del ends[: len(clock)]
+        step_times = self._take_step_times()
         lost = ring.lost
         block = ring.keep(upto)
         if ring.lost > lost:
             log.warning("trainvitals: %d steps' vitals overwritten before a read", ring.lost - lost)
-        ends = self._ends
-        clock = ends[: len(ends)]
-        del ends[: len(clock)]
+        top = ring.read_upto
+        clock = [(min(step, top), at) for step, at in clock]
+        self._staged_step_times.extend((min(step, top), took, at) for step, took, at in step_times)
         if clock:
             self._staged_clock.extend(clock)
             run.add_columns({}, clock)
@@ -489,7 +504,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self._last_end = clock[-1]
         decoded = packing.decode(block, steps, times, measured, self._vitals)
         columns = decoded.columns
-        step_times = self._take_step_times()
+        step_times, self._staged_step_times = self._staged_step_times, []
         if step_times:
             columns[STEP_TIME] = packing.step_time_columns(step_times)
         sick = [steps[j] for j in decoded.sick]
@@ -534,6 +549,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         TrainStepTap.take(logs)
         self._flush_pending()  # Keras has delivered every batch end of the epoch by now
+        ring = self._tap.ring if self._tap is not None else None
+        if ring is not None:
+            # Every row of the epoch is read now: the count the next epoch's steps follow,
+            # where Keras did not know the epoch's length to number its last execution.
+            self._last_step = min(self._last_step, ring.read_upto)
         values = _numbers(logs)
         epoch_values = {
             k if k.startswith(VAL_PREFIX) else EPOCH_PREFIX + k: v for k, v in values.items()

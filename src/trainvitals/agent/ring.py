@@ -81,7 +81,11 @@ class DeviceRing:
         # Few operations, each a node the executor schedules in every step: the number read
         # once (each use of assign_add's result would read the variable again), a scalar index
         # (no reshapes), the row made by one concatenation.
-        number = tf.convert_to_tensor(self._written.assign_add(1))
+        # After the vector, which needs the step's batch: a step that finds no batch (the end
+        # of a dataset of unknown length, where Keras calls the step once more) writes no row
+        # and counts none. Without the dependency the executor could run the count first.
+        with tf.control_dependencies([vector]):
+            number = tf.convert_to_tensor(self._written.assign_add(1))
         parts = tf.cast(
             tf.stack([tf.math.floordiv(number, _SPLIT), tf.math.floormod(number, _SPLIT)]),
             tf.float32,
