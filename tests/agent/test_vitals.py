@@ -51,6 +51,51 @@ def all_series(server: ServerProcess, run_id: str) -> dict[str, Any]:
     return series["series"]  # type: ignore[no-any-return]
 
 
+def test_an_embeddings_gradient_norm_adds_the_rows_of_an_id_looked_up_twice(
+    server: ServerProcess,
+) -> None:
+    """An embedding's gradient comes as ``IndexedSlices``, a row per lookup; the optimizer adds
+    the rows of one id up. Squared one by one, 32 lookups of one id gave 0.75 for a gradient
+    whose norm is 1.66, and the global norm with it."""
+    x = np.array([[1, 1, 1, 1]] * 8 + [[2, 3, 2, 3]] * 8, dtype="int32")
+    y = np.linspace(0.0, 1.0, 16, dtype="float32").reshape(-1, 1)
+
+    def embedding_model() -> Any:
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential(
+            [
+                keras.Input((4,), dtype="int32"),
+                keras.layers.Embedding(10, 3, name="emb"),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1, name="out"),
+            ]
+        )
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    model = embedding_model()
+    with tf.GradientTape() as tape:
+        loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True))
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert isinstance(grads[0], tf.IndexedSlices)
+    true = [float(tf.norm(tf.convert_to_tensor(g))) for g in grads]  # the rows added up
+    squares = tf_vitals.squared_norms(grads).numpy()
+    assert np.allclose(np.sqrt(squares), true, rtol=1e-5)
+
+    model = embedding_model()
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, run_name="embedding", grad_norms_every=1, system_metrics=False
+    )
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    series = all_series(server, vitals.run.id)
+    (embedding,) = [n for n in series if n.startswith("grad/norm/") and "emb" in n]
+    assert series[embedding]["value"][0] == pytest.approx(true[0], rel=1e-5)
+    assert series["grad/global_norm"]["value"][0] == pytest.approx(
+        math.sqrt(sum(t * t for t in true)), rel=1e-5
+    )
+
+
 @pytest.mark.usefixtures("weights_checked_every_time")
 def test_healthy_fit_reports_every_vital(server: ServerProcess) -> None:
     x, y = data()

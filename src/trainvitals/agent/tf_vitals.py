@@ -125,8 +125,20 @@ def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:
         if tensor is None:
             halves.append(tf.constant(0.0, tf.float32))
             continue
-        halves.append(_float32(tf.nn.l2_loss(_dense(tensor))))
+        halves.append(_float32(tf.nn.l2_loss(_summed(tensor))))
     return 2.0 * tf.stack(halves) if halves else tf.zeros([0], tf.float32)
+
+
+def _summed(tensor: Any) -> Any:
+    """A gradient's values as the optimizer applies them. An embedding's gradient is
+    ``IndexedSlices`` with a row per lookup: an id looked up several times in a batch has
+    several rows, which the update adds up. Their squares summed one by one would not be the
+    norm of that sum (32 lookups of one id: 0.75 where the gradient's norm is 1.66), so the
+    rows of one id are added first, without making the whole table dense."""
+    if not isinstance(tensor, tf.IndexedSlices):
+        return tf.convert_to_tensor(tensor)
+    ids, row = tf.unique(tensor.indices)
+    return tf.math.unsorted_segment_sum(tensor.values, row, tf.shape(ids)[0])
 
 
 def step_vitals(
