@@ -158,6 +158,43 @@ def test_steps_are_numbered_right_where_keras_numbers_them_wrong(
         assert set(step_times) <= {4, 6, 10, 12, 16, 18}
 
 
+def test_a_train_step_written_as_kerass_guide_shows_keeps_its_metrics_per_step(
+    server: ServerProcess,
+) -> None:
+    """Keras's guide to customizing ``fit`` returns ``{m.name: m.result() for m in
+    self.metrics}``, whose compiled metrics are a nested dict that Keras flattens for its logs;
+    the ring took only the top level's numbers, and ``mae`` came per epoch only."""
+    import tensorflow as tf
+
+    class Guided(keras.Sequential):  # type: ignore[misc,name-defined]
+        def train_step(self, data: Any) -> Any:
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    x, y = regression_data()
+    keras.utils.set_random_seed(3)
+    model = Guided([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, run_name="guided", system_metrics=False, watchdog=False
+    )
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[vitals])
+    assert vitals.run is not None
+    series = run_series(server, vitals.run.id, "loss", "mae", "grad/global_norm")
+    assert series["mae"]["step"] == series["loss"]["step"] == list(range(1, 7))
+    assert series["grad/global_norm"]["step"] == list(range(1, 7))
+
+
 @contextlib.contextmanager
 def fit_that_hangs(
     model: Any, vitals: Any, x: np.ndarray, y: np.ndarray, before: int

@@ -227,9 +227,11 @@ def with_metrics(
     vector: tf.Tensor, logs: Mapping[str, Any], skip: str
 ) -> tuple[tuple[str, ...], tf.Tensor]:
     """``vector`` followed by the scalar numbers among a traced step's ``logs`` (Keras's
-    metrics), but ``skip``: their names, in order, and the longer vector."""
+    metrics), but ``skip``: their names, in order, and the longer vector. Nested dicts are
+    read as Keras flattens them for its own logs (a ``train_step`` written as Keras's guide
+    shows returns ``{"loss": ..., "compile_metrics": {"mae": ...}}``)."""
     names, values = [], []
-    for name, value in logs.items():
+    for name, value in _flattened(logs).items():
         if name == skip or not isinstance(value, (tf.Tensor, tf.Variable, float, int)):
             continue
         tensor = tf.convert_to_tensor(value)
@@ -237,6 +239,18 @@ def with_metrics(
             names.append(name)
             values.append(tf.reshape(tf.cast(tensor, tf.float32), [1]))
     return tuple(names), tf.concat([vector, *values], 0) if values else vector
+
+
+def _flattened(logs: Mapping[str, Any]) -> dict[str, Any]:
+    """``logs`` with each nested dict's items in its place, by their own names, as Keras's
+    ``pythonify_logs`` makes its logs."""
+    flat: dict[str, Any] = {}
+    for name, value in logs.items():
+        if isinstance(value, Mapping):
+            flat.update(_flattened(value))
+        else:
+            flat[name] = value
+    return flat
 
 
 def nonfinite_flag(vector: tf.Tensor, where: tuple[Sequence[int], Sequence[int]]) -> tf.Tensor:
