@@ -3,6 +3,7 @@ TensorFlow loop, and how a loop that raises ends its run."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -180,3 +181,45 @@ def test_the_optimizers_learning_rate_is_recorded_with_each_step(server: ServerP
     lr = all_series(server, mon.run.id)["lr"]
     assert lr["step"] == [0, 1, 2, 3]
     np.testing.assert_allclose(lr["value"], [0.01, 0.005, 0.0025, 0.00125], rtol=1e-6)
+
+
+def test_a_variable_logged_as_a_metric_is_recorded_as_it_was_at_the_log(
+    server: ServerProcess,
+) -> None:
+    """A device value waits for the ring's read to be converted; a variable (a counter, the
+    optimizer's iterations) was read then, five times its last value."""
+    counter = tf.Variable(0.0)
+    iterations = keras.Variable(0, dtype="int64")
+    with trainvitals.Monitor(server=server.url, run_name="vars", system_metrics=False) as mon:
+        for step in range(5):
+            counter.assign_add(1.0)
+            iterations.assign(iterations + 10)
+            mon.log(step, loss=tf.constant(1.0), metrics={"counter": counter, "it": iterations})
+    series = all_series(server, mon.run.id)
+    assert series["counter"]["value"] == [1, 2, 3, 4, 5]
+    assert series["it"]["value"] == [10, 20, 30, 40, 50]
+
+
+def test_gradients_every_few_steps_trace_one_writer_per_layout(
+    server: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A loop that passes gradients every third step (a GAN's critic, accumulation) switched
+    between two layouts of log()'s arguments, and each switch made a new writer: a new trace
+    (some 100 ms), a new ring, and TensorFlow's retracing warning in the user's log."""
+    x, y = data()
+    model = mlp()
+    with (
+        caplog.at_level(logging.WARNING),
+        trainvitals.Monitor(server=server.url, run_name="every third", system_metrics=False) as mon,
+    ):
+        for step in range(18):
+            xb, loss, grads = batch_step(model, x, y, step % 6)
+            mon.log(step, loss=loss, grads=grads if step % 3 == 0 else None, inputs=xb)
+    assert not [r for r in caplog.records if "retracing" in r.getMessage()]
+    writers = [writer for writer, _ in mon._writers.values()]
+    # Each traced as a first call does, twice (making its ring, then without), and never again.
+    assert [w._write.experimental_get_tracing_count() for w in writers] == [2, 2]
+    series = all_series(server, mon.run.id)
+    assert series["loss"]["step"] == list(range(18))
+    assert series["grad/global_norm"]["step"] == list(range(0, 18, 3))
+    assert series["nonfinite/inputs"]["step"] == list(range(18))

@@ -113,6 +113,9 @@ class Monitor:
         self._replay_bytes = int(replay_bytes)
         self._writer: RingWriter | None = None
         self._measured: Measured | None = None
+        # A writer (its trace, its ring) per layout of log()'s arguments: a loop that passes
+        # gradients every few steps only switches between two, and traces each once.
+        self._writers: dict[tuple[tuple[bool, ...], int], tuple[RingWriter, Measured]] = {}
         self._layout: tuple[tuple[bool, ...], int] | None = None
         self._written = 0
         # (step, unix time) of each write not read yet; the first is write number base + 1.
@@ -185,7 +188,11 @@ class Monitor:
         deferred: dict[str, Any] = {}
         for name, value in (metrics or {}).items():
             if hasattr(value, "numpy"):
-                deferred[name] = value  # a device value: read with the ring, not now
+                from trainvitals.agent import tf_vitals
+
+                # A device value, read with the ring, not now; a variable as it is now (a
+                # snapshot on the device), not as it will be then.
+                deferred[name] = tf_vitals.snapshot(value)
             else:
                 values[name] = float(_to_python(value))
         if loss is not None or grads is not None or inputs is not None:
@@ -207,19 +214,27 @@ class Monitor:
         layout = (loss is not None, inputs is not None, grad_list is not None, lr is not None)
         count = -1 if grad_list is None else len(grad_list)
         if self._writer is None or self._layout != (layout, count):
-            self._read()  # what the old layout wrote, before a ring of the new one
-            self._writer = tf_vitals.RingWriter(self._capacity)
-            self._layout = (layout, count)
-            self._written = 0
-            with self._lock:
-                self._logged, self._logged_base = [], 0
-            self._measured = packing.Measured(
-                loss=layout[0],
-                inputs=layout[1],
-                grads=layout[2],
-                names=self._variable_names(max(count, 0)),
-                lr=layout[3],
-            )
+            self._read()  # what the last layout wrote, before rows of this one
+            cached = self._writers.get((layout, count))
+            if cached is None:
+                measured = packing.Measured(
+                    loss=layout[0],
+                    inputs=layout[1],
+                    grads=layout[2],
+                    names=self._variable_names(max(count, 0)),
+                    lr=layout[3],
+                )
+                cached = self._writers[(layout, count)] = (
+                    tf_vitals.RingWriter(self._capacity),
+                    measured,
+                )
+            ring = cached[0].ring  # every row of it was read when the loop left this layout
+            written = 0 if ring is None else ring.read_upto
+            with self._read_lock, self._lock:
+                self._writer, self._measured = cached
+                self._layout = (layout, count)
+                self._written = written
+                self._logged, self._logged_base = [], written
         with self._lock:  # before the write: a reader may see its row at once
             self._logged.append((step, whole_micros(time.time())))
         try:

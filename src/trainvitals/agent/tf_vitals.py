@@ -314,7 +314,14 @@ class RingWriter:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.ring: DeviceRing | None = None
-        self._write = tf.function(self._vitals_into_ring, reduce_retracing=True, autograph=False)
+        # A partial, not the bound method, as in WeightsCheck: TensorFlow counts the traces of
+        # a bound method across instances, and warned of retracing a loop whose writers each
+        # traced once.
+        self._write = tf.function(
+            functools.partial(RingWriter._vitals_into_ring, self),
+            reduce_retracing=True,
+            autograph=False,
+        )
 
     def _vitals_into_ring(self, loss: Any, inputs: Any, grads: Any, lr: Any) -> tf.Tensor:
         vector = step_vitals(loss, inputs, grads, None, lr)
@@ -334,6 +341,12 @@ class RingWriter:
             None if grads is None else [tensor(g) for g in grads],
             None if lr is None else tf.cast(tensor(lr), tf.float32),
         )
+
+
+def snapshot(value: Any) -> Any:
+    """``value`` as it is now, still on the device: a tensor as it is (it cannot change), a
+    variable read now (a later read would see its later values)."""
+    return value if isinstance(value, tf.Tensor) else tf.identity(value)
 
 
 def learning_rate_of(optimizer: Any) -> Any:
