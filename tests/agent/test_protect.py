@@ -83,6 +83,24 @@ def test_fit_stops_at_the_nan_batch_and_hands_back_the_last_finite_weights(
     assert [(e["kind"], e["step"]) for e in events] == [("autopsy", 47)]
 
 
+def test_a_nan_before_the_first_copy_hands_back_the_weights_fit_began_with(
+    server: ServerProcess,
+) -> None:
+    """The copies come every ``good_every`` steps (100 by default): a NaN at step 5 had none
+    to restore, and left the model's weights poisoned. The weights fit starts from are one."""
+    x, y = nan_in_batch(step=5, steps=10)
+    model = small_model()
+    began = model.get_weights()
+    vitals = trainvitals.VitalsCallback(
+        server=server.url, run_name="early nan", system_metrics=False, watchdog=False,
+        protect=trainvitals.Protection(),
+    )  # fmt: skip
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, callbacks=[vitals], verbose=0)
+    assert vitals.run is not None and vitals.guard is not None
+    assert (vitals.run.last_step, vitals.guard.good_step) == (5, 0)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), began, strict=True))
+
+
 def test_a_memory_forecast_saves_the_weights_and_stops_before_the_oom(
     server: ServerProcess, tmp_path: Path
 ) -> None:

@@ -42,8 +42,9 @@ class Protection:
         on_oom: ``"checkpoint"``: save the weights when the memory forecast's ETA drops under
             ``oom_eta``; ``"stop"``: save them and stop training cleanly; ``"none"``.
         oom_eta: seconds of forecast headroom that trigger ``on_oom`` (default 300).
-        good_every: steps between in-memory copies of weights known to be finite. Each copy
-            costs one device-to-host copy of the weights (default 100).
+        good_every: steps between in-memory copies of weights known to be finite (the first
+            is taken as fit begins). Each copy costs one device-to-host copy of the weights
+            (default 100).
         forecast: the forecast's settings (the server's defaults unless given).
 
     Example:
@@ -89,6 +90,11 @@ class Guard:
         self._oom_done = False
         self.oom_eta: float | None = None
         self.actions: list[str] = []
+        if protection.on_nonfinite != "none" and protection.good_every > 0:
+            # The weights fit starts from (step 0), if finite: a NaN/Inf before the first
+            # copy every good_every steps would otherwise have none to restore, and leave the
+            # model poisoned.
+            self._copy(0)
 
     # -- called from the sampler thread -------------------------------------------------------
 
@@ -114,8 +120,13 @@ class Guard:
         if step // every <= self._copied // every:
             return
         self._copied = step
+        self._copy(step)
+
+    def _copy(self, step: int) -> None:
+        """Keep a copy of the weights as they are after ``step``, if they are all finite (a
+        model not built yet has none to keep)."""
         weights = self.model.get_weights()
-        if all(np.all(np.isfinite(w)) for w in weights if w.dtype.kind == "f"):
+        if weights and all(np.all(np.isfinite(w)) for w in weights if w.dtype.kind == "f"):
             with self._lock:
                 self._copies.append((step, weights))
 
