@@ -195,6 +195,34 @@ def test_a_train_step_written_as_kerass_guide_shows_keeps_its_metrics_per_step(
     assert series["grad/global_norm"]["step"] == list(range(1, 7))
 
 
+def test_a_callback_used_for_several_fits_names_each_run_unless_given_a_name(
+    server: ServerProcess,
+) -> None:
+    """Each fit is a run of its own; a callback made without a ``run_name`` gave them all the
+    name it generated once, so the runs list showed one name several times."""
+    x, y = regression_data()
+    model = small_model(0.01)
+    named, unnamed = (
+        trainvitals.VitalsCallback(
+            server=server.url, run_name=name, system_metrics=False, watchdog=False
+        )
+        for name in ("fine-tune", None)
+    )
+    runs: dict[str, list[str]] = {"named": [], "unnamed": []}
+    for _ in range(2):
+        for key, vitals in (("named", named), ("unnamed", unnamed)):
+            model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[vitals])
+            assert vitals.run is not None
+            runs[key].append(vitals.run.id)
+    names = {
+        key: [server.get(f"/api/v1/runs/{run_id}")["name"] for run_id in ids]
+        for key, ids in runs.items()
+    }
+    assert names["named"] == ["fine-tune", "fine-tune"]
+    first, second = names["unnamed"]
+    assert first.startswith("run-") and second.startswith("run-") and first != second
+
+
 @contextlib.contextmanager
 def fit_that_hangs(
     model: Any, vitals: Any, x: np.ndarray, y: np.ndarray, before: int

@@ -27,6 +27,7 @@ from trainvitals.agent.config import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_READ_INTERVAL,
     DEFAULT_RING_CAPACITY,
+    generate_run_name,
     resolve,
 )
 from trainvitals.agent.fitcall import FitCall
@@ -244,8 +245,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         params = {k: v for k, v in (self.params or {}).items() if k in ("epochs", "steps")}
         self.guard = Guard(self._protect, self.model) if self._protect is not None else None
         self._autopsied = False
+        settings = replace(self._settings, config={**params, **self._settings.config})
+        if self.run is not None and self._arguments["run_name"] is None:
+            # A name generated for each fit: a callback used again (a second fit, a fine-tune)
+            # would give every run it makes the same one.
+            settings = replace(settings, run_name=generate_run_name())
         self.run = Run(
-            replace(self._settings, config={**params, **self._settings.config}),
+            settings,
             system_metrics=self._system_metrics,
             gpu=self._gpu,
             env=tf_vitals.describe(self.model),
