@@ -49,6 +49,7 @@ def test_hosts_a_server_answers_to() -> None:
     assert "10.0.0.5" in allowed_hosts("10.0.0.5", None)
     assert allowed_hosts("127.0.0.1", None, ["*"]) == frozenset()
     assert is_loopback("[::1]") and is_loopback("127.3.2.1") and not is_loopback("10.0.0.1")
+    assert is_loopback("::ffff:127.0.0.1") and not is_loopback("::ffff:10.0.0.1")
 
 
 def test_a_rebound_host_name_is_refused() -> None:

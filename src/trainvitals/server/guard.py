@@ -49,9 +49,12 @@ def is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES or host.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack socket's IPv4 client: ::ffff:127.0.0.1
+    return address.is_loopback
 
 
 def allowed_hosts(bind: str, public_url: str | None, extra: Iterable[str] = ()) -> frozenset[str]:
