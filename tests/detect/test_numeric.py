@@ -230,6 +230,25 @@ def test_a_loss_that_climbs_back_warns_then_turns_critical(framing: int | None) 
 
 
 @FRAMINGS
+def test_a_negative_loss_that_diverges_says_how_far_above_its_minimum(framing: int | None) -> None:
+    """A log-likelihood loss falls below zero; the message gave a ratio to that minimum, which
+    means nothing there ("infx its minimum -2.92"). It says how far above the minimum now."""
+    noise = random.Random(5)
+
+    def loss(s: int) -> float:
+        level = -3.0 + 4.0 * math.exp(-s / 800) + max(0, s - 3000) / 300
+        return level + noise.gauss(0, 0.1)
+
+    book, changes = run_through(Detector(), stream(range(0, 6000), 0.05, loss=loss), framing)
+    assert next(c[:3] for c in changes if c[1] == "loss_divergence") == (
+        "fired", "loss_divergence", "warning"
+    )  # fmt: skip
+    alert = book.alerts[("loss_divergence", "")]
+    assert alert.evidence["minimum"] < 0
+    assert "inf" not in alert.message and "above its minimum -" in alert.message, alert.message
+
+
+@FRAMINGS
 def test_a_loss_that_jumps_back_to_its_start_warns_within_fifty_steps(framing: int | None) -> None:
     """The issue's learning-rate ramp (six ReLU layers, SGD, x1.006 a step, seed 2) as
     recorded: a mean-squared loss that falls from 8 to about 2 while swinging ever wider as

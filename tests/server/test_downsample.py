@@ -43,3 +43,15 @@ def test_all_nan_bucket() -> None:
     values = np.full(1000, np.nan)
     keep = downsample_indices(values, 10)
     assert keep.size == 3 and np.all(np.isnan(values[keep]))
+
+
+def test_never_more_than_max_points_even_at_two_with_a_nan() -> None:
+    """At max_points=2 (the least the route takes) a NaN made one bucket of three: min, max
+    and the NaN. The NaN is kept, and the first extreme beside it."""
+    values = np.linspace(1.0, 0.01, 100)
+    values[40] = np.nan
+    for max_points in (2, 3, 4, 5, 6):
+        keep = downsample_indices(values, max_points)
+        assert 0 < len(keep) <= max_points and 40 in keep, (max_points, keep)
+        assert np.all(np.diff(keep) > 0)
+    assert downsample_indices(values, 2).tolist() == [0, 40]

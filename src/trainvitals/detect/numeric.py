@@ -602,9 +602,15 @@ class LossDivergenceRule(Rule):
             current = self.firing.get("")
             if current is None or (current == "warning" and severity == "critical"):
                 gave_back = (level - low) / learned if learned > 0 else math.inf
+                # A ratio to the minimum means something only above zero (a log-likelihood
+                # loss goes below it): there, how far above the minimum it is.
+                above = (
+                    f"{level / low:.1f}x its minimum"
+                    if low > 0
+                    else f"{number(level - low)} above its minimum"
+                )
                 message = (
-                    f"Loss is rising: its level {number(level)} is "
-                    f"{level / low if low > 0 else math.inf:.1f}x its minimum {number(low)}"
+                    f"Loss is rising: its level {number(level)} is {above} {number(low)}"
                     f" (it started at {number(start)})"
                 )
                 if severity == "critical":

@@ -40,4 +40,10 @@ def downsample_indices(values: npt.NDArray[np.float64], max_points: int) -> npt.
         if bad.size:
             chosen.append(start + int(bad[0]))
         keep.append(np.asarray(chosen, dtype=np.intp))
-    return np.unique(np.concatenate(keep)) if keep else np.arange(0)
+    kept = np.unique(np.concatenate(keep)) if keep else np.arange(0)
+    if kept.size > max_points:
+        # max_points 2 and a value not finite: one bucket of three. The first value not
+        # finite is what matters most, then the first extreme.
+        ranked = np.concatenate([kept[~finite[kept]], kept[finite[kept]]])
+        kept = np.sort(ranked[:max_points])
+    return kept

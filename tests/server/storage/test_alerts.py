@@ -54,6 +54,19 @@ def test_alerts_are_upserted_filtered_acknowledged_and_silenced(store: Store) ->
     assert store.alerts.get_alert(alert.id)["silenced_until"] == 2000.0  # type: ignore[index]
     assert [s["id"] for s in store.alerts.active_silences(now=1500.0)] == ["s1"]
     assert store.alerts.active_silences(now=2500.0) == []
+    # A shorter silence set later replaces the one in force: the alert said it ended in a
+    # minute, and the hour-long one before it still silenced the alert when it fired again.
+    hour, minute = (
+        {"id": sid, "run_id": "r1", "rule": "nonfinite", "subject": "", "until": until,
+         "created_at": at, "created_by": None}
+        for sid, until, at in (("s2", 6600.0, 3000.0), ("s3", 3160.0, 3100.0))
+    )  # fmt: skip
+    for silence in (hour, minute):
+        with store.engine.begin() as conn:
+            store.alerts.add_silence(conn, silence)  # type: ignore[arg-type]
+    assert store.alerts.get_alert(alert.id)["silenced_until"] == 3160.0  # type: ignore[index]
+    assert [s["id"] for s in store.alerts.active_silences(now=3101.0)] == ["s3"]
+    assert store.alerts.active_silences(now=3200.0) == []
 
 
 def test_standings_give_each_runs_rules_their_worst_severity_in_one_query(

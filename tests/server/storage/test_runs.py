@@ -203,6 +203,13 @@ def test_runs_are_found_by_name_status_and_tag_sorted_and_paged(store: Store) ->
     assert store.runs.find_runs(RunFilter(archived="include"))["total"] == 12
     by_name = store.runs.find_runs(RunFilter(sort="name", descending=False), limit=2)["runs"]
     assert [r["name"] for r in by_name] == ["lr_100%", "name-r00"]
+    # Both engines alike: a name filter lowers every letter (SQLite's lower() did ASCII only),
+    # a tag filter tells case apart (SQLite's LIKE did not).
+    with store.engine.begin() as conn:
+        store.runs.edit_run(conn, "r06", {"name": "Ärger-Test"}, now=9.0)
+    for q in ("Ärger", "ärger", "ÄRGER-t"):
+        assert [r["id"] for r in store.runs.find_runs(RunFilter(q=q))["runs"]] == ["r06"], q
+    assert store.runs.find_runs(RunFilter(tag="SWEEP-1"))["total"] == 0
     with store.engine.begin() as conn:
         store.alerts.save_alert(conn, alert_row("a1", "r02"))  # critical, firing
         store.alerts.save_alert(conn, {**alert_row("a2", "r04"), "severity": "warning",

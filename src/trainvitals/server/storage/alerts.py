@@ -116,7 +116,16 @@ class AlertStore:
         return _alert_row(conn, alert_id)
 
     def add_silence(self, conn: Connection, silence: Silence) -> None:
-        """Store the silence, and mark the alerts it silences."""
+        """Store the silence, and mark the alerts it silences. It replaces the silences of
+        the same run, rule and subject still in force (they end as it begins, and stay as a
+        record): one for a minute after one for an hour ends in a minute, as the alert says."""
+        same = (
+            silences.c.run_id == silence["run_id"],
+            silences.c.rule == silence["rule"],
+            silences.c.subject == silence["subject"],
+        )
+        begins = silence["created_at"]
+        conn.execute(update(silences).where(*same, silences.c.until > begins).values(until=begins))
         conn.execute(silences.insert().values(**silence))
         conn.execute(
             update(alerts)

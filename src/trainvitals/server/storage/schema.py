@@ -235,4 +235,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=5000")
+    # As PostgreSQL answers: LIKE tells case apart (a tag filter: "gpu" is not "GPU"), and
+    # lower() lowers every letter, not ASCII's only (a name filter: "Ärger" finds "ärger").
+    cursor.execute("PRAGMA case_sensitive_like=ON")
     cursor.close()
+    dbapi_connection.create_function("lower", 1, _lower, deterministic=True)
+
+
+def _lower(text: Any) -> Any:
+    return text.lower() if isinstance(text, str) else text
