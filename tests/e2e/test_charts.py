@@ -449,6 +449,17 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
     page.goto(f"{server.url}/#/runs/{run.id}")
     heatmap = page.locator('[data-chart="grad_heatmap"]')
     expect(heatmap).to_have_attribute("data-layers", "27")
+    # Norms every 10 steps, and every step for the last 12 (as the agent sends them after a
+    # jump): columns narrower than 10 steps left every tenth one empty, a stripe down the map.
+    empty = page.evaluate(
+        """async () => { const { heatmapCells } = await import('/static/heatmap.js');
+            const step = [];
+            for (let s = 10; s <= 880; s += 10) step.push(s);
+            for (let s = 885; s <= 896; s++) step.push(s);
+            const { x, z } = heatmapCells([{ step, value: step.map(() => 1) }], 1, 896);
+            return z[0].flatMap((cell, i) => (cell == null ? [x[i]] : [])); }"""
+    )
+    assert empty == [], empty
     expect(heatmap).to_have_attribute("data-marked", "sigmoid_0/kernel")
     rows = plot(page, "grad_heatmap", "plot.data[0].y")
     assert rows == layers

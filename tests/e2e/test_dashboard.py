@@ -385,6 +385,12 @@ def test_an_alert_reaches_the_banner_the_run_page_and_its_charts(
         listed = page.locator(f"#alert-list [data-alert-id='{alert['id']}']")
         expect(listed).to_contain_text("mnist / nan-batch")
         assert page.evaluate("location.hash") == "#/alerts?state=resolved"
+        # "Any state" is kept in the address too: a reload showed the firing ones (none) again.
+        page.get_by_label("State").select_option("")
+        assert page.evaluate("location.hash") == "#/alerts?state="
+        page.reload()
+        expect(page.get_by_label("State")).to_have_value("")
+        expect(listed).to_contain_text("mnist / nan-batch")
     finally:
         run.finish()
     assert not errors, errors

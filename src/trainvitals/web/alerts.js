@@ -7,6 +7,8 @@ import { listAlerts, listProjects } from "./api.js";
 import { escapeHTML, setTitle } from "./format.js";
 
 const LIMIT = 500;
+// What the page shows when the address names no state; "Any state" is then `state=` in it.
+const DEFAULT_STATE = "firing";
 const CHOICES = {
   state: [["firing", "Firing"], ["resolved", "Resolved"], ["closed", "Closed at run end"], ["", "Any state"]],
   severity: [["", "Any severity"], ["critical", "Critical"], ["warning", "Warning"], ["info", "Info"]],
@@ -18,7 +20,7 @@ const options = (choices, selected) => choices.map(([value, label]) =>
 export async function renderAlerts(root, feed, params) {
   setTitle("Alerts");
   const filters = {
-    state: params.get("state") ?? "firing",
+    state: params.get("state") ?? DEFAULT_STATE,
     severity: params.get("severity") ?? "",
     project: params.get("project") ?? "",
   };
@@ -29,6 +31,7 @@ export async function renderAlerts(root, feed, params) {
       <label>Severity <select name="severity">${options(CHOICES.severity, filters.severity)}</select></label>
       <label>Project <select name="project">${options([["", "Any project"]], filters.project)}</select></label>
     </form>
+    <p class="error" id="alert-error" role="alert" hidden></p>
     <div class="alert-list" id="alert-list"><p class="muted">Loading…</p></div>`;
   const form = root.querySelector("#alert-filters");
 
@@ -61,11 +64,19 @@ export async function renderAlerts(root, feed, params) {
     form.elements.project.innerHTML = options([["", "Any project"], ...projects.map((p) => [p, p])], filters.project);
   };
 
+  const error = root.querySelector("#alert-error");
   form.addEventListener("change", () => {
     for (const key of Object.keys(filters)) filters[key] = form.elements[key].value;
-    const query = new URLSearchParams(Object.entries(filters).filter(([, value]) => value));
+    // Every choice but the defaults, "Any state" included (an empty state is not the default):
+    // a reload or a shared link shows the same list.
+    const query = new URLSearchParams(Object.entries(filters).filter(([key, value]) =>
+      (key === "state" ? value !== DEFAULT_STATE : value)));
     history.replaceState(null, "", `#/alerts${query.size ? `?${query}` : ""}`); // no hashchange: no re-render
-    load();
+    error.hidden = true;
+    load().catch((failure) => {
+      error.textContent = `Could not load the alerts: ${failure.message}`;
+      error.hidden = false;
+    });
   });
 
   // A null update: the feed reloaded after a reconnect, and so does this list.

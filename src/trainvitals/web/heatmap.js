@@ -25,10 +25,13 @@ export function alertLayers(alert) {
 
 // z[layer][bucket]: log10 of the largest finite positive norm in the bucket, null for none.
 export function heatmapCells(layers, first, last, columns = COLUMNS) {
-  // No more columns than the best-sampled layer has points: norms taken every few steps would
-  // otherwise leave stripes of empty cells.
+  // No more columns than the best-sampled layer has points, and none narrower than its usual
+  // step between norms: norms taken every few steps would otherwise leave stripes of empty
+  // cells (the agent sends them every 10 steps, and every step for a while after a jump: those
+  // points counted alone made columns of 9 steps, and every tenth one empty).
   columns = Math.max(1, Math.min(columns, ...layers.map(({ step }) => step.length)));
-  const width = Math.max(1, Math.ceil((last - first + 1) / columns));
+  const gap = Math.min(...layers.map(({ step }) => usualGap(step)));
+  const width = Math.max(1, Math.ceil((last - first + 1) / columns), Number.isFinite(gap) ? gap : 1);
   const count = Math.max(1, Math.ceil((last - first + 1) / width));
   const z = layers.map(({ step, value }) => {
     const row = new Array(count).fill(null);
@@ -43,6 +46,15 @@ export function heatmapCells(layers, first, last, columns = COLUMNS) {
   });
   const x = Array.from({ length: count }, (_, i) => first + i * width + (width - 1) / 2);
   return { x, z };
+}
+
+// The median step between a layer's norms (Infinity with fewer than two).
+function usualGap(steps) {
+  const gaps = [];
+  for (let i = 1; i < steps.length; i++) if (steps[i] > steps[i - 1]) gaps.push(steps[i] - steps[i - 1]);
+  if (!gaps.length) return Infinity;
+  gaps.sort((a, b) => a - b);
+  return gaps[Math.floor(gaps.length / 2)];
 }
 
 export class GradHeatmap {
