@@ -331,6 +331,38 @@ def test_a_browser_signs_in_once_and_a_revoked_token_ends_its_session(team: Team
     assert call(server, "/api/v1/runs", team.read_p)[0] == 401
 
 
+def test_signing_out_closes_the_sessions_live_stream_and_no_other(team: Team) -> None:
+    """A browser signed out (a shared machine) kept its live stream open, pushing its
+    project's runs and alerts, until the page went away. Signing out now closes the streams of
+    that session, and no other stream of the same token."""
+    request = urllib.request.Request(
+        team.server.url + "/api/v1/session", json.dumps({"token": team.read_p}).encode(),
+        {"Content-Type": "application/json"}, method="POST",
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:
+        session = response.headers["Set-Cookie"].split(";", 1)[0]
+    url = team.server.url.replace("http", "ws") + "/api/v1/live"
+    with (
+        connect(url, additional_headers={"Cookie": session}) as signed_in,
+        connect(url, additional_headers={"Authorization": f"Bearer {team.read_p}"}) as script,
+    ):
+        assert signed_in.ping().wait(10) and script.ping().wait(10)  # both open
+        out = urllib.request.Request(
+            team.server.url + "/api/v1/session", headers={"Cookie": session}, method="DELETE"
+        )
+        with urllib.request.urlopen(out, timeout=10) as response:
+            assert json.loads(response.read()) == {"signed_out": True}
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                signed_in.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        assert script.ping().wait(10)  # the token's own stream is still open
+    with pytest.raises(ConnectionClosed) as refused:
+        with connect(url, additional_headers={"Cookie": session}) as again:
+            again.recv(timeout=10)
+    assert refused.value.rcvd is not None and refused.value.rcvd.code == 1008
+
+
 def token_id(token: str) -> str:
     return token.split("_")[1]
 

@@ -12,6 +12,7 @@ so a token learns nothing of other projects (:func:`check_project`).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated
 
 from fastapi import Depends, HTTPException
@@ -51,6 +52,17 @@ def identify(connection: HTTPConnection) -> Principal | None:
         return state.store.tokens.verify(token)
     cookie = connection.cookies.get(SESSION_COOKIE)
     return state.store.tokens.session(cookie) if cookie else None
+
+
+def session_key(connection: HTTPConnection) -> str | None:
+    """What the websockets a browser session opens are also held under (see
+    :class:`~trainvitals.server.connections.OpenTokens`), so that signing out closes them; None
+    for a request that proves itself with a token, or with nothing. Derived from the cookie, but
+    not the digest the sessions table keeps."""
+    cookie = connection.cookies.get(SESSION_COOKIE)
+    if not cookie or bearer(connection) is not None:
+        return None
+    return "session:" + hashlib.sha256(b"live:" + cookie.encode()).hexdigest()[:32]
 
 
 def principal(connection: HTTPConnection) -> Principal:

@@ -6,12 +6,14 @@ and Secure when the server is reached over HTTPS. The token itself is never kept
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from trainvitals.server.answers import API_ERRORS
-from trainvitals.server.auth import SESSION_COOKIE, PrincipalDep
+from trainvitals.server.auth import SESSION_COOKIE, PrincipalDep, session_key
 from trainvitals.server.deps import StateDep
 from trainvitals.server.storage.tokens import Principal, Role
 
@@ -70,9 +72,14 @@ def whoami(who: PrincipalDep, state: StateDep) -> Identity:
 
 
 @router.delete("/session")
-def sign_out(request: Request, response: Response, state: StateDep) -> dict[str, bool]:
+async def sign_out(request: Request, response: Response, state: StateDep) -> dict[str, bool]:
+    """End this browser's session: its cookie, and its live streams on every replica (on
+    the event loop, where their closes are made)."""
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie:
-        state.store.tokens.close_session(cookie)
+        await asyncio.to_thread(state.store.tokens.close_session, cookie)
+        session = session_key(request)
+        if session is not None:  # its live stream closes, on every replica
+            state.hub.token_revoked(session)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return {"signed_out": True}

@@ -20,7 +20,7 @@ from trainvitals.protocol import (
     INGEST_PATH,
     LIVE_PATH,
 )
-from trainvitals.server.auth import LOCAL, identify
+from trainvitals.server.auth import LOCAL, identify, session_key
 from trainvitals.server.connections import TokenSocket
 from trainvitals.server.deps import AppState, StateDep
 from trainvitals.server.ingest import IngestSession
@@ -126,6 +126,9 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
         await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
         return
     socket = state.open_tokens.opened(who.token_id, websocket)
+    # A browser's session too: signing out closes its stream, not only revoking its token.
+    session = session_key(websocket) if who is not LOCAL else None
+    in_session = state.open_tokens.opened(session, websocket) if session else None
     subscriber = state.hub.subscribe(who.projects)
     sender = asyncio.create_task(_drain(websocket, subscriber))
     try:
@@ -167,6 +170,8 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
         return
     finally:
         state.open_tokens.closed(who.token_id, socket)
+        if session and in_session is not None:
+            state.open_tokens.closed(session, in_session)
         state.hub.unsubscribe(subscriber)
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError):
