@@ -180,6 +180,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         # wait in the ring: DeviceRing.keep).
         self._staged_clock: list[tuple[int, float]] = []
         self._staged_step_times: list[StepTime] = []
+        # The steps of an epoch, as Keras knows them when fit begins (0: it does not).
+        self._epoch_steps = 0
         # Held by whoever reads the ring or hands steps over, and while a fit's state is
         # replaced (re-entrant: the looks and the ending of a left fit flush under it).
         self._read_lock = threading.RLock()
@@ -243,6 +245,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self._looking, self._tap = None, None  # no look reads while this fit is set up
         fit = FitCall.find(self.model)
         params = {k: v for k, v in (self.params or {}).items() if k in ("epochs", "steps")}
+        self._epoch_steps = int(params.get("steps") or 0)  # 0: Keras does not know
         self.guard = Guard(self._protect, self.model) if self._protect is not None else None
         self._autopsied = False
         settings = replace(self._settings, config={**params, **self._settings.config})
@@ -307,9 +310,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             return
         # Keras numbers an execution by its last step as if it were whole: the last of an
         # epoch that steps_per_execution does not divide ends past the epoch's last batch.
-        steps = (self.params or {}).get("steps")
-        if steps:
-            batch = min(batch, int(steps) - 1)
+        if self._epoch_steps:
+            batch = min(batch, self._epoch_steps - 1)
         step = self._epoch_first_step + batch + 1  # global; `batch` restarts each epoch
         now = time.monotonic()
         ring = tap.ring
@@ -484,8 +486,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if ring.lost > lost:
             log.warning("trainvitals: %d steps' vitals overwritten before a read", ring.lost - lost)
         top = ring.read_upto
-        clock = [(min(step, top), at) for step, at in clock]
-        self._staged_step_times.extend((min(step, top), took, at) for step, took, at in step_times)
+        if clock and clock[-1][0] > top:  # in step order: only the last few can lie past
+            clock = [(min(step, top), at) for step, at in clock]
+        if step_times and step_times[-1][0] > top:
+            step_times = [(min(step, top), took, at) for step, took, at in step_times]
+        self._staged_step_times.extend(step_times)
         if clock:
             self._staged_clock.extend(clock)
             run.add_columns({}, clock)

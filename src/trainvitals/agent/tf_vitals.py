@@ -136,7 +136,7 @@ def _summed(tensor: Any) -> Any:
     norm of that sum (32 lookups of one id: 0.75 where the gradient's norm is 1.66), so the
     rows of one id are added first, without making the whole table dense."""
     if not isinstance(tensor, tf.IndexedSlices):
-        return tf.convert_to_tensor(tensor)
+        return _dense(tensor)
     ids, row = tf.unique(tensor.indices)
     return tf.math.unsorted_segment_sum(tensor.values, row, tf.shape(ids)[0])
 

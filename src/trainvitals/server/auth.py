@@ -18,6 +18,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException
 from starlette.requests import HTTPConnection
 
+from trainvitals.server.connections import SESSION
 from trainvitals.server.deps import alert_not_found, get_state
 from trainvitals.server.storage import AlertRow
 from trainvitals.server.storage.tokens import ALL_PROJECTS, Principal, Role
@@ -62,7 +63,7 @@ def session_key(connection: HTTPConnection) -> str | None:
     cookie = connection.cookies.get(SESSION_COOKIE)
     if not cookie or bearer(connection) is not None:
         return None
-    return "session:" + hashlib.sha256(b"live:" + cookie.encode()).hexdigest()[:32]
+    return SESSION + hashlib.sha256(b"live:" + cookie.encode()).hexdigest()[:32]
 
 
 def principal(connection: HTTPConnection) -> Principal:

@@ -19,6 +19,11 @@ log = logging.getLogger("trainvitals.server")
 
 #: The reason a websocket of a revoked token is closed with (1008).
 REVOKED = "this token was revoked"
+#: What the key of a browser session's websockets begins with (``auth.session_key``): signing
+#: out "revokes" it, and its websockets close with :data:`SIGNED_OUT`.
+SESSION = "session:"
+#: The reason a websocket of a browser session that signed out is closed with (1008).
+SIGNED_OUT = "this browser session was signed out"
 #: Seconds a revoke is remembered, for a websocket whose token was read just before it.
 REMEMBER = 600.0
 
@@ -64,10 +69,10 @@ class TokenSocket:
         #: Its token was revoked: nothing more is sent on it (it is closed, or closing).
         self.revoked = False
 
-    async def close(self) -> None:
+    async def close(self, reason: str) -> None:
         # It may close itself meanwhile (the peer left): then there is nothing to close.
         with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-            await self.websocket.close(CLOSE_POLICY_VIOLATION, REVOKED)
+            await self.websocket.close(CLOSE_POLICY_VIOLATION, reason)
 
 
 class OpenTokens:
@@ -89,7 +94,7 @@ class OpenTokens:
         socket = TokenSocket(websocket)
         self._open.setdefault(token_id, set()).add(socket)
         if token_id in self._revoked:
-            self._close({socket})
+            self._close({socket}, token_id)
         return socket
 
     def closed(self, token_id: str, socket: TokenSocket) -> None:
@@ -108,14 +113,15 @@ class OpenTokens:
             del self._revoked[old]
         self._revoked[token_id] = now
         sockets = self._open.pop(token_id, set())
-        self._close(sockets)
-        if sockets:
+        self._close(sockets, token_id)
+        if sockets and not token_id.startswith(SESSION):  # an operator's record: not sign-outs
             log.warning("token %s revoked: %d open connection(s) closed", token_id, len(sockets))
         return len(sockets)
 
-    def _close(self, sockets: set[TokenSocket]) -> None:
+    def _close(self, sockets: set[TokenSocket], key: str) -> None:
+        reason = SIGNED_OUT if key.startswith(SESSION) else REVOKED
         for socket in sockets:
             socket.revoked = True  # from now on, before the close goes out
-            task = asyncio.create_task(socket.close(), name="trainvitals-revoke")
+            task = asyncio.create_task(socket.close(reason), name="trainvitals-revoke")
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)

@@ -161,18 +161,14 @@ class IngestSession:
         row = await self._writer.submit(
             partial(self._store.runs.open_run, hello=hello.model_dump(), now=time.time())
         )
-        if not row["owned"] and row["project"] != hello.project:
-            raise IngestRejected(
-                CLOSE_POLICY_VIOLATION,
-                f"run {hello.run_id[:20]!r} is not of project {hello.project[:40]!r}: a run "
-                "keeps the project of its first hello",
-            )
         if not row["owned"]:
-            raise IngestRejected(
-                CLOSE_POLICY_VIOLATION,
-                f"run {hello.run_id[:20]!r} belongs to another process: its hello lacks the "
-                "run's secret",
+            why = (
+                f"is not of project {hello.project[:40]!r}: a run keeps the project of its "
+                "first hello"
+                if row["project"] != hello.project
+                else "belongs to another process: its hello lacks the run's secret"
             )
+            raise IngestRejected(CLOSE_POLICY_VIOLATION, f"run {hello.run_id[:20]!r} {why}")
         self._last_seq = int(row["last_seq"])
         self.run = run_summary(row)
         # Storage applied the hello (a lost run is running again); what follows from it:
