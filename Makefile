@@ -5,17 +5,21 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # TensorFlow is the user's; this is the build the demo and tests train with.
 TF_PACKAGE ?= tensorflow-cpu==2.21.0
+KERAS_HUB_VERSION ?= 0.32.0
 DEPS_STAMP := $(VENV)/.deps-installed
 # pytest-xdist workers: the suite mostly waits (servers starting, runs streaming, deadlines),
 # so even on 2 cores several workers finish it sooner. TEST_JOBS=0: one process.
 TEST_JOBS ?= 3
 
-.PHONY: demo test lint typecheck bench screenshot system clean
+.PHONY: demo test lint typecheck bench compat screenshot system clean
 
 $(DEPS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[server,demo,dev,parquet,client]' '$(TF_PACKAGE)'
+	# A real architecture for the shape tests; its tensorflow-text would pull `tensorflow`
+	# beside the CPU build, and a tiny backbone with random weights needs none of it.
+	$(PY) -m pip install -q --no-deps 'keras-hub==$(KERAS_HUB_VERSION)'
 	touch $@
 
 system:
@@ -56,6 +60,13 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/metric_sort.py
 	$(PY) benchmarks/idle_server.py
 	$(PY) benchmarks/hand_over.py
+
+# Keras's own tests, bare and with the callback on every fit: any test whose outcome differs.
+# trainer_test.py imports jax at module level: the CPU wheel, for this job only.
+JAX_PACKAGE ?= jax[cpu]==0.10.2
+compat: $(DEPS_STAMP)
+	$(PY) -m pip install -q '$(JAX_PACKAGE)'
+	$(PY) benchmarks/keras_suite.py -n $(TEST_JOBS) --json compat.json
 
 # Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system

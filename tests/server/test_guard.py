@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -93,7 +95,7 @@ def test_a_body_over_the_limit_gets_413_before_it_is_read() -> None:
         assert http.post("/w", content=b"1" * 1000, headers=json_).json() == {"bytes": 1000}
         assert http.post("/w", content=b"1" * 1001, headers=json_).status_code == 413
 
-        def chunks() -> object:  # no Content-Length: the guard counts what arrives
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the guard counts what arrives
             yield b"1" * 600
             yield b"1" * 600
 

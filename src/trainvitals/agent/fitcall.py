@@ -44,6 +44,11 @@ class FitCall:
             frame = frame.f_back
         return None
 
+    def argument(self, name: str) -> Any:
+        """The value of ``fit``'s parameter ``name`` (None once forgotten)."""
+        frame = self._frame
+        return frame.f_locals.get(name) if frame is not None else None
+
     def running(self) -> bool:
         """Whether the call is still on its thread's stack (any thread may ask)."""
         target = self._frame

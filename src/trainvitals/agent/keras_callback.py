@@ -257,7 +257,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             settings,
             system_metrics=self._system_metrics,
             gpu=self._gpu,
-            env=tf_vitals.describe(self.model),
+            env=tf_vitals.describe(self.model, fit.argument("x") if fit is not None else None),
             watchdog=self._watchdog,
             on_system=self.guard.on_system if self.guard is not None else None,
         )

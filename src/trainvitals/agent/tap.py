@@ -122,9 +122,18 @@ class TrainStepTap:
                     loss_scale=captured.scale is not None,
                 )
                 if isinstance(logs, dict):
-                    vitals = tf_vitals.step_vitals(
-                        captured.loss, data, captured.grads, captured.scale, captured.lr
-                    )
+                    try:
+                        vitals = tf_vitals.step_vitals(
+                            captured.loss, data, captured.grads, captured.scale, captured.lr
+                        )
+                    except Exception as exc:  # a step of a shape never seen: Keras's own
+                        log.warning(
+                            "trainvitals: in-step vitals unavailable for this train step (%s: %s)",
+                            type(exc).__name__,
+                            exc,
+                        )
+                        self.measured = Measured()
+                        return logs
                     if not self._into_ring(vitals, logs):
                         logs = {**logs, VITALS_KEY: vitals}
                     elif self.flag_nonfinite:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
@@ -26,14 +27,93 @@ log = logging.getLogger("trainvitals")
 
 
 def _dense(tensor: Any) -> Any:
+    """The values of ``tensor`` as one dense tensor: an embedding's gradient (IndexedSlices),
+    a ragged or a sparse tensor keep their values in a dense tensor of their own."""
     if isinstance(tensor, tf.IndexedSlices):  # embedding gradients
+        return tensor.values
+    if isinstance(tensor, tf.RaggedTensor):
+        return tensor.flat_values
+    if isinstance(tensor, tf.SparseTensor):
         return tensor.values
     return tf.convert_to_tensor(tensor)
 
 
+#: The kinds of value the NaN/Inf counts could not read, each said once (a log line, and the
+#: run's environment through :func:`input_kinds`).
+_unread: set[str] = set()
+
+
 def _floating(structure: Any) -> list[Any]:
-    tensors = (_dense(t) for t in tf.nest.flatten(structure) if t is not None)
-    return [t for t in tensors if t.dtype.is_floating]
+    """The floating tensors of a (nested) structure. A value of a kind that cannot be read as
+    a tensor (another composite tensor, a Python object) is left out after one log line:
+    telemetry never fails the step it measures."""
+    tensors = []
+    for leaf in tf.nest.flatten(structure):
+        if leaf is None:
+            continue
+        try:
+            tensor = _dense(leaf)
+        except (TypeError, ValueError) as exc:
+            kind = type(leaf).__name__
+            if kind not in _unread:
+                _unread.add(kind)
+                log.info("trainvitals: NaN/Inf counts leave out values of type %s (%s)", kind, exc)
+            continue
+        if tensor.dtype.is_floating:
+            tensors.append(tensor)
+    return tensors
+
+
+def input_kinds(structure: Any) -> dict[str, list[str]]:
+    """What a ``fit``'s data holds, for the run's environment: ``{"kinds": [...]}`` (ragged,
+    sparse, string, the dtypes) and, when there are some, ``"not_counted"``: the kinds whose
+    NaN/Inf the in-step count cannot read. A ``tf.data.Dataset`` is read from its element
+    spec; a generator or a ``PyDataset`` yields nothing before training, so says nothing."""
+    if isinstance(structure, tf.data.Dataset):
+        leaves = tf.nest.flatten(structure.element_spec)
+    else:
+        leaves = tf.nest.flatten(structure)
+    kinds, not_counted = set(), set()
+    for leaf in leaves:
+        if leaf is None:
+            continue
+        kind = _kind(leaf)
+        if kind is None:
+            not_counted.add(type(leaf).__name__)
+        else:
+            kinds.add(kind)
+    described: dict[str, list[str]] = {"kinds": sorted(kinds)}
+    if not_counted:
+        described["not_counted"] = sorted(not_counted)
+    return described
+
+
+def _kind(leaf: Any) -> str | None:
+    """``leaf``'s kind, as the NaN/Inf count reads it ("ragged float32", "string", ...), or
+    None for a kind it cannot read."""
+    prefix = ""
+    if isinstance(leaf, (tf.RaggedTensor, tf.RaggedTensorSpec)):
+        prefix = "ragged "
+    elif isinstance(leaf, (tf.SparseTensor, tf.SparseTensorSpec)):
+        prefix = "sparse "
+    elif isinstance(leaf, np.ndarray):  # read its dtype, never a copy of the data
+        return "string" if leaf.dtype.kind in "USO" else _dtype_name(leaf.dtype)
+    elif not isinstance(leaf, (tf.Tensor, tf.Variable, tf.TensorSpec)):
+        try:
+            leaf = tf.convert_to_tensor(leaf)
+        except (TypeError, ValueError):
+            return None
+    dtype = getattr(leaf, "dtype", None)
+    if not isinstance(dtype, tf.dtypes.DType):
+        return None
+    return prefix + str(dtype.name)
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    try:
+        return str(tf.as_dtype(dtype).name)
+    except TypeError:
+        return None
 
 
 def nonfinite_count(structure: Any) -> tf.Tensor:
@@ -394,16 +474,22 @@ class TensorflowEnv(TypedDict, total=False):
     worker: Worker
     distribution_strategy: str
     replicas: int
+    #: What the ``fit``'s data holds (:func:`input_kinds`).
+    inputs: dict[str, list[str]]
     jit_compile: bool
     #: Why :func:`describe` itself failed, instead of the rest.
     tensorflow_describe_error: str
 
 
-def describe(model: Any = None) -> TensorflowEnv:
-    """What TensorFlow says about the build and the devices, for the run's ``hello``; never
-    raises (what failed is said under ``tensorflow_describe_error``)."""
+def describe(model: Any = None, data: Any = None) -> TensorflowEnv:
+    """What TensorFlow says about the build and the devices, and what ``data`` (the ``fit``'s
+    ``x``) holds, for the run's ``hello``; never raises (what failed is said under
+    ``tensorflow_describe_error``)."""
     try:
-        return _describe(model)
+        env = _describe(model)
+        if data is not None:
+            env["inputs"] = input_kinds(data)
+        return env
     except Exception as exc:  # facts for the dashboard, never a reason to fail
         return {"tensorflow_describe_error": f"{type(exc).__name__}: {exc}"}
 
