@@ -1,4 +1,4 @@
-# `make demo` and `make test` each set up everything they need on a fresh machine.
+# `make demo`, `make test` and `make docs` each set up everything they need on a fresh machine.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,11 +7,13 @@ PY := $(VENV)/bin/python
 TF_PACKAGE ?= tensorflow-cpu==2.21.0
 KERAS_HUB_VERSION ?= 0.32.0
 DEPS_STAMP := $(VENV)/.deps-installed
+# The docs extra alone: building the site needs neither TensorFlow nor the server.
+DOCS_STAMP := $(VENV)/.docs-installed
 # pytest-xdist workers: the suite mostly waits (servers starting, runs streaming, deadlines),
 # so even on 2 cores several workers finish it sooner. TEST_JOBS=0: one process.
 TEST_JOBS ?= 3
 
-.PHONY: demo test lint typecheck bench compat screenshot system clean
+.PHONY: demo test docs lint typecheck bench compat screenshot system clean
 
 $(DEPS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +22,11 @@ $(DEPS_STAMP): pyproject.toml
 	# A real architecture for the shape tests; its tensorflow-text would pull `tensorflow`
 	# beside the CPU build, and a tiny backbone with random weights needs none of it.
 	$(PY) -m pip install -q --no-deps 'keras-hub==$(KERAS_HUB_VERSION)'
+	touch $@
+
+$(DOCS_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[docs]'
 	touch $@
 
 system:
@@ -37,6 +44,11 @@ typecheck: $(DEPS_STAMP)
 
 test: $(DEPS_STAMP) system lint typecheck
 	$(PY) -m pytest -n $(TEST_JOBS)
+
+# The documentation site from docs/ into site/ (mkdocs.yml); a broken link, a missing anchor or
+# a page left out of the navigation fails it.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/ingest.py
@@ -68,10 +80,10 @@ compat: $(DEPS_STAMP)
 	$(PY) -m pip install -q '$(JAX_PACKAGE)'
 	$(PY) benchmarks/keras_suite.py -n $(TEST_JOBS) --json compat.json
 
-# Regenerates the README's screenshots (light, dark, compare) from the browser tests.
+# Regenerates the pictures of the README and the docs (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system
 	TRAINVITALS_SCREENSHOT=docs/dashboard.png $(PY) -m pytest -q tests/e2e/test_dashboard.py -k live_run
 	TRAINVITALS_SCREENSHOT=docs/dashboard.png $(PY) -m pytest -q tests/e2e/test_runs_page.py -k compared
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info demo-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site *.egg-info demo-data .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,5 @@
 """The scenario suite's parts, shared by tests/e2e/test_scenarios.py (which asserts) and
-benchmarks/scenarios.py (which prints the table for the README).
+benchmarks/scenarios.py (which prints the detection figures of docs/benchmarks.md).
 
 A failure scenario is ``trainvitals demo --scenario NAME`` in a subprocess at full speed;
 :func:`outcome` reads back from the server which alerts it raised, and where the training

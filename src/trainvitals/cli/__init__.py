@@ -1,6 +1,7 @@
 """The ``trainvitals`` command: ``serve`` runs the server, ``demo`` a real training run,
 ``token`` manages access tokens, ``db upgrade`` migrates the database, ``notify-test`` checks
-a notification channel, ``export`` writes a run's series (or several runs') to a file.
+a notification channel, ``runs`` lists runs, ``export`` writes a run's series (or several
+runs') to a file. Without a command it prints its help.
 
 This module only builds the parser; each command lives beside it (:mod:`.server`,
 :mod:`.demo`) and imports what it needs when it runs."""
@@ -31,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Live training-health monitor for TensorFlow/Keras.",
     )
     parser.add_argument("--version", action="version", version=f"trainvitals {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = commands.add_parser(
         "serve",
@@ -181,6 +182,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="hang: seconds the input generator blocks (default 90)",
     )
 
+    runs = commands.add_parser(
+        "runs",
+        help="list runs, newest first (as trainvitals.Api().runs())",
+        description="List a server's runs, newest first (or by --sort), with the filters of "
+        "the dashboard's runs list. Reads the server's HTTP API; needs httpx "
+        "(pip install 'trainvitals[client]').",
+    )
+    runs.add_argument("--project", default=None, help="only this project's runs")
+    runs.add_argument(
+        "--status",
+        action="append",
+        default=None,
+        choices=["running", "stalled", "finished", "crashed", "lost"],
+        help="only runs in this status (repeatable)",
+    )
+    runs.add_argument("--job", default=None, metavar="ID", help="only the workers of this job")
+    runs.add_argument("--name", default=None, metavar="TEXT", help="only names containing TEXT")
+    runs.add_argument("--tag", default=None, help="only runs with this tag")
+    runs.add_argument(
+        "--health",
+        default=None,
+        choices=["critical", "warning", "healthy"],
+        help="only runs whose worst alert was this (healthy: none)",
+    )
+    runs.add_argument(
+        "--archived",
+        default="hide",
+        choices=["hide", "only", "include"],
+        help="archived runs (default hide)",
+    )
+    runs.add_argument(
+        "--sort",
+        default="started_at",
+        metavar="KEY",
+        help="started_at (default), name, project, status, last_step, last_seen, host, "
+        "ended_at, or a series' statistic: min:NAME, max:NAME, last:NAME",
+    )
+    runs.add_argument("--ascending", action="store_true", help="sort ascending")
+    runs.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        metavar="[STAT:]NAME",
+        help="a column of a series' last value, or its min or max (min:val_loss); repeatable",
+    )
+    runs.add_argument(
+        "--limit", type=int, default=50, metavar="N", help="at most N runs (default 50; 0: all)"
+    )
+    runs.add_argument("--offset", type=int, default=0, metavar="N", help="skip the first N")
+    runs.add_argument("--json", action="store_true", help="print the runs as a JSON list")
+
     export = commands.add_parser(
         "export",
         help="write a run's series at full resolution (CSV, JSON Lines or Parquet)",
@@ -211,21 +263,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     export.add_argument(
         "--max-step", type=int, default=None, metavar="N", help="only points up to step N"
     )
-    export.add_argument(
-        "--server",
-        default=None,
-        help=f"server URL (default $TRAINVITALS_SERVER, else {DEFAULT_SERVER})",
-    )
-    export.add_argument(
-        "--token",
-        default=None,
-        help="an access token with the read role (default $TRAINVITALS_TOKEN)",
-    )
+    for reader in (runs, export):
+        reader.add_argument(
+            "--server",
+            default=None,
+            help=f"server URL (default $TRAINVITALS_SERVER, else {DEFAULT_SERVER})",
+        )
+        reader.add_argument(
+            "--token",
+            default=None,
+            help="an access token with the read role (default $TRAINVITALS_TOKEN)",
+        )
     export.add_argument(
         "-o", "--output", default=None, metavar="FILE", help="file to write (default stdout)"
     )
 
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     # Each command imports its own stack only when it runs: `serve` the server extra, `demo`
     # TensorFlow and scikit-learn, so `--help` and the light agent install stay fast.
     if args.command == "serve":
@@ -244,6 +300,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainvitals.cli.server import notify_test_command
 
         return notify_test_command(args)
+    if args.command == "runs":
+        from trainvitals.cli.runs import runs_command
+
+        return runs_command(args)
     if args.command == "export":
         from trainvitals.cli.export import export_command
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import time
 
+from trainvitals.cli.formatting import when
 from trainvitals.cli.server import SERVER_EXTRA_HINT
 
 
@@ -18,6 +19,16 @@ def token_command(args: argparse.Namespace) -> int:
         print(f"trainvitals token: {SERVER_EXTRA_HINT} ({exc})", file=sys.stderr)
         return 2
     settings = Settings(**({"db": args.db} if args.db else {}))
+    # Only `create` may make the database: listing or revoking in a mistyped path would
+    # otherwise leave an empty database there and answer as if it had no tokens.
+    absent = None if args.token_command == "create" else _absent_sqlite_file(settings.db)
+    if absent is not None:
+        print(
+            f"trainvitals token: no database at {absent}; name the server's with --db or "
+            "$TRAINVITALS_DB (trainvitals serve and trainvitals token create make one)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         store = Store(settings.db)
     except ConfigurationError as exc:
@@ -42,7 +53,7 @@ def token_command(args: argparse.Namespace) -> int:
             tried = 0  # revoked tokens presented after their revocation
             for t in store.tokens.list():
                 created, revoked, used = (
-                    _when(t.created_at), _when(t.revoked_at), _when(t.last_used_at)
+                    when(t.created_at), when(t.revoked_at), when(t.last_used_at)
                 )  # fmt: skip
                 if t.revoked_at is not None and (t.last_used_at or 0) > t.revoked_at:
                     used, tried = f"{used} !", tried + 1
@@ -69,6 +80,19 @@ def token_command(args: argparse.Namespace) -> int:
         store.dispose()
 
 
-def _when(seconds: float | None) -> str:
-    """A time as ``token list`` shows it, local; ``-`` for none."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "-"
+def _absent_sqlite_file(db: str) -> str | None:
+    """The path of the SQLite file ``db`` names when there is no such file; else None (a
+    file that exists, a PostgreSQL URL, an in-memory database, a URL the store will refuse)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from trainvitals.server.storage import database_url
+
+    try:
+        url = make_url(database_url(db))
+    except (ValueError, ArgumentError):
+        return None  # the store says what is wrong with it
+    path = url.database
+    if url.get_backend_name() != "sqlite" or not path or path == ":memory:":
+        return None
+    return None if os.path.exists(path) else path
