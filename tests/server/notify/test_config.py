@@ -85,6 +85,10 @@ def test_channels_take_defaults_routing_and_secrets_from_the_environment(tmp_pat
             "smtp_host is an email",
         ),
         (
+            '[[channels]]\nname = "a"\nkind = "teams"\nurl = "https://x"\nstarttls = false\n',
+            "starttls is an email",
+        ),
+        (
             '[[channels]]\nname = "a"\nkind = "discord"\nurl = "https://x"\nsecret = "k"\n',
             "no secret",
         ),

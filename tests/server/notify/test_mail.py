@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from email.message import EmailMessage
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from harness.notify import Mailbox, mail_receiving
 from tests.server.notify.test_messages import notice
+from trainvitals.cli import main
 from trainvitals.server.notify import Channel
 from trainvitals.server.notify.config import Smtp
 from trainvitals.server.notify.delivery import Outcome, post
@@ -105,3 +108,20 @@ def test_login_and_smtps_answers_decide_retry_or_give_up() -> None:
         assert len(mailbox.logins) == logins and "SECRET" not in clear.detail + refused.detail
     gone = send(good, message)  # nobody listens any more: retried
     assert gone.retry and "ConnectionRefusedError" in gone.detail
+
+
+def test_notify_test_sends_an_email_through_the_same_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with mail_receiving() as mailbox:
+        path = tmp_path / "channels.toml"
+        path.write_text(
+            '[[channels]]\nname = "mail"\nkind = "email"\nsmtp_host = "127.0.0.1"\n'
+            f'smtp_port = {mailbox.port}\nstarttls = false\nfrom = "tv@example.org"\n'
+            'to = ["a@example.org"]\n'
+        )
+        assert main(["notify-test", "--channel", "mail", "--notify", str(path)]) == 0
+        (mail,) = mailbox.wait(1)
+    assert "OK: channel 'mail' (email, smtp://127.0.0.1) accepted" in capsys.readouterr().out
+    assert mail["Subject"] == "trainvitals test message"
+    assert "trainvitals test message for channel 'mail'" in parts(mail)[0]

@@ -65,7 +65,9 @@ PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 
 # Kinds whose URL is itself the secret: they take no signing key.
 _SECRET_URL_KINDS = ("slack", "teams", "discord")
-_SMTP_SETTINGS = ("smtp_host", "smtp_port", "username_env", "password_env", "from_", "to")
+_SMTP_SETTINGS = (
+    "smtp_host", "smtp_port", "starttls", "username_env", "password_env", "from_", "to",
+)  # fmt: skip
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -107,7 +109,7 @@ class _ChannelTable(_Pace):
     # email
     smtp_host: str | None = None
     smtp_port: Annotated[int, Field(ge=1, le=65535)] | None = None
-    starttls: bool = True
+    starttls: bool | None = None  # an email channel's: on unless false
     username_env: str | None = None
     password_env: str | None = None
     from_: str | None = Field(default=None, alias="from")
@@ -327,6 +329,7 @@ def _resolve(spec: _ChannelTable, environ: Mapping[str, str], where: str) -> Cha
 
 def _smtp(spec: _ChannelTable, environ: Mapping[str, str], where: str) -> Smtp:
     assert spec.smtp_host is not None and spec.from_ is not None and spec.to is not None
+    starttls = spec.starttls is not False
     for address in (spec.from_, *spec.to):
         # One address each, no header injection: a newline would add headers to the mail.
         if "@" not in address or any(c in address for c in "\r\n,;<>"):
@@ -336,8 +339,8 @@ def _smtp(spec: _ChannelTable, environ: Mapping[str, str], where: str) -> Smtp:
     return Smtp(
         host=spec.smtp_host,
         # 587 is the submission port, where STARTTLS is the norm; 25 for a plain relay.
-        port=spec.smtp_port or (587 if spec.starttls else 25),
-        starttls=spec.starttls,
+        port=spec.smtp_port or (587 if starttls else 25),
+        starttls=starttls,
         sender=spec.from_,
         recipients=tuple(spec.to),
         username=username,
