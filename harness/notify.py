@@ -10,13 +10,18 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from email.message import EmailMessage
+from email.parser import BytesParser
+from email.policy import default
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
 from websockets.sync.client import ClientConnection, connect
 
-from harness.processes import ServerProcess, wait_for
+from harness.processes import ServerProcess, free_port, wait_for
 from trainvitals.protocol import PROTOCOL_VERSION
 
 
@@ -141,16 +146,18 @@ def receiving() -> Iterator[Receiver]:
         receiver.close()
 
 
-def channels_file(tmp_path: Path, receiver: Receiver, **pace: float) -> Path:
+def channels_file(
+    tmp_path: Path, receiver: Receiver, more_channels: str = "", **pace: float
+) -> Path:
     """A Slack channel (its URL from the environment) and a signed webhook (its key as a
-    ``${NAME}`` reference), with ``pace`` settings for both."""
+    ``${NAME}`` reference), with ``pace`` settings for both, then ``more_channels`` (TOML)."""
     defaults = "".join(f"{name} = {value}\n" for name, value in pace.items())
     path = tmp_path / "channels.toml"
     path.write_text(
         f"[defaults]\n{defaults}"
         '[[channels]]\nname = "team"\nkind = "slack"\nurl_env = "TEST_SLACK_URL"\n'
         '[[channels]]\nname = "ops"\nkind = "webhook"\n'
-        f'url = "{receiver.url(HOOK_PATH)}"\nsecret = "${{TEST_HMAC_KEY}}"\n'
+        f'url = "{receiver.url(HOOK_PATH)}"\nsecret = "${{TEST_HMAC_KEY}}"\n' + more_channels
     )
     return path
 
@@ -162,12 +169,15 @@ def notifying_server(
     lease: float = 15.0,
     lost_after: float = 30.0,
     hello_timeout: float = 10.0,
+    more_channels: str = "",
+    more_env: dict[str, str] | None = None,
     **pace: float,
 ) -> ServerProcess:
     env = {
+        **(more_env or {}),
         "TRAINVITALS_LOST_AFTER": str(lost_after),
         "TRAINVITALS_HELLO_TIMEOUT": str(hello_timeout),
-        "TRAINVITALS_NOTIFY": str(channels_file(tmp_path, receiver, **pace)),
+        "TRAINVITALS_NOTIFY": str(channels_file(tmp_path, receiver, more_channels, **pace)),
         "TRAINVITALS_PUBLIC_URL": PUBLIC_URL,
         "TRAINVITALS_NOTIFY_LEASE": str(lease),
         "TEST_SLACK_URL": receiver.url(SLACK_PATH),
@@ -224,3 +234,60 @@ def clean_loss(ws: ClientConnection, seq: int, steps: range) -> None:
         }
     }
     send(ws, {"type": "points", "seq": seq, "series": series})
+
+
+@dataclass
+class Mailbox:
+    """A real SMTP server (aiosmtpd) on a free port that keeps what it is sent. ``replies``
+    answers the next DATA commands (``"451 try later"``) before the default ``250 OK``;
+    ``login`` is the only (user, password) it takes when given."""
+
+    port: int = 0
+    messages: list[EmailMessage] = field(default_factory=list)
+    envelopes: list[tuple[str, list[str]]] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    login: tuple[str, str] | None = None
+    logins: list[str] = field(default_factory=list)
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        if self.replies:
+            return self.replies.pop(0)
+        self.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos)))
+        parsed = BytesParser(policy=default).parsebytes(envelope.original_content)
+        assert isinstance(parsed, EmailMessage)
+        self.messages.append(parsed)
+        return "250 OK"
+
+    def authenticate(
+        self, server: Any, session: Any, envelope: Any, mechanism: str, auth_data: Any
+    ) -> AuthResult:
+        user, password = auth_data.login.decode(), auth_data.password.decode()
+        self.logins.append(user)
+        ok = self.login == (user, password)
+        return AuthResult(success=ok, handled=False)  # the server answers 235 or 535
+
+    def wait(self, count: int, timeout: float = 30.0) -> list[EmailMessage]:
+        def arrived() -> list[EmailMessage] | None:
+            return self.messages[:count] if len(self.messages) >= count else None
+
+        return wait_for(arrived, timeout=timeout, what=f"{count} email(s)")
+
+
+@contextmanager
+def mail_receiving(login: tuple[str, str] | None = None) -> Iterator[Mailbox]:
+    """A :class:`Mailbox` listening on 127.0.0.1 (no STARTTLS: it takes ``starttls = false``
+    channels, and shows that a ``starttls = true`` one refuses to send in clear)."""
+    mailbox = Mailbox(login=login)
+    controller = Controller(
+        mailbox,
+        hostname="127.0.0.1",
+        port=free_port(),
+        authenticator=mailbox.authenticate if login else None,
+        auth_require_tls=False,
+    )
+    controller.start()
+    mailbox.port = controller.port
+    try:
+        yield mailbox
+    finally:
+        controller.stop()

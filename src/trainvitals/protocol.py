@@ -136,6 +136,13 @@ HEARTBEAT: Final = "heartbeat"
 # Server -> agent frame types.
 WELCOME: Final = "welcome"
 ACK: Final = "ack"
+#: A warning or critical alert of the run, firing: sent only to an agent whose hello lists
+#: :data:`ACCEPTS_ALERTS` in ``"accepts"`` (an older agent, which does not, never gets one).
+ALERT: Final = "alert"
+
+#: What an agent lists in its hello's ``"accepts"`` to be sent its run's ``alert`` frames.
+#: An older server ignores the field (hellos are read with unknown fields ignored).
+ACCEPTS_ALERTS: Final = "alerts"
 
 #: What a server that lists it in its welcome's ``"features"`` reads: ``points`` frames whose
 #: series share their steps and times through the frame's ``"clocks"`` (``docs/protocol.md``).
@@ -183,6 +190,8 @@ class HelloFrame(TypedDict):
     #: True in the hello of the run's watchdog, which reports how a dead process ended: the
     #: server reads the process's own connection to its end before answering.
     watchdog: NotRequired[bool]
+    #: The server -> agent frames this agent takes beyond welcome and ack (:data:`ACCEPTS_ALERTS`).
+    accepts: NotRequired[list[str]]
 
 
 class EndFrame(TypedDict):

@@ -40,6 +40,8 @@ class Peer:
         self.hold_end: threading.Event | None = None
         #: Each connection's Authorization header (None when absent).
         self.authorizations: list[str | None] = []
+        #: Frames sent after each welcome (a newer server's, of types the agent may not know).
+        self.after_welcome: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._server: Server | None = None
 
@@ -78,6 +80,8 @@ class Peer:
                 if index < len(self.features):
                     answer = {**answer, "features": self.features[index]}
                 ws.send(json.dumps(answer))
+                for extra in self.after_welcome:
+                    ws.send(json.dumps(extra))
             elif "seq" in frame:
                 if self.drop_at == frame["seq"]:
                     self.drop_at = None

@@ -4,11 +4,13 @@ API, the live push, acknowledgement and silences, run endings and server restart
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from websockets.sync.client import connect
 
 from harness.processes import ServerProcess, free_port, wait_for
@@ -208,3 +210,38 @@ def test_a_bad_rules_file_stops_serve_with_the_setting_named(tmp_path: Path) -> 
     )
     assert result.returncode == 2
     assert "'factr': unknown setting" in result.stderr
+
+
+def test_the_training_terminal_hears_its_runs_alerts_and_older_agents_are_not_sent_them(
+    server: ServerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = Run(resolve(server=server.url, run_name="loud"), system_metrics=False, watchdog=False)
+    with caplog.at_level(logging.WARNING, logger="trainvitals"):
+        run.start()
+        healthy_steps(run, range(1, 20))
+        run.log(20, {"loss": math.nan, "nonfinite/loss": 1.0})
+
+        def logged() -> list[logging.LogRecord] | None:
+            return [r for r in caplog.records if " nonfinite on " in r.getMessage()] or None
+
+        (record,) = wait_for(logged, timeout=15, what="the alert in the training's log")
+        assert run.finish()
+    text = record.getMessage()
+    assert record.levelno == logging.ERROR and record.name == "trainvitals"
+    assert text.startswith("trainvitals: CRITICAL nonfinite on default/loud at step 20: ")
+    assert "\n  What to do: " in text and text.endswith(f"View run at {server.url}/#/runs/{run.id}")
+
+    # An agent whose hello does not accept alerts (one from before them) hears only acks.
+    with connect(server.url.replace("http", "ws") + "/api/v1/ingest") as old:
+        hello = {
+            "type": "hello", "v": PROTOCOL_VERSION, "run_id": "old-agent", "project": "p",
+            "name": "old", "started_at": 1.0,
+        }  # fmt: skip
+        old.send(json.dumps(hello))
+        assert json.loads(old.recv(timeout=10))["type"] == "welcome"
+        for seq, loss in enumerate([math.nan, 1.0, 2.0], start=1):
+            series = {"loss": {"step": [seq], "time": [1.0 + seq], "value": [loss]}}
+            old.send(json.dumps({"type": "points", "v": PROTOCOL_VERSION, "seq": seq,
+                                 "series": series}))  # fmt: skip
+            assert json.loads(old.recv(timeout=10)) == {"type": "ack", "seq": seq}
+    assert alerts_of(server, "old-agent", "nonfinite")[0]["state"] == "firing"

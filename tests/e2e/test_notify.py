@@ -26,6 +26,7 @@ from harness.notify import (
     Reply,
     agent,
     clean_loss,
+    mail_receiving,
     nan_loss,
     notifying_server,
     receiving,
@@ -353,3 +354,68 @@ def test_a_flood_of_lost_runs_pages_each_channel_a_few_times(
         assert [c["failed"] for c in channels] == [0, 0]
     finally:
         server.stop()
+
+
+PD_PATH, TEAMS_PATH = "/v2/enqueue", "/workflows/teamsSECRET"
+DISCORD_PATH = "/api/webhooks/1/discordSECRET"
+
+
+def test_pagerduty_email_teams_and_discord_hear_an_alert_and_its_resolution(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    more = (
+        '[[channels]]\nname = "on-call"\nkind = "pagerduty"\nrouting_key_env = "TEST_PD_KEY"\n'
+        f'url = "{receiver.url(PD_PATH)}"\n'
+        f'[[channels]]\nname = "chat"\nkind = "teams"\nurl = "{receiver.url(TEAMS_PATH)}"\n'
+        '[[channels]]\nname = "game"\nkind = "discord"\nurl_env = "TEST_DISCORD_URL"\n'
+    )
+    with mail_receiving(login=("bot", "pwSECRET")) as mailbox:
+        more += (
+            '[[channels]]\nname = "mail"\nkind = "email"\nsmtp_host = "127.0.0.1"\n'
+            f'smtp_port = {mailbox.port}\nstarttls = false\nusername_env = "TEST_SMTP_USER"\n'
+            'password_env = "TEST_SMTP_PASSWORD"\nfrom = "tv@example.org"\n'
+            'to = ["ml@example.org"]\n'
+        )
+        env = {
+            "TEST_PD_KEY": "pdSECRETkey", "TEST_DISCORD_URL": receiver.url(DISCORD_PATH),
+            "TEST_SMTP_USER": "bot", "TEST_SMTP_PASSWORD": "pwSECRET",
+        }  # fmt: skip
+        receiver.script(PD_PATH, Reply(500), Reply(202))  # PagerDuty down once: retried
+        server = notifying_server(tmp_path, receiver, more_channels=more, more_env=env)
+        try:
+            with agent(server, "run-1", project="mnist") as ws:
+                nan_loss(ws)
+                (trigger,) = receiver.wait(PD_PATH, 1)
+                (mail,) = mailbox.wait(1)
+                clean_loss(ws, 2, range(2, 202))
+                resolve = receiver.wait(PD_PATH, 2)[1]
+                teams, teams_resolved = receiver.wait(TEAMS_PATH, 2)
+                discord, discord_resolved = receiver.wait(DISCORD_PATH, 2)
+                mailbox.wait(2)
+            failed_first = receiver.at(PD_PATH)[0]
+            assert failed_first.status == 500 and failed_first.body == trigger.body
+            event = trigger.json()
+            alert_id = server.get("/api/v1/runs/run-1/alerts")["alerts"][0]["id"]
+            assert (event["event_action"], event["dedup_key"]) == ("trigger", alert_id)
+            assert event["routing_key"] == "pdSECRETkey"
+            assert (
+                event["payload"]["severity"] == "critical"
+                and event["payload"]["custom_details"]["evidence"]
+            )
+            assert event["links"][0]["href"] == f"{PUBLIC_URL}/#/runs/run-1"
+            assert resolve.json() == {
+                "routing_key": "pdSECRETkey", "dedup_key": alert_id, "event_action": "resolve",
+            }  # fmt: skip
+            card = teams.json()["attachments"][0]["content"]
+            assert card["body"][0]["text"] == "CRITICAL: nonfinite on name-run-1"
+            assert "Resolved: nonfinite" in json.dumps(teams_resolved.json())
+            assert discord.json()["embeds"][0]["url"] == f"{PUBLIC_URL}/#/runs/run-1"
+            assert discord_resolved.json()["content"].startswith("Resolved: nonfinite")
+            assert mail["Subject"].startswith("[CRITICAL] nonfinite on mnist/name-run-1")
+            assert mailbox.messages[1]["Subject"] == "Resolved: nonfinite on mnist/name-run-1"
+            assert mailbox.logins[0] == "bot"
+            api = json.dumps(server.get("/api/v1/notify/channels"))
+            assert "SECRET" not in api and "pdSECRETkey" not in api
+            assert "SECRET" not in output_of(server)
+        finally:
+            server.stop()

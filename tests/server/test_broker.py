@@ -108,6 +108,13 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         await until(lambda: gathered(here, theirs) >= 2)
         assert [m["type"] for m in theirs] == ["alert", "runs"]
 
+        # A run's agent connected to `one` hears the alert found on `two` (its detector's).
+        agent = one.agent_listens("r1")
+        two.alert({"id": "a2", "run_id": "r1", "project": "mnist", "state": "firing",
+                   "severity": "warning", "rule": "stall", "message": "m"})  # fmt: skip
+        await until(lambda: not agent.queue.empty())
+        assert json.loads(agent.queue.get_nowait())["alert"]["id"] == "a2"
+
         one.unsubscribe(everyone)  # nobody on `one` watches r1 now: its points stop coming
         assert one._watched == {}
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import cast
+import time
+from typing import Any, cast
 
 from trainvitals.server.live import Hub
 from trainvitals.server.storage import RunHealth, RunSummary
@@ -77,3 +78,26 @@ def test_a_change_after_a_quiet_spell_is_pushed_at_once_and_the_next_waits_its_t
     first, held = asyncio.run(pushed())
     assert first["runs"] == [{"id": "a", "project": "p", "last_step": 1}]
     assert held == 0
+
+
+def test_a_runs_firing_alerts_reach_its_own_agents_only() -> None:
+    async def told() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        hub = Hub()
+        agent, other = hub.agent_listens("r1"), hub.agent_listens("r2")
+        firing = {"id": "a1", "run_id": "r1", "project": "p", "state": "firing",
+                  "severity": "critical", "rule": "nonfinite", "message": "NaN",
+                  "evidence": {"stacks": "long"}}  # fmt: skip
+        hub.alert(firing)
+        hub.alert({**firing, "id": "a2", "severity": "info"})  # the dashboard's only
+        hub.alert({**firing, "id": "a3", "state": "resolved"})
+        hub.alert({**firing, "id": "a4", "silenced_until": time.time() + 60})
+        hub.agent_left("r1", agent)
+        hub.alert({**firing, "id": "a5"})  # gone: nothing more queued for it
+        taken = [json.loads(agent.queue.get_nowait()) for _ in range(agent.queue.qsize())]
+        return taken, [json.loads(other.queue.get_nowait()) for _ in range(other.queue.qsize())]
+
+    mine, theirs = asyncio.run(told())
+    assert theirs == []
+    (frame,) = mine
+    assert (frame["type"], frame["v"], frame["alert"]["id"]) == ("alert", 1, "a1")
+    assert frame["alert"]["severity"] == "critical" and "evidence" not in frame["alert"]

@@ -105,6 +105,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             finite weights; save the weights when memory is about to run out. Off by default.
             With it, the weights are copied to the host every ``good_every`` steps.
         ring_capacity: rows of the device ring (default 1024).
+        notebook: in a notebook, show each run inline, its link and its page (default: yes,
+            unless ``TRAINVITALS_NOTEBOOK=0``). Elsewhere each run's start prints its link.
 
     The first step with a NaN/Inf also gets an autopsy (:mod:`trainvitals.agent.autopsy`): which
     origin, which variables' gradients overflowed or rose most, which layers' weights are
@@ -136,6 +138,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         watchdog: bool = True,
         protect: Protection | None = None,
         ring_capacity: int = DEFAULT_RING_CAPACITY,
+        notebook: bool | None = None,
     ) -> None:
         # What a copy is made from (__deepcopy__): the arguments as given, not this callback's
         # state. Taken first, while the locals are the parameters, and so every one of them.
@@ -160,6 +163,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._system_metrics = system_metrics
         self._gpu = gpu
         self._watchdog = watchdog
+        self._notebook = notebook
         self.run: Run | None = None
         self._tap: TrainStepTap | None = None
         self._epoch_first_step = 0
@@ -260,6 +264,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             env=tf_vitals.describe(self.model, fit.argument("x") if fit is not None else None),
             watchdog=self._watchdog,
             on_system=self.guard.on_system if self.guard is not None else None,
+            notebook=self._notebook,
         )
         self._epoch_first_step = self._last_step = 0
         self._pending, self._step_times, self._ends = [], [], []

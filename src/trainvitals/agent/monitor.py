@@ -60,6 +60,7 @@ class Monitor:
             batch is replayed layer by layer if it is still held and the weights are still
             finite (a loop that stops at the NaN, or whose optimizer skips such a step), else
             the autopsy works from the vitals. 0: never hold a batch.
+        notebook: as for :class:`VitalsCallback`.
 
     Example:
         ```python
@@ -93,6 +94,7 @@ class Monitor:
         watchdog: bool = True,
         ring_capacity: int = DEFAULT_RING_CAPACITY,
         replay_bytes: int = REPLAY_BYTES,
+        notebook: bool | None = None,
     ) -> None:
         settings = resolve(
             server, project, run_name, token, config, flush_interval, read_interval=read_interval
@@ -102,7 +104,9 @@ class Monitor:
         self._vitals = StepVitals(grad_norms_every)
         self._names: tuple[str, ...] = ()
         self._weights_every = int(weights_every)
-        self.run = Run(settings, system_metrics=system_metrics, gpu=gpu, watchdog=watchdog)
+        self.run = Run(
+            settings, system_metrics=system_metrics, gpu=gpu, watchdog=watchdog, notebook=notebook
+        )
         self._last_log: float | None = None
         self._started = False
         self._autopsied = False

@@ -25,6 +25,7 @@ from typing import Any
 from trainvitals.agent import environment
 from trainvitals.agent.buffer import PointBuffer
 from trainvitals.agent.config import AgentConfig
+from trainvitals.agent.console import AlertLog, announce
 from trainvitals.agent.gpu import NvmlSource, TfAllocatorSource
 from trainvitals.agent.host import HostSource
 from trainvitals.agent.sampler import Sampler, Source
@@ -34,6 +35,7 @@ from trainvitals.agent.transport import Sender
 from trainvitals.agent.urgency import Urgency
 from trainvitals.agent.watchdog import Watchdog
 from trainvitals.protocol import (
+    ACCEPTS_ALERTS,
     AUTOPSY,
     HELLO,
     PROTOCOL_VERSION,
@@ -68,6 +70,8 @@ class Run:
             which the process cannot report itself (default True).
         on_system: called on the sampler thread with ``(step, time, values)`` after each
             host/GPU sample (the agent's own protective actions watch memory this way).
+        notebook: show the run inline in a notebook (default: yes, unless
+            ``TRAINVITALS_NOTEBOOK=0``); elsewhere the start prints the run's link.
 
     Example:
         >>> run = Run(resolve(project="mnist"))          # doctest: +SKIP
@@ -85,8 +89,10 @@ class Run:
         env: Mapping[str, Any] | None = None,
         watchdog: bool = True,
         on_system: Callable[[int, float, Mapping[str, float]], None] | None = None,
+        notebook: bool | None = None,
     ) -> None:
         self.config = config
+        self._notebook = notebook
         self._on_system = on_system
         self.id = uuid.uuid4().hex
         self.started_at = time.time()
@@ -135,6 +141,7 @@ class Run:
             "env": {**environment.describe(), **self._env},
             "job": environment.job(),
             "run_secret": self._secret,
+            "accepts": [ACCEPTS_ALERTS],
         }
 
     def start(self) -> None:
@@ -156,6 +163,7 @@ class Run:
             heartbeat_interval=self.config.heartbeat_interval,
             tick=self._tick,
             on_done=self._release_watchdog,
+            on_message=AlertLog(self.config.server),
             pending=PendingFrames(
                 self.config.spool_after_bytes,
                 Spool(self.config.spool_dir, self.id, self.config.spool_max_bytes),
@@ -175,6 +183,7 @@ class Run:
         self._pid = os.getpid()
         _install_exit_hooks()
         _open_runs.add(self)
+        announce(self.config.server, self.id, self.config.run_name, self._notebook)
 
     def log(self, step: int, values: Mapping[str, float], time_: float | None = None) -> None:
         """Record ``values`` at ``step`` (at ``time_``, default now to the microsecond): cheap,

@@ -115,6 +115,8 @@ class Sender:
         keepalive: seconds between the connection's keepalive pings (default: websockets' own,
             20 s; websockets before 15 sends none).
         on_done: called on this thread once the ``end`` is acknowledged.
+        on_message: called on this thread with each frame from the server other than a
+            welcome or an ack (an ``alert``); frames of a type nobody handles are ignored.
     """
 
     def __init__(
@@ -130,8 +132,10 @@ class Sender:
         read_interval: float | None = None,
         keepalive: float | None = None,
         on_done: Callable[[], None] | None = None,
+        on_message: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self._url = url
+        self._on_message = on_message
         self._on_done = on_done
         self._keepalive: dict[str, Any] = {} if keepalive is None else {"ping_interval": keepalive}
         self._hello = hello
@@ -331,6 +335,11 @@ class Sender:
                 return
             if frame.get("type") == ACK:
                 self._pending.ack(int(frame["seq"]))
+            elif self._on_message is not None:
+                try:
+                    self._on_message(frame)
+                except Exception:  # what the server says must never end the sender
+                    log.exception("trainvitals: cannot handle a %r frame", frame.get("type"))
             timeout = 0
 
     def _pack(self) -> None:

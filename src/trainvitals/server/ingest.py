@@ -18,6 +18,7 @@ from trainvitals import lifecycle
 from trainvitals.exceptions import FrameError, IngestRejected
 from trainvitals.lifecycle import ALIVE, FINAL, Effect, RunState, transition
 from trainvitals.protocol import (
+    ACCEPTS_ALERTS,
     ACK,
     CLOSE_INVALID_PAYLOAD,
     CLOSE_POLICY_VIOLATION,
@@ -90,6 +91,9 @@ class IngestSession:
         self.run: RunSummary | None = None  # the run as browsers see it
         self._state = RunState(RunStatus.RUNNING)
         self._last_seq = 0
+        #: Whether the agent takes its run's ``alert`` frames (its hello said so; never a
+        #: watchdog's connection, which waits for one ack only).
+        self.hears_alerts = False
 
     async def handle(self, text: str) -> str | None:
         """Process one text frame; returns the reply to send, if any."""
@@ -171,6 +175,7 @@ class IngestSession:
             raise IngestRejected(CLOSE_POLICY_VIOLATION, f"run {hello.run_id[:20]!r} {why}")
         self._last_seq = int(row["last_seq"])
         self.run = run_summary(row)
+        self.hears_alerts = ACCEPTS_ALERTS in hello.accepts and not hello.watchdog
         # Storage applied the hello (a lost run is running again); what follows from it:
         stored = RunState(RunStatus(row["status"]), row["last_step"], row["end_reason"])
         self._state, effects = transition(stored, lifecycle.Hello())

@@ -1,4 +1,5 @@
-"""Fan-out of live updates to browsers connected to ``WS /api/v1/live``.
+"""Fan-out of live updates to browsers connected to ``WS /api/v1/live``, and of each run's
+firing alerts to its own agent (``WS /api/v1/ingest``, an agent that accepts them).
 
 Ingest never waits on a browser: each browser has a bounded queue drained by its own task,
 and a browser that falls that far behind is disconnected (1013) and reloads from the API.
@@ -17,16 +18,25 @@ import asyncio
 import contextlib
 import json
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import orjson
 
+from trainvitals.protocol import ALERT, PROTOCOL_VERSION
 from trainvitals.server.broker import ALERTS, DELETED, POINTS, REVOKED, RUNS, Broker
 from trainvitals.server.storage import RunHealth, RunSummary
 
 #: The fields of a run people change from the dashboard (``PATCH /api/v1/runs/{id}``).
 EDITABLE = frozenset({"name", "tags", "notes", "archived"})
+#: What an agent is told of its run's alert: enough to log it, not its evidence (stacks).
+_AGENT_ALERT_FIELDS = (
+    "id", "run_id", "project", "run_name", "rule", "subject", "severity", "message", "hint",
+    "step", "time",
+)  # fmt: skip
+#: Alerts waiting for one agent connection; past these it is closed (1013) and reconnects.
+_AGENT_QUEUE = 256
 
 
 class Subscriber:
@@ -86,6 +96,8 @@ class Hub:
         #: Set when something waits to be pushed: the push loop sleeps while nothing changes.
         self._due = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: Agent connections here that take their run's alerts, by run id.
+        self._agents: dict[str, set[Subscriber]] = {}
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._push_runs_forever(), name="trainvitals-live-runs")
@@ -114,6 +126,19 @@ class Hub:
         self._subscribers.discard(subscriber)
         for run_id in list(subscriber.runs):
             self.unwatch(subscriber, run_id)
+
+    def agent_listens(self, run_id: str) -> Subscriber:
+        """An agent connection of ``run_id`` here takes its run's firing alerts from now on."""
+        subscriber = Subscriber(_AGENT_QUEUE, max_bytes=2**20)
+        self._agents.setdefault(run_id, set()).add(subscriber)
+        return subscriber
+
+    def agent_left(self, run_id: str, subscriber: Subscriber) -> None:
+        listeners = self._agents.get(run_id)
+        if listeners is not None:
+            listeners.discard(subscriber)
+            if not listeners:
+                del self._agents[run_id]
 
     def watch(self, subscriber: Subscriber, run_id: str) -> None:
         """``subscriber`` gets the points of ``run_id`` from now on."""
@@ -181,6 +206,24 @@ class Hub:
             self._broker.publish(ALERTS, message)
         else:
             self._offer_alert(message, alert.get("project"))
+            self._tell_agents(alert)
+
+    def _tell_agents(self, alert: Mapping[str, Any]) -> None:
+        """A firing warning or critical alert to its run's agents connected here (on every
+        replica, through the broker: the agent may be connected to any). Unsilenced only;
+        the agent logs each alert once per severity, so updates repeat nothing."""
+        listeners = self._agents.get(str(alert.get("run_id")))
+        if not listeners or alert.get("state") != "firing":
+            return
+        if alert.get("severity") not in ("warning", "critical"):
+            return
+        silenced = alert.get("silenced_until")
+        if isinstance(silenced, (int, float)) and silenced > time.time():
+            return
+        told = {name: alert.get(name) for name in _AGENT_ALERT_FIELDS}
+        message = json.dumps({"type": ALERT, "v": PROTOCOL_VERSION, "alert": told})
+        for subscriber in listeners:
+            subscriber.offer(message)
 
     def _offer_alert(self, message: str, project: str | None) -> None:
         """``message`` to every browser that sees ``project`` (alerts, deletions)."""
@@ -258,6 +301,7 @@ class Hub:
         elif channel == ALERTS:
             alert = json.loads(message)["alert"]
             self._offer_alert(message, alert.get("project"))
+            self._tell_agents(alert)
         elif channel == RUNS:
             self._offer_runs(json.loads(message))
         elif channel == REVOKED:

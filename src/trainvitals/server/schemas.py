@@ -67,6 +67,10 @@ class Hello(_Frame):
     #: Said by the run's watchdog, reporting the ending of a process that died: its ``end``
     #: waits for the frames the process sent before it died (``connections.OpenRuns``).
     watchdog: bool = False
+    #: The server -> agent frames this agent takes beyond welcome and ack (``"alerts"``).
+    accepts: Annotated[list[Annotated[str, Field(max_length=32)]], Field(max_length=16)] = Field(
+        default_factory=list
+    )
 
 
 class Job(BaseModel):

@@ -67,7 +67,31 @@ def test_channels_take_defaults_routing_and_secrets_from_the_environment(tmp_pat
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ('[[channels]]\nname = "a"\nkind = "email"\nurl = "https://x"\n', "kind: Input should be"),
+        ('[[channels]]\nname = "a"\nkind = "sms"\nurl = "https://x"\n', "kind: Input should be"),
+        ('[[channels]]\nname = "a"\nkind = "email"\nurl = "https://x"\n', "takes no url"),
+        ('[[channels]]\nname = "a"\nkind = "email"\nsmtp_host = "h"\nto = ["a@b"]\n', "needs from"),
+        (
+            '[[channels]]\nname = "a"\nkind = "email"\nsmtp_host = "h"\nfrom = "a@b"\n'
+            'to = ["x@y\\nBcc: z@w"]\n',
+            "plain addresses",
+        ),
+        ('[[channels]]\nname = "a"\nkind = "pagerduty"\n', "one of routing_key and"),
+        (
+            '[[channels]]\nname = "a"\nkind = "pagerduty"\nrouting_key_env = "NOPE"\n',
+            "routing_key_env: the environment variable NOPE is not set",
+        ),
+        (
+            '[[channels]]\nname = "a"\nkind = "slack"\nurl = "https://x"\nsmtp_host = "h"\n',
+            "smtp_host is an email",
+        ),
+        (
+            '[[channels]]\nname = "a"\nkind = "teams"\nurl = "https://x"\nstarttls = false\n',
+            "starttls is an email",
+        ),
+        (
+            '[[channels]]\nname = "a"\nkind = "discord"\nurl = "https://x"\nsecret = "k"\n',
+            "no secret",
+        ),
         ('[[channels]]\nname = "a"\nkind = "slack"\n', "exactly one of url and url_env"),
         ('[[channels]]\nname = "a"\nkind = "slack"\nurl_env = "NOPE"\n', "NOPE is not set"),
         ('[[channels]]\nname = "a"\nkind = "webhook"\nurl = "${NOPE}"\n', "NOPE is not set"),
@@ -86,6 +110,53 @@ def test_a_bad_channels_file_names_the_setting(tmp_path: Path, text: str, error:
     with pytest.raises(NotifyError, match=None) as info:
         config(text, tmp_path, environ={})
     assert error in str(info.value)
+
+
+def test_pagerduty_and_email_channels_hide_their_keys(tmp_path: Path) -> None:
+    notify = config(
+        """
+        [[channels]]
+        name = "on-call"
+        kind = "pagerduty"
+        routing_key_env = "KEY"
+
+        [[channels]]
+        name = "eu"
+        kind = "pagerduty"
+        routing_key = "${KEY}"
+        url = "https://events.eu.pagerduty.com/v2/enqueue"
+
+        [[channels]]
+        name = "mail"
+        kind = "email"
+        smtp_host = "smtp.example.org"
+        username_env = "USER"
+        password_env = "PASSWORD"
+        from = "tv@example.org"
+        to = ["a@example.org", "b@example.org"]
+
+        [[channels]]
+        name = "relay"
+        kind = "email"
+        smtp_host = "relay.local"
+        starttls = false
+        from = "tv@example.org"
+        to = ["a@example.org"]
+        """,
+        tmp_path,
+        environ={**ENV, "USER": "bot", "PASSWORD": "pwSECRET"},
+    )
+    pager, eu, mail, relay = notify.channels
+    assert pager.url == "https://events.pagerduty.com/v2/enqueue" and pager.secret == b"keySECRET"
+    assert eu.describe()["target"] == "https://events.eu.pagerduty.com" and not eu.groups
+    assert mail.smtp is not None and relay.smtp is not None
+    assert (mail.smtp.host, mail.smtp.port, mail.smtp.starttls) == ("smtp.example.org", 587, True)
+    assert (mail.smtp.username, mail.smtp.password) == ("bot", "pwSECRET")
+    assert mail.smtp.recipients == ("a@example.org", "b@example.org") and mail.groups
+    assert (relay.smtp.port, relay.smtp.starttls, relay.smtp.username) == (25, False, None)
+    assert mail.describe()["target"] == "smtp://smtp.example.org"
+    shown = repr(notify) + repr([c.describe() for c in notify.channels])
+    assert "SECRET" not in shown and not any(c.describe()["signed"] for c in notify.channels)
 
 
 def test_errors_never_echo_a_secret_value(tmp_path: Path) -> None:

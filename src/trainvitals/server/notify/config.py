@@ -21,6 +21,20 @@ A channels file is TOML (``trainvitals serve --notify FILE`` or ``TRAINVITALS_NO
     secret = "${PAGER_HMAC_KEY}"     # ${NAME} is taken from the environment
     min_severity = "critical"
 
+    [[channels]]
+    name = "on-call"
+    kind = "pagerduty"               # PagerDuty Events API v2: trigger, then resolve
+    routing_key_env = "PD_ROUTING_KEY"
+
+    [[channels]]
+    name = "mail"
+    kind = "email"                   # SMTP, STARTTLS unless starttls = false
+    smtp_host = "smtp.example.org"
+    username_env = "SMTP_USER"
+    password_env = "SMTP_PASSWORD"
+    from = "trainvitals@example.org"
+    to = ["ml-team@example.org"]
+
 Secret URLs and keys are held by :class:`Channel` out of its ``repr`` and out of
 :meth:`Channel.describe`, which is all the API and the logs ever show.
 ``docs/notifications.md`` explains every setting.
@@ -44,7 +58,16 @@ from trainvitals.detect.settings import read_toml
 from trainvitals.detect.types import SEVERITIES, Severity
 from trainvitals.exceptions import NotifyError
 
-Kind = Literal["slack", "webhook"]
+Kind = Literal["slack", "webhook", "pagerduty", "email", "teams", "discord"]
+
+#: PagerDuty's Events API v2 (the EU service account's is ``events.eu.pagerduty.com``).
+PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
+
+# Kinds whose URL is itself the secret: they take no signing key.
+_SECRET_URL_KINDS = ("slack", "teams", "discord")
+_SMTP_SETTINGS = (
+    "smtp_host", "smtp_port", "starttls", "username_env", "password_env", "from_", "to",
+)  # fmt: skip
 
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -80,16 +103,59 @@ class _ChannelTable(_Pace):
     secret: str | None = None
     secret_env: str | None = None
     projects: list[str] | None = None
+    # pagerduty
+    routing_key: str | None = None
+    routing_key_env: str | None = None
+    # email
+    smtp_host: str | None = None
+    smtp_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    starttls: bool | None = None  # an email channel's: on unless false
+    username_env: str | None = None
+    password_env: str | None = None
+    from_: str | None = Field(default=None, alias="from")
+    to: Annotated[list[str], Field(min_length=1, max_length=100)] | None = None
 
     @model_validator(mode="after")
-    def _one_url(self) -> _ChannelTable:
-        if (self.url is None) == (self.url_env is None):
-            raise ValueError("give exactly one of url and url_env")
+    def _settings_of_its_kind(self) -> _ChannelTable:
         if self.secret is not None and self.secret_env is not None:
             raise ValueError("give at most one of secret and secret_env")
-        if self.kind == "slack" and (self.secret or self.secret_env):
-            raise ValueError("a slack channel takes no secret (its URL is the secret)")
+        if self.kind != "webhook" and (self.secret or self.secret_env):
+            raise ValueError(f"a {self.kind} channel takes no secret (only webhooks are signed)")
+        if self.kind != "pagerduty" and (self.routing_key or self.routing_key_env):
+            raise ValueError("routing_key is a pagerduty channel's setting")
+        if self.kind != "email":
+            given = [name for name in _SMTP_SETTINGS if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{given[0].rstrip('_')} is an email channel's setting")
+        if self.kind == "email":
+            if self.url is not None or self.url_env is not None:
+                raise ValueError("an email channel takes no url; give smtp_host")
+            missing = [n for n in ("smtp_host", "from_", "to") if getattr(self, n) is None]
+            if missing:
+                raise ValueError(f"an email channel needs {missing[0].rstrip('_')}")
+            if (self.username_env is None) != (self.password_env is None):
+                raise ValueError("give both username_env and password_env, or neither")
+        elif self.kind == "pagerduty":
+            if (self.routing_key is None) == (self.routing_key_env is None):
+                raise ValueError("give exactly one of routing_key and routing_key_env")
+            if self.url_env is not None:
+                raise ValueError("a pagerduty channel takes url (the endpoint), not url_env")
+        elif (self.url is None) == (self.url_env is None):
+            raise ValueError("give exactly one of url and url_env")
         return self
+
+
+@dataclass(frozen=True)
+class Smtp:
+    """Where an email channel sends, and as whom; ``password`` never shows."""
+
+    host: str
+    port: int
+    starttls: bool
+    sender: str
+    recipients: tuple[str, ...]
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
 
 
 class ChannelDescription(TypedDict):
@@ -110,12 +176,16 @@ class ChannelDescription(TypedDict):
 
 @dataclass(frozen=True)
 class Channel:
-    """One destination with its routing and pace; ``url`` and ``secret`` never show."""
+    """One destination with its routing and pace; ``url`` and ``secret`` never show.
+
+    ``secret`` is a webhook's HMAC key or PagerDuty's routing key; an email channel's ``url``
+    is ``smtp://host:port``, its server and account in ``smtp``."""
 
     name: str
     kind: Kind
     url: str = field(repr=False)
     secret: bytes | None = field(default=None, repr=False)
+    smtp: Smtp | None = None
     #: Projects routed here; None means every project.
     projects: frozenset[str] | None = None
     min_severity: Severity = "warning"
@@ -126,6 +196,12 @@ class Channel:
     burst: int = 3
     timeout: float = 5.0
     give_up_after: float = 86_400.0
+
+    @property
+    def groups(self) -> bool:
+        """Whether alerts that wait together go out as one message. PagerDuty takes one event
+        per alert: its ``dedup_key`` is what a later ``resolve`` names."""
+        return self.kind != "pagerduty"
 
     def wants(self, alert: Alert) -> bool:
         """Whether ``alert`` is routed to this channel."""
@@ -145,7 +221,7 @@ class Channel:
             "name": self.name,
             "kind": self.kind,
             "target": self.target,
-            "signed": self.secret is not None,
+            "signed": self.kind == "webhook" and self.secret is not None,
             "projects": sorted(self.projects) if self.projects is not None else None,
             "min_severity": self.min_severity,
             "group_window": self.group_window,
@@ -223,19 +299,52 @@ def _validated(model: type[_Pace], table: Mapping[str, Any], where: str) -> Any:
 
 
 def _resolve(spec: _ChannelTable, environ: Mapping[str, str], where: str) -> Channel:
-    url = _secret(spec.url, spec.url_env, environ, f"{where} url")
-    assert url is not None  # one of url and url_env is given
-    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-        raise NotifyError(f"{where} url: expected an http:// or https:// URL")
-    secret = _secret(spec.secret, spec.secret_env, environ, f"{where} secret")
+    smtp = None
+    if spec.kind == "email":
+        smtp = _smtp(spec, environ, where)
+        url = f"smtp://{smtp.host}:{smtp.port}"
+    elif spec.kind == "pagerduty" and spec.url is None:
+        url = PAGERDUTY_URL
+    else:
+        given = _secret(spec.url, spec.url_env, environ, f"{where} url")
+        assert given is not None  # one of url and url_env is given
+        url = given
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+            raise NotifyError(f"{where} url: expected an http:// or https:// URL")
+    if spec.kind == "pagerduty":
+        secret = _secret(spec.routing_key, spec.routing_key_env, environ, f"{where} routing_key")
+    else:
+        secret = _secret(spec.secret, spec.secret_env, environ, f"{where} secret")
     pace = spec.model_dump(include=set(_Pace.model_fields))
     return Channel(
         name=spec.name,
         kind=spec.kind,
         url=url,
         secret=secret.encode() if secret is not None else None,
+        smtp=smtp,
         projects=frozenset(spec.projects) if spec.projects is not None else None,
         **pace,
+    )
+
+
+def _smtp(spec: _ChannelTable, environ: Mapping[str, str], where: str) -> Smtp:
+    assert spec.smtp_host is not None and spec.from_ is not None and spec.to is not None
+    starttls = spec.starttls is not False
+    for address in (spec.from_, *spec.to):
+        # One address each, no header injection: a newline would add headers to the mail.
+        if "@" not in address or any(c in address for c in "\r\n,;<>"):
+            raise NotifyError(f"{where} from/to: expected plain addresses (name@host)")
+    username = _secret(None, spec.username_env, environ, f"{where} username")
+    password = _secret(None, spec.password_env, environ, f"{where} password")
+    return Smtp(
+        host=spec.smtp_host,
+        # 587 is the submission port, where STARTTLS is the norm; 25 for a plain relay.
+        port=spec.smtp_port or (587 if starttls else 25),
+        starttls=starttls,
+        sender=spec.from_,
+        recipients=tuple(spec.to),
+        username=username,
+        password=password,
     )
 
 

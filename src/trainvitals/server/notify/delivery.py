@@ -1,4 +1,4 @@
-"""Sending to one channel: an HTTP attempt, its outcome, retries, pace and grouping.
+"""Sending to one channel: an HTTP (or SMTP) attempt, its outcome, retries, pace and grouping.
 
 Each channel has one :class:`ChannelSender` task, which sends one message at a time in the
 order notices came, so a resolution never overtakes its alert. A message is retried on
@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 import re
+import smtplib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from trainvitals.backoff import backoff_delays
+from trainvitals.server.notify import mail
 from trainvitals.server.notify.config import Channel
 from trainvitals.server.notify.messages import Message, Notice, headers, render
 
@@ -49,6 +51,8 @@ class Outcome:
 
 async def post(client: httpx.AsyncClient, channel: Channel, message: Message) -> Outcome:
     """One attempt to deliver ``message`` to ``channel``."""
+    if channel.smtp is not None:
+        return await asyncio.to_thread(_send_mail, channel, message)
     try:
         response = await client.post(
             channel.url,
@@ -68,6 +72,33 @@ async def post(client: httpx.AsyncClient, channel: Channel, message: Message) ->
         wait = retry_after(response.headers.get("Retry-After"))
         return Outcome(False, True, detail, status, wait)
     return Outcome(False, False, detail, status)
+
+
+def _send_mail(channel: Channel, message: Message) -> Outcome:
+    """One SMTP exchange. As with HTTP, a transient answer (4xx, a dropped connection, a
+    timeout) is retried and a permanent one (5xx: a refused login or recipient) is not."""
+    assert channel.smtp is not None
+    try:
+        mail.send(channel.smtp, message, channel.timeout)
+    except smtplib.SMTPRecipientsRefused as exc:
+        codes = sorted(code for code, _ in exc.recipients.values())
+        detail = f"SMTP {codes[0] if codes else ''}: recipients refused"
+        return Outcome(
+            False, any(400 <= c < 500 for c in codes), detail, codes[0] if codes else None
+        )
+    except smtplib.SMTPNotSupportedError as exc:
+        return Outcome(False, False, redact(f"SMTPNotSupportedError: {exc}", channel))
+    except smtplib.SMTPResponseException as exc:
+        error = (
+            exc.smtp_error.decode(errors="replace")
+            if isinstance(exc.smtp_error, bytes)
+            else str(exc.smtp_error)
+        )
+        detail = redact(f"SMTP {exc.smtp_code} {error}", channel)
+        return Outcome(False, 400 <= exc.smtp_code < 500, detail, exc.smtp_code)
+    except (smtplib.SMTPException, OSError) as exc:  # connection refused, timeout, dropped
+        return Outcome(False, True, redact(f"{type(exc).__name__}: {exc}", channel))
+    return Outcome(True, False, "SMTP 250")
 
 
 async def send_test(channel: Channel, message: Message) -> Outcome:
@@ -116,6 +147,8 @@ def redact(text: str, channel: Channel) -> str:
         secrets.append(parts.path.rstrip("/"))
     if channel.secret:
         secrets.append(channel.secret.decode(errors="replace"))
+    if channel.smtp is not None and channel.smtp.password:
+        secrets.append(channel.smtp.password)
     for secret in sorted(filter(None, secrets), key=len, reverse=True):
         text = re.sub(re.escape(secret), label, text, flags=re.IGNORECASE)
     return text
@@ -256,10 +289,8 @@ class ChannelSender:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            hold = max(
-                self._last_sent + self.channel.group_window - self._clock(),
-                self._bucket.wait_time(),
-            )
+            window = self.channel.group_window if self.channel.groups else 0.0
+            hold = max(self._last_sent + window - self._clock(), self._bucket.wait_time())
             if hold > 0:  # what arrives meanwhile joins this message
                 await self._pause(hold)
                 continue
@@ -274,6 +305,8 @@ class ChannelSender:
         """A group, or when a storm left more than a group waiting, a digest of up to
         ``flood_max``: a flood of runs pages a channel a few times, not once per run."""
         channel = self.channel
+        if not channel.groups:
+            return 1
         if len(self._pending) <= channel.group_max:
             return channel.group_max
         return max(channel.group_max, channel.flood_max)

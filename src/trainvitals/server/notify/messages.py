@@ -1,10 +1,12 @@
-"""What a channel is sent: Slack Block Kit messages, signed JSON webhooks (pure, no I/O).
+"""What a channel is sent: Slack Block Kit messages, signed JSON webhooks, and through
+their own modules PagerDuty events, emails, Teams and Discord messages (pure, no I/O).
 
 A :class:`Notice` is one alert change waiting for one channel (a row of the outbox). One
 notice renders as a message of its own; several that waited together (an alert storm)
-render as one grouped message. Every message has a delivery key, sent as the
-``X-Trainvitals-Delivery`` header: the notice's id, or for a group a digest of its notices'
-ids, the same on every retry, so a receiver can drop what it has already taken.
+render as one grouped message (PagerDuty excepted: one event per alert). Every message has
+a delivery key, sent as the ``X-Trainvitals-Delivery`` header: the notice's id, or for a
+group a digest of its notices' ids, the same on every retry, so a receiver can drop what it
+has already taken.
 """
 
 from __future__ import annotations
@@ -14,18 +16,39 @@ import hmac
 import json
 import time
 import uuid
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
-from urllib.parse import quote
+from typing import Any
 
-from trainvitals.detect import Alert
 from trainvitals.detect.types import jsonable
 from trainvitals.exceptions import ConfigurationError
+from trainvitals.server.notify import chat, mail, pagerduty
 from trainvitals.server.notify.config import Channel
+from trainvitals.server.notify.text import (
+    Message,
+    Notice,
+    NoticeChange,
+    alerts_url,
+    cut,
+    digest_lines,
+    evidence_lines,
+    facts,
+    group_title,
+    run_url,
+    summary,
+    title,
+)
 
-NoticeChange = Literal["fired", "resolved"]
+__all__ = [
+    "Message",
+    "Notice",
+    "NoticeChange",
+    "headers",
+    "probe_message",
+    "render",
+    "run_url",
+    "sign",
+    "verify_signature",
+]
 
 #: Webhook body version; receivers should check it.
 WEBHOOK_VERSION = 1
@@ -42,29 +65,8 @@ _SECTION_CHARS = 2900
 _EVIDENCE_ITEMS = 8
 _EVIDENCE_VALUE_CHARS = 160
 _GROUP_LINE_CHARS = 280
-#: Rules and projects a digest counts by name; the rest are summed.
-_DIGEST_KINDS = 6
 
 _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
-
-
-@dataclass(frozen=True)
-class Notice:
-    """One alert change (``fired`` or ``resolved``) waiting to be sent to one channel."""
-
-    id: str
-    channel: str
-    change: NoticeChange
-    alert: Alert
-    created_at: float
-
-
-@dataclass(frozen=True)
-class Message:
-    """A rendered message: its delivery key and JSON body, ready to POST."""
-
-    key: str
-    body: bytes
 
 
 def render(channel: Channel, notices: Sequence[Notice], public_url: str | None) -> Message:
@@ -72,7 +74,14 @@ def render(channel: Channel, notices: Sequence[Notice], public_url: str | None) 
     if not notices:
         raise ConfigurationError("Expected at least one notice to render, but got none")
     key = notices[0].id if len(notices) == 1 else _group_key(notices)
-    if channel.kind == "slack":
+    if channel.kind == "email":
+        return mail.render(channel, key, notices, public_url)
+    if channel.kind == "pagerduty":
+        (notice,) = notices  # the sender does not group them
+        payload = pagerduty.event(channel, notice, public_url)
+    elif channel.kind in ("teams", "discord"):
+        payload = chat.render(channel.kind, notices, public_url, channel.group_max)
+    elif channel.kind == "slack":
         payload = _slack(notices, public_url, channel.group_max)
     else:
         payload = {
@@ -97,8 +106,15 @@ def probe_message(channel: Channel, public_url: str | None) -> Message:
     key = f"test-{uuid.uuid4().hex}"
     origin = public_url or "a trainvitals server"
     text = f"trainvitals test message for channel {channel.name!r} from {origin}: it works."
-    if channel.kind == "slack":
-        payload: dict[str, Any] = {
+    if channel.kind == "email":
+        return mail.probe(channel, key, text)
+    payload: dict[str, Any]
+    if channel.kind == "pagerduty":
+        payload = pagerduty.probe(channel, key, text)
+    elif channel.kind in ("teams", "discord"):
+        payload = chat.probe(channel.kind, text)
+    elif channel.kind == "slack":
+        payload = {
             "text": text,
             "blocks": [_section(f":white_check_mark: {_escape(text)}")],
         }
@@ -160,13 +176,6 @@ def verify_signature(
     return age <= tolerance and hmac.compare_digest(sign(key, timestamp, body), signature)
 
 
-def run_url(public_url: str | None, run_id: str) -> str | None:
-    """The dashboard's page of a run, when the server's public URL is known."""
-    if not public_url:
-        return None
-    return f"{public_url.rstrip('/')}/#/runs/{quote(run_id, safe='')}"
-
-
 # -- Slack ---------------------------------------------------------------------------------
 
 
@@ -177,8 +186,8 @@ def _slack(notices: Sequence[Notice], public_url: str | None, lines: int) -> dic
         return _slack_group(notices, public_url)
     notice = notices[0]
     if notice.change == "resolved":
-        line = _one_line(notice, public_url)
-        return {"text": _plain_summary(notice), "blocks": [_section(line)]}
+        one = _one_line(notice, public_url)
+        return {"text": _plain_summary(notice), "blocks": [_section(one)]}
     return _slack_alert(notice, public_url)
 
 
@@ -186,20 +195,16 @@ def _slack_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
     alert = notice.alert
     url = run_url(public_url, alert.run_id)
     run = _escape(alert.run_name)
-    fields = [
-        ("Severity", alert.severity.upper()),
-        ("Project", _escape(alert.project)),
-        ("Run", f"<{url}|{run}>" if url else run),
-        (
-            "Rule",
-            f"`{alert.rule}`" + (f" ({_escape(alert.subject)})" if alert.subject else ""),
-        ),
-        ("Step", str(alert.step)),
-    ]
+    fields = [(name, _escape(value)) for name, value in facts(alert)]
+    fields[2] = ("Run", f"<{url}|{run}>" if url else run)
+    fields[3] = (
+        "Rule",
+        f"`{alert.rule}`" + (f" ({_escape(alert.subject)})" if alert.subject else ""),
+    )
     emoji = _EMOJI.get(alert.severity, "")
-    title = f"{emoji} {alert.severity.upper()}: {alert.rule} on {alert.run_name}"
+    header = f"{emoji} {title(alert)}"
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": _cut(title, _HEADER_CHARS)}},
+        {"type": "header", "text": {"type": "plain_text", "text": cut(header, _HEADER_CHARS)}},
         _section(f"*{_escape(alert.message)}*"),
         {
             "type": "section",
@@ -228,48 +233,29 @@ def _slack_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
 
 
 def _slack_group(notices: Sequence[Notice], public_url: str | None) -> dict[str, Any]:
-    title = _group_title(notices)
+    header = group_title(notices)
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": _cut(title, _HEADER_CHARS)}}
+        {"type": "header", "text": {"type": "plain_text", "text": cut(header, _HEADER_CHARS)}}
     ]
     blocks += [_section(_one_line(n, public_url)) for n in notices]
-    return {"text": title, "blocks": blocks}
+    return {"text": header, "blocks": blocks}
 
 
 def _slack_digest(notices: Sequence[Notice], public_url: str | None, lines: int) -> dict[str, Any]:
     """A storm in one message: counts by rule and by project, the first ``lines`` changes,
     and where to see the rest (a flood of runs must not page a channel once per run)."""
-    title = _group_title(notices)
-    rules = Counter((n.alert.severity, n.alert.rule, n.change) for n in notices)
-    by_rule = " · ".join(
-        f"{count:,} {severity.upper()} `{rule}`" + (" resolved" if change == "resolved" else "")
-        for (severity, rule, change), count in rules.most_common(_DIGEST_KINDS)
-    )
-    projects = Counter(n.alert.project for n in notices)
-    runs = len({n.alert.run_id for n in notices})
-    where = ", ".join(
-        f"{_escape(project)} ({count:,})" for project, count in projects.most_common(_DIGEST_KINDS)
-    )
-    if len(projects) > _DIGEST_KINDS:
-        where += f" and {len(projects) - _DIGEST_KINDS:,} more"
+    header = group_title(notices)
+    by_rule, runs = digest_lines(notices, code=lambda rule: f"`{rule}`", escape=_escape)
     rest = len(notices) - lines
-    alerts_page = f"{public_url.rstrip('/')}/#/alerts" if public_url else None
+    alerts_page = alerts_url(public_url)
     more = f"… and {rest:,} more" + (f" on <{alerts_page}|the alerts page>" if alerts_page else "")
     blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": _cut(title, _HEADER_CHARS)}},
-        _section(f"*{by_rule}*\n{runs:,} runs · projects: {where}"),
+        {"type": "header", "text": {"type": "plain_text", "text": cut(header, _HEADER_CHARS)}},
+        _section(f"*{by_rule}*\n{runs}"),
         *(_section(_one_line(n, public_url)) for n in notices[:lines]),
         _section(more),
     ]
-    return {"text": title, "blocks": blocks}
-
-
-def _group_title(notices: Sequence[Notice]) -> str:
-    fired = sum(n.change == "fired" for n in notices)
-    resolved = len(notices) - fired
-    pairs = ((fired, "fired"), (resolved, "resolved"))
-    counts = ", ".join(f"{n:,} {word}" for n, word in pairs if n)
-    return f"{len(notices):,} alert changes in trainvitals ({counts})"
+    return {"text": header, "blocks": blocks}
 
 
 def _one_line(notice: Notice, public_url: str | None) -> str:
@@ -277,7 +263,7 @@ def _one_line(notice: Notice, public_url: str | None) -> str:
     url = run_url(public_url, alert.run_id)
     run = _escape(f"{alert.project}/{alert.run_name}")
     where = f"<{url}|{run}>" if url else run
-    message = _cut(_escape(alert.message), _GROUP_LINE_CHARS)
+    message = cut(_escape(alert.message), _GROUP_LINE_CHARS)
     if notice.change == "resolved":
         return f":white_check_mark: *Resolved:* `{alert.rule}` on {where}: {message}"
     emoji = _EMOJI.get(alert.severity, "")
@@ -287,40 +273,22 @@ def _one_line(notice: Notice, public_url: str | None) -> str:
 
 def _plain_summary(notice: Notice) -> str:
     """The notification text (phones, screen readers): the blocks are not shown there."""
-    alert = notice.alert
-    where = f"{alert.project}/{alert.run_name}"
-    where = _escape(where)
-    if notice.change == "resolved":
-        return _cut(f"Resolved: {alert.rule} on {where}", _SECTION_CHARS)
-    return _cut(
-        f"[{alert.severity.upper()}] {alert.rule} on {where}: {_escape(alert.message)}",
-        _SECTION_CHARS,
-    )
+    return cut(_escape(summary(notice)), _SECTION_CHARS)
 
 
 def _evidence(evidence: Mapping[str, Any]) -> str:
-    """The first few evidence values, one a line, each cut short (stacks can be long)."""
-    lines = []
-    for name, value in list(evidence.items())[:_EVIDENCE_ITEMS]:
-        text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-        text = text.replace("`", "'")  # a backtick would end the code block
-        lines.append(f"{name}: {_cut(text, _EVIDENCE_VALUE_CHARS)}")
-    if len(evidence) > _EVIDENCE_ITEMS:
-        lines.append(f"... and {len(evidence) - _EVIDENCE_ITEMS} more on the run page")
-    return _escape("\n".join(lines))
+    lines = evidence_lines(evidence, _EVIDENCE_ITEMS, _EVIDENCE_VALUE_CHARS)
+    # A backtick would end the code block.
+    return _escape("\n".join(lines).replace("`", "'"))
 
 
 def _section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _cut(text, _SECTION_CHARS)}}
+    return {"type": "section", "text": {"type": "mrkdwn", "text": cut(text, _SECTION_CHARS)}}
 
 
 def _escape(text: str) -> str:
     """Slack's mrkdwn control characters, so names and messages show as written."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _group_key(notices: Sequence[Notice]) -> str:

@@ -76,6 +76,8 @@ async def _ingest(
         state.open_runs,
     )
     state.metrics.agents.inc()
+    # The run's alerts, to an agent that takes them: sent from a task of their own.
+    listening: tuple[str, Subscriber, asyncio.Task[None]] | None = None
     try:
         while True:
             if session.run is None:  # a connection that never says hello holds nothing
@@ -102,6 +104,10 @@ async def _ingest(
                 return
             if reply is not None:
                 await websocket.send_text(reply)
+            if listening is None and session.hears_alerts and session.run is not None:
+                run_id = session.run["id"]
+                listener = state.hub.agent_listens(run_id)
+                listening = (run_id, listener, asyncio.create_task(_drain(websocket, listener)))
     except IngestRejected as exc:
         if socket.revoked:
             return
@@ -111,6 +117,12 @@ async def _ingest(
     except WebSocketDisconnect:
         return
     finally:
+        if listening is not None:
+            run_id, listener, telling = listening
+            state.hub.agent_left(run_id, listener)
+            telling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await telling
         session.close()
         state.metrics.agents.dec()
         state.quotas.disconnect(who.token_id, slot)
