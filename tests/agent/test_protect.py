@@ -76,7 +76,8 @@ def test_fit_stops_at_the_nan_batch_and_hands_back_the_last_finite_weights(
 
     alert = wait_for(nonfinite_alert, what="the nonfinite alert with its autopsy")
     report = alert["evidence"]["autopsy"]
-    assert (report["step"], report["origin"], report["method"]) == (47, "inputs", "vitals")
+    # The bad step's batch was kept on that step: the autopsy replays it.
+    assert (report["step"], report["cause"], report["method"]) == (47, "inputs", "replay")
     assert "step 40 will be restored" in report["action"]
     assert alert["step"] == 47
     events = server.get(f"/api/v1/runs/{vitals.run.id}")["events"]

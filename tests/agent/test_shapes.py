@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +30,6 @@ SAMPLES, BATCH = 32, 8  # 4 steps
 
 #: A case: builds the model and returns it with fit's arguments (x, y and the rest).
 Case = Callable[[], tuple[Any, dict[str, Any]]]
-
-
-@pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = ServerProcess(str(tmp_path_factory.mktemp("shapes") / "runs.db"))
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def _rng() -> np.random.Generator:
@@ -250,11 +241,11 @@ def seeded_fit(case: Case, *callbacks: Any) -> tuple[Any, list[np.ndarray]]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_shape_trains_bit_for_bit_the_same_and_is_measured(
-    shared_server: ServerProcess, name: str, caplog: pytest.LogCaptureFixture
+    module_server: ServerProcess, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     _, bare = seeded_fit(CASES[name])
     vitals = trainvitals.VitalsCallback(
-        server=shared_server.url, run_name=name, system_metrics=False, watchdog=False
+        server=module_server.url, run_name=name, system_metrics=False, watchdog=False
     )
     with caplog.at_level("WARNING", logger="trainvitals"):
         model, attached = seeded_fit(CASES[name], vitals)
@@ -263,19 +254,19 @@ def test_every_shape_trains_bit_for_bit_the_same_and_is_measured(
     assert all(np.array_equal(a, b) for a, b in zip(bare, attached, strict=True))
     assert vitals.run is not None
     steps = SAMPLES // BATCH
-    series = run_series(shared_server, vitals.run.id, "loss")
+    series = run_series(module_server, vitals.run.id, "loss")
     assert series["loss"]["step"] == list(range(1, steps + 1))
     # The tap is off once fit has returned: the model's own methods again.
     assert "train_step" not in vars(model) and "_trainvitals_tap" not in vars(model)
 
 
-def test_the_environment_says_what_the_data_holds(shared_server: ServerProcess) -> None:
+def test_the_environment_says_what_the_data_holds(module_server: ServerProcess) -> None:
     vitals = trainvitals.VitalsCallback(
-        server=shared_server.url, run_name="kinds", system_metrics=False, watchdog=False
+        server=module_server.url, run_name="kinds", system_metrics=False, watchdog=False
     )
     seeded_fit(strings, vitals)
     assert vitals.run is not None
-    run = shared_server.get(f"/api/v1/runs/{vitals.run.id}")
+    run = module_server.get(f"/api/v1/runs/{vitals.run.id}")
     assert run["env"]["inputs"] == {"kinds": ["string"]}
     from trainvitals.agent import tf_vitals
 
@@ -291,13 +282,13 @@ def _paths(model: Any) -> list[str]:
     return [re.sub(r"_\d+", "", v.path) for v in model.variables]
 
 
-def test_the_model_keeps_nothing_of_the_agent(shared_server: ServerProcess, tmp_path: Path) -> None:
+def test_the_model_keeps_nothing_of_the_agent(module_server: ServerProcess, tmp_path: Path) -> None:
     """Variables, summary, saved file and checkpoints are those of a bare fit."""
     bare_model, _ = seeded_fit(compiled())
     saved = tmp_path / "ckpt.weights.h5"
     checkpoint = keras.callbacks.ModelCheckpoint(str(saved), save_weights_only=True)
     vitals = trainvitals.VitalsCallback(
-        server=shared_server.url, run_name="kept", system_metrics=False, watchdog=False
+        server=module_server.url, run_name="kept", system_metrics=False, watchdog=False
     )
     model, _ = seeded_fit(compiled(), vitals, checkpoint)
     assert _paths(model) == _paths(bare_model)
@@ -346,17 +337,17 @@ MIRRORED = textwrap.dedent(
 
 
 def test_a_mirrored_strategy_over_two_logical_cpus_trains_the_same(
-    shared_server: ServerProcess, tmp_path: Path
+    module_server: ServerProcess, tmp_path: Path
 ) -> None:
     script = tmp_path / "mirrored.py"
     script.write_text(MIRRORED)
     done = subprocess.run(
-        [sys.executable, str(script), shared_server.url],
+        [sys.executable, str(script), module_server.url],
         capture_output=True, text=True, timeout=240, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     run_id = done.stdout.strip().splitlines()[-1]
-    series = run_series(shared_server, run_id, "loss")
+    series = run_series(module_server, run_id, "loss")
     assert series["loss"]["step"] == [1, 2, 3, 4]
 
 

@@ -332,7 +332,7 @@ def test_with_a_gpu_the_counts_run_every_step_without_a_conditional(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # On a GPU an If's predicate is read on the host, a wait for the device every step.
-    monkeypatch.setattr(tf_vitals, "_has_gpu", lambda: True)
+    monkeypatch.setattr(tf_vitals, "has_gpu", lambda: True)
     step = compiled_vitals_step()
     assert step(tf.ones((4, 3))).numpy()[1:4].tolist() == [0, 0, 0]
     x = np.ones((4, 3), np.float32)

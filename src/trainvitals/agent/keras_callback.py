@@ -23,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trainvitals.agent import autopsy, packing, tf_vitals
+from trainvitals.agent.bad_step import BadStep
 from trainvitals.agent.config import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_READ_INTERVAL,
@@ -108,9 +109,11 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         notebook: in a notebook, show each run inline, its link and its page (default: yes,
             unless ``TRAINVITALS_NOTEBOOK=0``). Elsewhere each run's start prints its link.
 
-    The first step with a NaN/Inf also gets an autopsy (:mod:`trainvitals.agent.autopsy`): which
-    origin, which variables' gradients overflowed or rose most, which layers' weights are
-    poisoned. It joins the server's ``nonfinite`` alert.
+    The first step with a NaN/Inf also gets an autopsy (:mod:`trainvitals.agent.autopsy`): its
+    batch and the weights of before its update are kept on that step only, and replayed to
+    name the first cause (the data, a layer, the loss, the backward pass, poisoned weights, a
+    learning-rate blow-up). It joins the server's ``nonfinite`` alert, with that cause's
+    remedy.
 
     Example:
         ```python
@@ -153,6 +156,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self._ring_capacity = int(ring_capacity)
         self.guard: Guard | None = None
         self._autopsied = False
+        self._poisoned_at_start = False
         self._healthy_norms: dict[str, float] = {}
         self._autopsy_lock = threading.Lock()
         self._settings = resolve(
@@ -280,11 +284,15 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         )
         # Room for two executions at least: the hook reads between executions only.
         per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        # Whether the weights were already NaN/Inf as fit began (a restored checkpoint, an
+        # earlier fit): the autopsy tells that from weights an update poisoned.
+        self._poisoned_at_start = bool(self._weights_check and self._weights_check() > 0)
         tap = TrainStepTap(
             self.model,
             max(self._ring_capacity, 2 * per_execution),
             flag_nonfinite=self.guard is not None,
             fit=fit,
+            bad_step=BadStep() if BadStep.possible(self.model) else None,
         )
         tap.install()
         with self._read_lock:  # the looks read its ring from now on
@@ -553,7 +561,14 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             if self._autopsied:
                 return
             self._autopsied = True
-        report = autopsy.of_step(self.model, values, self._healthy_norms)
+        bad_step = self._tap.bad_step if self._tap is not None else None
+        report = autopsy.of_step(
+            self.model,
+            values,
+            self._healthy_norms,
+            kept=bad_step.take() if bad_step is not None else None,
+            poisoned_at_start=self._poisoned_at_start,
+        )
         if self.guard is not None:
             action = self.guard.nonfinite_step(step)
             if action is not None:

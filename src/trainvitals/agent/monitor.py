@@ -325,12 +325,12 @@ class Monitor:
         self._autopsied = True
         held = [(inputs, targets) for s, inputs, targets in self._batches if s == step]
         inputs, targets = held[-1] if held else (None, None)
-        if inputs is not None and autopsy.poisoned_weights(self._model):
-            # The loop has applied that step's NaN/Inf since: a replay would only find the
-            # poisoned weights. The vitals still say where it came from.
-            inputs = targets = None
         values = packing.values_at(dict(columns), step)
-        report = autopsy.of_step(self._model, values, self._healthy_norms, inputs, targets)
+        # The loop may have applied that step's NaN/Inf since: a replay still finds a layer
+        # before the poisoned ones, and else leaves the verdict to the vitals.
+        report = autopsy.of_step(
+            self._model, values, self._healthy_norms, inputs, targets, after_update=True
+        )
         self.run.report_autopsy(step, report)
 
     def _variable_names(self, count: int) -> tuple[str, ...]:

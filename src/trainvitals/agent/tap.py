@@ -23,7 +23,10 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import tensorflow as tf
+
 from trainvitals.agent import packing, tf_vitals
+from trainvitals.agent.bad_step import BadStep
 from trainvitals.agent.config import DEFAULT_RING_CAPACITY
 from trainvitals.agent.fitcall import FitCall
 from trainvitals.agent.packing import Measured
@@ -45,8 +48,11 @@ _INSTALLED = "_trainvitals_tap"
 class _Captured:
     """What one trace of the train step handed the wrappers (tensors of that trace)."""
 
+    data: Any = None
     loss: Any = None
     grads: list[Any] | None = None
+    squares: Any = None
+    kept: Any = None  # the bad step's copy, which the vitals wait for
     scale: Any = None
     lr: Any = None
     names: tuple[str, ...] = field(default=())
@@ -74,6 +80,7 @@ class TrainStepTap:
         capacity: int = DEFAULT_RING_CAPACITY,
         flag_nonfinite: bool = False,
         fit: FitCall | None = None,
+        bad_step: BadStep | None = None,
     ) -> None:
         self.model = model
         #: The ``fit`` call the tap is for (None: a loop of the script's own calls the hooks).
@@ -84,6 +91,8 @@ class TrainStepTap:
         #: converts it with the logs it fetches anyway.
         self.flag_nonfinite = flag_nonfinite
         self.measured = Measured()
+        #: Keeps the first bad step's batch and weights for the autopsy (None: no keeping).
+        self.bad_step = bad_step
         #: Where the traced step keeps each step's vector (None: it rides in the logs).
         self.ring: DeviceRing | None = None
         self._undo: list[Callable[[], None]] = []
@@ -110,7 +119,7 @@ class TrainStepTap:
             @functools.wraps(train_step)
             def reporting_train_step(data: Any, *args: Any, **kwargs: Any) -> Any:
                 nonlocal captured
-                captured = _Captured()
+                captured = _Captured(data=data)
                 logs = train_step(data, *args, **kwargs)
                 # Python runs here once, while the step is traced: this says what it measures.
                 has_grads = captured.grads is not None
@@ -124,8 +133,16 @@ class TrainStepTap:
                 if isinstance(logs, dict):
                     try:
                         vitals = tf_vitals.step_vitals(
-                            captured.loss, data, captured.grads, captured.scale, captured.lr
+                            captured.loss,
+                            data,
+                            captured.grads,
+                            captured.scale,
+                            captured.lr,
+                            captured.squares,
                         )
+                        if captured.kept is not None:
+                            with tf.control_dependencies([captured.kept]):
+                                vitals = tf.identity(vitals)
                     except Exception as exc:  # a step of a shape never seen: Keras's own
                         log.warning(
                             "trainvitals: in-step vitals unavailable for this train step (%s: %s)",
@@ -163,6 +180,8 @@ class TrainStepTap:
                     captured.scale = tf_vitals.loss_scale_of(optimizer)
                     # Read before the update moves the iteration: this step's rate.
                     captured.lr = tf_vitals.learning_rate_of(optimizer)
+                    if self.bad_step is not None:
+                        self._watch(captured, model)
                     return apply(grads, trainable_variables)
 
                 undo.append(_wrap(optimizer, "apply", measuring_apply))
@@ -194,6 +213,21 @@ class TrainStepTap:
                 exc,
             )
             self.remove()
+
+    def _watch(self, captured: _Captured, model: Any) -> None:
+        """Before the update: the sums of squares the vitals need, and the bad step's copy."""
+        assert self.bad_step is not None and captured.grads is not None
+        try:
+            captured.squares = tf_vitals.squared_norms(captured.grads)
+            captured.kept = self.bad_step.watch(
+                captured.data,
+                captured.loss,
+                captured.squares,
+                list(model.weights),
+                scaled=captured.scale is not None,
+            )
+        except Exception as exc:  # the autopsy then works from the vitals
+            log.info("trainvitals: the bad step's batch cannot be kept (%s)", exc)
 
     def _into_ring(self, vitals: Any, logs: dict[str, Any]) -> bool:
         """Write the step's vector and Keras's scalar metrics into the device ring (made at

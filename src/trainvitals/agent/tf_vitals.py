@@ -175,7 +175,7 @@ class WeightsCheck:
     def _nonfinite(self) -> tf.Tensor:
         tensors = _floating([v.value for v in self._variables])
         checksum = tf.reduce_sum(squared_norms(tensors))
-        return _conditional(
+        return keep_conditional(
             tf.cond(
                 tf.math.is_finite(checksum),
                 lambda: tf.constant(0.0, tf.float32),
@@ -227,6 +227,7 @@ def step_vitals(
     grads: Sequence[Any] | None,
     loss_scale: Any = None,
     lr: Any = None,
+    squares: Any = None,
 ) -> tf.Tensor:
     """Everything a step reports, packed into one float32 vector so that fetching it costs one
     transfer: the scalars named in :data:`packing.HEAD <trainvitals.agent.packing.HEAD>`, then
@@ -259,7 +260,8 @@ def step_vitals(
     loss32 = tf.constant(float("nan")) if loss is None else _mean32(loss)
     input_tensors = _floating(inputs)
     present = [g for g in grads if g is not None] if grads is not None else []
-    squares = squared_norms(grads) if grads is not None else tf.zeros([0], tf.float32)
+    if squares is None:  # else the gradients' sums of squares, computed before the update
+        squares = squared_norms(grads) if grads is not None else tf.zeros([0], tf.float32)
     # The exact counts, by name: stacked in the order of packing.COUNTS.
     exact: dict[str, Callable[[], tf.Tensor]] = {
         NONFINITE_LOSS: lambda: nonfinite_count(loss) if loss is not None else zero,
@@ -270,7 +272,7 @@ def step_vitals(
     def exact_counts() -> tf.Tensor:
         return tf.stack([exact[name]() for name in packing.COUNTS])
 
-    if _has_gpu():
+    if has_gpu():
         # On a GPU, an ``If`` reads its predicate on the host: the step could not return
         # before the device had computed the checksum, a wait at every step. There the counts
         # run every step instead: one more read of each gradient (and of the batch), on the
@@ -285,7 +287,7 @@ def step_vitals(
         if loss is not None:
             parts.append(loss32)
         checksum = tf.add_n(parts) if parts else zero
-        counts = _conditional(
+        counts = keep_conditional(
             tf.cond(
                 tf.math.is_finite(checksum),
                 lambda: tf.zeros([len(packing.COUNTS)], tf.float32),
@@ -361,7 +363,7 @@ def _mean32(loss: Any) -> Any:
     return _float32(loss)
 
 
-def _conditional(output: tf.Tensor) -> tf.Tensor:
+def keep_conditional(output: tf.Tensor) -> tf.Tensor:
     """Keep the ``tf.cond`` that ``output`` comes from a real conditional call.
 
     Inside a ``tf.function`` TensorFlow lowers a ``tf.cond`` to switch and merge operations,
@@ -531,6 +533,6 @@ def _describe(model: Any) -> TensorflowEnv:
 
 
 @functools.cache
-def _has_gpu() -> bool:
+def has_gpu() -> bool:
     """Whether TensorFlow sees a GPU (asked once: the answer does not change in a process)."""
     return bool(tf.config.list_physical_devices("GPU"))

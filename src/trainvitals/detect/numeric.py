@@ -55,6 +55,62 @@ NONFINITE_HINTS = {
 }
 
 
+#: The remedy of each first cause an agent's autopsy names (``agent/autopsy.py``'s CAUSES):
+#: never one that belongs to another cause.
+CAUSE_HINTS = {
+    "inputs": NONFINITE_HINTS["inputs"],
+    "labels": (
+        "The labels are bad: NaN/Inf targets, or integer labels outside [0, classes) for a "
+        "sparse loss (check the label encoding and the model's output size). Fix the data, "
+        "then resume from the last checkpoint: the bad batch's gradients reached the weights."
+    ),
+    "layer": (
+        "A layer made NaN/Inf from finite inputs: guard its operation (an epsilon or a clip "
+        "before log, sqrt or a division, e.g. `tf.math.log(tf.maximum(x, 1e-7))`; "
+        "`tf.clip_by_value` before exp), or fix the data that reaches it. Clipping gradients "
+        "or lowering the learning rate does not help here. Resume from the last checkpoint."
+    ),
+    "loss": (
+        "The loss function made NaN/Inf from finite predictions: add an epsilon to log and "
+        "divisions in a custom loss (`keras.ops.log(y + 1e-7)`), use `from_logits=True` "
+        "rather than a softmax followed by a log, and under mixed precision compute the loss "
+        "in float32."
+    ),
+    "backward": (
+        "Only the backward pass is not finite: an operation whose derivative is infinite "
+        "where it was taken (sqrt or a power below 1 at 0: add an epsilon inside), or a "
+        "float16 overflow (use mixed precision's LossScaleOptimizer, keep that layer in "
+        "float32). Resume from the last checkpoint."
+    ),
+    "poisoned_weights": (
+        "The weights were NaN/Inf before this step, so every later step is lost: resume from "
+        "the last checkpoint whose weights are finite (check with "
+        "`all(np.isfinite(w).all() for w in model.get_weights())` after loading)."
+    ),
+    "lr_blowup": (
+        "The updates grew without bound on finite gradients: lower the learning rate or add "
+        "a warm-up, clip the update (`clipnorm=1.0`), and resume from the last checkpoint."
+    ),
+    "gradients": (
+        "The loss is finite but the gradients are not: a layer may make NaN that a later "
+        "operation hides (relu(NaN) is 0 on oneDNN), or the backward pass overflows. Run one "
+        "epoch with `run_eagerly=True` to get a replay of the bad batch, or check custom "
+        "layers for log, sqrt and divisions without an epsilon."
+    ),
+}
+
+
+def cause_said(autopsy: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The ``nonfinite`` alert's message and hint from the autopsy's first cause, or None
+    when the autopsy names none this server knows."""
+    cause, verdict = autopsy.get("cause"), autopsy.get("verdict")
+    if not isinstance(cause, str) or cause not in CAUSE_HINTS or not isinstance(verdict, str):
+        return None
+    step = autopsy.get("step")
+    at = f"NaN/Inf at step {step}: " if isinstance(step, int) else ""
+    return at + " ".join(verdict.split())[:400], CAUSE_HINTS[cause]
+
+
 def loss_scale_skip(scale: float | None) -> bool:
     """Whether gradients that overflow under this loss scale make a step the
     ``LossScaleOptimizer`` skips while it lowers the scale (normal under float16), rather
@@ -166,7 +222,7 @@ class NonfiniteRule(Rule):
         if bad_variables:
             evidence["variables"] = bad_variables[:10]
         if first:
-            message = _first_message(origin, ordered, counts, record.step)
+            message = _first_message(origin, ordered, counts, record.step, "loss" not in where)
         else:
             message = (
                 f"NaN/Inf now also in the {listing([_PLACE[o] for o in ordered])} "
@@ -175,17 +231,24 @@ class NonfiniteRule(Rule):
         return [self.fire("", record, "critical", message, NONFINITE_HINTS[origin], evidence)]
 
 
-def _first_message(origin: str, ordered: list[str], counts: dict[str, float], step: int) -> str:
+def _first_message(
+    origin: str, ordered: list[str], counts: dict[str, float], step: int, loss_finite: bool
+) -> str:
     count = counts.get(origin)
     amount = f" ({count:.0f} values)" if count is not None and math.isfinite(count) else ""
     if origin == "inputs":
         head = f"NaN/Inf in the input batch itself at step {step}{amount}"
+    elif origin == "weights" and loss_finite:
+        head = (
+            f"The weights are NaN/Inf since step {step}{amount} while the loss is finite: "
+            "the model is silently poisoned"
+        )
     elif origin == "weights":
         head = f"The weights hold NaN/Inf at step {step}{amount}"
     elif origin == "loss":
         head = f"The loss became NaN/Inf at step {step} on a clean input batch"
     else:
-        head = f"The gradients overflowed at step {step}{amount} while the loss was finite"
+        head = f"The gradients are NaN/Inf at step {step}{amount} while the loss is finite"
     rest = [_PLACE[o] for o in ordered[1:]]
     return head + (f"; the {listing(rest)} followed" if rest else "")
 

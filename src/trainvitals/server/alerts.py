@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, RulesConfig
+from trainvitals.detect.numeric import cause_said
 from trainvitals.detect.types import jsonable
 from trainvitals.exceptions import WriterClosed
 from trainvitals.protocol import Columns, SeqColumns
@@ -309,6 +310,9 @@ class AlertEngine:
             alert.run_id, alert.project, alert.run_name = state.run_id, state.project, state.name
             if alert.rule == "nonfinite" and state.autopsy is not None:
                 alert.evidence["autopsy"] = jsonable(state.autopsy)
+                said = cause_said(state.autopsy)
+                if said is not None:  # the first cause, with its own remedy
+                    alert.message, alert.hint = said
             if kind == "fired":
                 alert.silenced_until = _silenced_until(alert, silences or [])
             # A snapshot: the book goes on changing its alerts while these are written and sent.
