@@ -11,7 +11,9 @@ import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
 import { withSummary } from "./live.js";
 import { syncCells, syncRows } from "./rows.js";
-import { GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
+import {
+  GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, HOST_WORKING_SET, LOSS, isBytes, unitOf,
+} from "./series.js";
 
 const LAYOUT = `
   <div class="page-head">
@@ -434,8 +436,10 @@ function reading(name, value) {
 function lastReadings(readings) {
   const names = Object.keys(readings ?? {}).sort();
   if (!names.length) return "";
-  const memory = readings[HOST_RSS] != null && readings[HOST_LIMIT] > 0
-    ? ` (RSS at ${Math.round((100 * readings[HOST_RSS]) / readings[HOST_LIMIT])}% of the limit)` : "";
+  // The cgroup's working set is what the kernel kills by; the RSS only where there is none.
+  const [used, what] = readings[HOST_WORKING_SET] != null ? [HOST_WORKING_SET, "working set"] : [HOST_RSS, "RSS"];
+  const memory = readings[used] != null && readings[HOST_LIMIT] > 0
+    ? ` (${what} at ${Math.round((100 * readings[used]) / readings[HOST_LIMIT])}% of the limit)` : "";
   const rows = names.map((name) => `<tr><th>${escapeHTML(name)}</th>
     <td data-reading="${escapeHTML(name)}">${escapeHTML(reading(name, readings[name]))}</td></tr>`).join("");
   return `<details class="last-readings" open><summary>Last readings before the end${escapeHTML(memory)}</summary>
