@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +209,45 @@ def test_a_bad_rules_file_stops_serve_with_the_setting_named(tmp_path: Path) -> 
     )
     assert result.returncode == 2
     assert "'factr': unknown setting" in result.stderr
+
+
+def test_a_loop_of_fits_leaking_between_them_raises_one_forecast_across_its_runs(
+    server: ServerProcess,
+) -> None:
+    """Folds of one process, each flat within its fit, keep 200 MiB each: one forecast for the
+    process, before the limit, carried to its newest run and naming the runs it spans."""
+    gib, start = 2**30, time.time()
+    limit, kept = 4 * gib, 200 * 2**20
+    runs: list[Run] = []
+    for fold in range(8):  # 40 s a fold (30 s of fit), readings once a second
+        run = Run(
+            resolve(server=server.url, run_name=f"fold-{fold}"),
+            system_metrics=False,
+            watchdog=False,
+        )
+        run.start()
+        for second in range(30):
+            at = start + 40 * fold + second
+            level = gib + fold * kept + (second % 3) * 2**20  # flat, a MiB of jitter
+            run.log(second, {"host/working_set": level, "host/limit": limit}, time_=at)
+        assert run.finish()
+        runs.append(run)
+    forecasts = wait_for(
+        lambda: [a for a in server.get("/api/v1/alerts")["alerts"] if a["rule"] == "oom_forecast"],
+        what="the forecast",
+    )
+    (forecast,) = forecasts  # one alert for the process, not one a fold
+    assert forecast["state"] == "firing" and forecast["evidence"]["trend"] == "between_fits"
+    assert forecast["run_id"] == runs[-1].id  # it moved to the newest run
+    spanned = [r["name"] for r in forecast["evidence"]["runs"]]
+    assert spanned[-1] == "fold-7" and len(spanned) >= 4 and spanned[0] in ("fold-2", "fold-3")
+    assert forecast["time"] < start + 40 * 4  # fired within the fourth fold, 10 folds early
+    assert 0 < forecast["evidence"]["eta_s"] < 900
+    assert "clear_session()" in forecast["hint"] and "gc.collect()" in forecast["hint"]
+    assert "200 MiB more kept after each" in forecast["message"]
+    assert not [a for a in server.get("/api/v1/alerts")["alerts"] if a["rule"] == "memory_pressure"]
+    linked = server.get(f"/api/v1/runs?process={forecast['evidence']['runs'][0]['id']}")
+    assert linked["runs"] == []  # the filter is by process key, not run id
+    key = server.get(f"/api/v1/runs/{runs[0].id}")["process_key"]
+    listed = server.get(f"/api/v1/runs?process={key}")["runs"]
+    assert [r["name"] for r in listed][:8] == [f"fold-{i}" for i in reversed(range(8))]
