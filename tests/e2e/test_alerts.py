@@ -251,3 +251,13 @@ def test_a_loop_of_fits_leaking_between_them_raises_one_forecast_across_its_runs
     key = server.get(f"/api/v1/runs/{runs[0].id}")["process_key"]
     listed = server.get(f"/api/v1/runs?process={key}")["runs"]
     assert [r["name"] for r in listed][:8] == [f"fold-{i}" for i in reversed(range(8))]
+    # The next fit is killed: the alert comes with it and closes, the process being gone.
+    last = Run(resolve(server=server.url, run_name="fold-8"), system_metrics=False, watchdog=False)
+    last.start()
+    assert last.finish("oom_killed")
+    closed = wait_for(
+        lambda: [a for a in alerts_of(server, last.id, "oom_forecast") if a["state"] == "closed"],
+        what="the forecast closed on the killed fit",
+    )
+    assert closed[0]["id"] == forecast["id"] and closed[0]["closed_reason"] == "process ended"
+    assert closed[0]["evidence"]["runs"][-1]["name"] == "fold-8"
