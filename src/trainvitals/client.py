@@ -132,6 +132,8 @@ class ApiRun:
     end_reason: str | None
     job_id: str | None = None
     worker: str | None = None
+    #: The training process that made it: the runs of one loop of fits share it.
+    process_key: str | None = None
     tags: list[str] = field(default_factory=list)
     notes: str = ""
     archived: bool = False
@@ -300,10 +302,12 @@ class Api:
         descending: bool = True,
         offset: int = 0,
         metrics: Sequence[str] = (),
+        process: str | None = None,
     ) -> list[ApiRun]:
         """Runs, newest first (or by ``sort``): of ``project``, in ``status`` (one or several),
-        the workers of ``job``, whose name contains ``name``, tagged ``tag``, whose worst alert
-        was ``health`` (``healthy``: none); archived runs only with ``archived``. The first
+        the workers of ``job``, made by the process whose ``process_key`` is ``process``, whose
+        name contains ``name``, tagged ``tag``, whose worst alert was ``health`` (``healthy``:
+        none); archived runs only with ``archived``. The first
         ``limit`` from ``offset``; ``limit=None``: every run that matches, a page at a time
         (pages read one after another, not one snapshot: a run is listed once). ``sort`` may
         be a series' statistic (``"min:val_loss"``: runs without one come last either way);
@@ -321,6 +325,7 @@ class Api:
             "project": project,
             "status": [status] if isinstance(status, str) else list(status or ()),
             "job": job,
+            "process": process,
             "q": name,
             "tag": tag,
             "health": health,

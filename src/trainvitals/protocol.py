@@ -171,6 +171,14 @@ class JobInfo(TypedDict):
     source: str
 
 
+class ProcessInfo(TypedDict):
+    """The training process that makes a run (see ``agent.environment.process``): the runs of
+    one process (a loop of fits) share ``key``."""
+
+    key: str
+    started_at: float
+
+
 class HelloFrame(TypedDict):
     """The first frame of every connection: which run this is, where and what it runs."""
 
@@ -185,6 +193,8 @@ class HelloFrame(TypedDict):
     started_at: float
     env: dict[str, object]
     job: JobInfo | None
+    #: The training process: the server links its runs and judges its memory across them.
+    process: NotRequired[ProcessInfo]
     #: The secret the server issued in the run's first welcome, in every later hello.
     run_secret: NotRequired[str]
     #: True in the hello of the run's watchdog, which reports how a dead process ended: the

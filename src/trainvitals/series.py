@@ -39,7 +39,13 @@ NONFINITE_WEIGHTS: Final = "nonfinite/weights"
 
 #: Process and host readings (bytes, percent), once a second.
 HOST_PREFIX: Final = "host/"
+#: This process's resident set (``VmRSS``), its anonymous and its file-backed part.
 HOST_RSS: Final = "host/rss"
+HOST_RSS_ANON: Final = "host/rss_anon"
+HOST_RSS_FILE: Final = "host/rss_file"
+#: The memory cgroup's working set: what the kernel charges against ``host/limit`` and
+#: OOM-kills by (``agent/host.py``); absent where the process has no memory cgroup.
+HOST_WORKING_SET: Final = "host/working_set"
 HOST_AVAILABLE: Final = "host/available"
 HOST_LIMIT: Final = "host/limit"
 HOST_SWAP_USED: Final = "host/swap_used"
@@ -72,10 +78,12 @@ _GPU_MEMORY = re.compile(rf"({GPU_PREFIX}\d+)/({GPU_TF_CURRENT}|{GPU_MEM_USED})$
 
 def memory_in_use(name: str, present: Container[str]) -> tuple[str, str] | None:
     """``(subject, limit series)`` when ``name`` is a memory's use ("host", "gpu0", ...), else
-    None. A GPU is measured by TensorFlow's allocator where it reports among ``present``: NVML's
-    "used" is then what TensorFlow reserved at start, most of the card, flat while the
-    allocator's own count grows."""
-    if name == HOST_RSS:
+    None. The host is measured by the cgroup's working set where it reports among ``present``,
+    by the process's RSS elsewhere: the RSS counts shared libraries the cgroup does not charge
+    and misses the page cache it does. A GPU is measured by TensorFlow's allocator where it
+    reports: NVML's "used" is then what TensorFlow reserved at start, most of the card, flat
+    while the allocator's own count grows."""
+    if name == HOST_WORKING_SET or (name == HOST_RSS and HOST_WORKING_SET not in present):
         return "host", HOST_LIMIT
     match = _GPU_MEMORY.match(name)
     if match is None:

@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from tests.detect.streams import T0, GiB, fired, host, run_through
-from trainvitals.detect import (
-    Detector,
-)
+from tests.detect.streams import T0, GiB, Stream, fired, host, run_through
+from trainvitals.detect import Detector, Finding, RuleSet
+from trainvitals.detect.memory import ProcessMemory
+from trainvitals.protocol import Columns
 
 # -- memory --------------------------------------------------------------------------------
 
@@ -43,3 +43,58 @@ def test_memory_pressure_escalates_with_the_fraction_used() -> None:
         ("fired", "memory_pressure", "warning"),
         ("updated", "memory_pressure", "critical"),
     ]
+
+
+def test_the_working_set_is_judged_not_the_rss_that_counts_shared_libraries() -> None:
+    seconds = range(0, 60)
+    at = [T0 + t for t in seconds]
+    stream: Stream = {  # the RSS above the limit (1 GiB of libraries); the cgroup's count at half
+        "host/rss": Columns([7] * 60, at, [4.5 * GiB] * 60),
+        "host/working_set": Columns([7] * 60, at, [2.0 * GiB] * 60),
+        "host/limit": Columns([7] * 60, at, [4.0 * GiB] * 60),
+    }
+    assert Detector().feed(stream) == []
+    rss_only = {name: column for name, column in stream.items() if name != "host/working_set"}
+    (pressure,) = fired(Detector().feed(rss_only), "memory_pressure")
+    assert "100% of its limit: 4 GiB of 4 GiB" in pressure.message  # never above the limit
+
+
+def fits(memory: ProcessMemory, levels: list[float], limit: float = 4 * GiB) -> list[Finding]:
+    """One detector a fit, as the server makes one a run: 30 s of flat readings a fit, 10 s
+    apart, the runs sharing the process's memory rules."""
+    found = []
+    for fit, level in enumerate(levels):
+        detector = Detector(memory=memory.rules)
+        memory.join(f"run-{fit}", f"fold-{fit}", detector.context)
+        at = [T0 + 40 * fit + t for t in range(30)]
+        found += detector.feed(
+            {
+                "host/working_set": Columns(
+                    [1] * 30, at, [level + (t % 3) * 2**20 for t in range(30)]
+                ),
+                "host/limit": Columns([1] * 30, at, [limit] * 30),
+            }
+        )
+    return found
+
+
+def test_growth_between_fits_is_forecast_once_for_the_process_with_the_loops_remedies() -> None:
+    memory = ProcessMemory(RuleSet())
+    found = fits(memory, [GiB + fit * 200 * 2**20 for fit in range(8)])
+    forecasts = fired(found, "oom_forecast")
+    changes = [memory.book.apply(f) for f in found]
+    assert next(c[0] for c in changes if c is not None and c[1].rule == "oom_forecast") == "fired"
+    assert len({c[1].id for c in changes if c is not None}) == 1  # one alert, updated after
+    first = forecasts[0]
+    assert first.time < T0 + 40 * 4 and first.evidence["trend"] == "between_fits"
+    assert first.evidence["growth_per_fit"] == pytest.approx(200 * 2**20, rel=0.05)
+    assert "clear_session()" in first.hint and "tf.data" in first.hint
+    (alert,) = memory.book.alerts.values()
+    assert [r["name"] for r in memory.spans(alert.id)][-1] == "fold-7"
+
+
+def test_a_loop_whose_fits_free_what_they_took_raises_nothing() -> None:
+    memory = ProcessMemory(RuleSet())
+    assert fits(memory, [GiB + (fit % 2) * 50 * 2**20 for fit in range(10)]) == []
+    alone = fits(ProcessMemory(RuleSet()), [GiB + fit * 200 * 2**20 for fit in range(2)])
+    assert alone == []  # two fits are no trend

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +246,53 @@ def test_the_training_terminal_hears_its_runs_alerts_and_older_agents_are_not_se
                                  "series": series}))  # fmt: skip
             assert json.loads(old.recv(timeout=10)) == {"type": "ack", "seq": seq}
     assert alerts_of(server, "old-agent", "nonfinite")[0]["state"] == "firing"
+def test_a_loop_of_fits_leaking_between_them_raises_one_forecast_across_its_runs(
+    server: ServerProcess,
+) -> None:
+    """Folds of one process, each flat within its fit, keep 200 MiB each: one forecast for the
+    process, before the limit, carried to its newest run and naming the runs it spans."""
+    gib, start = 2**30, time.time()
+    limit, kept = 4 * gib, 200 * 2**20
+    runs: list[Run] = []
+    for fold in range(8):  # 40 s a fold (30 s of fit), readings once a second
+        run = Run(
+            resolve(server=server.url, run_name=f"fold-{fold}"),
+            system_metrics=False,
+            watchdog=False,
+        )
+        run.start()
+        for second in range(30):
+            at = start + 40 * fold + second
+            level = gib + fold * kept + (second % 3) * 2**20  # flat, a MiB of jitter
+            run.log(second, {"host/working_set": level, "host/limit": limit}, time_=at)
+        assert run.finish()
+        runs.append(run)
+    forecasts = wait_for(
+        lambda: [a for a in server.get("/api/v1/alerts")["alerts"] if a["rule"] == "oom_forecast"],
+        what="the forecast",
+    )
+    (forecast,) = forecasts  # one alert for the process, not one a fold
+    assert forecast["state"] == "firing" and forecast["evidence"]["trend"] == "between_fits"
+    assert forecast["run_id"] == runs[-1].id  # it moved to the newest run
+    spanned = [r["name"] for r in forecast["evidence"]["runs"]]
+    assert spanned[-1] == "fold-7" and len(spanned) >= 4 and spanned[0] in ("fold-2", "fold-3")
+    assert forecast["time"] < start + 40 * 4  # fired within the fourth fold, 10 folds early
+    assert 0 < forecast["evidence"]["eta_s"] < 900
+    assert "clear_session()" in forecast["hint"] and "gc.collect()" in forecast["hint"]
+    assert "200 MiB more kept after each" in forecast["message"]
+    assert not [a for a in server.get("/api/v1/alerts")["alerts"] if a["rule"] == "memory_pressure"]
+    linked = server.get(f"/api/v1/runs?process={forecast['evidence']['runs'][0]['id']}")
+    assert linked["runs"] == []  # the filter is by process key, not run id
+    key = server.get(f"/api/v1/runs/{runs[0].id}")["process_key"]
+    listed = server.get(f"/api/v1/runs?process={key}")["runs"]
+    assert [r["name"] for r in listed][:8] == [f"fold-{i}" for i in reversed(range(8))]
+    # The next fit is killed: the alert comes with it and closes, the process being gone.
+    last = Run(resolve(server=server.url, run_name="fold-8"), system_metrics=False, watchdog=False)
+    last.start()
+    assert last.finish("oom_killed")
+    closed = wait_for(
+        lambda: [a for a in alerts_of(server, last.id, "oom_forecast") if a["state"] == "closed"],
+        what="the forecast closed on the killed fit",
+    )
+    assert closed[0]["id"] == forecast["id"] and closed[0]["closed_reason"] == "process ended"
+    assert closed[0]["evidence"]["runs"][-1]["name"] == "fold-8"

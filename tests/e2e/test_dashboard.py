@@ -573,3 +573,35 @@ def test_a_team_server_asks_for_a_token_once_then_shows_its_project(
         context.close()
     finally:
         server.stop()
+
+
+def test_a_runs_page_shows_its_process_memory_across_the_processs_runs(
+    server: ServerProcess, browser: Any
+) -> None:
+    """Three fits of one process (this one), each flat and each 200 MiB above the last: the
+    last fit's page lists the three and charts their working sets on one chart with the
+    limit, in wall-clock time."""
+    start, folds = time.time() - 100, []
+    for fold in range(3):
+        run = Run(resolve(server=server.url, run_name=f"fold-{fold}"), system_metrics=False,
+                  watchdog=False)  # fmt: skip
+        run.start()
+        for second in range(10):
+            level = 2**30 + fold * 200 * 2**20
+            values = {"loss": 1.0, "host/working_set": level, "host/limit": 4.0 * 2**30}
+            run.log(second + 1, values, time_=start + 30 * fold + second)
+        assert run.finish()
+        folds.append(run)
+    page, errors = erring_page(browser)
+    page.goto(f"{server.url}/#/runs/{folds[-1].id}")
+    panel = page.locator("[data-panel='process']")
+    expect(panel.locator("tbody tr")).to_have_count(3)
+    expect(panel.locator(f"tr[data-run-id='{folds[0].id}'] a")).to_have_text("fold-0")
+    chart = panel.locator("[data-chart='process_memory']")
+    expect(chart).to_have_attribute("data-points", "60")  # three runs' 10 readings, the limit's 30
+    chart.scroll_into_view_if_needed()
+    page.wait_for_function(
+        "() => document.querySelector(\"[data-chart='process_memory'] .plot\")"
+        ".data.map((trace) => trace.name).sort().join() === 'fold-0,fold-1,fold-2,limit'"
+    )
+    assert errors == []

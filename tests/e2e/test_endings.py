@@ -283,6 +283,40 @@ def test_a_real_oom_kill_in_a_memory_cgroup_is_reported(
     assert max(rss["host/rss"]["value"]) > 300 * 2**20  # the evidence: memory near the limit
 
 
+FOLDS = textwrap.dedent(
+    """
+    import sys, trainvitals
+    kept = []
+    for fold in range(100):
+        with trainvitals.Monitor(server=sys.argv[1], run_name=f"fold-{fold}",
+                                 system_metrics=0.05) as mon:
+            if fold == 3:  # the fit that no longer fits: killed while its watchdog starts
+                print("leaking", flush=True)
+                while True:
+                    kept.append(bytearray(16 * 2**20))
+            mon.log(1, metrics={"loss": 1.0})
+        kept.append(bytearray(48 * 2**20))  # what each fold keeps: the loop's leak
+    """
+)
+
+
+def test_an_oom_kill_in_a_later_fit_of_a_loop_is_an_oom_kill(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The kernel kills the fourth run of a process at its start, before its watchdog, itself
+    starting under the same limit, could have read the OOM-kill counter: the counter read by
+    the training process before the watchdog starts is the baseline."""
+    script = tmp_path / "folds.py"
+    script.write_text(FOLDS)
+    with memory_cgroup(400 * 2**20) as group:
+        result = run_in_cgroup(group, sys.executable, str(script), server.url)
+        assert result.returncode == -signal.SIGKILL, result.stderr
+        assert "leaking" in result.stdout
+        run = crashed_run(server, timeout=15)
+    assert run["name"] == "fold-3"
+    assert run["end_reason"] == "oom_killed"
+
+
 SEGFAULT = textwrap.dedent(
     """
     import ctypes, sys, trainvitals

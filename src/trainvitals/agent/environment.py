@@ -11,7 +11,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from trainvitals.protocol import JobInfo
+import psutil
+
+from trainvitals.protocol import JobInfo, ProcessInfo
 
 
 def describe() -> dict[str, Any]:
@@ -93,3 +95,11 @@ def _int(text: str | None) -> int | None:
 
 def host() -> str:
     return socket.gethostname()
+
+
+def process() -> ProcessInfo:
+    """This training process: ``{"key", "started_at"}``. The key (host, pid and the process's
+    start time, which tells a pid reused later apart) is the same in every run the process
+    makes, so the server links the runs of a loop of fits and judges its memory across them."""
+    started = float(psutil.Process().create_time())
+    return {"key": f"{host()[:80]}/{os.getpid()}/{started:.2f}", "started_at": started}

@@ -140,6 +140,7 @@ class Run:
             "started_at": self.started_at,
             "env": {**environment.describe(), **self._env},
             "job": environment.job(),
+            "process": environment.process(),
             "run_secret": self._secret,
             "accepts": [ACCEPTS_ALERTS],
         }

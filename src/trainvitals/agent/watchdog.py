@@ -5,7 +5,8 @@ SIGKILL, the kernel's OOM killer and a segfault leave no chance to speak from in
 its own, that holds a pipe from the training process and watches its pid. A clean ending says
 ``done`` down the pipe. If instead the process disappears, the watchdog tells the server,
 speaking as the run: ``hello``, then an ``end`` numbered after the last frame the server
-stored. The reason is ``oom_killed`` when the memory cgroup's OOM-kill counter rose,
+stored. The reason is ``oom_killed`` when the memory cgroup's OOM-kill counter rose from what
+the training process read just before starting the watchdog,
 ``signal:SIGSEGV`` (with the dump) when ``faulthandler`` wrote one, else ``signal:SIGKILL``.
 """
 
@@ -25,6 +26,7 @@ import weakref
 from pathlib import Path
 from typing import IO
 
+from trainvitals.agent.host import cgroup_oom_kills
 from trainvitals.backoff import backoff_delays
 from trainvitals.protocol import EndReason, HelloFrame, end_frame
 
@@ -76,6 +78,9 @@ class Watchdog:
             self._fault_file = os.fdopen(handle, "w")
             faulthandler.enable(self._fault_file, all_threads=True)
         env = {**os.environ, "TRAINVITALS_TOKEN": token or ""}
+        # Counted here, not by the watchdog once it runs: near the limit (the last fit of a
+        # leaking loop) its own start-up can take the kill's place in the count it reads first.
+        oom_kills = cgroup_oom_kills()
         self._process = subprocess.Popen(
             [
                 sys.executable,
@@ -89,6 +94,7 @@ class Watchdog:
                 str(os.getpid()),
                 "--fault-file",
                 self._fault_path,
+                *(["--oom-kills", str(oom_kills)] if oom_kills is not None else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
@@ -184,15 +190,14 @@ def _report(url: str, hello: HelloFrame, reason: str, traceback_text: str | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainvitals.agent.host import cgroup_oom_kills
-
     parser = argparse.ArgumentParser(prog="trainvitals-watchdog")
     parser.add_argument("--url", required=True)
     parser.add_argument("--pid", type=int, required=True)
     parser.add_argument("--fault-file", default="")
+    parser.add_argument("--oom-kills", type=int, default=None)
     args = parser.parse_args(argv)
     hello = json.loads(sys.stdin.readline())
-    oom_before = cgroup_oom_kills() or 0
+    oom_before = args.oom_kills if args.oom_kills is not None else (cgroup_oom_kills() or 0)
     if _wait_for_ending(args.pid):
         return 0
     fault_file = Path(args.fault_file) if args.fault_file else None

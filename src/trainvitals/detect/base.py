@@ -138,7 +138,10 @@ class Context:
 
     def memory_readings(self) -> dict[str, float]:
         """The latest host and GPU memory readings: evidence of how a run ended."""
-        keys = ("rss", "available", "limit", "swap_used", "mem_used", "mem_total", "tf_current")
+        keys = (
+            *("working_set", "rss", "rss_anon", "rss_file", "available", "limit", "swap_used"),
+            *("mem_used", "mem_total", "tf_current"),
+        )
         return {k: v for k, v in self.latest.items() if k.rsplit("/", 1)[-1] in keys}
 
 

@@ -60,13 +60,35 @@ class Detector:
         ```
     """
 
-    def __init__(self, settings: RuleSet | None = None, env: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        settings: RuleSet | None = None,
+        env: Mapping[str, Any] | None = None,
+        memory: Sequence[Rule] | None = None,
+    ):
+        """``memory``: the memory rules of the run's process (:class:`ProcessMemory`), shared
+        with its other runs, instead of memory rules of the run's own."""
         self.settings = settings = settings or RuleSet()
         self.context = context = Context(env)
         self.nonfinite = NonfiniteRule(context, settings.nonfinite)
         self.stall_rule = StallRule(context, settings.stall)
         self.crash = CrashRule(context, settings.crash)
         self.env_mismatch = EnvMismatchRule(context, settings.env_mismatch)
+        if memory is None:
+            memory = [
+                rule
+                for enabled, rule in (
+                    (
+                        settings.oom_forecast.enabled,
+                        OomForecastRule(context, settings.oom_forecast),
+                    ),
+                    (
+                        settings.memory_pressure.enabled,
+                        MemoryPressureRule(context, settings.memory_pressure),
+                    ),
+                )
+                if enabled
+            ]
         candidates: list[tuple[bool, Rule]] = [
             (settings.nonfinite.enabled, self.nonfinite),
             (settings.grad_explosion.enabled, GradExplosionRule(context, settings.grad_explosion)),
@@ -75,11 +97,7 @@ class Detector:
                 settings.loss_divergence.enabled,
                 LossDivergenceRule(context, settings.loss_divergence),
             ),
-            (settings.oom_forecast.enabled, OomForecastRule(context, settings.oom_forecast)),
-            (
-                settings.memory_pressure.enabled,
-                MemoryPressureRule(context, settings.memory_pressure),
-            ),
+            *((True, rule) for rule in memory),
             (settings.stall.enabled, self.stall_rule),
             (settings.slowdown.enabled, SlowdownRule(context, settings.slowdown)),
             (settings.thermal.enabled, ThermalRule(context, settings.thermal)),

@@ -126,15 +126,17 @@ class AlertBook:
         alert.evidence, alert.step, alert.updated_time = evidence, finding.step, finding.time
         return "fired", alert
 
-    def close_all(self, time: float, keep: Iterable[str] = ()) -> list[Alert]:
+    def close_all(
+        self, time: float, keep: Iterable[str] = (), reason: str = RUN_ENDED
+    ) -> list[Alert]:
         """The run ended: every firing alert but those of the ``keep`` rules is closed (with
-        the reason :data:`RUN_ENDED`), not resolved, since nothing says its cause went away."""
+        ``reason``), not resolved, since nothing says its cause went away."""
         kept = set(keep)
         closed = []
         for (rule, _), alert in self.alerts.items():
             if alert.state == "firing" and rule not in kept:
                 alert.state, alert.updated_time = "closed", time
-                alert.closed_time, alert.closed_reason = time, RUN_ENDED
+                alert.closed_time, alert.closed_reason = time, reason
                 closed.append(alert)
         return closed
 

@@ -1,4 +1,11 @@
-"""Rules on memory: the time left before a limit (forecast) and pressure now."""
+"""Rules on memory: the time left before a limit (forecast) and pressure now.
+
+Memory belongs to the process, not to one ``fit``: a loop of fits (folds, trials, curriculum
+stages) makes a run per fit, and what each keeps piles up between them, flat within each. So
+the two rules can be shared by the runs of one process (:class:`ProcessMemory`): their tracks
+go on from run to run, and the forecast also fits a trend to each fit's floor (the least the
+memory fell to during it) to see growth between fits.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +15,24 @@ from typing import Any
 
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite
-from trainvitals.detect.stats import theil_sen
+from trainvitals.detect.lifecycle import AlertBook
+from trainvitals.detect.stats import Trend, theil_sen
 from trainvitals.detect.text import duration, size
 from trainvitals.detect.types import Finding, Record, Severity
-from trainvitals.series import GPU_PREFIX, HOST_RSS, HOST_SWAP_USED, memory_in_use
+from trainvitals.series import (
+    GPU_PREFIX,
+    HOST_RSS,
+    HOST_SWAP_USED,
+    HOST_WORKING_SET,
+    memory_in_use,
+)
+
+#: The rules whose alerts belong to the process when its runs share them.
+PROCESS_RULES = ("oom_forecast", "memory_pressure")
+#: Fits whose floors the trend between fits is drawn through: the last this many.
+FITS_KEPT = 30
+#: At least this many fits before a trend between them.
+MIN_FITS = 3
 
 HOST_LEAK_HINT = (
     "Something keeps a reference that grows every step: a list of tensors, losses or "
@@ -19,6 +40,14 @@ HOST_LEAK_HINT = (
     "`tf.function` traced inside the loop, a cache without a bound. `tracemalloc` snapshots "
     "a minute apart show what grows. A smaller batch or a higher memory limit only buys time; "
     "save a checkpoint before the kernel's OOM killer ends the run."
+)
+LOOP_LEAK_HINT = (
+    "Memory grows from one fit to the next and stays: the loop keeps something of every "
+    "iteration. Call `keras.backend.clear_session()` between fits; drop the references to "
+    "old models, histories, predictions and arrays (`del model`), then `gc.collect()`; feed "
+    "data through `tf.data` rather than Python generators that hold tensors; build "
+    "augmented copies inside the fold, not in a list kept across folds. Running each fit in "
+    "a child process frees everything it held when it exits."
 )
 GPU_LEAK_HINT = (
     "TensorFlow's allocator grows every step: look for tensors kept across steps, a "
@@ -57,18 +86,27 @@ class _Track:
     values: deque[float] = field(default_factory=deque)
     last_forecast: float = float("-inf")
     calm: int = 0
+    #: Each fit's (first reading's time, least reading): the floors growth between fits lifts.
+    fits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=FITS_KEPT))
+    new_fit: bool = True
 
 
 class OomForecastRule(Rule):
-    """A Theil-Sen trend of memory use meeting its limit within the horizon."""
+    """A Theil-Sen trend of memory use meeting its limit within the horizon: of the readings
+    of the last ``window`` seconds, and of the floors of the process's fits."""
 
     id = "oom_forecast"
-    watches = (HOST_RSS, GPU_PREFIX)
+    watches = (HOST_RSS, HOST_WORKING_SET, GPU_PREFIX)
 
     def __init__(self, context: Context, settings: s.OomForecast) -> None:
         super().__init__(context)
         self.settings = settings
         self._tracks: dict[str, _Track] = {}
+
+    def new_fit(self) -> None:
+        """The process began another run: its readings are the floor of a new fit."""
+        for track in self._tracks.values():
+            track.new_fit = True
 
     def observe(self, record: Record) -> list[Finding]:
         out = []
@@ -85,6 +123,11 @@ class OomForecastRule(Rule):
                 track = self._tracks[subject] = _Track(used)
             track.times.append(record.time)
             track.values.append(value)
+            if track.new_fit or not track.fits:
+                track.fits.append((record.time, value))
+                track.new_fit = False
+            elif value < track.fits[-1][1]:
+                track.fits[-1] = (track.fits[-1][0], value)
             while track.times and track.times[0] < record.time - self.settings.window:
                 track.times.popleft()
                 track.values.popleft()
@@ -99,15 +142,23 @@ class OomForecastRule(Rule):
         cfg = self.settings
         if record.time - track.last_forecast < cfg.every:
             return None
-        if len(track.times) < cfg.min_points or track.times[-1] - track.times[0] < cfg.min_span:
+        trends: list[tuple[bool, Trend]] = []  # (between fits, trend)
+        if len(track.times) >= cfg.min_points and track.times[-1] - track.times[0] >= cfg.min_span:
+            trends.append((False, theil_sen(list(track.times), list(track.values))))
+        if len(track.fits) >= MIN_FITS:
+            starts, lows = zip(*track.fits, strict=True)
+            trends.append((True, theil_sen(starts, lows)))
+        if not trends:
             return None
         track.last_forecast = record.time
-        trend = theil_sen(list(track.times), list(track.values))
         now = record.time
-        fitted = trend.at(now)
-        eta = float("inf")
-        if trend.slope > 0 and trend.agreement >= cfg.min_agreement:
-            eta = max(0.0, (limit - max(fitted, current)) / trend.slope)
+        between, trend, eta = False, trends[0][1], float("inf")
+        for kind, candidate in trends:
+            if candidate.slope > 0 and candidate.agreement >= cfg.min_agreement:
+                left = max(0.0, (limit - max(candidate.at(now), current)) / candidate.slope)
+                if left < eta:
+                    between, trend, eta = kind, candidate, left
+        fitted = min(trend.at(now), limit)
         if eta > cfg.horizon:
             track.calm += 1
             if subject in self.firing and (track.calm >= 3 or trend.slope <= 0):
@@ -125,6 +176,7 @@ class OomForecastRule(Rule):
             "eta_s": eta,
             "agreement": trend.agreement,
             "window_s": track.times[-1] - track.times[0],
+            "trend": "between_fits" if between else "readings",
             "forecast": {
                 "series": track.series,
                 "time": [now, now + eta],
@@ -133,19 +185,26 @@ class OomForecastRule(Rule):
             },
         }
         growth = f"growing {size(trend.slope * 60)}/min"
+        if between:
+            floors = [floor for _, floor in track.fits]
+            per_fit = (floors[-1] - floors[0]) / (len(floors) - 1)
+            evidence["fits"] = len(floors)
+            evidence["growth_per_fit"] = per_fit
+            growth = f"{size(per_fit)} more kept after each of the last {len(floors)} fits"
         if subject == "host":
+            what = "working set" if track.series == HOST_WORKING_SET else "RSS"
             message = (
-                f"Host memory reaches its limit in {duration(eta)}: RSS {size(current)} of "
-                f"{size(limit)}, {growth}"
+                f"Host memory reaches its limit in {duration(eta)}: {what} "
+                f"{size(min(current, limit))} of {size(limit)}, {growth}"
             )
-            hint = HOST_LEAK_HINT
+            hint = LOOP_LEAK_HINT if between else HOST_LEAK_HINT
         else:
             what = "TensorFlow's allocator" if track.series.endswith("tf_current") else "memory"
             message = (
-                f"{subject.upper()} memory fills in {duration(eta)}: {what} at {size(current)} "
-                f"of {size(limit)}, {growth}"
+                f"{subject.upper()} memory fills in {duration(eta)}: {what} at "
+                f"{size(min(current, limit))} of {size(limit)}, {growth}"
             )
-            hint = GPU_LEAK_HINT
+            hint = LOOP_LEAK_HINT if between else GPU_LEAK_HINT
         return self.fire(subject, record, severity, message, hint, evidence)
 
 
@@ -153,7 +212,7 @@ class MemoryPressureRule(Rule):
     """Memory above a high fraction of its limit now; swap filling up."""
 
     id = "memory_pressure"
-    watches = (HOST_RSS, HOST_SWAP_USED, GPU_PREFIX)
+    watches = (HOST_RSS, HOST_WORKING_SET, HOST_SWAP_USED, GPU_PREFIX)
 
     def __init__(self, context: Context, settings: s.MemoryPressure) -> None:
         super().__init__(context)
@@ -195,7 +254,12 @@ class MemoryPressureRule(Rule):
         current = self.firing.get(subject)
         if high and count >= cfg.sustain and current != severity:
             where = "Host memory" if subject == "host" else f"{subject.upper()} memory"
-            message = f"{where} at {fraction:.0%} of its limit: {size(used)} of {size(limit)}"
+            # A limit the kernel enforces is never passed: a reading above it is a page batch
+            # in flight, or (an RSS) shared pages the cgroup does not charge.
+            shown = min(used, limit)
+            message = (
+                f"{where} at {min(fraction, 1.0):.0%} of its limit: {size(shown)} of {size(limit)}"
+            )
             hint = HOST_PRESSURE_HINT if subject == "host" else GPU_PRESSURE_HINT
             evidence = {"used": used, "limit": limit, "fraction": fraction}
             return self.fire(subject, record, severity, message, hint, evidence)
@@ -220,3 +284,53 @@ class MemoryPressureRule(Rule):
         elif "swap" in self.firing and growth < cfg.swap_growth / 4:
             return self.resolve("swap", record)
         return None
+
+
+class ProcessMemory:
+    """The memory rules of one training process and their alerts, carried from run to run.
+
+    Each run the process makes judges its memory readings with the same two rules (tracks,
+    hysteresis and what fires go on), and their findings go to this book, not the run's: one
+    alert per process and memory, naming the runs it spans.
+
+    Example:
+        ```python
+        memory = ProcessMemory(RuleSet())
+        detector = Detector(settings, env, memory=memory.rules)
+        memory.join("run-2", "fold-2", detector.context)
+        for finding in detector.feed(frame):
+            book = memory.book if finding.rule in PROCESS_RULES else run_book
+        ```
+    """
+
+    def __init__(self, settings: s.RuleSet) -> None:
+        context = Context()
+        self.forecast = OomForecastRule(context, settings.oom_forecast)
+        pressure = MemoryPressureRule(context, settings.memory_pressure)
+        self.rules: list[Rule] = [
+            rule
+            for rule, enabled in (
+                (self.forecast, settings.oom_forecast.enabled),
+                (pressure, settings.memory_pressure.enabled),
+            )
+            if enabled
+        ]
+        self.book = AlertBook(settings.alerts)
+        #: The process's runs, ``(run id, name)`` in the order they began.
+        self.runs: list[tuple[str, str]] = []
+        #: Alert id -> the index in :attr:`runs` of the run it fired in.
+        self._began: dict[str, int] = {}
+
+    def join(self, run_id: str, name: str, context: Context) -> None:
+        """The process began (or a server took up) a run: its readings go on the tracks."""
+        if any(run_id == known for known, _ in self.runs):
+            return
+        for rule in self.rules:
+            rule.context = context
+        self.forecast.new_fit()
+        self.runs.append((run_id, name))
+
+    def spans(self, alert_id: str) -> list[dict[str, str]]:
+        """The runs an alert of this book spans: from the one it fired in to the newest."""
+        began = self._began.setdefault(alert_id, max(len(self.runs) - 1, 0))
+        return [{"id": run_id, "name": name} for run_id, name in self.runs[began:]]

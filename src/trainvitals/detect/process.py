@@ -19,6 +19,7 @@ from trainvitals.series import (
     HOST_LIMIT,
     HOST_RSS,
     HOST_SWAP_USED,
+    HOST_WORKING_SET,
     STEP_TIME,
     is_system,
 )
@@ -291,9 +292,11 @@ class CrashRule(Rule):
                 EndReason.HEARTBEAT_LOST.value: "went silent (heartbeats stopped)",
             }.get(reason, f"ended by {reason.removeprefix('signal:')}")
             message = f"The run {what} at step {self.context.step}"
-            rss, limit = readings.get(HOST_RSS), readings.get(HOST_LIMIT)
-            if rss is not None and limit:
-                message += f"; last RSS {size(rss)} of {size(limit)}"
+            working_set, limit = readings.get(HOST_WORKING_SET), readings.get(HOST_LIMIT)
+            if working_set is not None and limit:
+                message += f"; last working set {size(working_set)} of {size(limit)}"
+            elif readings.get(HOST_RSS) is not None and limit:
+                message += f"; last RSS {size(readings[HOST_RSS])} of {size(limit)}"
             hint = _END_HINTS.get(reason, "Check the process's logs and the host.")
             if reason == EndReason.SIGINT:
                 severity = "info"

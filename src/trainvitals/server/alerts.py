@@ -7,6 +7,13 @@ rebuilt when it is first needed after a restart: its stored alerts are taken up 
 frames replayed through a fresh detector, whose findings are discarded, so baselines are
 warm and nothing fires twice.
 
+The runs one training process makes (a loop of fits: its hello's ``process`` key) share the
+memory rules and their alerts (:class:`~trainvitals.detect.memory.ProcessMemory`): one alert per
+process and memory, carried from run to run (it moves to the newest run it spans and names them
+all in ``evidence.runs``), closed when the process dies or makes no run for
+:data:`PROCESS_IDLE` seconds. A process's runs are judged together on the replica that holds
+its tracker: one whose runs land on several replicas is judged run by run on each.
+
 Replicas sharing one database judge each run in one place: the process its agent said hello
 to takes the run's lease (:mod:`~trainvitals.server.leases`), and one that held the run
 before drops what it knew once its renewal finds the lease gone. A process that takes a run
@@ -29,10 +36,11 @@ from typing import Any
 from sqlalchemy import Connection
 
 from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, RulesConfig
+from trainvitals.detect.memory import PROCESS_RULES, ProcessMemory
 from trainvitals.detect.numeric import cause_said
 from trainvitals.detect.types import jsonable
 from trainvitals.exceptions import WriterClosed
-from trainvitals.protocol import Columns, SeqColumns
+from trainvitals.protocol import Columns, EndReason, SeqColumns
 from trainvitals.server.leases import RUN, Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.metrics import RunVitals
@@ -54,6 +62,26 @@ REPLAY_FRAMES = 600
 #: 10x as long to replay as 600 cut (``benchmarks/replay.py``).
 REPLAY_POINTS = 10_000
 
+#: A process that made no run for this many seconds since its last ended has ended too (its
+#: loop finished): its memory alerts close. Fits of a loop follow each other within seconds;
+#: an evaluation between them may take minutes.
+PROCESS_IDLE = 900.0
+#: Endings after which the process itself is gone (an exception may be caught by the loop).
+_PROCESS_SURVIVES = (EndReason.COMPLETED.value, EndReason.EXCEPTION.value)
+#: Why a process's alerts closed.
+PROCESS_ENDED = "process ended"
+
+
+@dataclass
+class _Process:
+    """A training process whose runs share their memory rules, and the runs running now."""
+
+    memory: ProcessMemory
+    open_runs: set[str]
+    #: The run it last spoke through (alerts closed after its end are published on it).
+    last: _RunAlerts
+    idle_since: float | None = None
+
 
 @dataclass
 class _RunAlerts:
@@ -65,6 +93,8 @@ class _RunAlerts:
     autopsy: dict[str, Any] | None = None
     #: ``time.monotonic()`` when its lease was taken (a renewal older than that can't see it).
     leased_at: float = 0.0
+    #: The process whose memory it is judged with: (project, process key), or None.
+    process: tuple[str, str] | None = None
 
 
 class AlertEngine:
@@ -84,6 +114,7 @@ class AlertEngine:
         self._notifier = notifier
         self.rules = rules
         self._runs: dict[str, _RunAlerts] = {}
+        self._processes: dict[tuple[str, str], _Process] = {}
         self._loading: dict[str, asyncio.Task[_RunAlerts | None]] = {}
         self._renewer: asyncio.Task[None] | None = None
         # Runs whose health is to be read and pushed (run id: project), and who does it.
@@ -119,7 +150,7 @@ class AlertEngine:
                 # Another replica judged it since (or nobody did): what is here is stale.
                 self._runs.pop(run_id, None)
             if new and run_id not in self._runs:  # nothing stored to rebuild from
-                self._runs[run_id] = self._fresh(run_id, run["project"], run["name"], env)
+                self._runs[run_id] = self._fresh(run, env)
                 self._runs[run_id].leased_at = leased_at
         state = await self._state(run_id)
         if state is None:
@@ -129,6 +160,8 @@ class AlertEngine:
         if crash is not None and crash.state == "firing":  # a lost run speaks again
             findings.append(Finding("crash", "", False, crash.step, now))
         await self._apply(state, findings)
+        await self._carry_process_alerts(state, now)
+        await self._close_idle_processes(now)
 
     async def points(self, run_id: str, columns: Mapping[str, SeqColumns]) -> None:
         state = await self._state(run_id)
@@ -163,6 +196,14 @@ class AlertEngine:
             return
         await self._apply(state, state.detector.ended(reason, when, traceback))
         closed = state.book.close_all(when, keep=("crash",))
+        process = self._process_of(state)
+        if process is not None:
+            process.open_runs.discard(run_id)
+            if reason not in _PROCESS_SURVIVES:  # the process died with its run
+                closed += process.memory.book.close_all(when, reason=PROCESS_ENDED)
+                self._processes.pop(state.process or ("", ""), None)
+            elif not process.open_runs:
+                process.idle_since = when
         await self._publish(state, [("closed", alert) for alert in closed])
         if self._runs.pop(run_id, None) is not None:
             await self._leases.release(RUN + run_id)
@@ -228,7 +269,9 @@ class AlertEngine:
 
     def _held(self, stored: Mapping[str, Any]) -> Alert | None:
         state = self._runs.get(stored["run_id"])
-        return None if state is None else state.book.find(stored["id"])
+        if state is None:
+            return None
+        return self._book_of(state, stored["rule"]).find(stored["id"])
 
     async def _state(self, run_id: str) -> _RunAlerts | None:
         state = self._runs.get(run_id)
@@ -242,10 +285,55 @@ class AlertEngine:
         finally:
             self._loading.pop(run_id, None)
 
-    def _fresh(self, run_id: str, project: str, name: str, env: Mapping[str, Any]) -> _RunAlerts:
+    def _fresh(self, run: Mapping[str, Any], env: Mapping[str, Any]) -> _RunAlerts:
+        """A run's detector and book; its memory rules are its process's, where it names one."""
+        run_id, project, name = run["id"], run["project"], run["name"]
         settings = self.rules.for_project(project)
-        detector = Detector(settings, env)
-        return _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
+        key = run.get("process_key")
+        if not key:
+            detector = Detector(settings, env)
+            return _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
+        process = self._processes.get((project, key))
+        if process is None:
+            memory = ProcessMemory(settings)
+            detector = Detector(settings, env, memory=memory.rules)
+            state = _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
+            process = self._processes[(project, key)] = _Process(memory, set(), state)
+        else:
+            detector = Detector(settings, env, memory=process.memory.rules)
+            state = _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
+        process.memory.join(run_id, name, detector.context)
+        process.open_runs.add(run_id)
+        process.last, process.idle_since = state, None
+        state.process = (project, key)
+        return state
+
+    def _process_of(self, state: _RunAlerts) -> _Process | None:
+        return None if state.process is None else self._processes.get(state.process)
+
+    def _book_of(self, state: _RunAlerts, rule: str) -> AlertBook:
+        """Where a rule's alerts of this run are kept: its process's book for memory."""
+        process = self._process_of(state)
+        return process.memory.book if process is not None and rule in PROCESS_RULES else state.book
+
+    async def _carry_process_alerts(self, state: _RunAlerts, now: float) -> None:
+        """A process's run began: its firing memory alerts move to it and name it."""
+        process = self._process_of(state)
+        if process is None:
+            return
+        carried = [a for a in process.memory.book.alerts.values() if a.state == "firing"]
+        carried = [a for a in carried if a.run_id != state.run_id]
+        for alert in carried:
+            alert.updated_time = now
+        await self._publish(state, [("updated", alert) for alert in carried])
+
+    async def _close_idle_processes(self, now: float) -> None:
+        """Close the memory alerts of processes that made no run for :data:`PROCESS_IDLE`."""
+        for key, process in list(self._processes.items()):
+            if process.idle_since is not None and now - process.idle_since > PROCESS_IDLE:
+                del self._processes[key]
+                closed = process.memory.book.close_all(now, reason=PROCESS_ENDED)
+                await self._publish(process.last, [("closed", alert) for alert in closed])
 
     async def _rebuild(self, run_id: str) -> _RunAlerts | None:
         run = await asyncio.to_thread(self._store.runs.get_run, run_id, job=False, metrics=False)
@@ -255,7 +343,7 @@ class AlertEngine:
         # Taken before reading: whatever the previous holder stores from now on, it stores
         # before its renewal tells it to stop, and a write that races this read is stored.
         await self._leases.take(RUN + run_id)
-        state = self._fresh(run_id, run["project"], run["name"], run["env"])
+        state = self._fresh(run, run["env"])
         state.leased_at = leased_at
         history = await asyncio.to_thread(
             self._store.series.recent_points, run_id, REPLAY_FRAMES, REPLAY_POINTS
@@ -270,14 +358,18 @@ class AlertEngine:
         stored = await asyncio.to_thread(
             self._store.alerts.list_alerts, run_id=run_id, limit=10_000
         )
-        state.book.load(Alert.from_dict(a) for a in stored)
+        alerts = [Alert.from_dict(a) for a in stored]
+        process = self._process_of(state)
+        state.book.load(a for a in alerts if process is None or a.rule not in PROCESS_RULES)
+        if process is not None:
+            process.memory.book.load(a for a in alerts if a.rule in PROCESS_RULES)
         self._runs[run_id] = state
         return state
 
     async def _apply(self, state: _RunAlerts, findings: Iterable[Finding]) -> None:
         changes = []
         for finding in findings:
-            change = state.book.apply(finding)
+            change = self._book_of(state, finding.rule).apply(finding)
             if change is not None:
                 changes.append(change)
         if changes:
@@ -298,6 +390,10 @@ class AlertEngine:
                 if state.leased_at < started and RUN + run_id not in held:
                     log.info("run %s is judged by another server now", state.name)
                     self._runs.pop(run_id, None)
+            try:
+                await self._close_idle_processes(time.time())
+            except WriterClosed:
+                return
 
     async def _publish(self, state: _RunAlerts, changes: list[tuple[Change, Alert]]) -> None:
         if not changes:
@@ -313,6 +409,9 @@ class AlertEngine:
                 said = cause_said(state.autopsy)
                 if said is not None:  # the first cause, with its own remedy
                     alert.message, alert.hint = said
+            process = self._process_of(state)
+            if process is not None and alert.rule in PROCESS_RULES:
+                alert.evidence["runs"] = process.memory.spans(alert.id)
             if kind == "fired":
                 alert.silenced_until = _silenced_until(alert, silences or [])
             # A snapshot: the book goes on changing its alerts while these are written and sent.

@@ -29,7 +29,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from trainvitals.protocol import RunStatus
-from trainvitals.series import GPU_MEM_TOTAL, GPU_MEM_USED, GPU_TEMP, HOST_LIMIT, HOST_RSS
+from trainvitals.series import (
+    GPU_MEM_TOTAL,
+    GPU_MEM_USED,
+    GPU_TEMP,
+    HOST_LIMIT,
+    HOST_RSS,
+    HOST_WORKING_SET,
+)
 
 #: Seconds between two looks at how late the event loop runs.
 LAG_INTERVAL = 0.25
@@ -48,6 +55,10 @@ _GPU_GAUGES = {
 }
 _HOST_GAUGES = {
     HOST_RSS: ("trainvitals_run_host_memory_rss_bytes", "the training process's resident memory"),
+    HOST_WORKING_SET: (
+        "trainvitals_run_host_memory_working_set_bytes",
+        "the memory cgroup's working set: what the kernel OOM-kills by",
+    ),
     HOST_LIMIT: (
         "trainvitals_run_host_memory_limit_bytes",
         "the memory the process may use (its cgroup's limit, else the host's memory)",

@@ -62,6 +62,8 @@ class Hello(_Frame):
     started_at: Time
     env: dict[str, Any] = Field(default_factory=dict)
     job: Job | None = None
+    #: The training process that makes this run (``environment.process``).
+    process: Process | None = None
     #: The secret the server issued in this run's first welcome: proves a reconnect is the run.
     run_secret: Annotated[str, Field(min_length=1, max_length=100)] | None = None
     #: Said by the run's watchdog, reporting the ending of a process that died: its ``end``
@@ -80,6 +82,15 @@ class Job(BaseModel):
     key: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
     worker: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")]
     size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+
+
+class Process(BaseModel):
+    """The training process a run belongs to: its runs share ``key`` (host, pid and the
+    process's start time, as the agent makes it)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    key: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    started_at: Time
 
 
 #: A clock's name in a ``points`` frame (the agent numbers them: "0", "1", ...).

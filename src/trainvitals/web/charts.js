@@ -10,7 +10,8 @@ import { clippedRange, debiasedEma, fullRange, logTicks, siDigits, stepsBetween,
 import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
   GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
-  HOST_AVAILABLE, HOST_CPU_PERCENT, HOST_CPU_TEMP, HOST_DISK_FREE, HOST_LIMIT, HOST_RSS, HOST_SWAP_USED, LOSS,
+  HOST_AVAILABLE, HOST_CPU_PERCENT, HOST_CPU_TEMP, HOST_DISK_FREE, HOST_LIMIT, HOST_RSS, HOST_RSS_ANON, HOST_RSS_FILE,
+  HOST_SWAP_USED, HOST_WORKING_SET, LOSS,
   LOSS_SCALE, LR, NONFINITE_PREFIX, STEP_TIME, VAL_PREFIX, gpuParts, isGpuDevice,
 } from "./series.js";
 
@@ -24,7 +25,9 @@ const LIVE_REDRAW_COST = 10;
 // alerts are marked by. Its title is for people only. Charts sort by rank, then by title.
 // System and vitals series share charts by what they measure.
 const RANK = { loss: 0, metric: 1, stepTime: 2, grad: 3, nonfinite: 4, host: 5, gpu: 6 };
-const HOST_MEMORY = new Set([HOST_RSS, HOST_LIMIT, HOST_AVAILABLE, HOST_SWAP_USED]);
+const HOST_MEMORY = new Set([
+  HOST_WORKING_SET, HOST_RSS, HOST_RSS_ANON, HOST_RSS_FILE, HOST_LIMIT, HOST_AVAILABLE, HOST_SWAP_USED,
+]);
 const GROUPS = [
   {
     id: "grad_norm", title: "gradient norm", rank: RANK.grad, log: true, height: 340, legend: "below",

@@ -9,9 +9,12 @@ import { Chart, alertChartIds, chartOf, plotlyReady } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, summaryOrder, summaryValue, tagList } from "./format.js";
 import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
+import { ProcessPanel } from "./process.js";
 import { withSummary } from "./live.js";
 import { syncCells, syncRows } from "./rows.js";
-import { GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, LOSS, isBytes, unitOf } from "./series.js";
+import {
+  GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, HOST_WORKING_SET, LOSS, isBytes, unitOf,
+} from "./series.js";
 
 const LAYOUT = `
   <div class="page-head">
@@ -40,6 +43,7 @@ const LAYOUT = `
   ${CHART_CONTROLS}
   <div class="charts" id="charts"></div>
   <div id="run-job"></div>
+  <div id="run-process"></div>
   <details class="panel" open><summary>Summary <span class="muted">each series' last, least and greatest value</span></summary>
     <div class="table-scroll"><table class="kv summary-table" id="run-summary">
       <thead><tr><th>series</th><th class="num">last</th><th class="num">at step</th><th class="num">min</th><th class="num">max</th></tr></thead>
@@ -100,6 +104,7 @@ export class RunPage {
     this.root.innerHTML = LAYOUT;
     this.chartsRoot = this.root.querySelector("#charts");
     this.job = this.run.job ? new JobPanel(this.root.querySelector("#run-job"), this.live, this.run) : null;
+    this.process = this.run.process_key ? new ProcessPanel(this.root.querySelector("#run-process"), this.run) : null;
     this.alertList = new AlertList(this.root.querySelector("#run-alert-list"), {
       template: (alert) => alertItem(alert, { showRun: false }),
       empty: "No alerts.",
@@ -130,6 +135,7 @@ export class RunPage {
     this.drawSummary();
     // Deleted while its page loaded (its "deleted" message waits for start() below).
     if (!(await this.unlessGone(Promise.all([this.reload(), this.loadAlerts(), this.job?.load()])))) return;
+    this.process?.load().catch((error) => console.warn("trainvitals: could not read the process's runs:", error));
     this.charts.get("grad_norm")?.showTopVariables();
     this.drawMarkers(); // the layers an alert names stay shown, whatever their rank
     this.following.start();
@@ -270,6 +276,7 @@ export class RunPage {
     clearTimeout(this.reloading);
     this.alertList?.destroy();
     this.job?.destroy();
+    this.process?.destroy();
     this.following?.stop();
     this.set.destroy();
     this.heatmap?.destroy();
@@ -434,8 +441,10 @@ function reading(name, value) {
 function lastReadings(readings) {
   const names = Object.keys(readings ?? {}).sort();
   if (!names.length) return "";
-  const memory = readings[HOST_RSS] != null && readings[HOST_LIMIT] > 0
-    ? ` (RSS at ${Math.round((100 * readings[HOST_RSS]) / readings[HOST_LIMIT])}% of the limit)` : "";
+  // The cgroup's working set is what the kernel kills by; the RSS only where there is none.
+  const [used, what] = readings[HOST_WORKING_SET] != null ? [HOST_WORKING_SET, "working set"] : [HOST_RSS, "RSS"];
+  const memory = readings[used] != null && readings[HOST_LIMIT] > 0
+    ? ` (${what} at ${Math.round((100 * readings[used]) / readings[HOST_LIMIT])}% of the limit)` : "";
   const rows = names.map((name) => `<tr><th>${escapeHTML(name)}</th>
     <td data-reading="${escapeHTML(name)}">${escapeHTML(reading(name, readings[name]))}</td></tr>`).join("");
   return `<details class="last-readings" open><summary>Last readings before the end${escapeHTML(memory)}</summary>

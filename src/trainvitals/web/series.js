@@ -26,6 +26,9 @@ export const NONFINITE_WEIGHTS = "nonfinite/weights";
 // Process and host readings (bytes, percent, °C), once a second.
 export const HOST_PREFIX = "host/";
 export const HOST_RSS = "host/rss";
+export const HOST_RSS_ANON = "host/rss_anon";
+export const HOST_RSS_FILE = "host/rss_file";
+export const HOST_WORKING_SET = "host/working_set";
 export const HOST_AVAILABLE = "host/available";
 export const HOST_LIMIT = "host/limit";
 export const HOST_SWAP_USED = "host/swap_used";
@@ -74,7 +77,9 @@ export function isGpuDevice(name) {
 }
 
 // Readings in bytes, and the unit of the other system readings, for people to read.
-const HOST_BYTES = new Set([HOST_RSS, HOST_AVAILABLE, HOST_LIMIT, HOST_SWAP_USED, HOST_DISK_FREE]);
+const HOST_BYTES = new Set([
+  HOST_RSS, HOST_RSS_ANON, HOST_RSS_FILE, HOST_WORKING_SET, HOST_AVAILABLE, HOST_LIMIT, HOST_SWAP_USED, HOST_DISK_FREE,
+]);
 const GPU_BYTES = new Set([GPU_MEM_USED, GPU_MEM_TOTAL, GPU_TF_CURRENT, GPU_TF_PEAK]);
 const HOST_UNITS = new Map([[HOST_CPU_PERCENT, "%"], [HOST_CPU_TEMP, "°C"]]);
 const GPU_UNITS = new Map([[GPU_UTIL, "%"], [GPU_TEMP, "°C"], [GPU_POWER, "W"], [GPU_CLOCK_SM, "MHz"]]);

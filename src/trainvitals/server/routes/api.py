@@ -100,6 +100,7 @@ def list_runs(
     response: Response,
     project: str | None = None,
     job: str | None = None,
+    process: Annotated[str | None, Query(max_length=128)] = None,
     q: Annotated[str | None, Query(max_length=200)] = None,
     status: Annotated[list[RunStatus] | None, Query(max_length=5)] = None,
     tag: Annotated[str | None, Query(max_length=64)] = None,
@@ -114,10 +115,11 @@ def list_runs(
 ) -> RunsAnswer:
     """A page of runs, newest first unless ``sort`` and ``order`` say otherwise, with the
     number of runs that match in ``total`` (and the ``X-Total-Count`` header). Filters:
-    ``project``, ``job`` (its workers), ``q`` (part of the name), ``status``, ``tag``,
-    ``archived``, ``health`` (the worst alert it raised, firing or not). Each run carries
-    the ``config`` values and the summaries of the series (``metric``) asked for. A token of
-    one project sees that project's runs only."""
+    ``project``, ``job`` (its workers), ``process`` (the runs one process made: its
+    ``process_key``), ``q`` (part of the name), ``status``, ``tag``, ``archived``, ``health``
+    (the worst alert it raised, firing or not). Each run carries the ``config`` values and the
+    summaries of the series (``metric``) asked for. A token of one project sees that
+    project's runs only."""
     seen = scoped(who, project)
     if isinstance(seen, NoProject):
         response.headers["X-Total-Count"] = "0"
@@ -125,6 +127,7 @@ def list_runs(
     which = RunFilter(
         project=seen,
         job=job,
+        process=process,
         q=q or None,
         status=tuple(s.value for s in status or ()),
         tag=tag or None,

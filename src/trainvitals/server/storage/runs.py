@@ -67,6 +67,8 @@ class RunSummary(TypedDict):
     end_reason: str | None
     job_id: str | None
     worker: str | None
+    #: The training process that made it: the runs of one loop of fits share it.
+    process_key: str | None
     tags: list[str]
     notes: str
     archived: bool
@@ -85,7 +87,8 @@ class RunFilter:
     """Which runs a list shows, in what order.
 
     Attributes:
-        project: only that project's runs; job: only that job's workers.
+        project: only that project's runs; job: only that job's workers; process: only the
+            runs that process made.
         q: part of the name (case-insensitive); status: one of them; tag: runs with that tag.
         archived: ``hide`` (the default), ``only`` or ``include`` the archived runs.
         health: the worst alert the run raised, firing or not: ``critical``, ``warning``, or
@@ -97,6 +100,7 @@ class RunFilter:
 
     project: str | None = None
     job: str | None = None
+    process: str | None = None
     q: str | None = None
     status: tuple[str, ...] = ()
     tag: str | None = None
@@ -279,6 +283,7 @@ class RunStore:
                     config=json.dumps(hello["config"]),
                     env=json.dumps(hello["env"]),
                     secret_hash=binding,
+                    process_key=(hello.get("process") or {}).get("key"),
                 )
                 # RETURNING, not rowcount: PostgreSQL's driver reports -1 for ON CONFLICT DO
                 # NOTHING, which took every reconnect for a new run.
@@ -691,6 +696,8 @@ def _conditions(which: RunFilter) -> list[ColumnElement[bool]]:
         where.append(runs.c.project == which.project)
     if which.job is not None:
         where.append(runs.c.job_id == which.job)
+    if which.process is not None:
+        where.append(runs.c.process_key == which.process)
     if which.q:
         where.append(func.lower(runs.c.name).contains(which.q.lower(), autoescape=True))
     if which.status:

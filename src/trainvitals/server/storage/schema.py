@@ -69,6 +69,9 @@ runs = Table(
     # that holds it may speak for the run again (see ``RunStore.open_run``).
     Column("secret_hash", String(64)),
     Column("worker", String(64)),
+    # The training process that made the run (host, pid, start time: the agent's key); the
+    # runs one process makes in a loop of fits share it (see ``RunStore.open_run``).
+    Column("process_key", String(128)),
     # The frames up to this seq have been compacted (see SeriesStore.compact); NULL: none.
     Column("compacted_seq", BigInteger),
     # When its points were thinned to a min/max summary (SeriesStore.thin); NULL: never.
@@ -89,6 +92,7 @@ runs = Table(
     Index("ix_runs_last_seen", "last_seen"),
     Index("ix_runs_job_key", "project", "job_key"),
     Index("ix_runs_job_id", "job_id"),
+    Index("ix_runs_process_key", "project", "process_key"),
 )
 
 #: The names of each run's series (an index: the points are in ``chunks``), and a summary of
