@@ -22,6 +22,7 @@ from trainvitals.agent.spool import (
     STALE_AFTER,
     PendingFrames,
     Spool,
+    claim,
     read_segment,
 )
 from trainvitals.agent.sync import load
@@ -288,3 +289,17 @@ def test_a_damaged_segment_yields_its_whole_records_then_says_where_it_broke(
     with pytest.raises(SpoolError, match="record at byte 0 fails its CRC check"):
         next(read_segment(path))
     spool.close()
+
+
+def test_a_spool_is_claimed_by_one_sender_at_a_time(tmp_path: Path) -> None:
+    """Two runs started at once (a job's workers) both look for leftovers: one delivers."""
+    spool = Spool(tmp_path, "run1", max_bytes=2**20)
+    spool.append(1, frame(1))
+    assert spool.directory is not None
+    with claim(spool.directory) as mine:
+        assert not mine  # the live run holds it
+    spool.release()
+    with claim(spool.directory) as first, claim(spool.directory) as second:
+        assert (first, second) == (True, False)
+    with claim(spool.directory) as mine:
+        assert mine  # let go again when the block ended

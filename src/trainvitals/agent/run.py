@@ -233,6 +233,11 @@ class Run:
         (the sender's own thread may call it so): the run stays among those the process's
         exit waits for, and its watchdog stays until the server has the end.
 
+        When the server has not acknowledged everything in time, the rest is kept on disk in
+        the run's spool for ``trainvitals sync`` or the next run started on the machine to
+        deliver (:mod:`trainvitals.agent.sync`), and one warning says what, where, why and
+        how to send it.
+
         Only the process that started the run ends it. A child forked from it (a data loader's
         worker) holds a copy of the run, but not its threads. Its exit, or a SIGTERM from
         ``Process.terminate()``, must not tell the watchdog that the run ended: the watchdog

@@ -275,15 +275,16 @@ def _sync_leftovers(config: AgentConfig, spool: Spool) -> None:
             if directory.name == spool.run_id or not (directory / META_FILE).exists():
                 continue
             try:
-                run = load(directory)
-                if websocket_url(run.server, INGEST_PATH) != ours:
-                    continue
                 with claim(directory) as mine:
-                    if not mine:
-                        continue  # its process lives, or another run delivers it now
+                    if not mine or not (directory / META_FILE).exists():
+                        continue  # its process lives, or another run delivers (delivered) it
+                    run = load(directory)
+                    if websocket_url(run.server, INGEST_PATH) != ours:
+                        continue
                     delivery = _send(run, run.server, config.token)
             except (SpoolError, ConfigurationError, *UNREACHABLE) as exc:
-                failures.append(f"{directory}: {type(exc).__name__}: {exc}")
+                if directory.exists():  # else another run delivered it meanwhile
+                    failures.append(f"{directory}: {type(exc).__name__}: {exc}")
                 continue
             log.info("trainvitals: an earlier process's spool, %s", delivery.summary())
             for line in run.damage:
