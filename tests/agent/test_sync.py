@@ -39,6 +39,11 @@ def ending(server: ServerProcess, run_id: str) -> tuple[str, str | None]:
     return run["status"], run["end_reason"]
 
 
+def crash_alerts(server: ServerProcess, run_id: str) -> list[str]:
+    alerts = server.get(f"/api/v1/runs/{run_id}/alerts")["alerts"]
+    return [alert["state"] for alert in alerts if alert["rule"] == "crash"]
+
+
 def test_a_fit_sent_to_a_wrong_port_reaches_the_server_whole_with_trainvitals_sync(
     server: ServerProcess,
     own_spool_dir: Path,
@@ -124,15 +129,16 @@ def test_a_run_whose_server_died_before_its_end_is_delivered_by_the_next_run_sta
         assert (own_spool_dir / run_id / META_FILE).exists()
 
         server = ServerProcess(db, port=port, extra_env=quick)
-        lost = wait_for(lambda: ending(server, run_id) == ("lost", "heartbeat_lost"),
-                        what="the silent run given up as lost")  # fmt: skip
-        assert lost
+        wait_for(lambda: ending(server, run_id) == ("lost", "heartbeat_lost"),
+                 what="the silent run given up as lost")  # fmt: skip
+        wait_for(lambda: crash_alerts(server, run_id) == ["firing"], what="its crash alert")
         later = Run(resolve(server=server.url, run_name="later"), system_metrics=False,
                     watchdog=False)  # fmt: skip
         later.start()  # ... and delivers what the first process left
         wait_for(lambda: ending(server, run_id) == ("finished", "completed"), timeout=30,
                  what="the late end to win over the lost verdict")  # fmt: skip
         assert steps_of(server, run_id) == list(range(1, 101))  # every step, once
+        wait_for(lambda: crash_alerts(server, run_id) == ["resolved"], what="no crash after all")
         assert later.finish()
         assert list(own_spool_dir.iterdir()) == []
     finally:
