@@ -190,3 +190,18 @@ def test_a_run_json_that_cannot_be_used_is_named_without_its_secret(tmp_path: Pa
     assert str(error.value).startswith(f"{spool / META_FILE}: expected a 'server' URL and a")
     assert "s3cret" not in str(error.value)
     assert find_spools([tmp_path]) == [spool]
+
+
+def test_a_spool_others_could_write_is_never_delivered(tmp_path: Path) -> None:
+    """A directory made ahead of us in a shared temporary directory would otherwise send
+    another user's frames under our token."""
+    spool = tmp_path / "run1"
+    spool.mkdir(mode=0o700)
+    (spool / "lock").touch()
+    hello = {"type": "hello", "run_id": "run1", "project": "p", "name": "n"}
+    (spool / META_FILE).write_text(json.dumps({"version": 1, "server": "http://x", "hello": hello}))
+    (spool / META_FILE).chmod(0o600)
+    assert load(spool).run_id == "run1"
+    spool.chmod(0o777)
+    with pytest.raises(SpoolError, match="writable by others; delete it unless"):
+        load(spool)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import threading
 from collections import deque
@@ -134,10 +135,18 @@ def load(directory: Path) -> SpooledRun:
     """Read a spool directory's ``run.json``.
 
     Raises:
-        SpoolError: the directory holds no run.json, or one that cannot be used.
+        SpoolError: the directory holds no run.json, or one that cannot be used, or either
+            could have been written by another user.
     """
     path = directory / META_FILE
     try:
+        if not (_private(directory) and _private(path)):
+            # What another user could write (a spool directory made ahead of us in a shared
+            # temporary directory) would be sent under our token: never deliver it.
+            raise SpoolError(
+                f"{directory}: not delivered, it or its {META_FILE} is another user's or "
+                "writable by others; delete it unless you know where it comes from"
+            )
         meta = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise SpoolError(
@@ -159,6 +168,14 @@ def load(directory: Path) -> SpooledRun:
             "and 'name'; something is missing"
         )
     return SpooledRun(directory, server, cast(HelloFrame, hello))
+
+
+def _private(path: Path) -> bool:
+    """Whether ``path`` is this user's and no one else may write it."""
+    if not hasattr(os, "getuid"):  # Windows: a user's profile is private already
+        return True
+    status = path.stat()
+    return status.st_uid == os.getuid() and not status.st_mode & 0o022
 
 
 def find_spools(paths: Iterable[Path]) -> list[Path]:
