@@ -233,7 +233,8 @@ class Sender:
         """Queue the ``end`` frame, then :meth:`wait` for everything to be acked.
 
         Returns whether every frame reached the server. The thread keeps trying in the
-        background after a timeout (it is a daemon: it dies with the process).
+        background after a timeout (it is a daemon: it dies with the process), until
+        :meth:`keep` hands what is left over to the disk.
         """
         self._end = (reason, when, traceback)
         self._closing.set()
