@@ -216,8 +216,10 @@ def _send(run: SpooledRun, server: str, token: str | None) -> Delivery:
     """:func:`deliver`, the spool's lock held."""
     delivery = Delivery(run, server)
     last_text = ""  # the run's last frame: its end, if it ended
+    # Without "accepts": the run's alerts are for the terminal that trained it, not this one.
+    hello = cast(HelloFrame, {k: v for k, v in run.hello.items() if k != "accepts"})
     with connect_ingest(run_ingest_url(server, run.run_id), token) as ws:
-        welcome = greet(ws, run.hello)
+        welcome = greet(ws, hello)
         stored = int(welcome.get("last_seq", 0))
         clocks = reads_clocks(welcome)
         in_flight: deque[int] = deque()
