@@ -27,6 +27,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(LONGEST))  # stable: the rest in order
 
 
+@pytest.fixture(autouse=True)
+def own_spool_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's runs spool in a directory of its own (so do the processes it starts): a
+    spool one test leaves undelivered is never delivered by another test's run."""
+    spool = tmp_path / "spool"
+    monkeypatch.setenv("TRAINVITALS_SPOOL_DIR", str(spool))
+    return spool
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServerProcess]:
     """A real ``trainvitals serve`` on a free port with a fresh SQLite file."""

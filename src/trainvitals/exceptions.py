@@ -13,6 +13,8 @@ expected and what arrived.
     ├── ProtocolError          a frame that breaks the wire protocol (docs/protocol.md)
     │   ├── FrameError         not JSON, or JSON that is not a valid frame (server side)
     │   └── IngestRejected     a valid frame at the wrong place: closes with a code and reason
+    ├── SpoolError             a spool left on disk that cannot be read or delivered
+    │                          (trainvitals sync): what is wrong, and where
     ├── WriterClosed           a write submitted after the server's writer has stopped
     └── ApiError               a request of trainvitals.Api (or trainvitals export) that failed:
                                the server's status and reason, or why it was not reached
@@ -30,6 +32,7 @@ __all__ = [
     "NotifyError",
     "ProtocolError",
     "RulesError",
+    "SpoolError",
     "StorageError",
     "TrainvitalsError",
     "WriterClosed",
@@ -71,6 +74,11 @@ class IngestRejected(ProtocolError):
         super().__init__(f"{code}: {reason}")
         self.code = code
         self.reason = reason
+
+
+class SpoolError(TrainvitalsError):
+    """A run's spool on disk that cannot be read or delivered: the message names the
+    directory or file and what is wrong with it."""
 
 
 class WriterClosed(TrainvitalsError, RuntimeError):

@@ -15,7 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from trainvitals.agent.spool import HEADER, STALE_AFTER, PendingFrames, Spool
+from trainvitals.agent.spool import (
+    HEAD_SEGMENT,
+    HEADER,
+    META_FILE,
+    STALE_AFTER,
+    PendingFrames,
+    Spool,
+    claim,
+    read_segment,
+)
+from trainvitals.agent.sync import load
+from trainvitals.exceptions import SpoolError
 
 
 def frame(seq: int, size: int = 100) -> str:
@@ -155,6 +166,11 @@ def test_leftovers_of_dead_runs_are_removed_and_live_ones_kept(
     dead.mkdir()
     (dead / "lock").touch()
     (dead / "000001.seg").write_bytes(b"\x00\x00\x01")  # torn by the crash
+    undelivered = tmp_path / "undelivered"  # a run.json: trainvitals sync delivers it
+    undelivered.mkdir()
+    (undelivered / "lock").touch()
+    (undelivered / META_FILE).write_text("{}")
+    (undelivered / HEAD_SEGMENT).touch()
     recent = tmp_path / "recent"  # free, but changed just now
     recent.mkdir()
     (recent / "lock").touch()
@@ -164,14 +180,19 @@ def test_leftovers_of_dead_runs_are_removed_and_live_ones_kept(
     (photos / "lock").touch()
     now = time.time()
     old = now - STALE_AFTER - 60
-    for directory in (live.directory, dead, photos):
+    for directory in (live.directory, dead, photos, undelivered):
         assert directory is not None
         for path in (*directory.iterdir(), directory):
             os.utime(path, (old, old))
 
     removed = Spool(tmp_path, "new", max_bytes=2**20).remove_leftovers(now=now)
     assert removed == [dead]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["live", "photos", "recent"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "live",
+        "photos",
+        "recent",
+        "undelivered",
+    ]
     assert read_all(live) == [1]  # the live run's spool still works
     live.close()
 
@@ -216,3 +237,69 @@ def test_an_ack_beyond_memory_skips_spooled_frames(tmp_path: Path) -> None:
     pending.ack(5)  # the server already had them (its welcome says last_seq 5)
     assert [seq for seq, _ in pending.take()] == [6]
     pending.close()
+
+
+HELLO = {"type": "hello", "v": 1, "run_id": "run1", "project": "p", "name": "n", "run_secret": "s"}
+
+
+def test_what_memory_holds_at_the_end_is_kept_on_disk_and_read_back_once_in_order(
+    tmp_path: Path,
+) -> None:
+    meta = {"version": 1, "server": "http://127.0.0.1:9", "hello": HELLO}
+    spool = Spool(tmp_path, "run1", max_bytes=16 * 1024, meta=meta)  # 1 KiB segments
+    pending = PendingFrames(memory_bytes=3 * len(frame(1)), spool=spool)
+    for seq in range(1, 31):
+        pending.push(seq, frame(seq))
+    assert [seq for seq, _ in pending.take()] == [1, 2, 3]  # in flight when the run ends
+    assert pending.keep() == tmp_path / "run1"
+    # The sender goes on while the process lives: acks read the spool back into memory,
+    # which must not cost the files what memory alone now holds.
+    for acked in (3, 6, 9):
+        pending.ack(acked)
+        pending.take()
+    pending.release()  # the process ends with 10, 11 and 12 in flight
+
+    run = load(tmp_path / "run1")
+    assert (run.server, run.hello) == (meta["server"], HELLO)
+    assert os.stat(tmp_path / "run1" / META_FILE).st_mode & 0o777 == 0o600  # the secret
+    assert [seq for seq, _ in run.frames()] == list(range(1, 31))  # each once, in order
+    assert run.damage == []
+
+
+def test_a_damaged_segment_yields_its_whole_records_then_says_where_it_broke(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path, "run1", max_bytes=2**20)
+    for seq in range(1, 4):
+        spool.append(seq, frame(seq))
+    [path] = segments(spool)
+    record = HEADER.size + len(frame(1))
+    os.truncate(path, 3 * record - 10)
+    read: list[int] = []
+    with pytest.raises(SpoolError) as cut:
+        read.extend(seq for seq, _ in read_segment(path))
+    assert read == [1, 2]
+    assert str(cut.value) == (
+        f"{path}: the record at byte {2 * record} is cut short ({len(frame(3)) - 10} of its "
+        f"{len(frame(3))} bytes); the {record - 10} bytes from there on cannot be read"
+    )
+    data = bytearray(path.read_bytes())
+    data[HEADER.size + 5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(SpoolError, match="record at byte 0 fails its CRC check"):
+        next(read_segment(path))
+    spool.close()
+
+
+def test_a_spool_is_claimed_by_one_sender_at_a_time(tmp_path: Path) -> None:
+    """Two runs started at once (a job's workers) both look for leftovers: one delivers."""
+    spool = Spool(tmp_path, "run1", max_bytes=2**20)
+    spool.append(1, frame(1))
+    assert spool.directory is not None
+    with claim(spool.directory) as mine:
+        assert not mine  # the live run holds it
+    spool.release()
+    with claim(spool.directory) as first, claim(spool.directory) as second:
+        assert (first, second) == (True, False)
+    with claim(spool.directory) as mine:
+        assert mine  # let go again when the block ended

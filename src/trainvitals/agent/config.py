@@ -70,9 +70,14 @@ class AgentConfig:
         return websocket_url(self.server, INGEST_PATH)
 
     def run_ingest_url(self, run_id: str) -> str:
-        """The ingest URL that names the run, so that a load balancer sends every connection
-        of one run, its watchdog's too, to the same replica (``deploy/nginx.conf``)."""
-        return f"{self.ingest_url}?{urlencode({'run': run_id})}"
+        return run_ingest_url(self.server, run_id)
+
+
+def run_ingest_url(server: str, run_id: str) -> str:
+    """The ingest URL that names the run, so that a load balancer sends every connection
+    of one run, its watchdog's and a later ``trainvitals sync``'s too, to the same replica
+    (``deploy/nginx.conf``)."""
+    return f"{websocket_url(server, INGEST_PATH)}?{urlencode({'run': run_id})}"
 
 
 def websocket_url(server: str, path: str) -> str:

@@ -31,6 +31,7 @@ from trainvitals.agent.host import HostSource
 from trainvitals.agent.sampler import Sampler, Source
 from trainvitals.agent.spool import PendingFrames, Spool
 from trainvitals.agent.stall import StallDetector, thread_stacks
+from trainvitals.agent.sync import spool_meta, sync_in_background
 from trainvitals.agent.transport import Sender
 from trainvitals.agent.urgency import Urgency
 from trainvitals.agent.watchdog import Watchdog
@@ -111,6 +112,7 @@ class Run:
         self._use_watchdog = watchdog
         self._watchdog: Watchdog | None = None
         self._finished = False
+        self._kept = False  # what the server did not acknowledge is on disk
         self._pid = os.getpid()  # the process that started the run: the one that ends it
         self._lock = threading.Lock()
         self._tick_hooks: list[Callable[[], None]] = []
@@ -154,6 +156,12 @@ class Run:
             self._sampler = Sampler(sources, self._record_system, self._interval)
         hello = self.hello()
         url = self.config.run_ingest_url(self.id)
+        spool = Spool(
+            self.config.spool_dir,
+            self.id,
+            self.config.spool_max_bytes,
+            meta=spool_meta(self.config.server, hello),
+        )
         self._sender = Sender(
             url,
             hello,
@@ -165,12 +173,10 @@ class Run:
             tick=self._tick,
             on_done=self._release_watchdog,
             on_message=AlertLog(self.config.server),
-            pending=PendingFrames(
-                self.config.spool_after_bytes,
-                Spool(self.config.spool_dir, self.id, self.config.spool_max_bytes),
-            ),
+            pending=PendingFrames(self.config.spool_after_bytes, spool),
         )
         self._sender.start()
+        sync_in_background(self.config, spool)  # what earlier processes left undelivered
         if self._use_watchdog:
             try:
                 self._watchdog = Watchdog(url, hello, self.config.token)
@@ -227,6 +233,11 @@ class Run:
         (the sender's own thread may call it so): the run stays among those the process's
         exit waits for, and its watchdog stays until the server has the end.
 
+        When the server has not acknowledged everything in time, the rest is kept on disk in
+        the run's spool for ``trainvitals sync`` or the next run started on the machine to
+        deliver (:mod:`trainvitals.agent.sync`), and one warning says what, where, why and
+        how to send it.
+
         Only the process that started the run ends it. A child forked from it (a data loader's
         worker) holds a copy of the run, but not its threads. Its exit, or a SIGTERM from
         ``Process.terminate()``, must not tell the watchdog that the run ended: the watchdog
@@ -239,33 +250,63 @@ class Run:
             if self._sender is None:
                 return True
             again, self._finished = self._finished, True
-        if not self._sender.connected:
-            # The server is away: don't hold the end of training hostage to it.
-            timeout = min(timeout, UNREACHABLE_FLUSH_TIMEOUT)
         if again:
-            delivered = self._sender.wait(timeout)
+            delivered = self._sender.wait(timeout, UNREACHABLE_FLUSH_TIMEOUT)
             if delivered or timeout > 0:
                 self._release_watchdog()
+            if not delivered and timeout > 0:
+                self._keep_undelivered(timeout)
             return delivered
         if timeout > 0:
             _open_runs.discard(self)
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler.sample_once()  # the last readings before the end
-        delivered = self._sender.close(reason, time.time(), traceback_text or None, timeout)
+        delivered = self._sender.close(
+            reason, time.time(), traceback_text or None, timeout, UNREACHABLE_FLUSH_TIMEOUT
+        )
         if timeout > 0:
             self._release_watchdog()
         elif (watchdog := self._watchdog) is not None:  # it waits for the end's ack
             watchdog.release_faults()  # but a later crash is not this run's
         if not delivered and timeout > 0:
-            log.warning(
-                "trainvitals: %d frames of run %r not acknowledged by %s after %.0f s",
-                self._sender.unacknowledged,
-                self.config.run_name,
-                self.config.server,
-                timeout,
-            )
+            self._keep_undelivered(timeout)
         return delivered
+
+    def _keep_undelivered(self, waited: float) -> None:
+        """The server did not acknowledge everything in time: keep the rest on disk and say
+        plainly what, where, why, and how to send it (once)."""
+        assert self._sender is not None
+        if self._kept:
+            return
+        self._kept = True
+        kept = self._sender.keep()
+        if self._sender.wait(0):  # delivered after all, while keeping
+            return
+        error = self._sender.last_error
+        why = f"the server at {self.config.server} " + (
+            f"could not be reached ({error})" if error else f"did not answer within {waited:.0f} s"
+        )
+        if kept is None:
+            where = "\n  They could not be written to disk either, and are lost."
+        else:
+            where = (
+                f"\n  Spooled to {kept}: `trainvitals sync` sends them once the server is up "
+                "(the next run started on this machine does it too), `trainvitals sync "
+                "--server URL` to another address."
+            )
+            if not self._sender.handed_over:
+                where += " This process also goes on sending them while it lives."
+        log.warning(
+            "trainvitals: run %r ended with %d frames not delivered (its points up to step %d "
+            "and its end): %s.%s\n  $TRAINVITALS_SERVER (or server=) sets the address the "
+            "agent sends to.",
+            self.config.run_name,
+            self._sender.unacknowledged,
+            self.last_step,
+            why,
+            where,
+        )
 
     def _release_watchdog(self) -> None:
         """The run told the server how it ended (or the process is exiting having tried):

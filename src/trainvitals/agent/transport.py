@@ -25,6 +25,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -70,6 +71,56 @@ class KeepaliveConnection(ClientConnection):
             data = struct.pack("!I", next(self._count) % 2**32)
         return super().ping(data, **options)
 
+
+#: Errors that say the server cannot be reached or spoke wrongly: worth retrying later.
+UNREACHABLE = (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, ProtocolError)
+
+
+def connect_ingest(url: str, token: str | None, **options: Any) -> ClientConnection:
+    """Open an ingest websocket to ``url``, sending ``token`` as a bearer token if set."""
+    connection: ClientConnection = connect(
+        url,
+        additional_headers={"Authorization": f"Bearer {token}"} if token else {},
+        open_timeout=5,
+        close_timeout=2,
+        max_size=MAX_FRAME_BYTES,
+        compression=None,  # JSON floats compress poorly; spare the training process's CPU
+        create_connection=KeepaliveConnection,
+        **options,
+    )
+    return connection
+
+
+def greet(ws: ClientConnection, hello: HelloFrame) -> dict[str, Any]:
+    """Send the run's ``hello`` and return the server's ``welcome``."""
+    ws.send(json.dumps(hello))
+    welcome = _decode(ws.recv(timeout=10))
+    if welcome.get("type") != WELCOME:
+        raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
+    return welcome
+
+
+def read_ack(ws: ClientConnection, timeout: float) -> int:
+    """The seq of the next ``ack`` the server sends; TimeoutError if none comes within
+    ``timeout`` s. Frames of other kinds (an ``alert``) are passed over."""
+    deadline = time.monotonic() + timeout
+    while True:
+        frame = _decode(ws.recv(timeout=max(0.0, deadline - time.monotonic())))
+        if frame.get("type") == ACK:
+            return int(frame["seq"])
+
+
+def reads_clocks(welcome: dict[str, Any]) -> bool:
+    """Whether the server that sent ``welcome`` reads ``points`` frames with clocks."""
+    features = welcome.get("features")
+    return isinstance(features, list) and FEATURE_CLOCKS in features
+
+
+#: The most seconds :meth:`Sender.keep` waits for the sender thread to stop (it may be in the
+#: middle of opening a connection, up to 5 s; it lets go of the spool once it stops).
+KEEP_JOIN = 1.0
+#: How often :meth:`Sender.wait` looks whether the server became unreachable (seconds).
+_WAIT_SLICE = 0.1
 
 #: Every sender of this process, for :func:`_leave_connections_to_the_parent`.
 _senders: weakref.WeakSet[Sender] = weakref.WeakSet()
@@ -146,7 +197,7 @@ class Sender:
         self._heartbeat_interval = heartbeat_interval
         self._tick = tick
         self._events: deque[dict[str, Any]] = deque()  # numbered frames other than points
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._token = token
         self._pending = PendingFrames(DEFAULT_SPOOL_AFTER_BYTES) if pending is None else pending
         self._next_seq = 1
         self._end: tuple[str, float, str | None] | None = None  # reason, time, traceback
@@ -155,7 +206,13 @@ class Sender:
         self._done = threading.Event()
         self._wake = threading.Event()
         self._outage_reported = False
+        #: Why the last connection failed (``ConnectionRefusedError: ...``), or None.
+        self.last_error: str | None = None
         self._connected = False
+        #: Packing numbers frames: the sender thread's, or :meth:`keep`'s at the end.
+        self._packing = threading.Lock()
+        #: Set by keep() when no connection is up: the thread stops, the spool is let go.
+        self._handed_over = threading.Event()
         #: Whether the last server to welcome this sender reads ``points`` with clocks.
         self._clocks = False
         self._socket: socket.socket | None = None  # the connection's, while it is open
@@ -165,21 +222,37 @@ class Sender:
     def start(self) -> None:
         self._thread.start()
 
-    def close(self, reason: str, when: float, traceback: str | None, timeout: float) -> bool:
-        """Queue the ``end`` frame, then wait up to ``timeout`` s for everything to be acked.
+    def close(
+        self,
+        reason: str,
+        when: float,
+        traceback: str | None,
+        timeout: float,
+        unreachable: float | None = None,
+    ) -> bool:
+        """Queue the ``end`` frame, then :meth:`wait` for everything to be acked.
 
         Returns whether every frame reached the server. The thread keeps trying in the
-        background after a timeout (it is a daemon: it dies with the process).
+        background after a timeout (it is a daemon: it dies with the process), until
+        :meth:`keep` hands what is left over to the disk.
         """
         self._end = (reason, when, traceback)
         self._closing.set()
         self._wake.set()
-        return self.wait(timeout)
+        return self.wait(timeout, unreachable)
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the ``end`` :meth:`close` queued to be acknowledged;
-        whether it is."""
-        self._done.wait(timeout)
+    def wait(self, timeout: float, unreachable: float | None = None) -> bool:
+        """Wait up to ``timeout`` s for the ``end`` :meth:`close` queued to be acknowledged,
+        and no longer than ``unreachable`` s once the server is known to be unreachable
+        (there is no point holding the end of training hostage to it); whether it is."""
+        start = time.monotonic()
+        while not self._handed_over.is_set():
+            waited = time.monotonic() - start
+            limit = timeout if unreachable is None or self.connected else min(timeout, unreachable)
+            if self._done.wait(max(0.0, min(limit - waited, _WAIT_SLICE))):
+                return True
+            if time.monotonic() - start >= limit:
+                return False
         return self._done.is_set()
 
     def hurry(self) -> None:
@@ -204,6 +277,34 @@ class Sender:
         self._events.append(frame)
         self._wake.set()
 
+    def keep(self) -> Path | None:
+        """The run ends with frames unacknowledged: pack what is left (the end :meth:`close`
+        queued included) and keep every unacknowledged frame on disk, where ``trainvitals
+        sync`` or the next run started on the machine delivers it from. Returns the spool's
+        directory, or None when it could not be written. Called by the thread finishing the
+        run.
+
+        With no connection up, the sender stops and lets go of the spool (:attr:`handed_over`):
+        it is theirs now, even while this process lives on (a notebook's kernel). With one up
+        (a slow server), it goes on sending; the spool goes once all is acknowledged."""
+        self._pack_due()
+        kept = self._pending.keep()
+        if self._connected:
+            return kept
+        self._handed_over.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            if threading.current_thread() is not self._thread:
+                self._thread.join(KEEP_JOIN)  # it lets go of the spool as it stops
+        else:
+            self._pending.release()
+        return kept
+
+    @property
+    def handed_over(self) -> bool:
+        """Whether :meth:`keep` stopped the sender: the spool is left to others to deliver."""
+        return self._handed_over.is_set()
+
     @property
     def connected(self) -> bool:
         """Whether the last connection attempt succeeded (the server is reachable)."""
@@ -216,27 +317,23 @@ class Sender:
     # -- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
-        if self._pending.spool is not None:
-            try:
-                self._pending.spool.remove_leftovers()
-            except Exception:
-                log.exception("trainvitals: cannot tidy the spools of earlier runs")
+        try:
+            self._send_until_done()
+        finally:
+            if self._handed_over.is_set():  # its spool is for trainvitals sync, or the next run
+                self._pending.release()
+
+    def _send_until_done(self) -> None:
         delays = backoff_delays()
-        while True:
+        while not self._handed_over.is_set():
             try:
-                self._connection()
-                self._pending.close()
-                if self._on_done is not None:  # before a waiter in close() or wait() goes on
-                    self._on_done()
-                self._done.set()
+                if self._connection():
+                    self._pending.close()
+                    if self._on_done is not None:  # before a waiter in close() or wait() goes on
+                        self._on_done()
+                    self._done.set()
                 return
-            except (
-                OSError,
-                TimeoutError,
-                ConnectionClosed,
-                InvalidHandshake,
-                ProtocolError,
-            ) as exc:
+            except UNREACHABLE as exc:
                 self._report_outage(exc)
             except InvalidURI as exc:  # cannot get better by retrying
                 log.warning("trainvitals: not sending telemetry: %s", exc)
@@ -262,39 +359,30 @@ class Sender:
                 if self._closing.is_set():  # only the end cuts the backoff short
                     break
 
-    def _connection(self) -> None:
-        with connect(
-            self._url,
-            additional_headers=self._headers,
-            open_timeout=5,
-            close_timeout=2,
-            max_size=MAX_FRAME_BYTES,
-            compression=None,  # JSON floats compress poorly; spare the training process's CPU
-            create_connection=KeepaliveConnection,
-            **self._keepalive,
-        ) as ws:
+    def _connection(self) -> bool:
+        """One connection; whether the run's end was acknowledged on it (else :meth:`keep`
+        stopped it)."""
+        with connect_ingest(self._url, self._token, **self._keepalive) as ws:
             self._socket = ws.socket
             try:
-                self._converse(ws)
+                return self._converse(ws)
             finally:
                 self._socket = None
 
-    def _converse(self, ws: ClientConnection) -> None:
-        """Hello, then frames out and acks in until the run's ``end`` is acknowledged."""
-        ws.send(json.dumps(self._hello))
-        welcome = _decode(ws.recv(timeout=10))
-        if welcome.get("type") != WELCOME:
-            raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
+    def _converse(self, ws: ClientConnection) -> bool:
+        """Hello, then frames out and acks in until the run's ``end`` is acknowledged (True),
+        or :meth:`keep` has put what is left on disk (False)."""
+        welcome = greet(ws, self._hello)
         secret = welcome.get("run_secret")
         if isinstance(secret, str) and secret:  # issued by the server: every later hello
             self._hello = {**self._hello, "run_secret": secret}
-        features = welcome.get("features")
         # Clocks only where this server reads them; frames packed with them for an earlier
         # connection lose them again on the way to one that does not (a rolled-back server).
-        self._clocks = isinstance(features, list) and FEATURE_CLOCKS in features
+        self._clocks = reads_clocks(welcome)
         self._pending.rewind()
         self._pending.ack(int(welcome.get("last_seq", 0)))
         self._connected = True
+        self.last_error = None
         if self._outage_reported:
             log.warning(
                 "trainvitals: reconnected to %s; resending %d frames (%d from the spool)",
@@ -316,7 +404,9 @@ class Sender:
                 ws.send(json.dumps({"type": HEARTBEAT, "v": PROTOCOL_VERSION, "time": time.time()}))
                 last_send = time.monotonic()
             if self._end_packed and not self._pending:
-                return
+                return True
+            if self._handed_over.is_set():
+                return False
             if self._closing.is_set() or self._pending.spooled:
                 # Flushing, or replaying the spool as acks make room: block on acks
                 # rather than polling.
@@ -348,25 +438,29 @@ class Sender:
                 self._tick()
             except Exception:
                 log.exception("trainvitals: hang check failed")
-        if not self.due():
-            return
-        self._next_send = time.monotonic() + self._flush_interval
-        points = self._buffer.drain()
-        if points:
-            for frame in points_frames(points, self._next_seq, self._clocks):
-                self._pending.push(frame["seq"], encode_points(frame))
-                self._next_seq = frame["seq"] + 1
-        while self._events:
-            event = {**self._events.popleft(), "v": PROTOCOL_VERSION, "seq": self._next_seq}
-            self._pending.push(self._next_seq, json.dumps(event))
-            self._next_seq += 1
-        if self._closing.is_set() and not self._end_packed and self._end is not None:
-            end = end_frame(self._next_seq, *self._end)
-            self._pending.push(self._next_seq, json.dumps(end))
-            self._next_seq += 1
-            self._end_packed = True
+        if self.due():
+            self._pack_due()
+
+    def _pack_due(self) -> None:
+        with self._packing:
+            self._next_send = time.monotonic() + self._flush_interval
+            points = self._buffer.drain()
+            if points:
+                for frame in points_frames(points, self._next_seq, self._clocks):
+                    self._pending.push(frame["seq"], encode_points(frame))
+                    self._next_seq = frame["seq"] + 1
+            while self._events:
+                event = {**self._events.popleft(), "v": PROTOCOL_VERSION, "seq": self._next_seq}
+                self._pending.push(self._next_seq, json.dumps(event))
+                self._next_seq += 1
+            if self._closing.is_set() and not self._end_packed and self._end is not None:
+                end = end_frame(self._next_seq, *self._end)
+                self._pending.push(self._next_seq, json.dumps(end))
+                self._next_seq += 1
+                self._end_packed = True
 
     def _report_outage(self, exc: BaseException) -> None:
+        self.last_error = f"{type(exc).__name__}: {exc}"
         if not self._outage_reported:
             log.warning(
                 "trainvitals: cannot reach %s (%s: %s); training continues, "

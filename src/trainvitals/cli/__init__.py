@@ -1,7 +1,8 @@
 """The ``trainvitals`` command: ``serve`` runs the server, ``demo`` a real training run,
 ``token`` manages access tokens, ``db upgrade`` migrates the database, ``notify-test`` checks
 a notification channel, ``runs`` lists runs, ``export`` writes a run's series (or several
-runs') to a file. Without a command it prints its help.
+runs') to a file, ``sync`` delivers the frames ended processes left in their spools. Without a
+command it prints its help.
 
 This module only builds the parser; each command lives beside it (:mod:`.server`,
 :mod:`.demo`) and imports what it needs when it runs."""
@@ -278,6 +279,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         "-o", "--output", default=None, metavar="FILE", help="file to write (default stdout)"
     )
 
+    sync = commands.add_parser(
+        "sync",
+        help="deliver the frames runs left on disk when the server was away at their end",
+        description="Send the frames that ended training processes could not deliver (the "
+        "server was down, or at another address, when training ended), kept in their spool "
+        "directories, then delete each spool once the server acknowledged it all. Each run "
+        "gets every point once and its true ending. The next run started on the machine "
+        "does the same for its own server's runs. See docs/operations.md.",
+    )
+    sync.add_argument(
+        "path",
+        nargs="*",
+        metavar="PATH",
+        help="a run's spool directory, or a directory of them (default $TRAINVITALS_SPOOL_DIR, "
+        "else ~/.cache/trainvitals/spool, and the temporary directory's trainvitals-spool-USER)",
+    )
+    sync.add_argument(
+        "--server",
+        default=None,
+        help="server URL to deliver to (default: the one each run was sent to)",
+    )
+    sync.add_argument(
+        "--token",
+        default=None,
+        help="an access token with the ingest role (default $TRAINVITALS_TOKEN)",
+    )
+    sync.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list the spooled runs and what each holds; send nothing",
+    )
+
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -308,6 +341,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trainvitals.cli.export import export_command
 
         return export_command(args)
+    if args.command == "sync":
+        from trainvitals.cli.sync import sync_command
+
+        return sync_command(args)
     from trainvitals.cli.demo import demo_command
 
     return demo_command(args)
