@@ -246,6 +246,8 @@ def test_the_training_terminal_hears_its_runs_alerts_and_older_agents_are_not_se
                                  "series": series}))  # fmt: skip
             assert json.loads(old.recv(timeout=10)) == {"type": "ack", "seq": seq}
     assert alerts_of(server, "old-agent", "nonfinite")[0]["state"] == "firing"
+
+
 def test_a_loop_of_fits_leaking_between_them_raises_one_forecast_across_its_runs(
     server: ServerProcess,
 ) -> None:

@@ -16,6 +16,7 @@ Two ways to answer, depending on what is at hand when the step is seen:
 Both return a JSON-ready :class:`Report` with a one-line ``verdict``; :func:`of_step` picks
 one and never raises (what the callback and ``Monitor`` call). Imports TensorFlow: load lazily.
 """
+
 from __future__ import annotations
 
 import math

@@ -60,9 +60,7 @@ class BadStep:
             or tf_vitals.distributed()
         )
 
-    def watch(
-        self, data: Any, loss: Any, squares: Any, variables: list[Any], scaled: bool
-    ) -> Any:
+    def watch(self, data: Any, loss: Any, squares: Any, variables: list[Any], scaled: bool) -> Any:
         """Add the conditional copy to the step being traced, and return its output (None
         when the data cannot be kept): the step's vitals wait for it, so that a bad step is
         never seen on the host before its copy is. ``squares`` are the gradients' sums of
