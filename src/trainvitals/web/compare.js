@@ -204,6 +204,7 @@ class CompareView {
 
   // One run's series, whole (live: only its new points).
   add(r, name, data, live = false) {
+    if (this.set.takes(this.runs[r].id, name, data, live)) return;
     const spec = chartOf(name);
     if (!spec) return;
     const key = `${this.runs[r].id}\n${name}`;

@@ -69,6 +69,7 @@ export class GradHeatmap {
     this.drawn = "";
     this.series = new Map();
     this.xrange = null;
+    this.axis = { title: "step", key: "step", x: (step) => step };
     this.queued = false;
     this.timer = null;
     this.lastDraw = -Infinity;
@@ -76,11 +77,13 @@ export class GradHeatmap {
   }
 
   // The gradient chart's series changed: redrawn in a frame of its own, at most every two
-  // seconds (less often when it is slow to draw); a zoom at once.
-  update(series, xrange = null) {
-    const zoomed = JSON.stringify(xrange) !== JSON.stringify(this.xrange);
+  // seconds (less often when it is slow to draw); a zoom, or another x-axis, at once.
+  // axis: the gradient chart's x-axis, { title, key (changes with it), x(step) }.
+  update(series, xrange = null, axis = this.axis) {
+    const zoomed = JSON.stringify(xrange) !== JSON.stringify(this.xrange) || axis.key !== this.axis.key;
     this.series = series;
     this.xrange = xrange;
+    this.axis = axis;
     if (zoomed && this.timer != null) { clearTimeout(this.timer); this.timer = null; }
     if (this.queued || this.timer != null) return;
     const wait = zoomed ? 0 : liveWait(this.lastDraw, this.drawCost, REDRAW_MS);
@@ -96,7 +99,7 @@ export class GradHeatmap {
   draw() {
     this.queued = false;
     const start = this.lastDraw = performance.now();
-    const { series, xrange } = this;
+    const { series, xrange, axis } = this;
     // Layers in natural order (dense_2 before dense_10), as a model lists them mostly.
     const names = [...series.keys()].filter((name) => name.startsWith(GRAD_NORM_PREFIX))
       .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
@@ -108,10 +111,12 @@ export class GradHeatmap {
       if (step.length) { first = Math.min(first, step[0]); last = Math.max(last, step[step.length - 1]); }
     }
     if (!Number.isFinite(first)) return;
-    const key = `${names.length}:${first}:${last}:${this.marked.join()}:${JSON.stringify(xrange)}`;
+    const key = `${names.length}:${first}:${last}:${this.marked.join()}:${JSON.stringify(xrange)}:${axis.key}`;
     if (key === this.drawn) return;
     this.drawn = key;
-    const { x, z } = heatmapCells(layers, first, last);
+    const cells = heatmapCells(layers, first, last);
+    const { z } = cells;
+    const x = cells.x.map(axis.x);
     const short = names.map((name) => name.slice(GRAD_NORM_PREFIX.length));
     const marked = new Set(this.marked);
     // plotly reads tick labels and hover text as HTML: names are escaped (the rows' names too, which
@@ -126,10 +131,13 @@ export class GradHeatmap {
     });
     Object.assign(layout.yaxis, { automargin: true, tickvals: rows, ticktext, tickfont: { size: 10 }, autorange: "reversed" });
     if (xrange) Object.assign(layout.xaxis, { range: [...xrange], autorange: false });
+    layout.xaxis.title = { text: axis.title };
+    if (x[0] instanceof Date) layout.xaxis.type = "date";
     Plotly.react(this.plot, [{
       type: "heatmap", x, y: rows, z, colorscale: "Viridis", hoverongaps: false,
       colorbar: { title: { text: "log₁₀" }, thickness: 10 },
-      hovertemplate: "%{y}<br>step %{x:.0f}<br>norm 10^%{z:.2f}<extra></extra>",
+      customdata: z.map((row) => row.map((_, i) => Math.round(cells.x[i]))),
+      hovertemplate: "%{y}<br>step %{customdata}<br>norm 10^%{z:.2f}<extra></extra>",
     }], layout, PLOT_CONFIG);
     this.card.dataset.layers = String(names.length);
     this.card.dataset.marked = [...marked].filter((name) => short.includes(name)).join(",");

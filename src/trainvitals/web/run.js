@@ -165,7 +165,9 @@ export class RunPage {
   onLive(message) {
     this.job?.onLive(message);
     if (message.type === "points" && message.run_id === this.runId) {
-      for (const [name, data] of Object.entries(message.series)) this.chartFor(name)?.extend(name, data);
+      for (const [name, data] of Object.entries(message.series)) {
+        if (!this.set.takes(this.runId, name, data, true)) this.chartFor(name)?.extend(name, data);
+      }
     } else if (message.type === "deleted" && message.run_id === this.runId) {
       this.showDeleted();
     } else if (message.type === "runs") {
@@ -314,7 +316,11 @@ export class RunPage {
       this.heatmap.setAlerts([...(this.alertList?.alerts.values() ?? [])]);
       this.set.filterSoon(); // the chart filter hides it with its chart (cardsAfter)
     }
-    this.heatmap.update(gradients.series, this.set.view.xaxis === "step" ? gradients.xrange : null);
+    // Its columns on the gradient chart's x-axis, whichever it is.
+    const along = gradients.has(GRAD_GLOBAL_NORM) ? GRAD_GLOBAL_NORM : gradients.series.keys().next().value;
+    this.heatmap.update(gradients.series, gradients.xrange, {
+      title: gradients.xTitle(), key: JSON.stringify(gradients.view.xaxis), x: (step) => gradients.xAtStep(step, along),
+    });
   }
 
   // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file the
@@ -389,7 +395,9 @@ export class RunPage {
   // names: the series to (re)load; none means every series of the run.
   async reload(names = []) {
     const { series } = await getSeries(this.runId, names);
-    for (const [name, data] of Object.entries(series)) this.chartFor(name)?.setSeries(name, data);
+    for (const [name, data] of Object.entries(series)) {
+      if (!this.set.takes(this.runId, name, data)) this.chartFor(name)?.setSeries(name, data);
+    }
   }
 
   reloadLater(name) { // a trace grew long: swap it for a downsampled copy
