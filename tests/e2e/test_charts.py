@@ -51,7 +51,8 @@ def charted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
     server = ServerProcess(db)
     try:
         run = Run(resolve(server=server.url, project="charts", run_name="explodes"),
-                  system_metrics=False, watchdog=False)  # fmt: skip
+                  system_metrics=False, watchdog=False,
+                  env={"host": {"memory_limit": 25276502016, "cpu_count": 2}})  # fmt: skip
         run.start()
         for step in range(1, STEPS + 1):
             values = {"loss": loss_at(step), "grad/global_norm": 1.0 + step % 7, "lr": LR,
@@ -132,6 +133,13 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
         ["1.5e17x", "4.2x", "37x"],
         ["0 GiB", "5 GiB", "10 GiB", "15 GiB", "20 GiB"],
     ]  # fmt: skip
+
+    # The Summary and the Environment write bytes as the axes do, the bytes in the title.
+    disk = page.locator('#run-summary [data-summary="host/disk_free"] td').first
+    expect(disk).to_have_text("75.7 GiB")
+    limit = page.locator("#run-env [data-bytes]")
+    expect(limit).to_have_text("23.5 GiB")
+    assert limit.get_attribute("title") == "25276502016 bytes"
 
     # The learning rate (a float32 0.001, all along) is a line on a range around it, its ticks
     # its values in full, log or linear: not plotly's ±1 and -0.00100000004749745282.

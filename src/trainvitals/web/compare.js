@@ -130,7 +130,7 @@ class CompareView {
         row.dataset.summary = name;
         this.summaryRows.set(name, row);
       }
-      syncCells(row, [`<th>${escapeHTML(name)}</th>`, ...this.runs.map((run) => summaryCell(run.metrics?.[name]))]);
+      syncCells(row, [`<th>${escapeHTML(name)}</th>`, ...this.runs.map((run) => summaryCell(run.metrics?.[name], name))]);
       return row;
     });
     for (const name of this.summaryRows.keys()) if (!names.includes(name)) this.summaryRows.delete(name);
@@ -351,10 +351,10 @@ const runHeadings = (first, runs) => [`<th>${escapeHTML(first)}</th>`, ...runs.m
 
 // A run's series summary as a cell: its last value; its least, greatest and the last's step in
 // the title.
-function summaryCell(summary) {
+function summaryCell(summary, name) {
   if (!summary) return `<td class="num muted">—</td>`;
-  const title = `min ${summaryText(summary, "min")} · max ${summaryText(summary, "max")} · last at step ${summary.step}`;
-  return `<td class="num" title="${escapeHTML(title)}">${summaryValue(summary, "last")}</td>`;
+  const title = `min ${summaryText(summary, "min", name)} · max ${summaryText(summary, "max", name)} · last at step ${summary.step}`;
+  return `<td class="num" title="${escapeHTML(title)}">${summaryValue(summary, "last", name)}</td>`;
 }
 
 // Keys as rows, runs as columns; a row whose values are not all equal is marked (and the

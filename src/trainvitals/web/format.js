@@ -1,4 +1,7 @@
-// Small display helpers shared by the views.
+// Small display helpers shared by the views, and the one number format of the dashboard:
+// bytes in binary units, numbers far from 1 in scientific notation, ticks that say their value.
+
+import { isBytes } from "./series.js";
 
 export function escapeHTML(value) {
   return String(value ?? "").replace(/[&<>"']/g, (c) => ({
@@ -96,19 +99,21 @@ export function formatRatio(x) {
   return `${scientific(x, 2)}x`;
 }
 
-// One statistic of a series' summary ({ step, last, min, max, nonfinite }) as text: a number,
-// "NaN", "+Inf" or "−Inf" for a last value that is not finite, "—" for none.
-export function summaryText(summary, stat) {
+// One statistic of series `name`'s summary ({ step, last, min, max, nonfinite }) as text: a
+// number (bytes in binary units), "NaN", "+Inf" or "−Inf" for a last value that is not finite,
+// "—" for none.
+export function summaryText(summary, stat, name = "") {
   if (stat === "last" && summary?.nonfinite) {
     return { nan: "NaN", inf: "+Inf", "-inf": "−Inf" }[summary.nonfinite] ?? summary.nonfinite;
   }
   const value = summary?.[stat];
-  return value == null ? "—" : formatNumber(value);
+  if (value == null) return "—";
+  return isBytes(name) ? formatBytes(value) : formatNumber(value);
 }
 
 // The same as HTML, a last value that is not finite marked as such.
-export function summaryValue(summary, stat) {
-  const text = escapeHTML(summaryText(summary, stat));
+export function summaryValue(summary, stat, name = "") {
+  const text = escapeHTML(summaryText(summary, stat, name));
   return stat === "last" && summary?.nonfinite ? `<span class="nonfinite">${text}</span>` : text;
 }
 

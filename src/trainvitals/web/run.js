@@ -201,9 +201,9 @@ export class RunPage {
         this.summaryRows.set(name, row);
       }
       const summary = metrics[name];
-      syncCells(row, [`<th>${escapeHTML(name)}</th>`, `<td class="num">${summaryValue(summary, "last")}</td>`,
-        `<td class="num muted">${escapeHTML(summary.step)}</td>`, `<td class="num">${summaryValue(summary, "min")}</td>`,
-        `<td class="num">${summaryValue(summary, "max")}</td>`]);
+      syncCells(row, [`<th>${escapeHTML(name)}</th>`, `<td class="num">${summaryValue(summary, "last", name)}</td>`,
+        `<td class="num muted">${escapeHTML(summary.step)}</td>`, `<td class="num">${summaryValue(summary, "min", name)}</td>`,
+        `<td class="num">${summaryValue(summary, "max", name)}</td>`]);
       return row;
     });
     if (rows.length) syncRows(body, rows);
@@ -426,10 +426,23 @@ export class RunPage {
   }
 }
 
+// Keys and values as table rows; a nested object (the environment's host) as a table in its
+// cell, and sizes (a key of memory or bytes) in binary units, the bytes in the cell's title.
 function kvRows(object) {
-  return Object.entries(object ?? {}).map(([k, v]) =>
-    `<tr><th>${escapeHTML(k)}</th><td>${escapeHTML(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
+  return Object.entries(object ?? {}).map(([k, v]) => `<tr><th>${escapeHTML(k)}</th>${kvCell(k, v)}</tr>`).join("")
     || `<tr><td class="muted">none</td></tr>`;
+}
+
+const SIZE_KEY = /memory|bytes/i;
+
+function kvCell(key, value) {
+  if (value && typeof value === "object" && !Array.isArray(value) && Object.keys(value).length) {
+    return `<td><table class="kv kv-nested">${kvRows(value)}</table></td>`;
+  }
+  if (typeof value === "number" && SIZE_KEY.test(key)) {
+    return `<td data-bytes="${escapeHTML(value)}" title="${escapeHTML(value)} bytes">${escapeHTML(formatBytes(value))}</td>`;
+  }
+  return `<td>${escapeHTML(typeof value === "object" ? JSON.stringify(value) : value)}</td>`;
 }
 
 // The memory and GPU readings last stored before the run ended: the evidence of how it died.

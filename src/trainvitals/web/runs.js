@@ -98,9 +98,9 @@ function metricColumns(state) {
   });
 }
 
-function metricCell(summary, { stat }) {
+function metricCell(summary, { stat, name }) {
   if (!summary) return `<td class="num metric-cell muted">—</td>`;
-  const shown = summaryValue(summary, stat);
+  const shown = summaryValue(summary, stat, name);
   const title = stat === "last" ? `at step ${summary.step}` : `${stat} of the finite values; last step ${summary.step}`;
   return `<td class="num metric-cell" title="${escapeHTML(title)}">${shown}</td>`;
 }
