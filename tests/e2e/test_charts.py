@@ -575,7 +575,7 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
         """() => document.querySelector('[data-chart="grad_norm"] .plot').data
                  .some((t) => t.name === 'grad/norm/dense_25/kernel')"""
     )
-    # At 1400 px its legend is under the plot, not over it, and twelve decades of norms are
+    # At 1400 px its legend is under the plot and its x-axis' title, over neither, and twelve decades of norms are
     # labelled a few decades apart, no label on another.
     boxes = grad.evaluate(
         """(card) => {
@@ -583,9 +583,11 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
                                    return [r.left, r.top, r.right, r.bottom]; };
              return { plot: box(card.querySelector('.nsewdrag')),
                       legend: box(card.querySelector('.legend')),
+                      title: box(card.querySelector('.g-xtitle')),
                       ticks: [...card.querySelectorAll('.ytick text')].map(box) }; }"""
     )
     assert boxes["legend"][1] >= boxes["plot"][3]  # its top under the plot's bottom
+    assert boxes["legend"][1] >= boxes["title"][3]  # and under the x-axis' title
     ticks = sorted(boxes["ticks"], key=lambda b: b[1])
     assert 3 <= len(ticks) <= 8
     assert all(upper[3] <= lower[1] for upper, lower in pairwise(ticks))

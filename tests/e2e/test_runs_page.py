@@ -304,6 +304,62 @@ def test_open_pages_follow_a_run_live_its_health_and_its_points(
         assert run.finish()
 
 
+def test_compared_charts_have_a_legend_an_epoch_axis_and_layers_to_choose(
+    server: ServerProcess, browser: Any
+) -> None:
+    """Which run and which series a line is, in a legend under the plot (not over its axis'
+    title); the runs' gradient norms, each layer one tick away; epochs on the x-axis."""
+    runs = []
+    for name in ("wide", "deep"):
+        run = Run(resolve(server=server.url, project="compared", run_name=name),
+                  system_metrics=False, watchdog=False)  # fmt: skip
+        run.start()
+        for step in range(1, 41):
+            values = {"loss": 1.0 / step, "grad/global_norm": 2.0, "host/rss": 300.0 * 2**20,
+                      "grad/norm/d0/kernel": 1.0, "grad/norm/d1/kernel": 0.5}  # fmt: skip
+            if step % 20 == 0:
+                epoch = {"epoch": step // 20, "epoch/loss": 2.0 / step, "val_loss": 3.0 / step}
+                values.update(epoch)
+            run.log(step, values)
+        assert run.finish()
+        runs.append(run)
+    page = open_page(server, browser, f"/#/compare?runs={runs[0].id},{runs[1].id}&x=epoch")
+    loss = page.locator('[data-chart="loss"]')
+    expect(loss).to_have_attribute("data-drawn", "88")
+    entries = loss.locator(".legendtext").all_text_contents()
+    series = ("loss", "epoch/loss", "val_loss")
+    assert sorted(entries) == sorted(f"{r} · {s}" for r in ("wide", "deep") for s in series)
+    dashes = loss.locator(".plot").evaluate("(plot) => plot.data.map((t) => [t.name, t.line.dash])")
+    assert dict(dashes)["wide · val_loss"] == "dash" and dict(dashes)["wide · epoch/loss"] == "dot"
+    boxes = loss.evaluate(
+        """(card) => [card.querySelector('.g-xtitle'), card.querySelector('.legend')]
+                        .map((el) => el.getBoundingClientRect()).map((r) => [r.top, r.bottom])"""
+    )
+    assert boxes[0][1] <= boxes[1][0], boxes  # the axis' title above the legend, apart
+    # Epochs: epoch 2 ends at x = 2, on every run.
+    assert loss.locator(".plot").evaluate("(plot) => plot.layout.xaxis.title.text") == "epoch"
+    ends = loss.locator(".plot").evaluate("(plot) => plot.data.map((t) => t.x.at(-1))")
+    assert ends == [pytest.approx(2)] * 6, ends
+    # Each run's global norm; its layers in the list under the chart, named with their run.
+    grad = page.locator('[data-chart="grad_norm"]')
+    expect(grad.locator(".series-picker summary")).to_have_text("Layers: 0 of 4 drawn")
+    drawn = grad.locator(".plot").evaluate("(plot) => plot.data.map((t) => t.name)")
+    assert sorted(drawn) == ["deep · grad/global_norm", "wide · grad/global_norm"], drawn
+    labels = grad.locator(".series-picker label").all_text_contents()
+    assert [label.strip() for label in labels][:2] == ["deep · d0/kernel", "deep · d1/kernel"]
+    grad.locator(".series-picker summary").click()
+    grad.locator(".series-picker input").first.check()
+    expect(grad.locator(".series-picker summary")).to_have_text("Layers: 1 of 4 drawn")
+    # Bytes in binary units here too.
+    memory = page.locator('[data-chart="host_memory"]')
+    memory.scroll_into_view_if_needed()
+    expect(memory.locator(".ytick text").first).to_have_text(re.compile(r" MiB$"))
+    expect(page.locator('#summary-compare tr[data-summary="host/rss"] td').first).to_have_text(
+        "300 MiB"
+    )
+    assert not page.errors, page.errors
+
+
 #: Selects the text of an element, as a drag of the mouse over it would.
 SELECT_TEXT = """(element) => {
   const range = document.createRange();

@@ -163,7 +163,7 @@ const LAYOUT = {
   height: 260,
   showlegend: true,
   legend: { orientation: "h", y: 1.12, x: 0 },
-  xaxis: { title: { text: "step" }, zeroline: false },
+  xaxis: { title: { text: "step", standoff: 6 }, zeroline: false, automargin: true },
   yaxis: { zeroline: false, automargin: true },
   paper_bgcolor: "rgba(0,0,0,0)",
   plot_bgcolor: "rgba(0,0,0,0)",
@@ -631,7 +631,9 @@ export class Chart {
     const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height, showlegend: this.spec.legend !== false });
     layout.datarevision = ++this.revision;
     // Under the plot, a legend of any length pushes the plot up rather than covering it.
-    if (this.spec.legend === "below") layout.legend = { orientation: "h", x: 0, y: -0.22, yanchor: "top" };
+    // At the figure's foot (not the plot's, where the x-axis' title is), the plot's margin
+    // made room for it.
+    if (this.spec.legend === "below") layout.legend = { orientation: "h", x: 0, y: 0, yref: "container", yanchor: "bottom" };
     layout.xaxis.title.text = this.xTitle();
     if (this.view.xaxis === "wall") layout.xaxis.type = "date";
     if (this.xrange) Object.assign(layout.xaxis, { range: [...this.xrange], autorange: false });
@@ -650,7 +652,8 @@ export class Chart {
     // Ticks that say their value: on a log axis the decades (and 2, 5) in full, bytes in binary
     // units; else plotly's, in scientific notation past a million, never an SI prefix.
     const ticks = log ? logTicks(range ?? fullRange(values, true)) : this.spec.bytes ? byteTicks(range) : null;
-    Object.assign(layout.yaxis, ticks ? { tickmode: "array", ...ticks } : { exponentformat: "e" }, { hoverformat: ".4~g" });
+    Object.assign(layout.yaxis, ticks ? { tickmode: "array", ...ticks } : { exponentformat: "e", dtick: log ? 1 : undefined },
+      { hoverformat: ".4~g" });
     this.card.dataset.clipped = String(Boolean(range) && !steady(values));
     this.card.dataset.log = String(log);
     const { shapes, annotations } = this.markings();
@@ -705,8 +708,9 @@ export class Chart {
   drawPicks() {
     const picks = this.card.querySelector(".picks");
     if (!picks) return;
+    const label = (name) => this.pickLabel?.(name) ?? this.spec.pick(name);
     const names = [...this.series.keys()].filter((name) => this.picks(name))
-      .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+      .sort((a, b) => label(a).localeCompare(label(b), undefined, { numeric: true }));
     const shown = names.filter((name) => this.visible.get(name) === true);
     const key = JSON.stringify([names, shown]);
     if (key === this.picked) return;
@@ -714,7 +718,7 @@ export class Chart {
     this.card.querySelector(".series-picker summary").textContent = `${this.spec.pickTitle}: ${shown.length} of ${names.length} drawn`;
     const drawn = new Set(shown);
     picks.innerHTML = names.map((name) => `<label><input type="checkbox" data-series="${escapeHTML(name)}"${drawn.has(name) ? " checked" : ""}>
-      <span class="swatch" style="background:${this.pickColour(name)}"></span>${escapeHTML(this.pickLabel?.(name) ?? this.spec.pick(name))}</label>`).join("");
+      <span class="swatch" style="background:${this.pickColour(name)}"></span>${escapeHTML(label(name))}</label>`).join("");
   }
 
   destroy() {
