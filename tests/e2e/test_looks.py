@@ -8,6 +8,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -26,8 +27,13 @@ def nan_run(server: ServerProcess, project: str) -> Run:
     run = Run(dataclasses.replace(config, stall_floor=24 * 3600.0),
               system_metrics=False, watchdog=False)  # fmt: skip
     run.start()
-    run.log(1, {"loss": 0.5})
-    run.log(2, {"loss": float("nan"), "nonfinite/loss": 1.0})
+    # The nlp run's layers have long names, as a Keras model's paths do: the heatmap's labels
+    # on a phone.
+    layers = {f"grad/norm/model/encoder/block_{i}/dense/kernel": 0.1 * (i + 1) for i in range(12)}
+    if project != "nlp":
+        layers = {}
+    run.log(1, {"loss": 0.5, "host/rss": 812.0 * 2**20, **layers})
+    run.log(2, {"loss": float("nan"), "nonfinite/loss": 1.0, **layers})
     return run
 
 
@@ -157,7 +163,7 @@ def test_a_phone_never_scrolls_sideways(
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     chart = '[data-chart="loss"] .main-svg'
     for path, ready in (("/", "tr.run-row"), ("/#/alerts", ".alert-item"),
-                        (f"/#/runs/{vision}", chart),
+                        (f"/#/runs/{nlp}", chart),
                         (f"/#/compare?runs={vision},{nlp}", chart)):  # fmt: skip
         page.goto(server.url + path)
         page.locator(ready).first.wait_for()
@@ -171,6 +177,28 @@ def test_a_phone_never_scrolls_sideways(
                      .map((b) => b.outerHTML.slice(0, 80))"""
         )
         assert outside == [], path
+        # No badge clipped: each holds its text and lies inside the screen and its table's box.
+        page.locator("main .badge").first.wait_for()
+        assert page.evaluate(CLIPPED_BADGES) == [], path
+        if "runs/" in path or "compare" in path:  # a summary's values are never cut off
+            rows = "#run-summary tr[data-summary], #summary-compare tr[data-summary]"
+            page.locator(rows).first.wait_for()
+            cut = page.evaluate(
+                """() => [...document.querySelectorAll('#run-summary, #summary-compare')]
+                         .map((table) => [table.scrollWidth, table.parentElement.clientWidth])
+                         .filter(([wide, box]) => wide > box + 1)"""
+            )
+            assert cut == [], (path, cut)
+        if "runs/" in path:  # the layers' heatmap keeps the card's width, its labels apart
+            heatmap = page.locator('[data-chart="grad_heatmap"]')
+            expect(heatmap).to_have_attribute("data-layers", "12")
+            heatmap.scroll_into_view_if_needed()
+            expect(heatmap.locator(".ytick text")).to_have_count(12)
+            boxes = heatmap.evaluate(HEATMAP_BOXES)
+            assert boxes["map"] >= 0.6 * boxes["card"], boxes
+            labels = sorted(boxes["labels"], key=lambda label: label[1])
+            assert all(upper[3] <= lower[1] + 0.5 for upper, lower in pairwise(labels)), labels
+            assert all(label[0] >= boxes["left"] for label in labels), boxes
         if path == "/":  # how each run ended, and its health, without scrolling the table
             # Found and measured in one task of the page: a runs push replaces a cell whose
             # content changed (the two NaN runs are live), and a cell found by one call and
@@ -189,6 +217,29 @@ def test_a_phone_never_scrolls_sideways(
             assert min(texts) >= 220, texts
     assert not errors, errors
 
+
+#: The badges shown whose text overflows them, or that lie past the screen's or their table's
+#: right edge.
+CLIPPED_BADGES = """() => [...document.querySelectorAll('.badge')]
+  .filter((badge) => badge.offsetParent)
+  .filter((badge) => {
+    const box = badge.getBoundingClientRect();
+    const scroll = badge.closest('.table-scroll')?.getBoundingClientRect();
+    return badge.scrollWidth > badge.clientWidth + 1 || box.right > innerWidth + 0.5
+      || (scroll && box.right > scroll.right + 0.5);
+  }).map((badge) => badge.outerHTML.slice(0, 80))"""
+
+#: The heatmap card's width, its map's, its left edge, and its labels' boxes (left, top, right,
+#: bottom).
+HEATMAP_BOXES = """(card) => {
+  const box = (el) => {
+    const r = el.getBoundingClientRect();
+    return [r.left, r.top, r.right, r.bottom];
+  };
+  return { card: card.clientWidth, left: card.getBoundingClientRect().left,
+           map: card.querySelector('.nsewdrag').getBoundingClientRect().width,
+           labels: [...card.querySelectorAll('.ytick text')].map(box) };
+}"""
 
 #: The right edge of the first run row's status cell, or null while there is none drawn.
 STATUS_CELL_RIGHT = """() => {

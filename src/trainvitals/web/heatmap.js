@@ -9,6 +9,14 @@ import { GRAD_NORM_PREFIX } from "./series.js";
 const COLUMNS = 300; // step buckets: each cell shows the largest norm of its steps
 const ROW_PX = 14;
 const REDRAW_MS = 2000; // the shortest time between two redraws while points stream (an overview)
+const NARROW_PX = 560; // a card narrower (a phone) shortens the layers' names, its colour bar under the map
+const SHORT_NAME = 14; // characters of a layer's name kept on a narrow card (its end: the layer and kind)
+
+// A layer's name as a narrow card shows it: its end, where the names of a model's layers
+// differ ("…dense_3/kernel"); the hover says it whole.
+function shortName(name) {
+  return name.length <= SHORT_NAME ? name : `…${name.slice(-(SHORT_NAME - 1))}`;
+}
 
 // The variables an alert about gradients names: the early layer that vanishes, the layers
 // that explode.
@@ -111,7 +119,7 @@ export class GradHeatmap {
       if (step.length) { first = Math.min(first, step[0]); last = Math.max(last, step[step.length - 1]); }
     }
     if (!Number.isFinite(first)) return;
-    const key = `${names.length}:${first}:${last}:${this.marked.join()}:${JSON.stringify(xrange)}:${axis.key}`;
+    const key = `${names.length}:${first}:${last}:${this.marked.join()}:${JSON.stringify(xrange)}:${axis.key}:${this.card.clientWidth < NARROW_PX}`;
     if (key === this.drawn) return;
     this.drawn = key;
     const cells = heatmapCells(layers, first, last);
@@ -122,10 +130,13 @@ export class GradHeatmap {
     // plotly reads tick labels and hover text as HTML: names are escaped (the rows' names too, which
     // the hover shows); the layers an alert names are bold.
     const rows = short.map(plotText);
-    const ticktext = short.map((name, i) => (marked.has(name) ? `<b>▶ ${rows[i]}</b>` : rows[i]));
+    // On a phone the names took the card's width and left the map ~90 px.
+    const narrow = this.card.clientWidth < NARROW_PX;
+    const labels = narrow ? short.map((name) => plotText(shortName(name))) : rows;
+    const ticktext = short.map((name, i) => (marked.has(name) ? `<b>▶ ${labels[i]}</b>` : labels[i]));
     const layout = themed({
       ...structuredClone(PLOT_LAYOUT),
-      height: Math.max(200, 60 + ROW_PX * names.length),
+      height: Math.max(200, 60 + ROW_PX * names.length + (narrow ? 40 : 0)),
       showlegend: false,
       margin: { ...PLOT_LAYOUT.margin, l: 12 },
     });
@@ -135,7 +146,9 @@ export class GradHeatmap {
     if (x[0] instanceof Date) layout.xaxis.type = "date";
     Plotly.react(this.plot, [{
       type: "heatmap", x, y: rows, z, colorscale: "Viridis", hoverongaps: false,
-      colorbar: { title: { text: "log₁₀" }, thickness: 10 },
+      colorbar: narrow
+        ? { title: { text: "log₁₀", side: "right" }, thickness: 8, orientation: "h", y: 0, yref: "container", yanchor: "bottom", len: 1 }
+        : { title: { text: "log₁₀" }, thickness: 10 },
       customdata: z.map((row) => row.map((_, i) => Math.round(cells.x[i]))),
       hovertemplate: "%{y}<br>step %{customdata}<br>norm 10^%{z:.2f}<extra></extra>",
     }], layout, PLOT_CONFIG);

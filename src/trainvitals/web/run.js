@@ -42,7 +42,7 @@ const LAYOUT = `
   <div id="run-job"></div>
   <details class="panel" open><summary>Summary <span class="muted">each series' last, least and greatest value</span></summary>
     <div class="table-scroll"><table class="kv summary-table" id="run-summary">
-      <thead><tr><th>series</th><th class="num">last</th><th class="num">at step</th><th class="num">min</th><th class="num">max</th></tr></thead>
+      <thead><tr><th>series</th><th class="num">last</th><th class="num at-step">at step</th><th class="num">min</th><th class="num">max</th></tr></thead>
       <tbody id="run-summary-body"></tbody></table></div></details>
   <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
   <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
@@ -202,7 +202,7 @@ export class RunPage {
       }
       const summary = metrics[name];
       syncCells(row, [`<th>${escapeHTML(name)}</th>`, `<td class="num">${summaryValue(summary, "last", name)}</td>`,
-        `<td class="num muted">${escapeHTML(summary.step)}</td>`, `<td class="num">${summaryValue(summary, "min", name)}</td>`,
+        `<td class="num muted at-step">${escapeHTML(summary.step)}</td>`, `<td class="num">${summaryValue(summary, "min", name)}</td>`,
         `<td class="num">${summaryValue(summary, "max", name)}</td>`]);
       return row;
     });
