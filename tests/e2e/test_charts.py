@@ -505,7 +505,7 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
     for step in range(1, 201):
         norms = {f"grad/norm/{name}": 10.0 ** -(i % 9) for i, name in enumerate(layers)}
         norms["grad/norm/sigmoid_0/kernel"] = 1e-12  # the layer that vanishes
-        run.log(step, {"loss": 1.0 / step, "grad/global_norm": 1.0, **norms})
+        run.log(step, {"loss": 1.0 / step, "grad/global_norm": 1.0, "nonfinite/loss": 0.0, **norms})
     assert run.finish()
     vanishing = {
         "id": "v1", "run_id": run.id, "project": "charts", "run_name": "deep",
@@ -514,10 +514,14 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
         "time": 1.7e9, "resolved_time": None, "count": 1, "updated_time": 1.7e9,
         "evidence": {"early_variable": "sigmoid_0/kernel", "ratio": 1e-12},
     }  # fmt: skip
+    # Alerts a few steps apart, marked on the loss chart: their labels must not pile up.
+    close = [{**vanishing, "id": f"n{step}", "rule": rule, "step": step, "message": f"at {step}"}
+             for step, rule in ((100, "stall"), (101, "stall"), (102, "stall"),
+                                (103, "loss_divergence"))]  # fmt: skip
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     # The detection issue's alert, as the server will send it for this run.
     page.route(f"**/api/v1/runs/{run.id}/alerts*",
-               lambda route: route.fulfill(json={"alerts": [vanishing]}))  # fmt: skip
+               lambda route: route.fulfill(json={"alerts": [vanishing, *close]}))  # fmt: skip
     page.goto(f"{server.url}/#/runs/{run.id}")
     heatmap = page.locator('[data-chart="grad_heatmap"]')
     expect(heatmap).to_have_attribute("data-layers", "27")
@@ -533,6 +537,23 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
     )
     assert empty == [], empty
     expect(heatmap).to_have_attribute("data-marked", "sigmoid_0/kernel")
+    # One label for the alerts of one rule that would touch, another rule's a row lower: none
+    # over another (four labels were drawn on one spot, garbled).
+    expect(page.locator('[data-chart="loss"]')).to_have_attribute("data-alert-markers", "4")
+    labels = page.locator('[data-chart="loss"] .annotation')
+    expect(labels).to_have_count(2)
+    assert sorted(labels.all_text_contents()) == ["loss_divergence", "stall \u00d73"]
+    first, second = labels.evaluate_all(
+        """(labels) => labels.map((el) => { const r = el.getBoundingClientRect();
+                                            return [r.left, r.top, r.right, r.bottom]; })"""
+    )
+    apart = first[2] <= second[0] or second[2] <= first[0]
+    assert apart or first[3] <= second[1] or second[3] <= first[1], (first, second)
+    # Counts that stay 0 say so, not four flat lines on -1 to 1.
+    nonfinite = page.locator('[data-chart="nonfinite"]')
+    expect(nonfinite).to_have_attribute("data-quiet", "true")
+    expect(nonfinite.locator(".annotation")).to_have_text("no NaN/Inf so far")
+    assert texts(page, "nonfinite", "ytick") == ["0"]
     rows = plot(page, "grad_heatmap", "plot.data[0].y")
     assert rows == layers
     assert plot(page, "grad_heatmap", "plot.data[0].z.length") == 27
@@ -575,8 +596,8 @@ def test_every_layer_is_on_the_heatmap_and_the_one_an_alert_names_is_marked(
         """() => document.querySelector('[data-chart="grad_norm"] .plot').data
                  .some((t) => t.name === 'grad/norm/dense_25/kernel')"""
     )
-    # At 1400 px its legend is under the plot and its x-axis' title, over neither, and twelve decades of norms are
-    # labelled a few decades apart, no label on another.
+    # At 1400 px its legend is under the plot and its x-axis' title, over neither, and twelve
+    # decades of norms are labelled a few decades apart, no label on another.
     boxes = grad.evaluate(
         """(card) => {
              const box = (el) => { const r = el.getBoundingClientRect();

@@ -29,7 +29,9 @@ def nan_run(server: ServerProcess, project: str) -> Run:
     run.start()
     # The nlp run's layers have long names, as a Keras model's paths do: the heatmap's labels
     # on a phone.
+    # Its loss chart's legend is three series wide (the toolbar covered it).
     layers = {f"grad/norm/model/encoder/block_{i}/dense/kernel": 0.1 * (i + 1) for i in range(12)}
+    layers.update({"val_loss": 0.6, "epoch/loss": 0.55})
     if project != "nlp":
         layers = {}
     run.log(1, {"loss": 0.5, "host/rss": 812.0 * 2**20, **layers})
@@ -189,6 +191,19 @@ def test_a_phone_never_scrolls_sideways(
                          .filter(([wide, box]) => wide > box + 1)"""
             )
             assert cut == [], (path, cut)
+        if "runs/" in path:  # plotly's toolbar, shown on hover, covers no legend nor button
+            loss = page.locator('[data-chart="loss"]')
+            loss.locator(".plot").hover()
+            expect(loss.locator(".modebar")).to_be_visible()
+            boxes = loss.evaluate(
+                """(card) => ['.modebar', '.legend', '.chart-tools'].map((s) => {
+                     const r = card.querySelector(s).getBoundingClientRect();
+                     return [r.left, r.top, r.right, r.bottom]; })"""
+            )
+            toolbar = boxes[0]
+            for other in boxes[1:]:
+                assert (toolbar[2] <= other[0] or other[2] <= toolbar[0]
+                        or toolbar[3] <= other[1] or other[3] <= toolbar[1]), boxes  # fmt: skip
         if "runs/" in path:  # the layers' heatmap keeps the card's width, its labels apart
             heatmap = page.locator('[data-chart="grad_heatmap"]')
             expect(heatmap).to_have_attribute("data-layers", "12")

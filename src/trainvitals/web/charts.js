@@ -36,7 +36,11 @@ const GROUPS = [
   // The optimizer's own state, read in the train step: not a Keras running mean.
   { id: LR, title: "learning rate", rank: RANK.stepTime, log: true, holds: (name) => name === LR },
   { id: LOSS_SCALE, title: "loss scale", rank: RANK.stepTime, log: true, holds: (name) => name === LOSS_SCALE },
-  { id: "nonfinite", title: "NaN/Inf count", rank: RANK.nonfinite, holds: (name) => name.startsWith(NONFINITE_PREFIX) },
+  // Counts that stay 0 in a healthy run: said in words, not four flat lines on -1 to 1.
+  {
+    id: "nonfinite", title: "NaN/Inf count", rank: RANK.nonfinite, holds: (name) => name.startsWith(NONFINITE_PREFIX),
+    quiet: "no NaN/Inf so far",
+  },
   { id: "host_memory", title: "host memory", rank: RANK.host, bytes: true, holds: (name) => HOST_MEMORY.has(name) },
   { id: "host_cpu", title: "process CPU % (100: one core)", rank: RANK.host, holds: (name) => name === HOST_CPU_PERCENT },
   { id: "host_cpu_temp", title: "host CPU temperature (°C)", rank: RANK.host, holds: (name) => name === HOST_CPU_TEMP },
@@ -169,6 +173,9 @@ const LAYOUT = {
   plot_bgcolor: "rgba(0,0,0,0)",
   font: { family: "system-ui, sans-serif", size: 12 },
   hovermode: "x unified",
+  // Upright at the plot's right: along the top it covered the legend (and, wrapped, the
+  // chart's own buttons).
+  modebar: { orientation: "v" },
 };
 
 // The data of a self-hosted tool never leaves it: no "Share chart" button (recent plotly.js
@@ -539,7 +546,7 @@ export class Chart {
   }
 
   markings() {
-    const shapes = [], annotations = [];
+    const shapes = [], annotations = this.markerLabels();
     let forecasts = 0;
     for (const alert of this.alerts) {
       if (alert.step == null) continue;
@@ -549,10 +556,6 @@ export class Chart {
       shapes.push({
         type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
         line: { color: colour, width: 1.5, dash: firing ? "solid" : "dot" }, opacity: firing ? 0.9 : 0.5,
-      });
-      annotations.push({
-        x, xref: "x", y: 1, yref: "paper", xanchor: "left", yanchor: "top", showarrow: false,
-        text: plotText(alert.rule), hovertext: plotText(alert.message), font: { size: 10, color: colour },
       });
       const forecast = alert.evidence?.forecast;
       if (!firing || alert.rule !== "oom_forecast" || !forecast || chartOf(forecast.series)?.id !== this.id) continue;
@@ -570,6 +573,54 @@ export class Chart {
       forecasts += 1;
     }
     return { shapes, annotations, forecasts };
+  }
+
+  // The alerts' labels at the top of their lines, none over another: the labels of one rule
+  // that would touch are one ("nonfinite ×3", its messages on hover), and a label that would
+  // touch another rule's goes a row lower. Widths are guessed from the plot's width and the
+  // x-axis' span (plotly has not laid them out yet).
+  markerLabels() {
+    const marked = this.alerts.filter((alert) => alert.step != null)
+      .map((alert) => ({ alert, x: this.xOf(alert.step, alert.time, { run: alert.run_id }) }))
+      .map((mark) => ({ ...mark, at: Number(mark.x) }))
+      .sort((a, b) => a.at - b.at);
+    if (!marked.length) return [];
+    const [lo, hi] = this.xSpan(marked.map((mark) => mark.at));
+    const pixels = Math.max(100, this.plot.clientWidth - 80) / (hi - lo || 1); // per x unit
+    const width = (text) => (7 * text.length + 10) / pixels; // in x units, 10 px type
+    const labels = [];
+    for (const mark of marked) {
+      const same = labels.find((label) => label.rule === mark.alert.rule && mark.at <= label.at + width(label.text()));
+      if (same) { same.marks.push(mark); continue; }
+      labels.push({ rule: mark.alert.rule, at: mark.at, marks: [mark],
+        text() { return this.marks.length > 1 ? `${this.rule} ×${this.marks.length}` : this.rule; } });
+    }
+    const rows = []; // the right edge of each row's last label
+    return labels.map((label) => {
+      let row = rows.findIndex((edge) => edge < label.at);
+      if (row < 0) row = rows.length;
+      rows[row] = label.at + width(label.text());
+      const { alert, x } = label.marks[0];
+      return {
+        x, xref: "x", y: 1, yref: "paper", xanchor: "left", yanchor: "top", yshift: -14 * row, showarrow: false,
+        text: plotText(label.text()), hovertext: label.marks.map((mark) => plotText(mark.alert.message)).join("<br>"),
+        font: { size: 10, color: SEVERITY_COLOURS[alert.severity] ?? "#8a93a6" },
+      };
+    });
+  }
+
+  // The x-axis' span: the zoom's, or from the first point of the chart's series (or mark) to
+  // the last, in numbers (a date's milliseconds).
+  xSpan(marks) {
+    if (this.xrange) return this.xrange.map((x) => (this.view.xaxis === "wall" ? Date.parse(x) : Number(x)));
+    const xs = [...marks];
+    for (const [key, series] of this.series) {
+      const last = series.step.length - 1;
+      if (last < 0) continue;
+      const source = this.source(key);
+      xs.push(Number(this.xOf(series.step[0], series.time[0], source)), Number(this.xOf(series.step[last], series.time[last], source)));
+    }
+    return [Math.min(...xs), Math.max(...xs)];
   }
 
   // One redraw in the next animation frame, however many changes come before it; none while
@@ -647,16 +698,24 @@ export class Chart {
     // plotly's ±1 with ticks in float32's noise (-0.00100000004749745282).
     if (!range && steady(values)) range = fullRange(values, log);
     if (this.spec.bytes && !log) range = withFloor(range ?? fullRange(values));
+    const quiet = Boolean(this.spec.quiet) && values.length > 0 && values.every((v) => v === 0);
+    if (quiet) range = [-0.1, 1];
+    this.card.dataset.quiet = String(quiet);
     layout.yaxis.range = range ?? undefined;
     layout.yaxis.autorange = !range;
     // Ticks that say their value: on a log axis the decades (and 2, 5) in full, bytes in binary
     // units; else plotly's, in scientific notation past a million, never an SI prefix.
-    const ticks = log ? logTicks(range ?? fullRange(values, true)) : this.spec.bytes ? byteTicks(range) : null;
+    const ticks = quiet ? { tickvals: [0], ticktext: ["0"] }
+      : log ? logTicks(range ?? fullRange(values, true)) : this.spec.bytes ? byteTicks(range) : null;
     Object.assign(layout.yaxis, ticks ? { tickmode: "array", ...ticks } : { exponentformat: "e", dtick: log ? 1 : undefined },
       { hoverformat: ".4~g" });
     this.card.dataset.clipped = String(Boolean(range) && !steady(values));
     this.card.dataset.log = String(log);
     const { shapes, annotations } = this.markings();
+    if (quiet) {
+      annotations.push({ x: 0.5, xref: "paper", y: 0.55, yref: "paper", showarrow: false, text: plotText(this.spec.quiet),
+        font: { size: 13, color: getComputedStyle(document.documentElement).getPropertyValue("--muted").trim() || "#6b7280" } });
+    }
     return { ...layout, shapes, annotations };
   }
 
