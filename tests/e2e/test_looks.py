@@ -5,7 +5,6 @@ a 390 px phone never scrolls sideways."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Iterator
 from itertools import pairwise
@@ -98,26 +97,32 @@ def test_hints_show_code_and_evidence_three_significant_digits(
         "message": "norm <b>x</b> rose",
         "hint": "Clip with `clipnorm=1.0` in the <i>optimizer</i>.",
         "evidence": {"ratio": 1234.56789, "norms": [0.000123456, 2.5, 7],
-                     "fit": {"slope": 3.14159}},
+                     "fit": {"slope": 3.14159},
+                     "layers": [{"variable": "dense/kernel", "norm": 12.3456, "rise": 40.12},
+                                {"variable": "<b>out</b>", "norm": 0.5}]},
     }  # fmt: skip
     html = page.evaluate(
         """async (alert) => { const items = await import('/static/alert-items.js');
                               const holder = document.createElement('div');
                               holder.innerHTML = items.alertItem(alert);
                               document.body.append(holder);
+                              const text = (cells) => [...cells].map((cell) => cell.textContent);
                               return [holder.querySelector('.alert-hint').innerHTML,
                                       holder.querySelector('.alert-message').textContent,
-                                      [...holder.querySelectorAll('.alert-evidence td')]
-                                        .map((td) => td.textContent)]; }""",
+                                      text(holder.querySelectorAll('.kv > tbody > tr > td')),
+                                      [...holder.querySelectorAll('.evidence-table tr')]
+                                        .map((row) => text(row.cells))]; }""",
         alert,
     )
-    hint_html, message, evidence = html
+    hint_html, message, evidence, layers = html
     assert "<code>clipnorm=1.0</code>" in hint_html and "&lt;i&gt;optimizer&lt;/i&gt;" in hint_html
     assert message == "norm <b>x</b> rose"
-    assert evidence == [
-        "1230",
-        "0.000123, 2.5, 7",
-        json.dumps({"slope": 3.14}, separators=(",", ":")),
+    assert evidence[:3] == ["1230", "0.000123, 2.5, 7", "slope: 3.14"]
+    # A list of records (the layers that rose) is a small table, not raw JSON.
+    assert layers == [
+        ["variable", "norm", "rise"],
+        ["dense/kernel", "12.3", "40.1"],
+        ["<b>out</b>", "0.5", "—"],
     ]
 
 
