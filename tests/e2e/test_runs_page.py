@@ -234,10 +234,26 @@ def test_a_run_that_blew_up_never_looks_like_a_clean_finish(
         "rules": ["nonfinite", {"rule": "grad_explosion"}],
     }
     answer["runs"][1]["health"] = {"worst": None, "rules": []}
+    # A stall that resolved before the run finished: raised once, over now.
+    answer["runs"][2]["health"] = {"worst": "critical", "rules": ["stall"], "firing": []}
     page.route("**/api/v1/runs?*", lambda route: route.fulfill(json=answer))
-    page.goto(seeded.url + "/#/?status=finished")
+    # Columns a Keras user asks for: the table keeps to the screen, no heading cut off.
+    columns = "cols=learning_rate,batch_size&metrics=loss,min:val_loss,max:val_accuracy"
+    page.goto(seeded.url + f"/#/?status=finished&{columns}")
     first = page.locator("tr.run-row").first
     expect(first.locator("[data-health=critical]")).to_have_text("critical: nonfinite +1")
+    widths = page.locator(".runs-table").evaluate(
+        "(table) => [table.scrollWidth, table.parentElement.clientWidth]"
+    )
+    assert widths[0] <= widths[1], widths
+    # How long each ran, beside its last step.
+    expect(first.locator("td.duration")).to_have_text(re.compile(r"^\d+(\.\d)? s$"))
+    stalled = page.locator("tr.run-row").nth(2).locator("[data-health]")
+    expect(stalled).to_have_attribute("title", "raised: stall (none firing now)")
+    outlined = stalled.evaluate(
+        "(b) => [getComputedStyle(b).backgroundColor, getComputedStyle(b).color]"
+    )
+    assert outlined[0] == "rgb(255, 255, 255)" and outlined[1] != outlined[0], outlined
     assert first.locator("[data-status]").get_attribute("data-status") == "finished"
     assert page.locator("tr.run-row").nth(1).locator("[data-health]").count() == 0
     colour = first.locator("[data-health]").evaluate("(b) => getComputedStyle(b).backgroundColor")

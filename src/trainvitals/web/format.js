@@ -144,14 +144,18 @@ export function setTitle(page) {
 
 // A run's health (the worst alert it raised, firing or not) beside how it ended, so that a run
 // that blew up never looks like a clean finish. health: the server's { worst, rules, firing }
-// (docs/contract.md), absent on servers that do not report it.
+// (docs/contract.md), absent on servers that do not report it. Where the server says none of
+// them fires now (a stall that resolved, in a run that then finished), the badge is outlined:
+// raised once, over now, not a red alarm.
 export function healthBadge(health) {
   if (!health?.worst) return "";
   const rules = health.rules ?? [];
   const more = rules.length > 1 ? ` +${rules.length - 1}` : "";
   const text = rules.length ? `${health.worst}: ${rules[0]}${more}` : health.worst;
-  return ` <span class="badge health sev-${escapeHTML(health.worst)}" data-health="${escapeHTML(health.worst)}"
-    title="${escapeHTML(`raised: ${rules.join(", ") || health.worst}`)}">${escapeHTML(text)}</span>`;
+  const past = Array.isArray(health.firing) && !health.firing.length;
+  const title = `raised: ${rules.join(", ") || health.worst}${past ? " (none firing now)" : ""}`;
+  return ` <span class="badge health sev-${escapeHTML(health.worst)}${past ? " past" : ""}" data-health="${escapeHTML(health.worst)}"
+    title="${escapeHTML(title)}">${escapeHTML(text)}</span>`;
 }
 
 export function tagList(tags) {

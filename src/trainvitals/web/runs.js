@@ -9,7 +9,7 @@ import { comparePath } from "./compare.js";
 import { PLOT_RUNS, drawRunsPlot, plotAxis } from "./runs-plot.js";
 import { syncCells, syncRows } from "./rows.js";
 import { withSummary } from "./live.js";
-import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, summaryValue, tagList, workerOrder } from "./format.js";
+import { escapeHTML, formatAgo, formatDuration, formatTime, healthBadge, runPath, setTitle, statusBadge, summaryValue, tagList, workerOrder } from "./format.js";
 
 const PAGE_SIZE = 50;
 const STATUSES = ["running", "stalled", "finished", "crashed", "lost"];
@@ -161,7 +161,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
 
   // The view the list shows: the last one the server gave (a refused one changes nothing).
   let shown = { ...state };
-  const span = () => COLUMNS.length + 2 + configKeys(shown).length + metricColumns(shown).length;
+  const span = () => COLUMNS.length + 3 + configKeys(shown).length + metricColumns(shown).length;
   const isNewestFirst = () => shown.sort === "started_at" && shown.order === "desc";
 
   const sortHeading = (key, label, cls, extra = "") => {
@@ -171,6 +171,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   };
   const drawHead = () => {
     const headings = COLUMNS.map(([key, label, cls]) => sortHeading(key, label, cls));
+    // How long each ran (to its end, or to now), after its last step; the server sorts by none.
+    headings.splice(COLUMNS.findIndex(([key]) => key === "last_step") + 1, 0, '<th class="num wide-only">Duration</th>');
     const config = configKeys(shown).map((key) => `<th data-config-column="${escapeHTML(key)}">${escapeHTML(key)}</th>`);
     const metrics = metricColumns(shown).map(({ stat, name, sort }) =>
       sortHeading(sort, stat === "last" ? name : `${name} (${stat})`, "num", ` data-metric-column="${escapeHTML(sort)}"`));
@@ -199,6 +201,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       `<td>${statusBadge(run.status)}${healthBadge(run.health)}${firingBadge(firing.get(run.id))}</td>`,
       `<td class="wide-only">${escapeHTML(formatTime(run.started_at))}</td>`,
       `<td class="num last-step wide-only">${escapeHTML(run.last_step ?? "—")}</td>`,
+      `<td class="num duration wide-only">${escapeHTML(formatDuration((run.ended_at ?? run.last_seen) - run.started_at))}</td>`,
       `<td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>`,
       `<td class="wide-only">${escapeHTML(run.host)}</td>`,
       ...config,
