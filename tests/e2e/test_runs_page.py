@@ -98,8 +98,12 @@ def test_series_are_columns_of_the_list_and_its_sort_orders(
     without the series are last either way; the view is in the address."""
     page = open_page(seeded, browser)
     expect(page.locator("#page-range")).to_have_text(f"1\N{EN DASH}50 of {RUNS}")
-    page.locator("input[name=metrics]").fill("loss, min:loss, max:lr, nope")
+    # By default, the last loss and the best validation loss (none here).
     heads = page.locator("th[data-metric-column]")
+    expect(heads).to_have_text(["loss", "val_loss (min)"])
+    expect(page.locator("tr.run-row").first.locator("td.metric-cell")).to_have_text(["0.0303", "—"])
+    assert page.evaluate("location.hash") in ("", "#/")
+    page.locator("input[name=metrics]").fill("loss, min:loss, max:lr, nope")
     expect(heads).to_have_count(4)
     assert heads.all_inner_texts() == ["loss", "loss (min)", "lr (max)", "nope"]
     # run-00059 (i % 7 == 3): loss 1 / (s + 3) at steps 1..30, lr twice the loss.
@@ -145,7 +149,7 @@ def test_the_runs_are_plotted_a_point_a_run_by_a_config_value_and_a_metric(
 ) -> None:
     """TensorBoard's hyperparameter scatter: every run of the view (not one page) a point, x a
     config column or a metric column, y a metric column; the axes kept in the address."""
-    page = open_page(seeded, browser, "/#/?cols=lr")
+    page = open_page(seeded, browser, "/#/?cols=lr&metrics=")  # no metric column
     page.locator("#runs-plot summary").click()
     note = page.locator("#runs-plot-note")
     expect(note).to_have_text("Add metric columns (loss, min:val_loss) to plot the runs by them.")

@@ -21,7 +21,10 @@ const COLUMNS = [
   ["started_at", "Started", "wide-only"], ["last_step", "Last step", "num wide-only"],
   ["last_seen", "Last seen", ""], ["host", "Host", "wide-only"],
 ];
-const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: "", px: "", py: "", plog: "" };
+// The metric columns shown unless the address says otherwise (metrics= for none): the last
+// loss and the best validation loss, as W&B's table opens with the runs' summary metrics.
+const DEFAULT_METRICS = "loss, min:val_loss";
+const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: DEFAULT_METRICS, px: "", py: "", plog: "" };
 // How often, at most, an open plot of the runs is read again while they stream (ms).
 const PLOT_REFRESH = 15000;
 // A series' statistics a metric column shows, each sorted first in the order that puts the
@@ -254,7 +257,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     const ordered = [...runs.values()];
     if (!ordered.length) {
       drawn = new Map();
-      const looks = { page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: "", px: "", py: "", plog: "" };
+      const looks = { page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: DEFAULTS.metrics, px: "", py: "", plog: "" };
       const filtered = queryOf({ ...shown, ...looks }).size;
       body.innerHTML = filtered
         ? `<tr><td colspan="${span()}" class="empty">No runs match. <a href="#/">Show every run</a></td></tr>`
