@@ -198,11 +198,13 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
         """async () => { const { logTicks } = await import('/static/plotmath.js');
                          const log = Math.log10;
                          return [logTicks([log(0.8), log(0.2)]), logTicks([log(2e-5), log(6e-5)]),
+                                 logTicks([log(0.023), log(0.17)]),
                                  logTicks([-2, 0.5]), logTicks([-20, 3]), logTicks(null)]
                            .map((ticks) => ticks?.ticktext ?? null); }"""
     )
     assert spacing == [
         ["0.2", "0.4", "0.6", "0.8"], ["2e-5", "3e-5", "4e-5", "5e-5", "6e-5"],
+        ["0.03", "0.05", "0.1"],  # a step time's: not 0.04 to 0.16 crowding the top
         ["0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1", "2"],
         ["1e-20", "1e-16", "1e-12", "1e-8", "1e-4", "1"], None,
     ]  # fmt: skip

@@ -52,7 +52,7 @@ export function clippedRange(values, log = false) {
 // A log axis' ticks, each labelled with its value in full (formatTicks: 0.002, 5e-5), not
 // plotly's lone "2" and "5" between decades, whose decade nobody can tell: every decade over a
 // few, every few decades over many (an explosion spans twenty), so that labels never crowd;
-// within a decade or three, the decades and their 2 and 5; with fewer than three of those in
+// within a decade or three, the decades and their 2 and 5 (and 3); with no power of ten in
 // view (0.2 to 0.8), values a round step apart (0.2, 0.4, 0.6, 0.8). range: in decades, either
 // way round. { tickvals, ticktext }, or null for no range.
 export function logTicks(range) {
@@ -63,15 +63,21 @@ export function logTicks(range) {
   if (decades > 3) {
     const every = Math.ceil(decades / 6);
     for (let k = Math.ceil(low / every) * every; k <= high; k += every) values.push(Number(`1e${k}`));
-  } else {
-    for (let k = Math.floor(low); k <= Math.ceil(high); k++) {
-      for (const digit of [1, 2, 5]) {
-        const value = Number((digit * 10 ** k).toPrecision(1));
-        if (Math.log10(value) >= low && Math.log10(value) <= high) values.push(value);
+  } else if (Math.ceil(low) <= high) {
+    // With a power of ten in view: 1, 2 and 5 times the decades, or 1, 2, 3 and 5 where that
+    // leaves fewer than three (0.023 to 0.17: 0.03, 0.05, 0.1).
+    for (const digits of [[1, 2, 5], [1, 2, 3, 5]]) {
+      values = [];
+      for (let k = Math.floor(low); k <= Math.ceil(high); k++) {
+        for (const digit of digits) {
+          const value = Number((digit * 10 ** k).toPrecision(1));
+          if (Math.log10(value) >= low - 1e-9 && Math.log10(value) <= high + 1e-9) values.push(value);
+        }
       }
+      if (values.length >= 3) break;
     }
-    if (values.length < 3) values = linearValues(10 ** low, 10 ** high, 3);
   }
+  if (values.length < 3 && decades <= 3) values = linearValues(10 ** low, 10 ** high, 3);
   return values.length ? { tickvals: values, ticktext: formatTicks(values) } : null;
 }
 
