@@ -114,6 +114,7 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     ticks = texts(page, "disk_free", "ytick")
     assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), ticks
     assert all(re.fullmatch(r"7[56](\.\d)? GiB", tick) for tick in ticks), ticks
+    assert plot(page, "disk_free", "plot.data[0].text[0]") == "75.7 GiB"  # on hover too
     low, high = plot(page, "disk_free", "plot.layout.yaxis.range")
     assert high - low >= 0.02 * DISK_FREE
     numbers = page.evaluate(

@@ -665,7 +665,7 @@ export class Chart {
       const y = points === data.value.length ? data.value : data.value.slice(0, points);
       const trace = { legendgroup: name, ...style, name: plotText(label), x, y, type: "scatter", visible };
       // Sizes in binary units on hover too, as on the axis.
-      if (this.spec.bytes) Object.assign(trace, { text: y.map(formatBytes), hovertemplate: "%{text}" });
+      if (this.spec.bytes) Object.assign(trace, { text: this.bytesText(name, y), hovertemplate: "%{text}" });
       if (weight > 0 && smoothable(source.name)) {
         traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
         this.traceNames.push(name);
@@ -676,6 +676,20 @@ export class Chart {
       this.traceNames.push(name);
     }
     return traces;
+  }
+
+  // A series' values as sizes for its hover, kept and grown with the series' own array (a
+  // live series is formatted a point at a time, not whole at each redraw).
+  bytesText(name, y) {
+    this.byteTexts ??= new Map();
+    const kept = this.byteTexts.get(name);
+    if (kept?.y !== y || kept.text.length > y.length) {
+      const text = y.map(formatBytes);
+      this.byteTexts.set(name, { y, text });
+      return text;
+    }
+    for (let i = kept.text.length; i < y.length; i++) kept.text.push(formatBytes(y[i]));
+    return kept.text;
   }
 
   layout(traces) {
