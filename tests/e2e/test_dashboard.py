@@ -378,18 +378,21 @@ def test_an_alert_reaches_the_banner_the_run_page_and_its_charts(
         )
         assert chart_shapes(page, "loss")[0]["line"]["color"] == "#d64545"
 
-        # The alerts page: firing ones by default (none now), resolved ones on request.
+        # The alerts page: the recent alerts of every state, each with its state (the firing
+        # ones alone, none now, said "0 alerts" after a run ended); the firing ones on request.
         page.get_by_role("navigation").get_by_role("link", name="Alerts").click()
-        expect(page.locator("#alert-list .alert-empty")).to_be_visible()
-        page.get_by_label("State").select_option("resolved")
+        expect(page.get_by_label("State")).to_have_value("")
         listed = page.locator(f"#alert-list [data-alert-id='{alert['id']}']")
         expect(listed).to_contain_text("mnist / nan-batch")
-        assert page.evaluate("location.hash") == "#/alerts?state=resolved"
-        # "Any state" is kept in the address too: a reload showed the firing ones (none) again.
-        page.get_by_label("State").select_option("")
-        assert page.evaluate("location.hash") == "#/alerts?state="
+        expect(listed.locator(".alert-state")).to_have_text("resolved")
+        page.get_by_label("State").select_option("firing")
+        expect(page.locator("#alert-list .alert-empty")).to_be_visible()
+        assert page.evaluate("location.hash") == "#/alerts?state=firing"
         page.reload()
-        expect(page.get_by_label("State")).to_have_value("")
+        expect(page.get_by_label("State")).to_have_value("firing")
+        expect(page.locator("#alert-list .alert-empty")).to_be_visible()
+        page.get_by_label("State").select_option("")
+        assert page.evaluate("location.hash") == "#/alerts"
         expect(listed).to_contain_text("mnist / nan-batch")
     finally:
         run.finish()

@@ -5,9 +5,9 @@ a 390 px phone never scrolls sideways."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -26,8 +26,15 @@ def nan_run(server: ServerProcess, project: str) -> Run:
     run = Run(dataclasses.replace(config, stall_floor=24 * 3600.0),
               system_metrics=False, watchdog=False)  # fmt: skip
     run.start()
-    run.log(1, {"loss": 0.5})
-    run.log(2, {"loss": float("nan"), "nonfinite/loss": 1.0})
+    # The nlp run's layers have long names, as a Keras model's paths do: the heatmap's labels
+    # on a phone.
+    # Its loss chart's legend is three series wide (the toolbar covered it).
+    layers = {f"grad/norm/model/encoder/block_{i}/dense/kernel": 0.1 * (i + 1) for i in range(12)}
+    layers.update({"val_loss": 0.6, "epoch/loss": 0.55})
+    if project != "nlp":
+        layers = {}
+    run.log(1, {"loss": 0.5, "host/rss": 812.0 * 2**20, **layers})
+    run.log(2, {"loss": float("nan"), "nonfinite/loss": 1.0, **layers})
     return run
 
 
@@ -90,26 +97,32 @@ def test_hints_show_code_and_evidence_three_significant_digits(
         "message": "norm <b>x</b> rose",
         "hint": "Clip with `clipnorm=1.0` in the <i>optimizer</i>.",
         "evidence": {"ratio": 1234.56789, "norms": [0.000123456, 2.5, 7],
-                     "fit": {"slope": 3.14159}},
+                     "fit": {"slope": 3.14159},
+                     "layers": [{"variable": "dense/kernel", "norm": 12.3456, "rise": 40.12},
+                                {"variable": "<b>out</b>", "norm": 0.5}]},
     }  # fmt: skip
     html = page.evaluate(
         """async (alert) => { const items = await import('/static/alert-items.js');
                               const holder = document.createElement('div');
                               holder.innerHTML = items.alertItem(alert);
                               document.body.append(holder);
+                              const text = (cells) => [...cells].map((cell) => cell.textContent);
                               return [holder.querySelector('.alert-hint').innerHTML,
                                       holder.querySelector('.alert-message').textContent,
-                                      [...holder.querySelectorAll('.alert-evidence td')]
-                                        .map((td) => td.textContent)]; }""",
+                                      text(holder.querySelectorAll('.kv > tbody > tr > td')),
+                                      [...holder.querySelectorAll('.evidence-table tr')]
+                                        .map((row) => text(row.cells))]; }""",
         alert,
     )
-    hint_html, message, evidence = html
+    hint_html, message, evidence, layers = html
     assert "<code>clipnorm=1.0</code>" in hint_html and "&lt;i&gt;optimizer&lt;/i&gt;" in hint_html
     assert message == "norm <b>x</b> rose"
-    assert evidence == [
-        "1230",
-        "0.000123, 2.5, 7",
-        json.dumps({"slope": 3.14}, separators=(",", ":")),
+    assert evidence[:3] == ["1230", "0.000123, 2.5, 7", "slope: 3.14"]
+    # A list of records (the layers that rose) is a small table, not raw JSON.
+    assert layers == [
+        ["variable", "norm", "rise"],
+        ["dense/kernel", "12.3", "40.1"],
+        ["<b>out</b>", "0.5", "—"],
     ]
 
 
@@ -157,7 +170,7 @@ def test_a_phone_never_scrolls_sideways(
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     chart = '[data-chart="loss"] .main-svg'
     for path, ready in (("/", "tr.run-row"), ("/#/alerts", ".alert-item"),
-                        (f"/#/runs/{vision}", chart),
+                        (f"/#/runs/{nlp}", chart),
                         (f"/#/compare?runs={vision},{nlp}", chart)):  # fmt: skip
         page.goto(server.url + path)
         page.locator(ready).first.wait_for()
@@ -171,6 +184,41 @@ def test_a_phone_never_scrolls_sideways(
                      .map((b) => b.outerHTML.slice(0, 80))"""
         )
         assert outside == [], path
+        # No badge clipped: each holds its text and lies inside the screen and its table's box.
+        page.locator("main .badge").first.wait_for()
+        assert page.evaluate(CLIPPED_BADGES) == [], path
+        if "runs/" in path or "compare" in path:  # a summary's values are never cut off
+            rows = "#run-summary tr[data-summary], #summary-compare tr[data-summary]"
+            page.locator(rows).first.wait_for()
+            cut = page.evaluate(
+                """() => [...document.querySelectorAll('#run-summary, #summary-compare')]
+                         .map((table) => [table.scrollWidth, table.parentElement.clientWidth])
+                         .filter(([wide, box]) => wide > box + 1)"""
+            )
+            assert cut == [], (path, cut)
+        if "runs/" in path:  # plotly's toolbar, shown on hover, covers no legend nor button
+            loss = page.locator('[data-chart="loss"]')
+            loss.locator(".plot").hover()
+            expect(loss.locator(".modebar")).to_be_visible()
+            boxes = loss.evaluate(
+                """(card) => ['.modebar', '.legend', '.chart-tools'].map((s) => {
+                     const r = card.querySelector(s).getBoundingClientRect();
+                     return [r.left, r.top, r.right, r.bottom]; })"""
+            )
+            toolbar = boxes[0]
+            for other in boxes[1:]:
+                assert (toolbar[2] <= other[0] or other[2] <= toolbar[0]
+                        or toolbar[3] <= other[1] or other[3] <= toolbar[1]), boxes  # fmt: skip
+        if "runs/" in path:  # the layers' heatmap keeps the card's width, its labels apart
+            heatmap = page.locator('[data-chart="grad_heatmap"]')
+            expect(heatmap).to_have_attribute("data-layers", "12")
+            heatmap.scroll_into_view_if_needed()
+            expect(heatmap.locator(".ytick text")).to_have_count(12)
+            boxes = heatmap.evaluate(HEATMAP_BOXES)
+            assert boxes["map"] >= 0.6 * boxes["card"], boxes
+            labels = sorted(boxes["labels"], key=lambda label: label[1])
+            assert all(upper[3] <= lower[1] + 0.5 for upper, lower in pairwise(labels)), labels
+            assert all(label[0] >= boxes["left"] for label in labels), boxes
         if path == "/":  # how each run ended, and its health, without scrolling the table
             # Found and measured in one task of the page: a runs push replaces a cell whose
             # content changed (the two NaN runs are live), and a cell found by one call and
@@ -189,6 +237,29 @@ def test_a_phone_never_scrolls_sideways(
             assert min(texts) >= 220, texts
     assert not errors, errors
 
+
+#: The badges shown whose text overflows them, or that lie past the screen's or their table's
+#: right edge.
+CLIPPED_BADGES = """() => [...document.querySelectorAll('.badge')]
+  .filter((badge) => badge.offsetParent)
+  .filter((badge) => {
+    const box = badge.getBoundingClientRect();
+    const scroll = badge.closest('.table-scroll')?.getBoundingClientRect();
+    return badge.scrollWidth > badge.clientWidth + 1 || box.right > innerWidth + 0.5
+      || (scroll && box.right > scroll.right + 0.5);
+  }).map((badge) => badge.outerHTML.slice(0, 80))"""
+
+#: The heatmap card's width, its map's, its left edge, and its labels' boxes (left, top, right,
+#: bottom).
+HEATMAP_BOXES = """(card) => {
+  const box = (el) => {
+    const r = el.getBoundingClientRect();
+    return [r.left, r.top, r.right, r.bottom];
+  };
+  return { card: card.clientWidth, left: card.getBoundingClientRect().left,
+           map: card.querySelector('.nsewdrag').getBoundingClientRect().width,
+           labels: [...card.querySelectorAll('.ytick text')].map(box) };
+}"""
 
 #: The right edge of the first run row's status cell, or null while there is none drawn.
 STATUS_CELL_RIGHT = """() => {

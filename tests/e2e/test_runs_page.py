@@ -98,8 +98,12 @@ def test_series_are_columns_of_the_list_and_its_sort_orders(
     without the series are last either way; the view is in the address."""
     page = open_page(seeded, browser)
     expect(page.locator("#page-range")).to_have_text(f"1\N{EN DASH}50 of {RUNS}")
-    page.locator("input[name=metrics]").fill("loss, min:loss, max:lr, nope")
+    # By default, the last loss and the best validation loss (none here).
     heads = page.locator("th[data-metric-column]")
+    expect(heads).to_have_text(["loss", "val_loss (min)"])
+    expect(page.locator("tr.run-row").first.locator("td.metric-cell")).to_have_text(["0.0303", "—"])
+    assert page.evaluate("location.hash") in ("", "#/")
+    page.locator("input[name=metrics]").fill("loss, min:loss, max:lr, nope")
     expect(heads).to_have_count(4)
     assert heads.all_inner_texts() == ["loss", "loss (min)", "lr (max)", "nope"]
     # run-00059 (i % 7 == 3): loss 1 / (s + 3) at steps 1..30, lr twice the loss.
@@ -145,7 +149,7 @@ def test_the_runs_are_plotted_a_point_a_run_by_a_config_value_and_a_metric(
 ) -> None:
     """TensorBoard's hyperparameter scatter: every run of the view (not one page) a point, x a
     config column or a metric column, y a metric column; the axes kept in the address."""
-    page = open_page(seeded, browser, "/#/?cols=lr")
+    page = open_page(seeded, browser, "/#/?cols=lr&metrics=")  # no metric column
     page.locator("#runs-plot summary").click()
     note = page.locator("#runs-plot-note")
     expect(note).to_have_text("Add metric columns (loss, min:val_loss) to plot the runs by them.")
@@ -234,10 +238,26 @@ def test_a_run_that_blew_up_never_looks_like_a_clean_finish(
         "rules": ["nonfinite", {"rule": "grad_explosion"}],
     }
     answer["runs"][1]["health"] = {"worst": None, "rules": []}
+    # A stall that resolved before the run finished: raised once, over now.
+    answer["runs"][2]["health"] = {"worst": "critical", "rules": ["stall"], "firing": []}
     page.route("**/api/v1/runs?*", lambda route: route.fulfill(json=answer))
-    page.goto(seeded.url + "/#/?status=finished")
+    # Columns a Keras user asks for: the table keeps to the screen, no heading cut off.
+    columns = "cols=learning_rate,batch_size&metrics=loss,min:val_loss,max:val_accuracy"
+    page.goto(seeded.url + f"/#/?status=finished&{columns}")
     first = page.locator("tr.run-row").first
     expect(first.locator("[data-health=critical]")).to_have_text("critical: nonfinite +1")
+    widths = page.locator(".runs-table").evaluate(
+        "(table) => [table.scrollWidth, table.parentElement.clientWidth]"
+    )
+    assert widths[0] <= widths[1], widths
+    # How long each ran, beside its last step.
+    expect(first.locator("td.duration")).to_have_text(re.compile(r"^\d+(\.\d)? s$"))
+    stalled = page.locator("tr.run-row").nth(2).locator("[data-health]")
+    expect(stalled).to_have_attribute("title", "raised: stall (none firing now)")
+    outlined = stalled.evaluate(
+        "(b) => [getComputedStyle(b).backgroundColor, getComputedStyle(b).color]"
+    )
+    assert outlined[0] == "rgb(255, 255, 255)" and outlined[1] != outlined[0], outlined
     assert first.locator("[data-status]").get_attribute("data-status") == "finished"
     assert page.locator("tr.run-row").nth(1).locator("[data-health]").count() == 0
     colour = first.locator("[data-health]").evaluate("(b) => getComputedStyle(b).backgroundColor")
@@ -302,6 +322,62 @@ def test_open_pages_follow_a_run_live_its_health_and_its_points(
         assert not page.errors, page.errors
     for run in runs:
         assert run.finish()
+
+
+def test_compared_charts_have_a_legend_an_epoch_axis_and_layers_to_choose(
+    server: ServerProcess, browser: Any
+) -> None:
+    """Which run and which series a line is, in a legend under the plot (not over its axis'
+    title); the runs' gradient norms, each layer one tick away; epochs on the x-axis."""
+    runs = []
+    for name in ("wide", "deep"):
+        run = Run(resolve(server=server.url, project="compared", run_name=name),
+                  system_metrics=False, watchdog=False)  # fmt: skip
+        run.start()
+        for step in range(1, 41):
+            values = {"loss": 1.0 / step, "grad/global_norm": 2.0, "host/rss": 300.0 * 2**20,
+                      "grad/norm/d0/kernel": 1.0, "grad/norm/d1/kernel": 0.5}  # fmt: skip
+            if step % 20 == 0:
+                epoch = {"epoch": step // 20, "epoch/loss": 2.0 / step, "val_loss": 3.0 / step}
+                values.update(epoch)
+            run.log(step, values)
+        assert run.finish()
+        runs.append(run)
+    page = open_page(server, browser, f"/#/compare?runs={runs[0].id},{runs[1].id}&x=epoch")
+    loss = page.locator('[data-chart="loss"]')
+    expect(loss).to_have_attribute("data-drawn", "88")
+    entries = loss.locator(".legendtext").all_text_contents()
+    series = ("loss", "epoch/loss", "val_loss")
+    assert sorted(entries) == sorted(f"{r} · {s}" for r in ("wide", "deep") for s in series)
+    dashes = loss.locator(".plot").evaluate("(plot) => plot.data.map((t) => [t.name, t.line.dash])")
+    assert dict(dashes)["wide · val_loss"] == "dash" and dict(dashes)["wide · epoch/loss"] == "dot"
+    boxes = loss.evaluate(
+        """(card) => [card.querySelector('.g-xtitle'), card.querySelector('.legend')]
+                        .map((el) => el.getBoundingClientRect()).map((r) => [r.top, r.bottom])"""
+    )
+    assert boxes[0][1] <= boxes[1][0], boxes  # the axis' title above the legend, apart
+    # Epochs: epoch 2 ends at x = 2, on every run.
+    assert loss.locator(".plot").evaluate("(plot) => plot.layout.xaxis.title.text") == "epoch"
+    ends = loss.locator(".plot").evaluate("(plot) => plot.data.map((t) => t.x.at(-1))")
+    assert ends == [pytest.approx(2)] * 6, ends
+    # Each run's global norm; its layers in the list under the chart, named with their run.
+    grad = page.locator('[data-chart="grad_norm"]')
+    expect(grad.locator(".series-picker summary")).to_have_text("Layers: 0 of 4 drawn")
+    drawn = grad.locator(".plot").evaluate("(plot) => plot.data.map((t) => t.name)")
+    assert sorted(drawn) == ["deep · grad/global_norm", "wide · grad/global_norm"], drawn
+    labels = grad.locator(".series-picker label").all_text_contents()
+    assert [label.strip() for label in labels][:2] == ["deep · d0/kernel", "deep · d1/kernel"]
+    grad.locator(".series-picker summary").click()
+    grad.locator(".series-picker input").first.check()
+    expect(grad.locator(".series-picker summary")).to_have_text("Layers: 1 of 4 drawn")
+    # Bytes in binary units here too.
+    memory = page.locator('[data-chart="host_memory"]')
+    memory.scroll_into_view_if_needed()
+    expect(memory.locator(".ytick text").first).to_have_text(re.compile(r" MiB$"))
+    expect(page.locator('#summary-compare tr[data-summary="host/rss"] td').first).to_have_text(
+        "300 MiB"
+    )
+    assert not page.errors, page.errors
 
 
 #: Selects the text of an element, as a drag of the mouse over it would.

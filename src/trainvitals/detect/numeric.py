@@ -14,6 +14,7 @@ from trainvitals.detect import settings as s
 from trainvitals.detect.base import KINDS_KEPT, Context, Rule, finite, last_record
 from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
 from trainvitals.detect.text import listing, number
+from trainvitals.detect.text import ratio as ratio_text
 from trainvitals.detect.types import Finding, Record, Severity
 from trainvitals.protocol import ArrayColumns
 from trainvitals.series import (
@@ -381,11 +382,13 @@ class GradExplosionRule(Rule):
         if self.regime is not None:
             evidence["baseline_since"] = self.regime
         message = (
-            f"Gradient norm {number(norm)} is {ratio:.0f}x its recent baseline {number(baseline)}"
+            f"Gradient norm {number(norm)} is {ratio_text(ratio)} its recent baseline "
+            f"{number(baseline)}"
         )
         if layers and layers[0][2] >= 3:
             name, _, rise = layers[0]
-            message += f"; the largest rise is in {name.removeprefix('grad/norm/')} ({rise:.0f}x)"
+            layer = name.removeprefix("grad/norm/")
+            message += f"; the largest rise is in {layer} ({ratio_text(rise)})"
         return self.fire("", record, severity, message, GRAD_EXPLOSION_HINT, evidence)
 
 
@@ -475,9 +478,9 @@ class GradVanishingRule(Rule):
                 top_name.removeprefix(GRAD_NORM_PREFIX),
             )
             message = (
-                f"Gradients vanish in the early layers: {low} gets {ratio:.1e}x the gradient "
-                f"of {top_short}, and the loss improved {max(change, 0.0):.1%} over the last "
-                f"{len(self._losses)} steps"
+                f"Gradients vanish in the early layers: {low} gets {ratio_text(ratio)} the "
+                f"gradient of {top_short}, and the loss improved {max(change, 0.0):.1%} over the "
+                f"last {len(self._losses)} steps"
             )
             evidence = {
                 "early_variable": low,
@@ -572,7 +575,7 @@ class LossDivergenceRule(Rule):
                 if "spike" not in self.firing:
                     message = (
                         f"Loss spiked to {number(loss)} at step {record.step}, "
-                        f"{loss / level:.0f}x its level {number(level)}"
+                        f"{ratio_text(loss / level)} its level {number(level)}"
                     )
                     evidence = {"loss": loss, "level": level, "start": start}
                     out.append(
@@ -668,7 +671,7 @@ class LossDivergenceRule(Rule):
                 # A ratio to the minimum means something only above zero (a log-likelihood
                 # loss goes below it): there, how far above the minimum it is.
                 above = (
-                    f"{level / low:.1f}x its minimum"
+                    f"{ratio_text(level / low)} its minimum"
                     if low > 0
                     else f"{number(level - low)} above its minimum"
                 )

@@ -11,7 +11,7 @@ import numpy as np
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite, last_record
 from trainvitals.detect.stats import RollingWindow, median
-from trainvitals.detect.text import duration, number, size
+from trainvitals.detect.text import duration, number, ratio, size
 from trainvitals.detect.types import Finding, Record, Severity
 from trainvitals.protocol import ArrayColumns, EndReason
 from trainvitals.series import (
@@ -204,7 +204,7 @@ class SlowdownRule(Rule):
         if cpu is not None:
             evidence["cpu_percent"] = cpu
         message = (
-            f"Steps take {now / base:.1f}x as long as before: {number(now)} s against "
+            f"Steps take {ratio(now / base)} as long as before: {number(now)} s against "
             f"{number(base)} s"
         )
         if causes:

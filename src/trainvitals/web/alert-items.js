@@ -14,6 +14,22 @@ function isPlainList(value) {
   return Array.isArray(value) && value.every((v) => v === null || typeof v !== "object");
 }
 
+const isRecord = (value) => value !== null && typeof value === "object" && !Array.isArray(value)
+  && Object.values(value).every((v) => v === null || typeof v !== "object");
+
+// A scalar of evidence as text: numbers to EVIDENCE_DIGITS.
+const scalar = (value) => (value == null ? "—" : typeof value === "number" ? formatNumber(value, EVIDENCE_DIGITS) : String(value));
+
+// A list of records (the layers whose gradients rose: { variable, norm, rise }) as a small
+// table, a column a key.
+function recordTable(records) {
+  const keys = [...new Set(records.flatMap((record) => Object.keys(record)))];
+  const head = keys.map((key) => `<th>${escapeHTML(key)}</th>`).join("");
+  const rows = records.map((record) => `<tr>${keys.map((key) =>
+    `<td class="${typeof record[key] === "number" ? "num" : ""}">${escapeHTML(scalar(record[key]))}</td>`).join("")}</tr>`).join("");
+  return `<table class="evidence-table"><thead><tr>${head}</tr></thead><tbody>${rows}</tbody></table>`;
+}
+
 // Known evidence in its units; anything else as it is, nested values as compact JSON.
 function evidenceValue(rule, key, value) {
   if (value == null) return "—";
@@ -34,6 +50,8 @@ function evidenceValue(rule, key, value) {
     return escapeHTML(formatNumber(value, EVIDENCE_DIGITS));
   }
   if (isPlainList(value)) return escapeHTML(value.map((v) => (typeof v === "number" ? formatNumber(v, EVIDENCE_DIGITS) : v)).join(", "));
+  if (Array.isArray(value) && value.length && value.every(isRecord)) return recordTable(value);
+  if (isRecord(value)) return escapeHTML(Object.entries(value).map(([name, v]) => `${name}: ${scalar(v)}`).join(", "));
   if (typeof value === "object") {
     const rounded = JSON.stringify(value, (_, v) => (typeof v === "number" ? Number(formatNumber(v, EVIDENCE_DIGITS)) : v));
     return `<code>${escapeHTML(rounded)}</code>`;

@@ -1,16 +1,18 @@
 // #/alerts: alerts across runs, newest first, filtered by state, severity and project, live.
-// The filters live in the address (#/alerts?state=firing&severity=critical), so a view can be
-// bookmarked or shared.
+// It opens on the recent alerts of every state, each with its state: alerts close when their
+// run ends, so "firing" alone said "0 alerts" right after a crash. The filters live in the
+// address (#/alerts?state=firing&severity=critical), so a view can be bookmarked or shared.
 
 import { AlertList } from "./alert-items.js";
 import { listAlerts, listProjects } from "./api.js";
 import { escapeHTML, setTitle } from "./format.js";
 
 const LIMIT = 500;
-// What the page shows when the address names no state; "Any state" is then `state=` in it.
-const DEFAULT_STATE = "firing";
+// What the page shows when the address names no state (`state=` too: links made when it
+// opened on the firing ones).
+const DEFAULT_STATE = "";
 const CHOICES = {
-  state: [["firing", "Firing"], ["resolved", "Resolved"], ["closed", "Closed at run end"], ["", "Any state"]],
+  state: [["", "Any state"], ["firing", "Firing"], ["resolved", "Resolved"], ["closed", "Closed at run end"]],
   severity: [["", "Any severity"], ["critical", "Critical"], ["warning", "Warning"], ["info", "Info"]],
 };
 
@@ -67,10 +69,8 @@ export async function renderAlerts(root, feed, params) {
   const error = root.querySelector("#alert-error");
   form.addEventListener("change", () => {
     for (const key of Object.keys(filters)) filters[key] = form.elements[key].value;
-    // Every choice but the defaults, "Any state" included (an empty state is not the default):
-    // a reload or a shared link shows the same list.
-    const query = new URLSearchParams(Object.entries(filters).filter(([key, value]) =>
-      (key === "state" ? value !== DEFAULT_STATE : value)));
+    // Every choice but the defaults: a reload or a shared link shows the same list.
+    const query = new URLSearchParams(Object.entries(filters).filter(([, value]) => value));
     history.replaceState(null, "", `#/alerts${query.size ? `?${query}` : ""}`); // no hashchange: no re-render
     error.hidden = true;
     load().catch((failure) => {

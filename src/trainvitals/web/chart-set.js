@@ -5,13 +5,15 @@
 
 import { getSeries } from "./api.js";
 import { DEFAULT_VIEW, chartOrder, filterOut } from "./charts.js";
+import { epochAxis } from "./plotmath.js";
+import { EPOCH } from "./series.js";
 
 // The form a page puts above its charts; ChartSet.mount() wires it.
 export const CHART_CONTROLS = `
   <form class="chart-controls" aria-label="How the charts draw">
     <label>Smoothing <input type="range" name="smoothing" min="0" max="0.99" step="0.01" value="0">
       <output name="smoothing-value">0</output></label>
-    <label>X axis <select name="xaxis"><option value="step">step</option>
+    <label>X axis <select name="xaxis"><option value="step">step</option><option value="epoch">epoch</option>
       <option value="relative">time since start</option><option value="wall">wall-clock time</option></select></label>
     <label><input type="checkbox" name="clip" checked> Leave outliers out of the y-range</label>
     <label>Charts <input type="search" name="filter" placeholder="filter: loss|val_" maxlength="200"
@@ -22,7 +24,7 @@ export const CHART_CONTROLS = `
 
 const SMOOTHING_KEY = "trainvitals.smoothing"; // the weight, remembered across pages and runs
 const DETAIL_POINTS = 2000; // per series and run, read again for a zoom
-const X_AXES = new Set(["step", "relative", "wall"]);
+const X_AXES = new Set(["step", "epoch", "relative", "wall"]);
 
 const MAX_SCALED = 100; // charts whose log switch an address keeps
 const MAX_ID_LENGTH = 300;
@@ -107,6 +109,8 @@ export class ChartSet {
   constructor({ seriesOf, cardsAfter = () => [], params = new URLSearchParams() }) {
     Object.assign(this, { seriesOf, cardsAfter });
     this.charts = new Map(); // chart id -> its chart
+    this.epochs = new Map(); // run id -> its "epoch" series ({ step, value }), the epoch axis' marks
+    this.axes = new Map(); // run id -> its epoch axis (plotmath.js epochAxis), made when asked
     this.view = viewOf(params);
     this.zoom = null; // the charts' x-range, all zoomed together; null: everything
     this.zooms = 0;
@@ -145,10 +149,30 @@ export class ChartSet {
   // What a chart of the set is made with (beside the page's own options).
   get chartOptions() {
     return {
-      view: this.view, seriesOf: this.seriesOf,
+      view: this.view, seriesOf: this.seriesOf, epochsOf: (run) => this.epochsOf(run),
       onZoom: (xrange, source) => this.zoomTo(xrange, source), onLog: (chart) => this.scaleChanged(chart),
       onSeries: () => this.filterSoon(), // a series' name can bring its chart into the filter
     };
+  }
+
+  // A series of a run that no chart draws but the x-axis reads: the epoch each epoch's last step
+  // ends (live: its new points only). True when it was one.
+  takes(run, name, data, live = false) {
+    if (name !== EPOCH) return false;
+    const held = this.epochs.get(run);
+    const last = held?.step.at(-1) ?? -Infinity;
+    const fresh = data.step.map((step, i) => [step, data.value[i]]).filter(([step]) => !live || !held || step > last);
+    const epochs = live && held ? held : { step: [], value: [] };
+    for (const [step, value] of fresh) { epochs.step.push(step); epochs.value.push(value); }
+    this.epochs.set(run, epochs);
+    this.axes.delete(run);
+    if (this.view.xaxis === "epoch") for (const chart of this.charts.values()) chart.schedule();
+    return true;
+  }
+
+  epochsOf(run) {
+    if (!this.axes.has(run)) this.axes.set(run, epochAxis(this.epochs.get(run)));
+    return this.axes.get(run);
   }
 
   // A chart's log switch, kept in the address when it differs from the chart's own default.

@@ -5,8 +5,8 @@
 // series they are about.
 
 import { SEVERITY_COLOURS } from "./alert-feed.js";
-import { escapeHTML, formatDuration, plotText } from "./format.js";
-import { clippedRange, debiasedEma, fullRange, logTicks, siDigits, stepsBetween, withDetail } from "./plotmath.js";
+import { escapeHTML, formatBytes, formatDuration, plotText } from "./format.js";
+import { byteTicks, clippedRange, debiasedEma, fullRange, logTicks, stepsBetween, timeAt, withDetail, withFloor } from "./plotmath.js";
 import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
   GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
@@ -39,7 +39,11 @@ const GROUPS = [
   // The optimizer's own state, read in the train step: not a Keras running mean.
   { id: LR, title: "learning rate", rank: RANK.stepTime, log: true, holds: (name) => name === LR },
   { id: LOSS_SCALE, title: "loss scale", rank: RANK.stepTime, log: true, holds: (name) => name === LOSS_SCALE },
-  { id: "nonfinite", title: "NaN/Inf count", rank: RANK.nonfinite, holds: (name) => name.startsWith(NONFINITE_PREFIX) },
+  // Counts that stay 0 in a healthy run: said in words, not four flat lines on -1 to 1.
+  {
+    id: "nonfinite", title: "NaN/Inf count", rank: RANK.nonfinite, holds: (name) => name.startsWith(NONFINITE_PREFIX),
+    quiet: "no NaN/Inf so far",
+  },
   { id: "host_memory", title: "host memory", rank: RANK.host, bytes: true, holds: (name) => HOST_MEMORY.has(name) },
   { id: "host_cpu", title: "process CPU % (100: one core)", rank: RANK.host, holds: (name) => name === HOST_CPU_PERCENT },
   { id: "host_cpu_temp", title: "host CPU temperature (°C)", rank: RANK.host, holds: (name) => name === HOST_CPU_TEMP },
@@ -138,6 +142,26 @@ function smoothable(name) {
     && name !== HOST_LIMIT && gpuParts(name)?.field !== GPU_MEM_TOTAL;
 }
 
+function mostlyPositive(values) {
+  let above = 0, others = 0;
+  for (const v of values) {
+    if (v == null || !Number.isFinite(v)) continue;
+    if (v > 0) above += 1; else others += 1;
+  }
+  return above >= others;
+}
+
+// Whether the values (the finite ones) are all one, and there are some.
+function steady(values) {
+  let first = null;
+  for (const v of values) {
+    if (v == null || !Number.isFinite(v)) continue;
+    if (first === null) first = v;
+    else if (v !== first) return false;
+  }
+  return first !== null;
+}
+
 // The same colour for the same role on every chart: per step, epoch mean, validation.
 const PALETTE = ["#2f6fed", "#9333ea", "#0d9488", "#db2777", "#65a30d", "#0891b2", "#ca8a04", "#4b5563"];
 
@@ -146,12 +170,15 @@ const LAYOUT = {
   height: 260,
   showlegend: true,
   legend: { orientation: "h", y: 1.12, x: 0 },
-  xaxis: { title: { text: "step" }, zeroline: false },
+  xaxis: { title: { text: "step", standoff: 6 }, zeroline: false, automargin: true },
   yaxis: { zeroline: false, automargin: true },
   paper_bgcolor: "rgba(0,0,0,0)",
   plot_bgcolor: "rgba(0,0,0,0)",
   font: { family: "system-ui, sans-serif", size: 12 },
   hovermode: "x unified",
+  // Upright at the plot's right: along the top it covered the legend (and, wrapped, the
+  // chart's own buttons).
+  modebar: { orientation: "v" },
 };
 
 // The data of a self-hosted tool never leaves it: no "Share chart" button (recent plotly.js
@@ -247,7 +274,7 @@ export function filterOut(card, out) { card.classList.toggle("filtered-out", out
 // the run started, or wall-clock time), whether outliers are left out of the y-range, and
 // when the run started (for a series whose seriesOf gives no start of its own).
 export const DEFAULT_VIEW = { smoothing: 0, xaxis: "step", clip: true, start: 0 };
-const X_TITLES = { step: "step", relative: "time since start (s)", wall: "time" };
+export const X_TITLES = { step: "step", epoch: "epoch", relative: "time since start (s)", wall: "time" };
 
 // One chart card. spec: { id, title, log, bytes, height }, as chartOf gives it, and alt (its
 // text alternative's start; the title by default), legend (false: none; "below": under the
@@ -271,9 +298,9 @@ function rangeIn(event, axis) {
 }
 
 export class Chart {
-  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, onLog, onSeries, styleOf, seriesOf, view } = {}) {
+  constructor(container, spec, { onTooLong, onZoom, onDownload, onDrawn, onLog, onSeries, styleOf, seriesOf, epochsOf, pickLabel, view } = {}) {
     const { id, title, log = false, height = LAYOUT.height } = spec;
-    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, onLog, onSeries, styleOf, seriesOf });
+    Object.assign(this, { spec, id, onTooLong, onZoom, onDownload, onDrawn, onLog, onSeries, styleOf, seriesOf, epochsOf, pickLabel });
     this.view = { ...DEFAULT_VIEW, ...view };
     this.log = this.view.scales?.get(id) ?? log;
     this.card = document.createElement("section");
@@ -410,10 +437,10 @@ export class Chart {
   // points of its steps min to max (those of a series not in it stay as they are).
   setDetail(detail) { this.detail = detail; this.schedule(); }
 
-  // The series' own name and the time its run started, for a series key.
+  // The series' own name, its run, and the time that run started, for a series key.
   source(key) {
-    const { name = key, start = this.view.start } = this.seriesOf?.(key) ?? {};
-    return { name, start };
+    const { name = key, start = this.view.start, run } = this.seriesOf?.(key) ?? {};
+    return { name, start, run };
   }
 
   // The steps the zoom shows, { min, max }, as the longest of these series (all of the chart's
@@ -425,7 +452,11 @@ export class Chart {
     const held = (keys ?? [...this.series.keys()]).filter((key) => this.series.has(key));
     const longest = held.sort((p, q) => this.series.get(q).step.length - this.series.get(p).step.length)[0];
     if (longest == null) return null;
-    const start = this.source(longest).start;
+    const { start, run } = this.source(longest);
+    if (this.view.xaxis === "epoch") {
+      const axis = this.epochsOf?.(run);
+      return { min: Math.floor(axis ? axis.step(a) : a), max: Math.ceil(axis ? axis.step(b) : b) };
+    }
     const seconds = (x) => (this.view.xaxis === "wall" ? Date.parse(x) / 1000 : start + Number(x));
     return stepsBetween(this.series.get(longest), seconds(a), seconds(b));
   }
@@ -434,9 +465,11 @@ export class Chart {
     const zoomedTo = rangeIn(event, "xaxis");
     // The y-axis dragged alone: plotly keeps the range it was dragged to, and a log axis' tick
     // spacing must follow it (a step of 0.2 over ten decades would be thousands of ticks).
-    if (this.log && !zoomedTo && !event["xaxis.autorange"]) {
+    const computed = this.plot.layout.yaxis.tickmode === "array"; // ticks of ours (log, bytes)
+    if (computed && !zoomedTo && !event["xaxis.autorange"]) {
       const yrange = rangeIn(event, "yaxis");
-      if (yrange) Plotly.relayout(this.plot, { "yaxis.dtick": logTicks(yrange) });
+      const ticks = yrange && (this.plot.layout.yaxis.type === "log" ? logTicks(yrange) : byteTicks(yrange));
+      if (ticks) Plotly.relayout(this.plot, { "yaxis.tickvals": ticks.tickvals, "yaxis.ticktext": ticks.ticktext });
       else if (event["yaxis.autorange"]) this.schedule(); // back to the data's range and ticks
     }
     let xrange;
@@ -451,11 +484,26 @@ export class Chart {
     this.onZoom?.(xrange, this);
   }
 
-  // x of a point in the view's x-axis (start: when its run started).
-  xOf(step, time, start = this.view.start) {
+  // x of a point in the view's x-axis (source: its run, and when that run started).
+  xOf(step, time, { start = this.view.start, run } = {}) {
     if (this.view.xaxis === "relative") return time - start;
     if (this.view.xaxis === "wall") return new Date(time * 1000);
+    if (this.view.xaxis === "epoch") return this.epochsOf?.(run)?.x(step) ?? step;
     return step;
+  }
+
+  // x of a step of series `key`'s run, its time read between that series' points (the
+  // heatmap's columns, drawn on the gradient chart's axis).
+  xAtStep(step, key) {
+    const series = this.series.get(key);
+    return this.xOf(step, series ? timeAt(series, step) : NaN, this.source(key));
+  }
+
+  // The x-axis' title; an epoch axis where no series of the chart has epochs (a custom loop)
+  // is drawn in steps, and says so.
+  xTitle() {
+    const none = this.view.xaxis === "epoch" && ![...this.series.keys()].some((key) => this.epochsOf?.(this.source(key).run));
+    return none ? "step (no epochs recorded)" : X_TITLES[this.view.xaxis];
   }
 
   shown(name) {
@@ -501,20 +549,16 @@ export class Chart {
   }
 
   markings() {
-    const shapes = [], annotations = [];
+    const shapes = [], annotations = this.markerLabels();
     let forecasts = 0;
     for (const alert of this.alerts) {
       if (alert.step == null) continue;
       const colour = SEVERITY_COLOURS[alert.severity] ?? "#8a93a6";
       const firing = alert.state === "firing";
-      const x = this.xOf(alert.step, alert.time);
+      const x = this.xOf(alert.step, alert.time, { run: alert.run_id });
       shapes.push({
         type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
         line: { color: colour, width: 1.5, dash: firing ? "solid" : "dot" }, opacity: firing ? 0.9 : 0.5,
-      });
-      annotations.push({
-        x, xref: "x", y: 1, yref: "paper", xanchor: "left", yanchor: "top", showarrow: false,
-        text: plotText(alert.rule), hovertext: plotText(alert.message), font: { size: 10, color: colour },
       });
       const forecast = alert.evidence?.forecast;
       if (!firing || alert.rule !== "oom_forecast" || !forecast || chartOf(forecast.series)?.id !== this.id) continue;
@@ -532,6 +576,54 @@ export class Chart {
       forecasts += 1;
     }
     return { shapes, annotations, forecasts };
+  }
+
+  // The alerts' labels at the top of their lines, none over another: the labels of one rule
+  // that would touch are one ("nonfinite ×3", its messages on hover), and a label that would
+  // touch another rule's goes a row lower. Widths are guessed from the plot's width and the
+  // x-axis' span (plotly has not laid them out yet).
+  markerLabels() {
+    const marked = this.alerts.filter((alert) => alert.step != null)
+      .map((alert) => ({ alert, x: this.xOf(alert.step, alert.time, { run: alert.run_id }) }))
+      .map((mark) => ({ ...mark, at: Number(mark.x) }))
+      .sort((a, b) => a.at - b.at);
+    if (!marked.length) return [];
+    const [lo, hi] = this.xSpan(marked.map((mark) => mark.at));
+    const pixels = Math.max(100, this.plot.clientWidth - 80) / (hi - lo || 1); // per x unit
+    const width = (text) => (7 * text.length + 10) / pixels; // in x units, 10 px type
+    const labels = [];
+    for (const mark of marked) {
+      const same = labels.find((label) => label.rule === mark.alert.rule && mark.at <= label.at + width(label.text()));
+      if (same) { same.marks.push(mark); continue; }
+      labels.push({ rule: mark.alert.rule, at: mark.at, marks: [mark],
+        text() { return this.marks.length > 1 ? `${this.rule} ×${this.marks.length}` : this.rule; } });
+    }
+    const rows = []; // the right edge of each row's last label
+    return labels.map((label) => {
+      let row = rows.findIndex((edge) => edge < label.at);
+      if (row < 0) row = rows.length;
+      rows[row] = label.at + width(label.text());
+      const { alert, x } = label.marks[0];
+      return {
+        x, xref: "x", y: 1, yref: "paper", xanchor: "left", yanchor: "top", yshift: -14 * row, showarrow: false,
+        text: plotText(label.text()), hovertext: label.marks.map((mark) => plotText(mark.alert.message)).join("<br>"),
+        font: { size: 10, color: SEVERITY_COLOURS[alert.severity] ?? "#8a93a6" },
+      };
+    });
+  }
+
+  // The x-axis' span: the zoom's, or from the first point of the chart's series (or mark) to
+  // the last, in numbers (a date's milliseconds).
+  xSpan(marks) {
+    if (this.xrange) return this.xrange.map((x) => (this.view.xaxis === "wall" ? Date.parse(x) : Number(x)));
+    const xs = [...marks];
+    for (const [key, series] of this.series) {
+      const last = series.step.length - 1;
+      if (last < 0) continue;
+      const source = this.source(key);
+      xs.push(Number(this.xOf(series.step[0], series.time[0], source)), Number(this.xOf(series.step[last], series.time[last], source)));
+    }
+    return [Math.min(...xs), Math.max(...xs)];
   }
 
   // One redraw in the next animation frame, however many changes come before it; none while
@@ -564,17 +656,19 @@ export class Chart {
       const { name: label = name, ...style } = this.styleOf?.(name) ?? traceStyle(name);
       const source = this.source(name);
       const visible = this.visible.get(name) ?? style.visible ?? true;
-      if (visible !== true && this.spec.pick?.(name) != null) continue; // not chosen: not drawn at all
+      if (visible !== true && this.picks(name)) continue; // not chosen: not drawn at all
       const data = this.shown(name);
       // In steps, the series' own array (plotly reads, never writes it; datarevision says it grew).
       // A series hidden in the legend goes with its first point only, until it is shown: with
       // none, plotly would leave it out of the legend too, where it is shown again.
       const points = visible === true ? data.step.length : Math.min(1, data.step.length);
       const x = this.view.xaxis === "step" && points === data.step.length ? data.step
-        : data.step.slice(0, points).map((step, i) => this.xOf(step, data.time[i], source.start));
+        : data.step.slice(0, points).map((step, i) => this.xOf(step, data.time[i], source));
       // plotly reads trace names as HTML (<b>, <a href>): a series name is text.
       const y = points === data.value.length ? data.value : data.value.slice(0, points);
       const trace = { legendgroup: name, ...style, name: plotText(label), x, y, type: "scatter", visible };
+      // Sizes in binary units on hover too, as on the axis.
+      if (this.spec.bytes) Object.assign(trace, { text: this.bytesText(name, y), hovertemplate: "%{text}" });
       if (weight > 0 && smoothable(source.name)) {
         traces.push({ ...trace, opacity: 0.25, showlegend: false, hoverinfo: "skip", meta: "raw" });
         this.traceNames.push(name);
@@ -587,26 +681,58 @@ export class Chart {
     return traces;
   }
 
+  // A series' values as sizes for its hover, kept and grown with the series' own array (a
+  // live series is formatted a point at a time, not whole at each redraw).
+  bytesText(name, y) {
+    this.byteTexts ??= new Map();
+    const kept = this.byteTexts.get(name);
+    if (kept?.y !== y || kept.text.length > y.length) {
+      const text = y.map(formatBytes);
+      this.byteTexts.set(name, { y, text });
+      return text;
+    }
+    for (let i = kept.text.length; i < y.length; i++) kept.text.push(formatBytes(y[i]));
+    return kept.text;
+  }
+
   layout(traces) {
     const layout = themed({ ...structuredClone(LAYOUT), height: this.spec.height ?? LAYOUT.height, showlegend: this.spec.legend !== false });
     layout.datarevision = ++this.revision;
     // Under the plot, a legend of any length pushes the plot up rather than covering it.
-    if (this.spec.legend === "below") layout.legend = { orientation: "h", x: 0, y: -0.22, yanchor: "top" };
-    layout.xaxis.title.text = X_TITLES[this.view.xaxis];
+    // At the figure's foot (not the plot's, where the x-axis' title is), the plot's margin
+    // made room for it.
+    if (this.spec.legend === "below") layout.legend = { orientation: "h", x: 0, y: 0, yref: "container", yanchor: "bottom" };
+    layout.xaxis.title.text = this.xTitle();
     if (this.view.xaxis === "wall") layout.xaxis.type = "date";
     if (this.xrange) Object.assign(layout.xaxis, { range: [...this.xrange], autorange: false });
-    if (this.log) Object.assign(layout.yaxis, { type: "log", exponentformat: "power" });
     const values = this.valuesInView(traces);
-    const range = this.yRange(values);
-    // In bytes, as many digits as tell the ticks apart: disk free varies in its sixth.
-    const digits = this.log ? 4 : siDigits(range ?? fullRange(values));
-    if (this.spec.bytes) Object.assign(layout.yaxis, { tickformat: `.${digits}~s`, ticksuffix: "B" });
+    // A log axis only for values mostly above zero (a learning rate gone negative is drawn
+    // linear; a loss that dips below zero now and then stays log).
+    const log = this.log && mostlyPositive(values);
+    if (log) layout.yaxis.type = "log";
+    let range = this.yRange(values, log);
+    // Values that do not change (a constant learning rate) get a range around them, not
+    // plotly's ±1 with ticks in float32's noise (-0.00100000004749745282).
+    if (!range && steady(values)) range = fullRange(values, log);
+    if (this.spec.bytes && !log) range = withFloor(range ?? fullRange(values));
+    const quiet = Boolean(this.spec.quiet) && values.length > 0 && values.every((v) => v === 0);
+    if (quiet) range = [-0.1, 1];
+    this.card.dataset.quiet = String(quiet);
     layout.yaxis.range = range ?? undefined;
     layout.yaxis.autorange = !range;
-    // A log axis labels a few decades at most, however many it spans.
-    if (this.log) Object.assign(layout.yaxis, { dtick: logTicks(range ?? fullRange(values, true)), tick0: 0 });
-    this.card.dataset.clipped = String(Boolean(range));
+    // Ticks that say their value: on a log axis the decades (and 2, 5) in full, bytes in binary
+    // units; else plotly's, in scientific notation past a million, never an SI prefix.
+    const ticks = quiet ? { tickvals: [0], ticktext: ["0"] }
+      : log ? logTicks(range ?? fullRange(values, true)) : this.spec.bytes ? byteTicks(range) : null;
+    Object.assign(layout.yaxis, ticks ? { tickmode: "array", ...ticks } : { exponentformat: "e", dtick: log ? 1 : undefined },
+      { hoverformat: ".4~g" });
+    this.card.dataset.clipped = String(Boolean(range) && !steady(values));
+    this.card.dataset.log = String(log);
     const { shapes, annotations } = this.markings();
+    if (quiet) {
+      annotations.push({ x: 0.5, xref: "paper", y: 0.55, yref: "paper", showarrow: false, text: plotText(this.spec.quiet),
+        font: { size: 13, color: getComputedStyle(document.documentElement).getPropertyValue("--muted").trim() || "#6b7280" } });
+    }
     return { ...layout, shapes, annotations };
   }
 
@@ -627,13 +753,13 @@ export class Chart {
 
   // With clipping on, a range for the values in view that outliers cannot flatten; zoomed,
   // the range of the points it shows (plotly's own would range them all); else plotly's (null).
-  yRange(values) {
+  yRange(values, log) {
     if (!this.view.clip && !this.xrange) return null;
     if (this.view.clip) {
-      const clipped = clippedRange(values, this.log);
+      const clipped = clippedRange(values, log);
       if (clipped || !this.xrange) return clipped;
     }
-    return fullRange(values, this.log);
+    return fullRange(values, log);
   }
 
   draw() {
@@ -649,12 +775,18 @@ export class Chart {
     this.onDrawn?.(this);
   }
 
+  // Whether a series is one to choose from the list (by its own name: runs compared key theirs).
+  picks(key) { return this.spec.pick?.(this.source(key).name) != null; }
+
+  pickColour(key) { return (this.styleOf?.(key) ?? traceStyle(key)).line?.color ?? colourOf(key); }
+
   // The list of the series to choose from (pick), each with its colour, those drawn ticked.
   drawPicks() {
     const picks = this.card.querySelector(".picks");
     if (!picks) return;
-    const names = [...this.series.keys()].filter((name) => this.spec.pick(name) != null)
-      .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    const label = (name) => this.pickLabel?.(name) ?? this.spec.pick(name);
+    const names = [...this.series.keys()].filter((name) => this.picks(name))
+      .sort((a, b) => label(a).localeCompare(label(b), undefined, { numeric: true }));
     const shown = names.filter((name) => this.visible.get(name) === true);
     const key = JSON.stringify([names, shown]);
     if (key === this.picked) return;
@@ -662,7 +794,7 @@ export class Chart {
     this.card.querySelector(".series-picker summary").textContent = `${this.spec.pickTitle}: ${shown.length} of ${names.length} drawn`;
     const drawn = new Set(shown);
     picks.innerHTML = names.map((name) => `<label><input type="checkbox" data-series="${escapeHTML(name)}"${drawn.has(name) ? " checked" : ""}>
-      <span class="swatch" style="background:${colourOf(name)}"></span>${escapeHTML(this.spec.pick(name))}</label>`).join("");
+      <span class="swatch" style="background:${this.pickColour(name)}"></span>${escapeHTML(label(name))}</label>`).join("");
   }
 
   destroy() {

@@ -9,11 +9,13 @@ import { CHART_CONTROLS, ChartSet, replaceQuery } from "./chart-set.js";
 import { Chart, chartOf, plotlyReady } from "./charts.js";
 import { DELETED_BADGE, escapeHTML, healthBadge, runPath, setTitle, statusBadge, summaryOrder, summaryText, summaryValue } from "./format.js";
 import { withSummary } from "./live.js";
+import { EPOCH_PREFIX, VAL_PREFIX } from "./series.js";
 import { syncCells, syncRows } from "./rows.js";
 
 // Colour-blind-friendly (Okabe–Ito), then more: a run's colour is its place in the address.
 export const RUN_COLOURS = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#7f3c8d", "#3b3b3b", "#b8860b", "#1b9e77"];
-const DASHES = ["solid", "dot", "dash", "dashdot", "longdash"];
+const DASHES = ["solid", "dashdot", "longdash", "dot", "dash"];
+const ROLES = new RegExp(`^(${VAL_PREFIX}|${EPOCH_PREFIX})`);
 export const MAX_COMPARED = 10;
 const POINTS = 1000; // per series and run: enough for an overview of several runs
 const SUMMARY_REFRESH = 5000; // ms: the summary table read again at most this often while runs step
@@ -130,7 +132,7 @@ class CompareView {
         row.dataset.summary = name;
         this.summaryRows.set(name, row);
       }
-      syncCells(row, [`<th>${escapeHTML(name)}</th>`, ...this.runs.map((run) => summaryCell(run.metrics?.[name]))]);
+      syncCells(row, [`<th>${escapeHTML(name)}</th>`, ...this.runs.map((run) => summaryCell(run.metrics?.[name], name))]);
       return row;
     });
     for (const name of this.summaryRows.keys()) if (!names.includes(name)) this.summaryRows.delete(name);
@@ -204,6 +206,7 @@ class CompareView {
 
   // One run's series, whole (live: only its new points).
   add(r, name, data, live = false) {
+    if (this.set.takes(this.runs[r].id, name, data, live)) return;
     const spec = chartOf(name);
     if (!spec) return;
     const key = `${this.runs[r].id}\n${name}`;
@@ -218,9 +221,11 @@ class CompareView {
     let chart = this.set.charts.get(spec.id);
     if (!chart) {
       const alt = `${spec.title} of ${this.runs.map((run) => run.name).join(", ")}`;
-      chart = new Chart(this.chartsRoot, { ...spec, alt, legend: false }, {
+      // A legend under the plot: which run (its colour) and which series (its dash) a line is.
+      chart = new Chart(this.chartsRoot, { ...spec, alt, legend: "below" }, {
         ...this.set.chartOptions,
         styleOf: (key) => this.styleOf(key),
+        pickLabel: (key) => this.pickLabel(key),
         onTooLong: (key) => this.reloadTrace(key),
         onDownload: (format, source) => this.download(format, source),
       });
@@ -256,15 +261,25 @@ class CompareView {
     return { run: this.runs[r].id, name, start: this.runs[r].started_at };
   }
 
-  // Smoothed, the raw trace behind is in its run's colour too.
+  // Smoothed, the raw trace behind is in its run's colour too. A layer's gradient norm is
+  // drawn once chosen in the list under its chart: each run's global norm at first.
   styleOf(key) {
     const { r, name } = this.traces.get(key);
     const run = this.runs[r];
-    const dash = DASHES[this.dashes.get(chartOf(name).id).indexOf(name) % DASHES.length];
+    const spec = chartOf(name);
+    // Validation dashed and epoch means dotted, as on a run's page; other series in turn.
+    const dash = name.startsWith(VAL_PREFIX) ? "dash" : name.startsWith(EPOCH_PREFIX) ? "dot"
+      : DASHES[this.dashes.get(spec.id).filter((other) => !ROLES.test(other)).indexOf(name) % DASHES.length];
     return {
       name: `${run.name} · ${name}`, mode: "lines", legendgroup: run.id,
       line: { width: 1.4, color: RUN_COLOURS[r % RUN_COLOURS.length], dash },
+      ...(spec.pick?.(name) != null ? { visible: "legendonly" } : {}),
     };
+  }
+
+  pickLabel(key) {
+    const { r, name } = this.traces.get(key);
+    return `${this.runs[r].name} · ${chartOf(name).pick(name)}`;
   }
 
   // A trace grew long while streaming: swapped for a downsampled copy.
@@ -350,10 +365,10 @@ const runHeadings = (first, runs) => [`<th>${escapeHTML(first)}</th>`, ...runs.m
 
 // A run's series summary as a cell: its last value; its least, greatest and the last's step in
 // the title.
-function summaryCell(summary) {
+function summaryCell(summary, name) {
   if (!summary) return `<td class="num muted">—</td>`;
-  const title = `min ${summaryText(summary, "min")} · max ${summaryText(summary, "max")} · last at step ${summary.step}`;
-  return `<td class="num" title="${escapeHTML(title)}">${summaryValue(summary, "last")}</td>`;
+  const title = `min ${summaryText(summary, "min", name)} · max ${summaryText(summary, "max", name)} · last at step ${summary.step}`;
+  return `<td class="num" title="${escapeHTML(title)}">${summaryValue(summary, "last", name)}</td>`;
 }
 
 // Keys as rows, runs as columns; a row whose values are not all equal is marked (and the

@@ -9,6 +9,14 @@ import { GRAD_NORM_PREFIX } from "./series.js";
 const COLUMNS = 300; // step buckets: each cell shows the largest norm of its steps
 const ROW_PX = 14;
 const REDRAW_MS = 2000; // the shortest time between two redraws while points stream (an overview)
+const NARROW_PX = 560; // a card narrower (a phone) shortens the layers' names, its colour bar under the map
+const SHORT_NAME = 14; // characters of a layer's name kept on a narrow card (its end: the layer and kind)
+
+// A layer's name as a narrow card shows it: its end, where the names of a model's layers
+// differ ("…dense_3/kernel"); the hover says it whole.
+function shortName(name) {
+  return name.length <= SHORT_NAME ? name : `…${name.slice(-(SHORT_NAME - 1))}`;
+}
 
 // The variables an alert about gradients names: the early layer that vanishes, the layers
 // that explode.
@@ -69,6 +77,7 @@ export class GradHeatmap {
     this.drawn = "";
     this.series = new Map();
     this.xrange = null;
+    this.axis = { title: "step", key: "step", x: (step) => step };
     this.queued = false;
     this.timer = null;
     this.lastDraw = -Infinity;
@@ -76,11 +85,13 @@ export class GradHeatmap {
   }
 
   // The gradient chart's series changed: redrawn in a frame of its own, at most every two
-  // seconds (less often when it is slow to draw); a zoom at once.
-  update(series, xrange = null) {
-    const zoomed = JSON.stringify(xrange) !== JSON.stringify(this.xrange);
+  // seconds (less often when it is slow to draw); a zoom, or another x-axis, at once.
+  // axis: the gradient chart's x-axis, { title, key (changes with it), x(step) }.
+  update(series, xrange = null, axis = this.axis) {
+    const zoomed = JSON.stringify(xrange) !== JSON.stringify(this.xrange) || axis.key !== this.axis.key;
     this.series = series;
     this.xrange = xrange;
+    this.axis = axis;
     if (zoomed && this.timer != null) { clearTimeout(this.timer); this.timer = null; }
     if (this.queued || this.timer != null) return;
     const wait = zoomed ? 0 : liveWait(this.lastDraw, this.drawCost, REDRAW_MS);
@@ -96,7 +107,7 @@ export class GradHeatmap {
   draw() {
     this.queued = false;
     const start = this.lastDraw = performance.now();
-    const { series, xrange } = this;
+    const { series, xrange, axis } = this;
     // Layers in natural order (dense_2 before dense_10), as a model lists them mostly.
     const names = [...series.keys()].filter((name) => name.startsWith(GRAD_NORM_PREFIX))
       .sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
@@ -108,28 +119,38 @@ export class GradHeatmap {
       if (step.length) { first = Math.min(first, step[0]); last = Math.max(last, step[step.length - 1]); }
     }
     if (!Number.isFinite(first)) return;
-    const key = `${names.length}:${first}:${last}:${this.marked.join()}:${JSON.stringify(xrange)}`;
+    const key = `${names.length}:${first}:${last}:${this.marked.join()}:${JSON.stringify(xrange)}:${axis.key}:${this.card.clientWidth < NARROW_PX}`;
     if (key === this.drawn) return;
     this.drawn = key;
-    const { x, z } = heatmapCells(layers, first, last);
+    const cells = heatmapCells(layers, first, last);
+    const { z } = cells;
+    const x = cells.x.map(axis.x);
     const short = names.map((name) => name.slice(GRAD_NORM_PREFIX.length));
     const marked = new Set(this.marked);
     // plotly reads tick labels and hover text as HTML: names are escaped (the rows' names too, which
     // the hover shows); the layers an alert names are bold.
     const rows = short.map(plotText);
-    const ticktext = short.map((name, i) => (marked.has(name) ? `<b>▶ ${rows[i]}</b>` : rows[i]));
+    // On a phone the names took the card's width and left the map ~90 px.
+    const narrow = this.card.clientWidth < NARROW_PX;
+    const labels = narrow ? short.map((name) => plotText(shortName(name))) : rows;
+    const ticktext = short.map((name, i) => (marked.has(name) ? `<b>▶ ${labels[i]}</b>` : labels[i]));
     const layout = themed({
       ...structuredClone(PLOT_LAYOUT),
-      height: Math.max(200, 60 + ROW_PX * names.length),
+      height: Math.max(200, 60 + ROW_PX * names.length + (narrow ? 40 : 0)),
       showlegend: false,
       margin: { ...PLOT_LAYOUT.margin, l: 12 },
     });
     Object.assign(layout.yaxis, { automargin: true, tickvals: rows, ticktext, tickfont: { size: 10 }, autorange: "reversed" });
     if (xrange) Object.assign(layout.xaxis, { range: [...xrange], autorange: false });
+    layout.xaxis.title = { text: axis.title };
+    if (x[0] instanceof Date) layout.xaxis.type = "date";
     Plotly.react(this.plot, [{
       type: "heatmap", x, y: rows, z, colorscale: "Viridis", hoverongaps: false,
-      colorbar: { title: { text: "log₁₀" }, thickness: 10 },
-      hovertemplate: "%{y}<br>step %{x:.0f}<br>norm 10^%{z:.2f}<extra></extra>",
+      colorbar: narrow
+        ? { title: { text: "log₁₀", side: "right" }, thickness: 8, orientation: "h", y: 0, yref: "container", yanchor: "bottom", len: 1 }
+        : { title: { text: "log₁₀" }, thickness: 10 },
+      customdata: z.map((row) => row.map((_, i) => Math.round(cells.x[i]))),
+      hovertemplate: "%{y}<br>step %{customdata}<br>norm 10^%{z:.2f}<extra></extra>",
     }], layout, PLOT_CONFIG);
     this.card.dataset.layers = String(names.length);
     this.card.dataset.marked = [...marked].filter((name) => short.includes(name)).join(",");

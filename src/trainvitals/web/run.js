@@ -46,7 +46,7 @@ const LAYOUT = `
   <div id="run-process"></div>
   <details class="panel" open><summary>Summary <span class="muted">each series' last, least and greatest value</span></summary>
     <div class="table-scroll"><table class="kv summary-table" id="run-summary">
-      <thead><tr><th>series</th><th class="num">last</th><th class="num">at step</th><th class="num">min</th><th class="num">max</th></tr></thead>
+      <thead><tr><th>series</th><th class="num">last</th><th class="num at-step">at step</th><th class="num">min</th><th class="num">max</th></tr></thead>
       <tbody id="run-summary-body"></tbody></table></div></details>
   <details class="panel"><summary>Configuration</summary><table class="kv" id="run-config"></table></details>
   <details class="panel"><summary>Environment</summary><table class="kv" id="run-env"></table></details>`;
@@ -171,7 +171,9 @@ export class RunPage {
   onLive(message) {
     this.job?.onLive(message);
     if (message.type === "points" && message.run_id === this.runId) {
-      for (const [name, data] of Object.entries(message.series)) this.chartFor(name)?.extend(name, data);
+      for (const [name, data] of Object.entries(message.series)) {
+        if (!this.set.takes(this.runId, name, data, true)) this.chartFor(name)?.extend(name, data);
+      }
     } else if (message.type === "deleted" && message.run_id === this.runId) {
       this.showDeleted();
     } else if (message.type === "runs") {
@@ -205,9 +207,9 @@ export class RunPage {
         this.summaryRows.set(name, row);
       }
       const summary = metrics[name];
-      syncCells(row, [`<th>${escapeHTML(name)}</th>`, `<td class="num">${summaryValue(summary, "last")}</td>`,
-        `<td class="num muted">${escapeHTML(summary.step)}</td>`, `<td class="num">${summaryValue(summary, "min")}</td>`,
-        `<td class="num">${summaryValue(summary, "max")}</td>`]);
+      syncCells(row, [`<th>${escapeHTML(name)}</th>`, `<td class="num">${summaryValue(summary, "last", name)}</td>`,
+        `<td class="num muted at-step">${escapeHTML(summary.step)}</td>`, `<td class="num">${summaryValue(summary, "min", name)}</td>`,
+        `<td class="num">${summaryValue(summary, "max", name)}</td>`]);
       return row;
     });
     if (rows.length) syncRows(body, rows);
@@ -321,7 +323,11 @@ export class RunPage {
       this.heatmap.setAlerts([...(this.alertList?.alerts.values() ?? [])]);
       this.set.filterSoon(); // the chart filter hides it with its chart (cardsAfter)
     }
-    this.heatmap.update(gradients.series, this.set.view.xaxis === "step" ? gradients.xrange : null);
+    // Its columns on the gradient chart's x-axis, whichever it is.
+    const along = gradients.has(GRAD_GLOBAL_NORM) ? GRAD_GLOBAL_NORM : gradients.series.keys().next().value;
+    this.heatmap.update(gradients.series, gradients.xrange, {
+      title: gradients.xTitle(), key: JSON.stringify(gradients.view.xaxis), x: (step) => gradients.xAtStep(step, along),
+    });
   }
 
   // A chart's series at full resolution (the zoomed steps only, when zoomed), as a file the
@@ -396,7 +402,9 @@ export class RunPage {
   // names: the series to (re)load; none means every series of the run.
   async reload(names = []) {
     const { series } = await getSeries(this.runId, names);
-    for (const [name, data] of Object.entries(series)) this.chartFor(name)?.setSeries(name, data);
+    for (const [name, data] of Object.entries(series)) {
+      if (!this.set.takes(this.runId, name, data)) this.chartFor(name)?.setSeries(name, data);
+    }
   }
 
   reloadLater(name) { // a trace grew long: swap it for a downsampled copy
@@ -425,10 +433,23 @@ export class RunPage {
   }
 }
 
+// Keys and values as table rows; a nested object (the environment's host) as a table in its
+// cell, and sizes (a key of memory or bytes) in binary units, the bytes in the cell's title.
 function kvRows(object) {
-  return Object.entries(object ?? {}).map(([k, v]) =>
-    `<tr><th>${escapeHTML(k)}</th><td>${escapeHTML(typeof v === "object" ? JSON.stringify(v) : v)}</td></tr>`).join("")
+  return Object.entries(object ?? {}).map(([k, v]) => `<tr><th>${escapeHTML(k)}</th>${kvCell(k, v)}</tr>`).join("")
     || `<tr><td class="muted">none</td></tr>`;
+}
+
+const SIZE_KEY = /memory|bytes/i;
+
+function kvCell(key, value) {
+  if (value && typeof value === "object" && !Array.isArray(value) && Object.keys(value).length) {
+    return `<td><table class="kv kv-nested">${kvRows(value)}</table></td>`;
+  }
+  if (typeof value === "number" && SIZE_KEY.test(key)) {
+    return `<td data-bytes="${escapeHTML(value)}" title="${escapeHTML(value)} bytes">${escapeHTML(formatBytes(value))}</td>`;
+  }
+  return `<td>${escapeHTML(typeof value === "object" ? JSON.stringify(value) : value)}</td>`;
 }
 
 // The memory and GPU readings last stored before the run ended: the evidence of how it died.

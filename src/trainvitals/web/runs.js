@@ -9,7 +9,7 @@ import { comparePath } from "./compare.js";
 import { PLOT_RUNS, drawRunsPlot, plotAxis } from "./runs-plot.js";
 import { syncCells, syncRows } from "./rows.js";
 import { withSummary } from "./live.js";
-import { escapeHTML, formatAgo, formatTime, healthBadge, runPath, setTitle, statusBadge, summaryValue, tagList, workerOrder } from "./format.js";
+import { escapeHTML, formatAgo, formatDuration, formatTime, healthBadge, runPath, setTitle, statusBadge, summaryValue, tagList, workerOrder } from "./format.js";
 
 const PAGE_SIZE = 50;
 const STATUSES = ["running", "stalled", "finished", "crashed", "lost"];
@@ -21,7 +21,10 @@ const COLUMNS = [
   ["started_at", "Started", "wide-only"], ["last_step", "Last step", "num wide-only"],
   ["last_seen", "Last seen", ""], ["host", "Host", "wide-only"],
 ];
-const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: "", px: "", py: "", plog: "" };
+// The metric columns shown unless the address says otherwise (metrics= for none): the last
+// loss and the best validation loss, as W&B's table opens with the runs' summary metrics.
+const DEFAULT_METRICS = "loss, min:val_loss";
+const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: DEFAULT_METRICS, px: "", py: "", plog: "" };
 // How often, at most, an open plot of the runs is read again while they stream (ms).
 const PLOT_REFRESH = 15000;
 // A series' statistics a metric column shows, each sorted first in the order that puts the
@@ -98,9 +101,9 @@ function metricColumns(state) {
   });
 }
 
-function metricCell(summary, { stat }) {
+function metricCell(summary, { stat, name }) {
   if (!summary) return `<td class="num metric-cell muted">—</td>`;
-  const shown = summaryValue(summary, stat);
+  const shown = summaryValue(summary, stat, name);
   const title = stat === "last" ? `at step ${summary.step}` : `${stat} of the finite values; last step ${summary.step}`;
   return `<td class="num metric-cell" title="${escapeHTML(title)}">${shown}</td>`;
 }
@@ -161,7 +164,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
 
   // The view the list shows: the last one the server gave (a refused one changes nothing).
   let shown = { ...state };
-  const span = () => COLUMNS.length + 2 + configKeys(shown).length + metricColumns(shown).length;
+  const span = () => COLUMNS.length + 3 + configKeys(shown).length + metricColumns(shown).length;
   const isNewestFirst = () => shown.sort === "started_at" && shown.order === "desc";
 
   const sortHeading = (key, label, cls, extra = "") => {
@@ -171,6 +174,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   };
   const drawHead = () => {
     const headings = COLUMNS.map(([key, label, cls]) => sortHeading(key, label, cls));
+    // How long each ran (to its end, or to now), after its last step; the server sorts by none.
+    headings.splice(COLUMNS.findIndex(([key]) => key === "last_step") + 1, 0, '<th class="num wide-only">Duration</th>');
     const config = configKeys(shown).map((key) => `<th data-config-column="${escapeHTML(key)}">${escapeHTML(key)}</th>`);
     const metrics = metricColumns(shown).map(({ stat, name, sort }) =>
       sortHeading(sort, stat === "last" ? name : `${name} (${stat})`, "num", ` data-metric-column="${escapeHTML(sort)}"`));
@@ -199,6 +204,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       `<td>${statusBadge(run.status)}${healthBadge(run.health)}${firingBadge(firing.get(run.id))}</td>`,
       `<td class="wide-only">${escapeHTML(formatTime(run.started_at))}</td>`,
       `<td class="num last-step wide-only">${escapeHTML(run.last_step ?? "—")}</td>`,
+      `<td class="num duration wide-only">${escapeHTML(formatDuration((run.ended_at ?? run.last_seen) - run.started_at))}</td>`,
       `<td class="ago" data-time="${escapeHTML(run.last_seen)}">${escapeHTML(formatAgo(run.last_seen))}</td>`,
       `<td class="wide-only">${escapeHTML(run.host)}</td>`,
       ...config,
@@ -251,7 +257,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     const ordered = [...runs.values()];
     if (!ordered.length) {
       drawn = new Map();
-      const looks = { page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: "", px: "", py: "", plog: "" };
+      const looks = { page: "0", sort: DEFAULTS.sort, order: DEFAULTS.order, cols: "", metrics: DEFAULTS.metrics, px: "", py: "", plog: "" };
       const filtered = queryOf({ ...shown, ...looks }).size;
       body.innerHTML = filtered
         ? `<tr><td colspan="${span()}" class="empty">No runs match. <a href="#/">Show every run</a></td></tr>`
