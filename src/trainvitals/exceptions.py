@@ -14,6 +14,7 @@ expected and what arrived.
     │   ├── FrameError         not JSON, or JSON that is not a valid frame (server side)
     │   └── IngestRejected     a valid frame at the wrong place: closes with a code and reason
     ├── WriterClosed           a write submitted after the server's writer has stopped
+    ├── StorageUnavailable     the database cannot store now (down, full, locked): try later
     └── ApiError               a request of trainvitals.Api (or trainvitals export) that failed:
                                the server's status and reason, or why it was not reached
 
@@ -31,6 +32,7 @@ __all__ = [
     "ProtocolError",
     "RulesError",
     "StorageError",
+    "StorageUnavailable",
     "TrainvitalsError",
     "WriterClosed",
 ]
@@ -75,6 +77,11 @@ class IngestRejected(ProtocolError):
 
 class WriterClosed(TrainvitalsError, RuntimeError):
     """A write was submitted after the writer was closed."""
+
+
+class StorageUnavailable(TrainvitalsError, RuntimeError):
+    """The server's database cannot store now (unreachable, full, locked): nothing of the
+    write was stored; the writer tries the database again with backoff meanwhile."""
 
 
 class ApiError(TrainvitalsError):

@@ -35,6 +35,8 @@ class AppState:
     open_runs: OpenRuns = field(default_factory=OpenRuns)
     #: Every websocket open on this process, by its token (closed when that is revoked).
     open_tokens: OpenTokens = field(default_factory=OpenTokens)
+    #: Websockets accepted and still open on this process (bounded by ``max_websockets``).
+    websockets: int = 0
 
 
 def get_state(connection: HTTPConnection) -> AppState:

@@ -49,6 +49,7 @@ from trainvitals.server.deps import (
     run_not_found,
 )
 from trainvitals.server.downsample import downsample_indices
+from trainvitals.server.errors import StrictJSONRoute
 from trainvitals.server.export import (
     MEDIA_TYPES,
     PARQUET_HINT,
@@ -60,13 +61,13 @@ from trainvitals.server.export import (
     parquet_available,
 )
 from trainvitals.server.live import finite_or_none
-from trainvitals.server.schemas import SeriesName
+from trainvitals.server.schemas import UNSAFE_CHARS, SeriesName
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.runs import METRIC_STATS, SORTS
 from trainvitals.server.storage.tokens import Principal, Role
 from trainvitals.server.store import Store
 
-router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS, route_class=StrictJSONRoute)
 
 MAX_POINTS_LIMIT = 100_000
 #: Steps are exact in a browser up to 2^53, and ingest refuses larger ones.
@@ -170,12 +171,12 @@ def get_run(run_id: str, store: StoreDep, who: Reader) -> RunAnswer:
 
 
 #: Control characters a run's name, tags and notes may not hold (notes keep \t and \n).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(rf"[{UNSAFE_CHARS}]")
 _CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: The same rules as JSON-schema patterns: text with a visible character and no control
 #: characters; a tag without quotes, backslashes or commas either; notes with tabs and lines.
-VISIBLE = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"
-_TAG = r'^[^\x00-\x1f\x7f-\x9f"\\,]*[^\s\x00-\x1f\x7f-\x9f"\\,][^\x00-\x1f\x7f-\x9f"\\,]*$'
+VISIBLE = rf"^[^{UNSAFE_CHARS}]*[^\s{UNSAFE_CHARS}][^{UNSAFE_CHARS}]*$"
+_TAG = rf'^[^{UNSAFE_CHARS}"\\,]*[^\s{UNSAFE_CHARS}"\\,][^{UNSAFE_CHARS}"\\,]*$'
 _NOTES = r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$"
 
 

@@ -7,7 +7,11 @@ from importlib import resources
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
+
+from trainvitals.server.deps import StateDep
+from trainvitals.server.errors import RETRY_AFTER
+from trainvitals.server.writer import WriterState
 
 router = APIRouter()
 
@@ -33,6 +37,18 @@ def plotly() -> FileResponse:
     )
 
 
-@router.get("/healthz")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+@router.get("/healthz", responses={503: {"description": "the database cannot store now"}})
+def healthz(state: StateDep) -> JSONResponse:
+    """``{"status": "ok", "writer": "ok"}`` while the server stores what it receives; 503 with
+    ``"status": "unavailable"`` while its database cannot (the writer retrying a failed
+    transaction, or refusing writes until the database answers), so that a load balancer or
+    a Kubernetes readiness probe sends agents elsewhere. No token needed; no detail of the
+    database (docs/operations.md#health)."""
+    writer = state.writer.state
+    if writer is WriterState.OK:
+        return JSONResponse({"status": "ok", "writer": writer.name.lower()})
+    return JSONResponse(
+        {"status": "unavailable", "writer": writer.name.lower()},
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER), "Cache-Control": "no-store"},
+    )
