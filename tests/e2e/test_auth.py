@@ -147,6 +147,12 @@ def test_every_route_needs_a_token_but_healthz(team: Team) -> None:
         assert call(server, path)[0] == 401, path
         assert call(server, path, "tv_0000_forged")[0] == 401, path
     assert call(server, "/api/v1/alerts/x/silence", method="POST", body={})[0] == 401
+    # The API's description too: it is a reader's, as the API is.
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        assert call(server, path)[0] == 401, path
+        assert call(server, path, team.ingest_p)[0] == 403, path
+    status, spec = call(server, "/openapi.json", team.read_p)
+    assert status == 200 and "/api/v1/runs" in spec["paths"]  # type: ignore[index]
 
 
 def test_roles_and_projects(team: Team) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -136,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ),
             metrics=gauges,
             open_tokens=open_tokens,
+            exports=threading.BoundedSemaphore(settings.max_exports),
         )
         # What start-up built (modules, classes, routes, the detectors' code) lives as long
         # as the process: out of the collector's sight, a full collection walks only what
@@ -159,7 +161,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             writer.close()
             store.dispose()
 
-    app = FastAPI(title="trainvitals", version=__version__, lifespan=lifespan)
+    # With auth required the API's description is a reader's, as the API is (web.guarded_docs).
+    public_docs = not settings.auth_required
+    app = FastAPI(
+        title="trainvitals",
+        version=__version__,
+        lifespan=lifespan,
+        openapi_url="/openapi.json" if public_docs else None,
+        docs_url="/docs" if public_docs else None,
+        redoc_url="/redoc" if public_docs else None,
+    )
+    if not public_docs:
+        web.guarded_docs(app)
     errors.install(app)
     app.add_middleware(
         RequestGuard,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -37,6 +38,10 @@ class AppState:
     open_tokens: OpenTokens = field(default_factory=OpenTokens)
     #: Websockets accepted and still open on this process (bounded by ``max_websockets``).
     websockets: int = 0
+    #: Exports streaming now (bounded by ``max_exports``); made with the app's state.
+    exports: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(1)
+    )
 
 
 def get_state(connection: HTTPConnection) -> AppState:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
 from typing import Annotated, Any, Literal, cast
 
 import numpy as np
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
@@ -46,6 +47,7 @@ from trainvitals.server.deps import (
     StateDep,
     StoreDep,
     alert_not_found,
+    get_state,
     run_not_found,
 )
 from trainvitals.server.downsample import downsample_indices
@@ -306,6 +308,7 @@ class ExportQuery:
 
     def __init__(
         self,
+        request: Request,
         name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
         fmt: Annotated[ExportFormat, Query(alias="format")] = ExportFormat.CSV,
         min_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
@@ -315,6 +318,7 @@ class ExportQuery:
         self.names = list(dict.fromkeys(name)) if name else None
         self.fmt, self.filename = fmt, filename
         self._steps = min_step, max_step
+        self._slots = get_state(request).exports
 
     def points(self, store: Store, run_id: str, name: str) -> Iterator[ArrayColumns]:
         """The run's points of series ``name`` in the step range, a stored batch at a time."""
@@ -325,9 +329,15 @@ class ExportQuery:
         """The file, streamed (``501`` for Parquet on a server without pyarrow)."""
         if self.fmt is ExportFormat.PARQUET and not parquet_available():
             raise HTTPException(501, PARQUET_HINT)
+        if not self._slots.acquire(blocking=False):
+            raise HTTPException(
+                503,
+                "as many exports as this server runs at once are streaming: try again shortly",
+                headers={"Retry-After": "5"},
+            )
         disposition = f'attachment; filename="{self.filename or filename}.{self.fmt.value}"'
         return StreamingResponse(
-            export(self.fmt, batches, labels),
+            _releasing(export(self.fmt, batches, labels), self._slots),
             media_type=MEDIA_TYPES[self.fmt],
             headers={"Content-Disposition": disposition},
         )
@@ -398,6 +408,15 @@ def export_runs(
         for points in query.points(store, found["id"], n)
     )
     return query.answer(batches, RUN_SERIES, "runs")
+
+
+def _releasing(body: Iterator[bytes], slot: threading.BoundedSemaphore) -> Iterator[bytes]:
+    """``body``, giving its export's slot back once it is sent, or abandoned (a client that
+    went away: the generator is closed)."""
+    try:
+        yield from body
+    finally:
+        slot.release()
 
 
 def _in_range(points: ArrayColumns, min_step: int | None, max_step: int | None) -> ArrayColumns:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
+from trainvitals.server.auth import Reader
 from trainvitals.server.deps import StateDep
 from trainvitals.server.errors import RETRY_AFTER
 from trainvitals.server.writer import WriterState
@@ -35,6 +37,24 @@ def plotly() -> FileResponse:
     return FileResponse(
         path, media_type="text/javascript", headers={"Cache-Control": "public, max-age=86400"}
     )
+
+
+def guarded_docs(app: FastAPI) -> None:
+    """Serve ``/openapi.json``, ``/docs`` and ``/redoc`` to a token (or session) with role
+    ``read`` only: with auth required, the API's description is not for anyone who reaches
+    the port."""
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(who: Reader) -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger(who: Reader) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - API")
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc(who: Reader) -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - API")
 
 
 @router.get("/healthz", responses={503: {"description": "the database cannot store now"}})
