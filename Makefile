@@ -10,7 +10,7 @@ DEPS_STAMP := $(VENV)/.deps-installed
 # so even on 2 cores several workers finish it sooner. TEST_JOBS=0: one process.
 TEST_JOBS ?= 3
 
-.PHONY: demo test lint typecheck bench screenshot system clean
+.PHONY: demo test lint typecheck bench faults screenshot system clean
 
 $(DEPS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/metric_sort.py
 	$(PY) benchmarks/idle_server.py
 	$(PY) benchmarks/hand_over.py
+	$(PY) benchmarks/ws_memory.py --token --against HEAD
+
+# Private PostgreSQL stopped 1, 6 and 30 s, a full disk, a SIGKILL (docs/operations.md).
+faults: $(DEPS_STAMP) system
+	$(PY) benchmarks/faults.py
 
 # Regenerates the README's screenshots (light, dark, compare) from the browser tests.
 screenshot: $(DEPS_STAMP) system

@@ -46,7 +46,7 @@ MAX_BATCH = 512
 #: restart of a second or two goes unnoticed by agents; a longer outage tells them to retry.
 PATIENCE = 5.0
 #: The backoff between tries (seconds): the first ceiling, and the most.
-RETRY_FIRST, RETRY_MOST = 0.1, 5.0
+RETRY_FIRST, RETRY_MOST = 0.1, 2.0
 
 
 class WriterState(enum.IntEnum):
@@ -191,7 +191,7 @@ class Writer:
                     self._on_commit(time.perf_counter() - started)
             except Exception as exc:
                 outage = is_outage(exc, conn)  # before the connection goes
-                self._forget(conn)
+                self._forget(conn, outage)
                 if not outage:
                     self._refused(batch, exc)
                     return
@@ -218,11 +218,14 @@ class Writer:
         for loop, outcomes in by_loop.items():
             _settle(loop, outcomes)
 
-    def _forget(self, conn: Connection | None) -> None:
-        """The transaction failed: what it held is not stored, and its connection goes."""
+    def _forget(self, conn: Connection | None, outage: bool = False) -> None:
+        """The transaction failed: what it held is not stored, and its connection goes (in
+        an outage without the rollback a pool's reset would try, and log, on a lost one)."""
         if conn is not None:
             try:
                 self._store.rolled_back(conn)
+                if outage and not conn.invalidated:
+                    conn.invalidate()
             except Exception:  # invalidated: what it held went with the driver's connection
                 log.debug("forgetting a failed transaction's writes failed", exc_info=True)
         self._disconnect()  # the next transaction starts on a fresh connection
@@ -259,7 +262,7 @@ class Writer:
                 conn.exec_driver_sql("SELECT 1")
                 conn.rollback()
             except Exception as exc:
-                self._forget(None)
+                self._forget(self._conn, outage=True)
                 self._failed(exc, retried=True)
                 continue
             log.warning("the database answers again: storing resumes")
