@@ -312,7 +312,6 @@ _OUTAGES = (
     sa.TimeoutError,
     sa.PendingRollbackError,
     sa.ResourceClosedError,
-    OSError,
 )
 
 
