@@ -236,7 +236,12 @@ async def _drain(websocket: WebSocket, subscriber: Subscriber) -> None:
             done, _ = await asyncio.wait({get, overflow}, return_when=asyncio.FIRST_COMPLETED)
             if overflow in done:
                 get.cancel()
-                await websocket.close(CLOSE_TRY_AGAIN_LATER, "too slow to follow the live stream")
+                reason = (
+                    "live messages were lost on the way: reconnect and reload"
+                    if subscriber.interrupted
+                    else "too slow to follow the live stream"
+                )
+                await websocket.close(CLOSE_TRY_AGAIN_LATER, reason)
                 return
             message = get.result()
             subscriber.taken(message)
