@@ -45,11 +45,12 @@ class PrivatePostgres:
         self.data = root / "data"
         self.port = free_port()
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-        self._as: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if self._as:
+        #: The command prefix that runs PostgreSQL's programs as its own user (when root).
+        self.run_as: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.run_as:
             shutil.chown(root, "postgres")
         subprocess.run(
-            [*self._as, _postgres_bin("initdb"), "-D", str(self.data), "-U", "postgres",
+            [*self.run_as, _postgres_bin("initdb"), "-D", str(self.data), "-U", "postgres",
              "-A", "trust", "--no-sync", "-E", "UTF8"],
             check=True, capture_output=True,
         )  # fmt: skip
@@ -58,7 +59,7 @@ class PrivatePostgres:
         """Start it and wait until it takes connections."""
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
         subprocess.run(
-            [*self._as, _postgres_bin("pg_ctl"), "-D", str(self.data), "-o", options,
+            [*self.run_as, _postgres_bin("pg_ctl"), "-D", str(self.data), "-o", options,
              "-l", str(self.root / "log"), "-w", "-t", "30", "start"],
             check=True, capture_output=True,
         )  # fmt: skip
@@ -66,7 +67,7 @@ class PrivatePostgres:
     def stop(self, mode: str = "fast") -> None:
         """Stop it (``fast``: its connections are cut, as a restart by an operator does)."""
         subprocess.run(
-            [*self._as, _postgres_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w",
+            [*self.run_as, _postgres_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w",
              "-t", "30", "stop"],
             check=True, capture_output=True,
         )  # fmt: skip
@@ -83,7 +84,7 @@ def private_postgres() -> Iterator[PrivatePostgres]:
             yield pg
         finally:
             subprocess.run(
-                [*pg._as, _postgres_bin("pg_ctl"), "-D", str(pg.data), "-m", "immediate",
+                [*pg.run_as, _postgres_bin("pg_ctl"), "-D", str(pg.data), "-m", "immediate",
                  "stop"],
                 capture_output=True,
             )  # fmt: skip
