@@ -13,7 +13,7 @@ DOCS_STAMP := $(VENV)/.docs-installed
 # so even on 2 cores several workers finish it sooner. TEST_JOBS=0: one process.
 TEST_JOBS ?= 3
 
-.PHONY: demo test docs lint typecheck bench compat screenshot system clean
+.PHONY: demo test docs lint typecheck bench compat faults screenshot system clean
 
 $(DEPS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ bench: $(DEPS_STAMP) system
 	$(PY) benchmarks/metric_sort.py
 	$(PY) benchmarks/idle_server.py
 	$(PY) benchmarks/hand_over.py
+	$(PY) benchmarks/ws_memory.py --token --against HEAD
+
+# Private PostgreSQL stopped 1, 6 and 30 s, a full disk, a SIGKILL (docs/operations.md).
+faults: $(DEPS_STAMP) system
+	$(PY) benchmarks/faults.py
 
 # Keras's own tests, bare and with the callback on every fit: any test whose outcome differs.
 # trainer_test.py imports jax at module level: the CPU wheel, for this job only.

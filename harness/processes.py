@@ -89,7 +89,7 @@ class ServerProcess:
         self._output: deque[str] = deque([line], maxlen=20_000)
         self._drain = threading.Thread(target=self._read_output, daemon=True)
         self._drain.start()
-        wait_for(lambda: self.get("/healthz") == {"status": "ok"}, what="server /healthz")
+        wait_for(lambda: self.get("/healthz")["status"] == "ok", what="server /healthz")
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -344,22 +344,28 @@ def create_token(db: str, project: str, role: str, name: str) -> str:
 
 
 def ingest_refusal(server: ServerProcess, token: str, project: str) -> tuple[int, str]:
-    """How the server closes an agent connection made with ``token`` as its ``hello`` for a
-    new run of ``project`` arrives: ``(code, reason)`` (an AssertionError when it welcomes
-    it instead). One round trip, where a refused :func:`stream` waits out its run's end."""
-    from websockets.exceptions import ConnectionClosed
+    """How the server refuses an agent connection made with ``token``: the HTTP status and
+    detail of an upgrade refused (a token unknown, revoked, or of another role), or the close
+    code and reason as its ``hello`` for a new run of ``project`` arrives (an AssertionError
+    when it welcomes it instead). One round trip, where a refused :func:`stream` waits out its
+    run's end."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
     from websockets.sync.client import connect
 
     hello = {"type": "hello", "v": 1, "run_id": uuid.uuid4().hex, "project": project,
              "name": "refused?", "started_at": time.time()}  # fmt: skip
     url = server.url.replace("http", "ws", 1) + "/api/v1/ingest"
-    with connect(url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
-        try:
-            ws.send(json.dumps(hello))
-            answer = ws.recv(timeout=10)
-        except ConnectionClosed as closed:
-            assert closed.rcvd is not None, "closed without a code"
-            return closed.rcvd.code, closed.rcvd.reason
+    try:
+        with connect(url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+            try:
+                ws.send(json.dumps(hello))
+                answer = ws.recv(timeout=10)
+            except ConnectionClosed as closed:
+                assert closed.rcvd is not None, "closed without a code"
+                return closed.rcvd.code, closed.rcvd.reason
+    except InvalidStatus as refused:
+        response = refused.response
+        return response.status_code, str(json.loads(response.body or b"{}").get("detail", ""))
     raise AssertionError(f"the server answered {answer!r} instead of refusing")
 
 

@@ -164,6 +164,8 @@ def test_the_compose_nginx_configuration_is_valid_and_balances_both_replicas(
     config = (ROOT / "deploy" / "nginx.conf").read_text()
     assert "server server-1:8600" in config and "server server-2:8600" in config
     assert "proxy_set_header Upgrade $http_upgrade;" in config
+    # What docs/security.md hands to the load balancer: a client's connections and rate.
+    assert "limit_conn per_address" in config and "limit_req zone=requests" in config
     # Names only Docker resolves, pointed at this host for nginx's own check.
     local = tmp_path / "nginx.conf"
     local.write_text(config.replace("server-1:", "127.0.0.1:").replace("server-2:", "127.0.0.2:"))

@@ -16,6 +16,7 @@ expected and what arrived.
     ├── SpoolError             a spool left on disk that cannot be read or delivered
     │                          (trainvitals sync): what is wrong, and where
     ├── WriterClosed           a write submitted after the server's writer has stopped
+    ├── StorageUnavailable     the database cannot store now (down, full, locked): try later
     └── ApiError               a request of trainvitals.Api (or trainvitals export) that failed:
                                the server's status and reason, or why it was not reached
 
@@ -34,6 +35,7 @@ __all__ = [
     "RulesError",
     "SpoolError",
     "StorageError",
+    "StorageUnavailable",
     "TrainvitalsError",
     "WriterClosed",
 ]
@@ -83,6 +85,11 @@ class SpoolError(TrainvitalsError):
 
 class WriterClosed(TrainvitalsError, RuntimeError):
     """A write was submitted after the writer was closed."""
+
+
+class StorageUnavailable(TrainvitalsError, RuntimeError):
+    """The server's database cannot store now (unreachable, full, locked): nothing of the
+    write was stored; the writer tries the database again with backoff meanwhile."""
 
 
 class ApiError(TrainvitalsError):

@@ -154,7 +154,10 @@ CLOSE_UNSUPPORTED_DATA: Final = 1003  # binary frame where text JSON was expecte
 CLOSE_INVALID_PAYLOAD: Final = 1007  # not JSON, or JSON that is not a valid frame
 CLOSE_POLICY_VIOLATION: Final = 1008  # valid frame in the wrong place (points before hello, ...)
 CLOSE_TOO_BIG: Final = 1009  # frame over MAX_FRAME_BYTES
-CLOSE_TRY_AGAIN_LATER: Final = 1013  # a browser too slow to keep up with the live stream
+CLOSE_INTERNAL_ERROR: Final = 1011  # the server failed on a frame (a bug): the agent resends it
+#: A browser too slow to keep up with the live stream; a cap reached; the server's database
+#: cannot store now or the server is stopping: the agent reconnects and resends.
+CLOSE_TRY_AGAIN_LATER: Final = 1013
 
 #: Older names of two end reasons, kept for scripts that import them: use :class:`EndReason`.
 END_COMPLETED: Final = EndReason.COMPLETED.value

@@ -147,6 +147,12 @@ def test_every_route_needs_a_token_but_healthz(team: Team) -> None:
         assert call(server, path)[0] == 401, path
         assert call(server, path, "tv_0000_forged")[0] == 401, path
     assert call(server, "/api/v1/alerts/x/silence", method="POST", body={})[0] == 401
+    # The API's description too: it is a reader's, as the API is.
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        assert call(server, path)[0] == 401, path
+        assert call(server, path, team.ingest_p)[0] == 403, path
+    status, spec = call(server, "/openapi.json", team.read_p)
+    assert status == 200 and "/api/v1/runs" in spec["paths"]  # type: ignore[index]
 
 
 def test_roles_and_projects(team: Team) -> None:
@@ -185,16 +191,18 @@ def test_an_ingest_token_sends_runs_of_its_own_project_only(team: Team) -> None:
     url = team.server.url.replace("http", "ws") + "/api/v1/ingest"
     hello = {"type": "hello", "v": 1, "run_id": "r-q", "project": "q", "name": "n",
              "started_at": 1.0}  # fmt: skip
-    for headers, reason in (
-        ({}, "a token is required"),
-        ({"Authorization": f"Bearer {team.ingest_p}"}, "may not send runs of project 'q'"),
-    ):
-        with connect(url, additional_headers=headers) as ws:
-            with pytest.raises(ConnectionClosed) as closed:
-                ws.send(json.dumps(hello))  # without a token, closed before this arrives
-                ws.recv(timeout=10)
-        assert closed.value.rcvd is not None
-        assert closed.value.rcvd.code == 1008 and reason in closed.value.rcvd.reason
+    # Without a token, or with a token that cannot send runs: refused before the upgrade.
+    for headers, status in (({}, 401), ({"Authorization": f"Bearer {team.read_p}"}, 403)):
+        with pytest.raises(InvalidStatus) as refused:
+            with connect(url, additional_headers=headers):
+                pass
+        assert refused.value.response.status_code == status
+    with connect(url, additional_headers={"Authorization": f"Bearer {team.ingest_p}"}) as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.send(json.dumps(hello))
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert "may not send runs of project 'q'" in closed.value.rcvd.reason
 
 
 def test_a_run_keeps_its_project_even_for_a_hello_that_holds_its_secret(team: Team) -> None:
@@ -278,9 +286,11 @@ def test_a_token_of_one_project_sees_its_own_channels_and_rules_only(tmp_path: P
 
 def test_the_live_stream_needs_a_token_and_shows_its_project_only(team: Team) -> None:
     url = team.server.url.replace("http", "ws") + "/api/v1/live"
-    with connect(url) as ws, pytest.raises(ConnectionClosed) as closed:
-        ws.recv(timeout=10)
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    # Refused before the upgrade: no websocket, no frame read. An agent's token reads nothing.
+    for headers, status in (({}, 401), ({"Authorization": f"Bearer {team.ingest_p}"}, 403)):
+        with pytest.raises(InvalidStatus) as refused, connect(url, additional_headers=headers):
+            pass
+        assert refused.value.response.status_code == status
     with connect(url, additional_headers={"Authorization": f"Bearer {team.read_p}"}) as ws:
         stream(team.server, team.ingest_q, "q")
         run_p = stream(team.server, team.ingest_p, "p")
@@ -359,10 +369,10 @@ def test_signing_out_closes_the_sessions_live_stream_and_no_other(team: Team) ->
         # Not "this token was revoked": another tab of the browser says its session ended.
         assert closed.value.rcvd.reason == "this browser session was signed out"
         assert script.ping().wait(10)  # the token's own stream is still open
-    with pytest.raises(ConnectionClosed) as refused:
-        with connect(url, additional_headers={"Cookie": session}) as again:
-            again.recv(timeout=10)
-    assert refused.value.rcvd is not None and refused.value.rcvd.code == 1008
+    with pytest.raises(InvalidStatus) as refused:
+        with connect(url, additional_headers={"Cookie": session}):
+            pass
+    assert refused.value.response.status_code == 401
 
 
 def token_id(token: str) -> str:
@@ -457,7 +467,7 @@ def test_an_admin_makes_lists_and_revokes_tokens_without_a_shell(team: Team) -> 
     assert status == 200 and revoked["revoked_at"] is not None  # type: ignore[index]
     assert call(server, f"/api/v1/tokens/{made['id']}", team.admin, "DELETE") == (200, revoked)
     code, reason = ingest_refusal(server, token, "p")
-    assert code == 1008 and reason.startswith("a token is required")
+    assert code == 401 and reason.startswith("a token is required")
     # The command sees what the API did.
     listed_by_command = trainvitals("token", "list", "--db", team.db).stdout
     assert "bob's laptop" in listed_by_command and token not in listed_by_command

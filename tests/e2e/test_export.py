@@ -371,3 +371,30 @@ def test_the_cli_writes_the_export_to_a_file_or_stdout(tmp_path: Path) -> None:
         server.stop()
     unreachable = export_cli(run_id, "--server", server.url, "--token", reader)
     assert unreachable.returncode == 1 and b"could not read from" in unreachable.stderr
+
+
+def test_exports_at_once_are_bounded_and_a_slot_comes_back(tmp_path: Path) -> None:
+    """Each export reads a run's every point: past ``TRAINVITALS_MAX_EXPORTS`` streaming at
+    once, another is 503 with Retry-After; one abandoned mid-stream gives its slot back."""
+    import http.client
+
+    server = ServerProcess(str(tmp_path / "tv.db"), extra_env={"TRAINVITALS_MAX_EXPORTS": "1"})
+    try:
+        steps = list(range(1, 400_001))  # some 20 MB of CSV: more than the sockets buffer
+        run = Run(resolve(server=server.url, project="p", run_name="big"),
+                  system_metrics=False, watchdog=False)  # fmt: skip
+        run.start()
+        run.add_columns({"loss": Columns(steps, [1.7e9 + s for s in steps], [0.5] * len(steps))})
+        assert run.finish(timeout=60)
+        run_id = run.id
+        held = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        held.request("GET", f"/api/v1/runs/{run_id}/export")
+        response = held.getresponse()
+        assert response.status == 200 and response.read(1024)  # streaming, not read further
+        status, body = fetch(server, f"/api/v1/runs/{run_id}/export")
+        assert status == 503 and b"try again" in body
+        held.close()  # the client goes away mid-stream
+        wait_for(lambda: fetch(server, f"/api/v1/runs/{run_id}/export?max_step=5")[0] == 200,
+                 what="the abandoned export's slot back")  # fmt: skip
+    finally:
+        server.stop()

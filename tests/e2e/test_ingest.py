@@ -215,7 +215,7 @@ def test_a_huge_body_gets_413_before_it_is_sent_and_the_server_stays_responsive(
     response = connection.getresponse()
     assert response.status == 413 and response.read() == b"request body too large"
     connection.close()
-    assert server.get("/healthz") == {"status": "ok"}
+    assert server.get("/healthz") == {"status": "ok", "writer": "ok"}
 
 
 def test_a_watchdog_waits_for_a_process_killed_while_its_hello_was_queued(

@@ -272,9 +272,12 @@ def test_a_replica_cut_off_from_the_broker_reconnects_and_hears_again(
             clients = await admin.client_list()
             ours = [c["id"] for c in clients if c["name"] == one._broker.client_name]
             assert ours
+            assert not browser.overflowed.is_set()
             for client in ours:  # as when Redis restarts, or a network cut
                 await admin.client_kill_filter(_id=client)
             await until(partial(alert_arrives, two, browser, "after"))
+            # What was published meanwhile never came: the browser reconnects and reloads.
+            assert browser.interrupted and browser.overflowed.is_set()
         finally:
             await admin.aclose()
 

@@ -198,7 +198,7 @@ def test_what_start_up_built_is_left_out_of_each_full_collection(tmp_path: Path)
         # Modules, classes, routes, the store: tens of thousands of objects a full
         # collection under load no longer walks (docs/scaling.md).
         assert gc.get_freeze_count() > 20_000
-        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.get("/healthz").json() == {"status": "ok", "writer": "ok"}
     gc.unfreeze()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -10,10 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, create_engine, text
 
-from harness.processes import POSTGRES_ADMIN_URL
+from harness.processes import POSTGRES_ADMIN_URL, wait_for
+from harness.services import private_postgres
+from trainvitals.exceptions import StorageUnavailable, WriterClosed
 from trainvitals.protocol import Columns
 from trainvitals.server.store import Store
-from trainvitals.server.writer import Writer
+from trainvitals.server.writer import Writer, WriterState
 
 HELLO = {
     "run_id": "r1", "project": "p", "name": "n", "config": {}, "host": "h", "pid": 1,
@@ -95,3 +98,59 @@ def test_a_rolled_back_frame_stores_its_series_when_it_is_replayed(
     run = store.runs.get_run("r1")
     assert run is not None and run["series"] == ["grad/global_norm", "loss"]
     assert store.series.read_series("r1", "loss")[0].tolist() == [1, 2]
+
+
+def test_a_database_outage_is_retried_then_refused_and_never_kills_the_writer() -> None:
+    """PostgreSQL stopped: a write waits while the writer tries again, for its patience; then
+    it fails unstored, and writes are refused at once until the database is back. The writer
+    then stores again, and closes at once whatever the database's state."""
+    states: list[WriterState] = []
+    errors: list[tuple[str, bool]] = []
+    with private_postgres() as pg:
+        store = Store(pg.url)
+        store.create_schema()
+        writer = Writer(
+            store,
+            on_state=states.append,
+            on_error=lambda exc, retried: errors.append((type(exc).__name__, retried)),
+            patience=0.5,
+        )
+        try:
+
+            async def scenario() -> None:
+                await writer.submit(partial(store.runs.open_run, hello=HELLO, now=1.0))
+                pg.stop()
+                with pytest.raises(StorageUnavailable, match="cannot store now"):
+                    await writer.submit(partial(store.runs.touch, run_id="r1", now=2.0))
+                assert writer.state is WriterState.UNAVAILABLE
+                with pytest.raises(StorageUnavailable):  # at once: nothing queued meanwhile
+                    await asyncio.wait_for(writer.submit(backend_pid), 0.1)
+                pg.start()
+                await asyncio.to_thread(
+                    wait_for, lambda: writer.state is WriterState.OK, 20, what="recovery"
+                )
+                await writer.submit(partial(store.runs.touch, run_id="r1", now=3.0))
+
+            asyncio.run(scenario())
+            run = store.runs.get_run("r1")
+            assert run is not None and run["last_seen"] == 3.0
+            assert states[:3] == [WriterState.RETRYING, WriterState.UNAVAILABLE, WriterState.OK]
+            assert errors and all(name == "OperationalError" for name, _ in errors)
+            assert any(retried for _, retried in errors)
+            pg.stop()  # down as the server stops: the writer ends within its bound
+            started = time.monotonic()
+
+            async def last_write() -> None:
+                pending = asyncio.ensure_future(
+                    writer.submit(partial(store.runs.touch, run_id="r1", now=4.0))
+                )
+                await asyncio.sleep(0)
+                await asyncio.to_thread(writer.close, 5.0)
+                with pytest.raises(WriterClosed):
+                    await pending
+
+            asyncio.run(last_write())
+            assert time.monotonic() - started < 3.0 and writer.state is WriterState.CLOSED
+        finally:
+            writer.close()
+            store.dispose()

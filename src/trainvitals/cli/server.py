@@ -79,6 +79,12 @@ def serve_command(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         create_app(settings),
         ws_max_size=2 * settings.max_frame_bytes,  # oversized frames get our 1009 with a reason
+        # Agents send uncompressed; inflating was a client's way to make the server hold
+        # 8 MiB for 8 KB sent (docs/security.md#limits).
+        ws_per_message_deflate=False,
+        # SIGTERM ends the server within a bound even when connections wait on a database
+        # that is down: they are closed after this grace.
+        timeout_graceful_shutdown=settings.shutdown_grace,
         log_level="warning",
     )
     uvicorn.Server(config).run(sockets=[sock])

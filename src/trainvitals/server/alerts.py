@@ -39,7 +39,7 @@ from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, Rule
 from trainvitals.detect.memory import PROCESS_RULES, ProcessMemory
 from trainvitals.detect.numeric import cause_said
 from trainvitals.detect.types import jsonable
-from trainvitals.exceptions import WriterClosed
+from trainvitals.exceptions import StorageUnavailable, WriterClosed
 from trainvitals.protocol import Columns, EndReason, SeqColumns
 from trainvitals.server.leases import RUN, Leases
 from trainvitals.server.live import Hub
@@ -48,7 +48,7 @@ from trainvitals.server.notify import Notifier
 from trainvitals.server.notify.messages import Notice
 from trainvitals.server.storage import AlertRow, Silence
 from trainvitals.server.store import Store
-from trainvitals.server.writer import Writer
+from trainvitals.server.writer import Writer, log_failure
 
 log = logging.getLogger("trainvitals.server")
 
@@ -133,7 +133,7 @@ class AlertEngine:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if self._runs:
-            with contextlib.suppress(WriterClosed):
+            with contextlib.suppress(WriterClosed, StorageUnavailable):
                 await self._leases.release(*(RUN + run_id for run_id in self._runs))
 
     # -- events from ingest and liveness ----------------------------------------------------
@@ -383,8 +383,8 @@ class AlertEngine:
                 held = await self._leases.renew(RUN)
             except WriterClosed:
                 return
-            except Exception:  # a database hiccup must not end the renewals
-                log.exception("renewing the runs' leases failed")
+            except Exception as exc:  # a database hiccup must not end the renewals
+                log_failure(exc, "renewing the runs' leases failed")
                 continue
             for run_id, state in list(self._runs.items()):
                 if state.leased_at < started and RUN + run_id not in held:
@@ -437,8 +437,8 @@ class AlertEngine:
             due, self._health_due = self._health_due, {}
             try:
                 health = await asyncio.to_thread(self._store.alerts.health, list(due))
-            except Exception:  # the alerts are stored and sent: a list shows it at its next read
-                log.exception("reading the health of %d runs failed", len(due))
+            except Exception as exc:  # stored and sent: a list shows it at its next read
+                log_failure(exc, "reading the health of %d runs failed", len(due))
                 return
             for run_id, project in due.items():
                 if run_id in health:

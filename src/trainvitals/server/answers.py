@@ -103,6 +103,7 @@ API_ERRORS: dict[int | str, dict[str, Any]] = {
     404: _error("No such run or alert, or one of another project"),
     413: _error("A body over the limit (1 MiB unless configured)"),
     415: _error("A write whose body is not JSON"),
+    503: _error("The database cannot be used now, or too many exports run: see Retry-After"),
 }
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -12,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from trainvitals import __version__
 from trainvitals.detect import RulesConfig, load_rules
 from trainvitals.protocol import EndReason
+from trainvitals.server import errors
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.broker import Broker
 from trainvitals.server.compactor import Compactor
@@ -27,7 +31,7 @@ from trainvitals.server.quotas import Caps, Quotas, TeamCounts
 from trainvitals.server.routes import api, metrics, notify, session, streams, tokens, web
 from trainvitals.server.settings import Settings
 from trainvitals.server.store import Store
-from trainvitals.server.writer import Writer
+from trainvitals.server.writer import Writer, WriterState
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -51,7 +55,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = Store(settings.db)
         store.create_schema()
         gauges = Metrics()
-        writer = Writer(store, on_commit=gauges.transaction_seconds.observe)
+        loop = asyncio.get_running_loop()
+        recovered: list[Callable[[], None]] = []
+
+        def writer_state(state: WriterState) -> None:  # on the writer's thread
+            gauges.writer_state.set(state)
+            if state is WriterState.OK:
+                for listener in recovered:
+                    loop.call_soon_threadsafe(listener)
+
+        writer = Writer(
+            store,
+            on_commit=gauges.transaction_seconds.observe,
+            on_error=gauges.storage_error,
+            on_state=writer_state,
+            patience=settings.storage_patience,
+        )
         broker = Broker(settings.broker) if settings.broker else None
         open_tokens = OpenTokens()
         hub = Hub(
@@ -82,6 +101,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             leases=leases,
         )
         await liveness.start()
+        # Agents could not be heard while nothing could be stored: no run is lost for it.
+        recovered.append(lambda: liveness.resume(time.time()))
         compactor = Compactor(
             store,
             writer,
@@ -116,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             ),
             metrics=gauges,
             open_tokens=open_tokens,
+            exports=threading.BoundedSemaphore(settings.max_exports),
         )
         # What start-up built (modules, classes, routes, the detectors' code) lives as long
         # as the process: out of the collector's sight, a full collection walks only what
@@ -126,6 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            writer.stopping()  # what stops next does not wait out a database outage
             await gauges.stop_watching()
             await compactor.stop()
             if team is not None:
@@ -138,7 +161,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             writer.close()
             store.dispose()
 
-    app = FastAPI(title="trainvitals", version=__version__, lifespan=lifespan)
+    # With auth required the API's description is a reader's, as the API is (web.guarded_docs).
+    public_docs = not settings.auth_required
+    app = FastAPI(
+        title="trainvitals",
+        version=__version__,
+        lifespan=lifespan,
+        openapi_url="/openapi.json" if public_docs else None,
+        docs_url="/docs" if public_docs else None,
+        redoc_url="/redoc" if public_docs else None,
+    )
+    if not public_docs:
+        web.guarded_docs(app)
+    errors.install(app)
     app.add_middleware(
         RequestGuard,
         hosts=allowed_hosts(

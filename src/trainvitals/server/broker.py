@@ -46,6 +46,11 @@ log = logging.getLogger("trainvitals.server")
 #: replica has just begun to watch, runs deleted, and tokens revoked (their websockets close).
 RUNS, ALERTS, POINTS, WATCHING, DELETED = "runs", "alerts", "points:", "watching", "deleted"
 REVOKED = "revoked"
+#: Live messages may have been lost (a replica's connection to Redis broke, or it dropped
+#: what it could not publish): each replica closes its browsers' live sockets, whose pages
+#: reconnect and reload from the API. Delivered locally by a listener that subscribed again,
+#: and published by a publisher that sends again after dropping messages.
+INTERRUPTED = "interrupted"
 #: Seconds a channel that reached nobody is not published to (unless someone asks for it).
 QUIET = 2.0
 #: Messages waiting for the publisher; beyond, new ones are dropped (Redis is down or slow).
@@ -93,7 +98,8 @@ class Broker:
         self.prefix = f"trainvitals:{self._redis.connection_pool.connection_kwargs.get('db', 0)}:"
         self._outgoing: asyncio.Queue[tuple[str, str]] = asyncio.Queue(MAX_PENDING)
         self._channels = {
-            self.prefix + channel for channel in (RUNS, ALERTS, WATCHING, DELETED, REVOKED)
+            self.prefix + channel
+            for channel in (RUNS, ALERTS, WATCHING, DELETED, REVOKED, INTERRUPTED)
         }
         self._quiet = quiet
         #: Channel (without the prefix) -> when a publish to it last reached nobody.
@@ -160,6 +166,7 @@ class Broker:
 
     async def _publish_forever(self) -> None:
         delays = backoff_delays()
+        dropping = False
         while True:
             batch = [await self._outgoing.get()]
             while len(batch) < MAX_BATCH and not self._outgoing.empty():
@@ -172,11 +179,15 @@ class Broker:
             except (RedisError, OSError) as exc:
                 # At most once: what could not be sent is gone; browsers reload from the API.
                 self.dropped += len(batch)
+                dropping = True
                 self._warn("publishing to", exc)
                 await asyncio.sleep(next(delays))
             else:
                 delays = backoff_delays()
                 self._count(batch, receivers)
+                if dropping:  # every replica's browsers missed what was dropped
+                    dropping = False
+                    self.publish(INTERRUPTED, "")
 
     def _count(self, batch: list[tuple[str, str]], receivers: list[int]) -> None:
         now = time.monotonic()
@@ -193,12 +204,16 @@ class Broker:
 
     async def _receive_forever(self, deliver: Deliver) -> None:
         delays = backoff_delays()
+        cut = False
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             self._pubsub = pubsub  # from here on, watch() subscribes on this connection too
             try:
                 await pubsub.subscribe(*set(self._channels))
                 delays = backoff_delays()
+                if cut:  # what was published meanwhile never came here
+                    cut = False
+                    deliver(INTERRUPTED, "")
                 async for message in pubsub.listen():
                     if message["type"] != "message":
                         continue
@@ -211,6 +226,7 @@ class Broker:
                     except Exception:  # a message no replica sent: the next ones still go
                         log.warning("live broker: a malformed message on %r dropped", channel)
             except (RedisError, OSError) as exc:
+                cut = True
                 self._warn("listening to", exc)
             finally:
                 self._pubsub = None

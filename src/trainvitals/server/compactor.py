@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from trainvitals.exceptions import WriterClosed
+from trainvitals.exceptions import StorageUnavailable, WriterClosed
 from trainvitals.server.alerts import REPLAY_FRAMES
 from trainvitals.server.leases import RETENTION, Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.settings import Retention
 from trainvitals.server.store import Store
-from trainvitals.server.writer import Writer
+from trainvitals.server.writer import Writer, log_failure
 
 log = logging.getLogger("trainvitals.server")
 
@@ -94,7 +94,7 @@ class Compactor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._leases is not None:  # another replica deletes at once
-            with contextlib.suppress(WriterClosed):
+            with contextlib.suppress(WriterClosed, StorageUnavailable):
                 await self._leases.release(RETENTION)
 
     def sweep(self) -> int:
@@ -142,6 +142,6 @@ class Compactor:
                     log.info("compacted %d stored frames", merged)
             except WriterClosed:  # the server is stopping
                 return
-            except Exception:  # a database hiccup: the next sweep tries again
-                log.exception("compaction failed; retrying in %.0f s", self.interval)
+            except Exception as exc:  # a database hiccup: the next sweep tries again
+                log_failure(exc, "compaction failed; retrying in %.0f s", self.interval)
             await asyncio.sleep(self.interval)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -35,6 +36,12 @@ class AppState:
     open_runs: OpenRuns = field(default_factory=OpenRuns)
     #: Every websocket open on this process, by its token (closed when that is revoked).
     open_tokens: OpenTokens = field(default_factory=OpenTokens)
+    #: Websockets accepted and still open on this process (bounded by ``max_websockets``).
+    websockets: int = 0
+    #: Exports streaming now (bounded by ``max_exports``); made with the app's state.
+    exports: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(1)
+    )
 
 
 def get_state(connection: HTTPConnection) -> AppState:

@@ -25,7 +25,15 @@ from typing import Any, cast
 import orjson
 
 from trainvitals.protocol import ALERT, PROTOCOL_VERSION
-from trainvitals.server.broker import ALERTS, DELETED, POINTS, REVOKED, RUNS, Broker
+from trainvitals.server.broker import (
+    ALERTS,
+    DELETED,
+    INTERRUPTED,
+    POINTS,
+    REVOKED,
+    RUNS,
+    Broker,
+)
 from trainvitals.server.storage import RunHealth, RunSummary
 
 #: The fields of a run people change from the dashboard (``PATCH /api/v1/runs/{id}``).
@@ -53,6 +61,9 @@ class Subscriber:
         #: The one project this browser sees, or None for every project.
         self.project = project
         self.overflowed = asyncio.Event()
+        #: Set with ``overflowed`` when live messages may have been lost on the way (the
+        #: broker was cut off): the browser is closed to reconnect and reload, not as slow.
+        self.interrupted = False
 
     def offer(self, message: str) -> None:
         if self.queued_bytes + len(message) > self._max_bytes:
@@ -304,6 +315,10 @@ class Hub:
             self._tell_agents(alert)
         elif channel == RUNS:
             self._offer_runs(json.loads(message))
+        elif channel == INTERRUPTED:
+            for subscriber in self._subscribers:
+                subscriber.interrupted = True
+                subscriber.overflowed.set()
         elif channel == REVOKED:
             if self._on_revoked is not None:
                 self._on_revoked(message)

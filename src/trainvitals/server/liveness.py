@@ -19,11 +19,11 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
-from trainvitals.exceptions import WriterClosed
+from trainvitals.exceptions import StorageUnavailable, WriterClosed
 from trainvitals.server.leases import SWEEP, Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.storage import RunStore
-from trainvitals.server.writer import Writer
+from trainvitals.server.writer import Writer, log_failure
 
 log = logging.getLogger("trainvitals.server")
 
@@ -81,7 +81,7 @@ class Liveness:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._leases is not None:  # the next replica sweeps at once
-            with contextlib.suppress(WriterClosed):
+            with contextlib.suppress(WriterClosed, StorageUnavailable):
                 await self._leases.release(SWEEP)
 
     async def sweeping(self) -> bool:
@@ -118,7 +118,7 @@ class Liveness:
             if isinstance(outcome, WriterClosed):  # the server is stopping
                 break
             if isinstance(outcome, BaseException):
-                log.error("giving up run %s as lost failed", run_id, exc_info=outcome)
+                log_failure(outcome, "giving up run %s as lost failed", run_id)
         return list(silent)
 
     async def _give_up(self, run_id: str, seen: float, now: float) -> None:
@@ -153,5 +153,5 @@ class Liveness:
                     continue
                 if await self.sweeping():
                     await self.check(time.time())
-            except Exception:  # a database hiccup must not end the watch
-                log.exception("liveness check failed")
+            except Exception as exc:  # a database hiccup must not end the watch
+                log_failure(exc, "liveness check failed")

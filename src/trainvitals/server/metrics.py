@@ -119,6 +119,25 @@ class Metrics:
         self.queue_depth = Gauge(
             "trainvitals_writer_queue_depth", "writes waiting for the writer", registry=registry
         )
+        self._storage_errors = Counter(
+            "trainvitals_storage_errors",
+            "errors of the database that stopped the writer from storing (connection lost, disk "
+            "full, locked), by the driver's error class",
+            ["error"],
+            registry=registry,
+        )
+        self._storage_retries = Counter(
+            "trainvitals_storage_retries",
+            "tries of the database again after a storage error (transactions, or probes while "
+            "writes are refused)",
+            registry=registry,
+        )
+        self.writer_state = Gauge(
+            "trainvitals_writer_state",
+            "what the writer can do: 0 storing, 1 retrying a failed transaction, 2 refusing "
+            "writes until the database answers (/healthz answers 503 for 1 and 2), 3 stopped",
+            registry=registry,
+        )
         self.agents = Gauge(
             "trainvitals_agent_connections", "open agent connections", registry=registry
         )
@@ -147,6 +166,13 @@ class Metrics:
         )
         self._pauses: tuple[Callable[[str, dict[str, int]], None], asyncio.Task[None]] | None
         self._pauses = None
+
+    def storage_error(self, error: BaseException, retried: bool) -> None:
+        """The writer met ``error`` from the database; ``retried``: it tries again."""
+        cause = getattr(error, "orig", None) or error
+        self._storage_errors.labels(type(cause).__name__[:40]).inc()
+        if retried:
+            self._storage_retries.inc()
 
     def watch_pauses(self) -> None:
         """Measure the event loop's lateness and each garbage collection from now until

@@ -36,11 +36,18 @@ MAX_FRAME_POINTS = 500_000
 #: Steps stay exact in a browser's numbers (2^53) and far from the columns' limit.
 STEP_MAX = 2**53 - 1
 Step = Annotated[int, Field(ge=0, le=STEP_MAX)]
-#: Times must be finite: they order and key what is stored.
-Time = Annotated[float, Field(allow_inf_nan=False)]
-#: Printable names: no control characters (a newline in a name would forge log lines).
-SeriesName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
-Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+#: Times must be finite: they order and key what is stored. Unix seconds up to the year
+#: 2286: ``started_at = 1e300`` is not a time a run starts at, and sorts every run after it.
+MAX_TIME = 1e10
+Time = Annotated[float, Field(allow_inf_nan=False, ge=0.0, le=MAX_TIME)]
+#: What no name may hold, as a regular expression's character class (read alike by Python's
+#: ``re`` and pydantic's Rust engine): C0 and C1 controls (U+0085 included), the line and
+#: paragraph separators (``str.splitlines()`` breaks lines on them: a name would forge a log
+#: line), and the bidirectional marks and overrides (they reorder what a terminal shows).
+UNSAFE_CHARS = r"\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_PRINTABLE = rf"^[^{UNSAFE_CHARS}]+$"
+SeriesName = Annotated[str, Field(min_length=1, max_length=256, pattern=_PRINTABLE)]
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=_PRINTABLE)]
 #: Free text (tracebacks, stacks): newlines allowed, NUL never (PostgreSQL refuses it).
 Text = Annotated[str, Field(max_length=1_000_000, pattern=r"^[^\x00]*$")]
 Version = Literal[1]
@@ -57,7 +64,7 @@ class Hello(_Frame):
     project: Name
     name: Name
     config: dict[str, Any] = Field(default_factory=dict)
-    host: Annotated[str, Field(max_length=255, pattern=r"^[^\x00-\x1f\x7f]*$")] = ""
+    host: Annotated[str, Field(max_length=255, pattern=rf"^[^{UNSAFE_CHARS}]*$")] = ""
     pid: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     started_at: Time
     env: dict[str, Any] = Field(default_factory=dict)
@@ -79,8 +86,8 @@ class Job(BaseModel):
     """The job of several processes this run is one worker of (``environment.job``)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-    key: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
-    worker: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    key: Annotated[str, Field(min_length=1, max_length=128, pattern=_PRINTABLE)]
+    worker: Annotated[str, Field(min_length=1, max_length=64, pattern=_PRINTABLE)]
     size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
 
 
@@ -94,7 +101,7 @@ class Process(BaseModel):
 
 
 #: A clock's name in a ``points`` frame (the agent numbers them: "0", "1", ...).
-ClockName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f\x7f]+$")]
+ClockName = Annotated[str, Field(min_length=1, max_length=64, pattern=_PRINTABLE)]
 
 
 class Clock(BaseModel):

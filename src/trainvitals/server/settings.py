@@ -31,6 +31,20 @@ class Settings(BaseSettings):
     hello_timeout: float = 10.0
     #: Per token: ingest connections open at once (beyond: close 1013).
     max_connections: int = 1000
+    #: Websockets (agents' and browsers') open at once on this process, every token together:
+    #: beyond, the upgrade is answered 503. Each may hold one frame of up to twice
+    #: ``max_frame_bytes`` while it is read (docs/security.md#limits).
+    max_websockets: int = 4000
+    #: Seconds a write that fails on the database (down, full, locked) is tried again before
+    #: it is refused and agents are told to come back later (close 1013); ``/healthz``
+    #: answers 503 from the first failure (docs/operations.md#storage-outages).
+    storage_patience: float = 5.0
+    #: Seconds a stopping server (SIGTERM) waits for its open connections before it closes
+    #: them; it then ends whatever state its database is in.
+    shutdown_grace: int = 5
+    #: Exports streaming at once on this process (beyond: 503 with Retry-After): each reads a
+    #: run's every point, and five at once tripled ``/healthz``'s p99.
+    max_exports: int = 2
     #: Per token: new runs in any minute (beyond: close 1013).
     max_runs_per_minute: int = 600
     #: Series one run may hold (beyond: close 1008).

@@ -12,6 +12,16 @@ export function withSummary(run, summary) {
 // The longest wait before connecting again, ms.
 const MAX_DELAY = 5000;
 
+// Whether this browser's requests are refused for want of a valid token or session.
+async function refusedAtUpgrade() {
+  try {
+    const answer = await fetch("/api/v1/session", { credentials: "same-origin" });
+    return answer.status === 401 || answer.status === 403;
+  } catch {
+    return false; // the server is out of reach: reconnect as usual
+  }
+}
+
 export class LiveSocket {
   constructor(indicator) {
     this.indicator = indicator;
@@ -30,7 +40,9 @@ export class LiveSocket {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
     const socket = new WebSocket(`${scheme}://${location.host}/api/v1/live`);
     this.socket = socket;
+    let opened = false;
     socket.onopen = () => {
+      opened = true;
       const wasReconnect = this.everConnected;
       this.connected = this.everConnected = true;
       this.delay = 250;
@@ -44,9 +56,12 @@ export class LiveSocket {
       const message = JSON.parse(event.data);
       for (const handler of this.handlers) handler(message);
     };
-    socket.onclose = (event) => {
+    socket.onclose = async (event) => {
       this.connected = false;
-      if (event.code === 1008) { // refused: the token was revoked, the session ended, or else
+      // Refused: the token was revoked, the session ended, or else. A request without a valid
+      // token is refused before the upgrade (HTTP 401/403), which a page sees as a 1006 on a
+      // socket that never opened: the session route tells that from a server out of reach.
+      if (event.code === 1008 || (!opened && await refusedAtUpgrade())) {
         this.setIndicator("offline", "refused");
         if (this.indicator) this.indicator.title = event.reason || "the server refused the live stream";
         if (this.refusedHandlers.size) {

@@ -8,10 +8,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 
 from harness.processes import wait_for
-from trainvitals.server.storage.tokens import ALL_PROJECTS, Role, UseNotes, token_id_of, tokens
+from trainvitals.server.storage.tokens import (
+    ALL_PROJECTS,
+    MAX_SESSIONS_PER_TOKEN,
+    Role,
+    UseNotes,
+    sessions,
+    token_id_of,
+    tokens,
+)
 from trainvitals.server.store import Store
 
 
@@ -199,3 +207,20 @@ def test_tokens_are_listed_live_or_revoked_a_page_at_a_time_and_counted(store: S
     assert names(revoked="only", order="revoked") == ["t5", "t8", "t4", "t2", "t1"]
     assert names(order="revoked") == ["t5", "t8", "t4", "t2", "t1", "t7"]
     assert names(order="revoked", revoked="hide") == ["t7"]
+
+
+def test_a_token_holds_a_bounded_number_of_sessions(store: Store) -> None:
+    """Signing in in a loop (985 sessions in 5 s, each kept 7 days) must not grow the table:
+    past the bound the oldest are signed out, the newest kept."""
+    token = store.tokens.create("viewer", "p", "read", now=1.0)
+    principal = store.tokens.verify(token, now=2.0)
+    assert principal is not None
+    cookies = [
+        store.tokens.open_session(principal, ttl=3600.0, now=10.0 + i)
+        for i in range(MAX_SESSIONS_PER_TOKEN + 5)
+    ]
+    with store.engine.connect() as conn:
+        held = conn.execute(select(func.count()).select_from(sessions)).scalar_one()
+    assert held == MAX_SESSIONS_PER_TOKEN
+    assert all(store.tokens.session(c, now=100.0) is None for c in cookies[:5])
+    assert all(store.tokens.session(c, now=100.0) is not None for c in cookies[5:])

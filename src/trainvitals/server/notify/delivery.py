@@ -31,6 +31,7 @@ from trainvitals.backoff import backoff_delays
 from trainvitals.server.notify import mail
 from trainvitals.server.notify.config import Channel
 from trainvitals.server.notify.messages import Message, Notice, headers, render
+from trainvitals.server.writer import log_failure
 
 log = logging.getLogger("trainvitals.server")
 
@@ -297,8 +298,8 @@ class ChannelSender:
             batch = self._pending[: self._batch_size()]
             try:
                 await self._deliver(batch)
-            except Exception:  # the database or a bug: keep the channel alive
-                log.exception("notification channel %s: delivery failed", self.channel.name)
+            except Exception as exc:  # the database or a bug: keep the channel alive
+                log_failure(exc, "notification channel %s: delivery failed", self.channel.name)
                 await self._pause(1.0)
 
     def _batch_size(self) -> int:

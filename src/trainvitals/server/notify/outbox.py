@@ -28,12 +28,12 @@ import httpx
 from sqlalchemy import Connection
 
 from trainvitals.detect import Alert, Change
-from trainvitals.exceptions import WriterClosed
+from trainvitals.exceptions import StorageUnavailable, WriterClosed
 from trainvitals.server.notify.config import NotifyConfig
 from trainvitals.server.notify.delivery import ChannelSender, RedactSecrets
 from trainvitals.server.notify.messages import Notice, NoticeChange
 from trainvitals.server.notify.store import OutboxStore
-from trainvitals.server.writer import Writer
+from trainvitals.server.writer import Writer, log_failure
 
 log = logging.getLogger("trainvitals.server")
 
@@ -124,7 +124,7 @@ class Notifier:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         await asyncio.gather(*(s.stop(timeout) for s in self._senders.values()))
-        with contextlib.suppress(WriterClosed):
+        with contextlib.suppress(WriterClosed, StorageUnavailable):
             await self._writer.submit(partial(self._outbox.release_notices, owner=self.owner))
         if self._client is not None:
             await self._client.aclose()
@@ -167,5 +167,5 @@ class Notifier:
                 await self._sweep()
             except WriterClosed:
                 return
-            except Exception:  # a database hiccup must not end the sweeps
-                log.exception("outbox sweep failed")
+            except Exception as exc:  # a database hiccup must not end the sweeps
+                log_failure(exc, "outbox sweep failed")

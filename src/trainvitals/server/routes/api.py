@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import time
 from collections.abc import Iterator
 from functools import partial
 from typing import Annotated, Any, Literal, cast
 
 import numpy as np
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
@@ -46,9 +47,11 @@ from trainvitals.server.deps import (
     StateDep,
     StoreDep,
     alert_not_found,
+    get_state,
     run_not_found,
 )
 from trainvitals.server.downsample import downsample_indices
+from trainvitals.server.errors import StrictJSONRoute
 from trainvitals.server.export import (
     MEDIA_TYPES,
     PARQUET_HINT,
@@ -60,13 +63,13 @@ from trainvitals.server.export import (
     parquet_available,
 )
 from trainvitals.server.live import finite_or_none
-from trainvitals.server.schemas import SeriesName
+from trainvitals.server.schemas import UNSAFE_CHARS, SeriesName
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.runs import METRIC_STATS, SORTS
 from trainvitals.server.storage.tokens import Principal, Role
 from trainvitals.server.store import Store
 
-router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS, route_class=StrictJSONRoute)
 
 MAX_POINTS_LIMIT = 100_000
 #: Steps are exact in a browser up to 2^53, and ingest refuses larger ones.
@@ -173,12 +176,12 @@ def get_run(run_id: str, store: StoreDep, who: Reader) -> RunAnswer:
 
 
 #: Control characters a run's name, tags and notes may not hold (notes keep \t and \n).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(rf"[{UNSAFE_CHARS}]")
 _CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 #: The same rules as JSON-schema patterns: text with a visible character and no control
 #: characters; a tag without quotes, backslashes or commas either; notes with tabs and lines.
-VISIBLE = r"^[^\x00-\x1f\x7f-\x9f]*[^\s\x00-\x1f\x7f-\x9f][^\x00-\x1f\x7f-\x9f]*$"
-_TAG = r'^[^\x00-\x1f\x7f-\x9f"\\,]*[^\s\x00-\x1f\x7f-\x9f"\\,][^\x00-\x1f\x7f-\x9f"\\,]*$'
+VISIBLE = rf"^[^{UNSAFE_CHARS}]*[^\s{UNSAFE_CHARS}][^{UNSAFE_CHARS}]*$"
+_TAG = rf'^[^{UNSAFE_CHARS}"\\,]*[^\s{UNSAFE_CHARS}"\\,][^{UNSAFE_CHARS}"\\,]*$'
 _NOTES = r"^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$"
 
 
@@ -308,6 +311,7 @@ class ExportQuery:
 
     def __init__(
         self,
+        request: Request,
         name: Annotated[list[str] | None, Query(max_length=MAX_SERIES_PER_REQUEST)] = None,
         fmt: Annotated[ExportFormat, Query(alias="format")] = ExportFormat.CSV,
         min_step: Annotated[int | None, Query(ge=-STEP_BOUND, le=STEP_BOUND)] = None,
@@ -317,6 +321,7 @@ class ExportQuery:
         self.names = list(dict.fromkeys(name)) if name else None
         self.fmt, self.filename = fmt, filename
         self._steps = min_step, max_step
+        self._slots = get_state(request).exports
 
     def points(self, store: Store, run_id: str, name: str) -> Iterator[ArrayColumns]:
         """The run's points of series ``name`` in the step range, a stored batch at a time."""
@@ -327,9 +332,15 @@ class ExportQuery:
         """The file, streamed (``501`` for Parquet on a server without pyarrow)."""
         if self.fmt is ExportFormat.PARQUET and not parquet_available():
             raise HTTPException(501, PARQUET_HINT)
+        if not self._slots.acquire(blocking=False):
+            raise HTTPException(
+                503,
+                "as many exports as this server runs at once are streaming: try again shortly",
+                headers={"Retry-After": "5"},
+            )
         disposition = f'attachment; filename="{self.filename or filename}.{self.fmt.value}"'
         return StreamingResponse(
-            export(self.fmt, batches, labels),
+            _releasing(export(self.fmt, batches, labels), self._slots),
             media_type=MEDIA_TYPES[self.fmt],
             headers={"Content-Disposition": disposition},
         )
@@ -400,6 +411,15 @@ def export_runs(
         for points in query.points(store, found["id"], n)
     )
     return query.answer(batches, RUN_SERIES, "runs")
+
+
+def _releasing(body: Iterator[bytes], slot: threading.BoundedSemaphore) -> Iterator[bytes]:
+    """``body``, giving its export's slot back once it is sent, or abandoned (a client that
+    went away: the generator is closed)."""
+    try:
+        yield from body
+    finally:
+        slot.release()
 
 
 def _in_range(points: ArrayColumns, min_step: int | None, max_step: int | None) -> ArrayColumns:

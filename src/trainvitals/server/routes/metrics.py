@@ -11,6 +11,7 @@ from trainvitals.server.auth import Scraper
 from trainvitals.server.deps import StateDep
 from trainvitals.server.metrics import TeamCounts
 from trainvitals.server.store import Store
+from trainvitals.server.writer import is_outage
 
 router = APIRouter()
 
@@ -23,7 +24,13 @@ async def metrics(state: StateDep, who: Scraper) -> Response:
     # The detectors live on the event loop: their readings are copied here, between frames;
     # the database is read on a worker thread.
     vitals, omitted = state.alerts.vitals(state.settings.metrics_max_runs)
-    team = await asyncio.to_thread(_team_counts, state.store)
+    try:
+        team = await asyncio.to_thread(_team_counts, state.store)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        team = TeamCounts()  # the process's own counters still tell of the outage
+
     body = await asyncio.to_thread(state.metrics.exposition, team, vitals, omitted)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 

@@ -14,10 +14,11 @@ from trainvitals.server.answers import (
 )
 from trainvitals.server.auth import Reader, alert_for
 from trainvitals.server.deps import StateDep, StoreDep
+from trainvitals.server.errors import StrictJSONRoute
 from trainvitals.server.notify.store import no_notices
 from trainvitals.server.storage.tokens import Role
 
-router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS, route_class=StrictJSONRoute)
 
 
 @router.get("/notify/channels")

@@ -15,9 +15,10 @@ from typing_extensions import TypedDict
 from trainvitals.server.answers import API_ERRORS
 from trainvitals.server.auth import SESSION_COOKIE, PrincipalDep, session_key
 from trainvitals.server.deps import StateDep
+from trainvitals.server.errors import StrictJSONRoute
 from trainvitals.server.storage.tokens import Principal, Role
 
-router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS, route_class=StrictJSONRoute)
 
 
 class SignIn(BaseModel):

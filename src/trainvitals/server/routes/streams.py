@@ -9,9 +9,11 @@ import logging
 import re
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 
-from trainvitals.exceptions import IngestRejected
+from trainvitals.exceptions import IngestRejected, StorageUnavailable, WriterClosed
 from trainvitals.protocol import (
+    CLOSE_INTERNAL_ERROR,
     CLOSE_INVALID_PAYLOAD,
     CLOSE_POLICY_VIOLATION,
     CLOSE_TOO_BIG,
@@ -26,10 +28,12 @@ from trainvitals.server.deps import AppState, StateDep
 from trainvitals.server.ingest import IngestSession
 from trainvitals.server.live import Subscriber
 from trainvitals.server.storage.tokens import Principal, Role
+from trainvitals.server.writer import is_outage
 
 log = logging.getLogger("trainvitals.server")
 router = APIRouter()
 
+STORAGE_DOWN = "the server's database cannot store now: try again later"
 NO_TOKEN = "a token is required: 'Authorization: Bearer <token>', or sign in"
 BINARY_FRAME = "expected JSON text frames, got a binary frame"
 #: What a browser may send on the live websocket: small requests, for runs that can exist.
@@ -40,12 +44,46 @@ _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # as a hello's run_id (server/sch
 _MAX_REASON = 123
 
 
+async def _admitted(websocket: WebSocket, state: AppState, role: Role) -> Principal | None:
+    """Who ``websocket`` speaks for, checked before the upgrade: a request without a valid
+    token, or whose token has ``role`` on no project, gets an HTTP 401 or 403 and no 101, so
+    it can send nothing (not even one frame for the server to read); beyond
+    ``max_websockets`` open on this process, 503. Once accepted, it counts in
+    ``state.websockets`` until its handler takes it off."""
+    if state.websockets >= state.settings.max_websockets:
+        await _deny(websocket, 503, "too many connections to this server: try again later")
+        return None
+    try:
+        who = await asyncio.to_thread(identify, websocket)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        await _deny(websocket, 503, "the database is unreachable: try again later")
+        return None
+    if who is None:
+        await _deny(websocket, 401, NO_TOKEN)
+        return None
+    if not who.may(role):
+        await _deny(websocket, 403, f"this token's role ({who.role}) may not {role} here")
+        return None
+    await websocket.accept()
+    state.websockets += 1
+    return who
+
+
+async def _deny(websocket: WebSocket, status: int, detail: str) -> None:
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        response = JSONResponse({"detail": detail}, status_code=status, headers=headers)
+        await websocket.send_denial_response(response)
+    else:  # closed before it is accepted: the server answers 403
+        await websocket.close(CLOSE_POLICY_VIOLATION, _reason(detail))
+
+
 @router.websocket(INGEST_PATH)
 async def ingest(websocket: WebSocket, state: StateDep) -> None:
-    await websocket.accept()
-    who = await asyncio.to_thread(identify, websocket)
+    who = await _admitted(websocket, state, Role.INGEST)
     if who is None:
-        await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
         return
     # Held from the moment its token is known: a revoke from then on closes it.
     socket = state.open_tokens.opened(who.token_id, websocket)
@@ -53,6 +91,7 @@ async def ingest(websocket: WebSocket, state: StateDep) -> None:
         await _ingest(websocket, state, who, socket)
     finally:
         state.open_tokens.closed(who.token_id, socket)
+        state.websockets -= 1
 
 
 async def _ingest(
@@ -116,6 +155,17 @@ async def _ingest(
         await websocket.close(code=exc.code, reason=_reason(exc.reason))
     except WebSocketDisconnect:
         return
+    except (StorageUnavailable, WriterClosed) as exc:
+        # Not stored, so not acknowledged: the agent reconnects and sends it again.
+        reason = "the server is stopping" if isinstance(exc, WriterClosed) else STORAGE_DOWN
+        await _close(websocket, CLOSE_TRY_AGAIN_LATER, reason)
+    except Exception as exc:
+        if is_outage(exc):  # a read for the hello, on a connection of the pool
+            await _close(websocket, CLOSE_TRY_AGAIN_LATER, STORAGE_DOWN)
+            return
+        run = session.run["id"] if session.run else "unknown run"
+        log.exception("ingest connection (%s) failed: closing it with 1011", run)
+        await _close(websocket, CLOSE_INTERNAL_ERROR, "the server failed on this frame")
     finally:
         if listening is not None:
             run_id, listener, telling = listening
@@ -132,10 +182,8 @@ async def _ingest(
 async def live(websocket: WebSocket, state: StateDep) -> None:
     """Browser stream. Send ``{"type": "subscribe", "run_id": ...}`` to get a run's points;
     every browser gets run-list changes."""
-    await websocket.accept()
-    who = await asyncio.to_thread(identify, websocket)
-    if who is None or not who.may(Role.READ):
-        await websocket.close(CLOSE_POLICY_VIOLATION, _reason(NO_TOKEN))
+    who = await _admitted(websocket, state, Role.READ)
+    if who is None:
         return
     socket = state.open_tokens.opened(who.token_id, websocket)
     # A browser's session too: signing out closes its stream, not only revoking its token.
@@ -181,6 +229,7 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
     except (WebSocketDisconnect, RuntimeError):
         return
     finally:
+        state.websockets -= 1
         state.open_tokens.closed(who.token_id, socket)
         if session and in_session is not None:
             state.open_tokens.closed(session, in_session)
@@ -199,7 +248,12 @@ async def _drain(websocket: WebSocket, subscriber: Subscriber) -> None:
             done, _ = await asyncio.wait({get, overflow}, return_when=asyncio.FIRST_COMPLETED)
             if overflow in done:
                 get.cancel()
-                await websocket.close(CLOSE_TRY_AGAIN_LATER, "too slow to follow the live stream")
+                reason = (
+                    "live messages were lost on the way: reconnect and reload"
+                    if subscriber.interrupted
+                    else "too slow to follow the live stream"
+                )
+                await websocket.close(CLOSE_TRY_AGAIN_LATER, reason)
                 return
             message = get.result()
             subscriber.taken(message)
@@ -224,6 +278,12 @@ def _live_request(raw: str) -> tuple[str, str] | None:
     if kind not in ("subscribe", "unsubscribe") or not isinstance(run_id, str):
         return None
     return (kind, run_id) if _RUN_ID.fullmatch(run_id) else None
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    # The peer may have gone meanwhile: then there is nothing to close.
+    with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+        await websocket.close(code, _reason(reason))
 
 
 def _reason(text: str) -> str:

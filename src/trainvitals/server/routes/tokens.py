@@ -27,6 +27,7 @@ from trainvitals.server.answers import (
 )
 from trainvitals.server.auth import Admin
 from trainvitals.server.deps import StateDep, StoreDep
+from trainvitals.server.errors import StrictJSONRoute
 from trainvitals.server.routes.api import VISIBLE
 from trainvitals.server.schemas import Name
 from trainvitals.server.storage.tokens import (
@@ -41,7 +42,7 @@ from trainvitals.server.storage.tokens import (
 from trainvitals.server.store import Store
 
 log = logging.getLogger("trainvitals.server")
-router = APIRouter(prefix="/api/v1", responses=API_ERRORS)
+router = APIRouter(prefix="/api/v1", responses=API_ERRORS, route_class=StrictJSONRoute)
 
 #: Live tokens one project may hold (``*`` counts as one project): each token has caps of its
 #: own (connections, runs a minute, bytes a day), and a project's admin holds at most this

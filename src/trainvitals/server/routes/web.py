@@ -6,8 +6,14 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, FastAPI, HTTPException
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+
+from trainvitals.server.auth import Reader
+from trainvitals.server.deps import StateDep
+from trainvitals.server.errors import RETRY_AFTER
+from trainvitals.server.writer import WriterState
 
 router = APIRouter()
 
@@ -33,6 +39,36 @@ def plotly() -> FileResponse:
     )
 
 
-@router.get("/healthz")
-def healthz() -> dict[str, str]:
-    return {"status": "ok"}
+def guarded_docs(app: FastAPI) -> None:
+    """Serve ``/openapi.json``, ``/docs`` and ``/redoc`` to a token (or session) with role
+    ``read`` only: with auth required, the API's description is not for anyone who reaches
+    the port."""
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(who: Reader) -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger(who: Reader) -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - API")
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc(who: Reader) -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - API")
+
+
+@router.get("/healthz", responses={503: {"description": "the database cannot store now"}})
+def healthz(state: StateDep) -> JSONResponse:
+    """``{"status": "ok", "writer": "ok"}`` while the server stores what it receives; 503 with
+    ``"status": "unavailable"`` while its database cannot (the writer retrying a failed
+    transaction, or refusing writes until the database answers), so that a load balancer or
+    a Kubernetes readiness probe sends agents elsewhere. No token needed; no detail of the
+    database (docs/operations.md#health)."""
+    writer = state.writer.state
+    if writer is WriterState.OK:
+        return JSONResponse({"status": "ok", "writer": writer.name.lower()})
+    return JSONResponse(
+        {"status": "unavailable", "writer": writer.name.lower()},
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER), "Cache-Control": "no-store"},
+    )

@@ -65,6 +65,9 @@ tokens = Table(
     Column("last_used_at", Float),
 )
 
+#: Browser sessions one token may hold at once; signing in again signs out the oldest.
+MAX_SESSIONS_PER_TOKEN = 50
+
 sessions = Table(
     "sessions",
     metadata,
@@ -403,6 +406,19 @@ class TokenStore:
             conn.execute(
                 sessions.insert().values(
                     hash=_digest(secret), token_id=principal.token_id, expires_at=now + ttl
+                )
+            )
+            # Each kept for days: signing in in a loop must not grow the table freely. The
+            # oldest beyond the bound are signed out.
+            newest = (
+                select(sessions.c.hash)
+                .where(sessions.c.token_id == principal.token_id)
+                .order_by(sessions.c.expires_at.desc())
+                .limit(MAX_SESSIONS_PER_TOKEN)
+            )
+            conn.execute(
+                delete(sessions).where(
+                    sessions.c.token_id == principal.token_id, sessions.c.hash.not_in(newest)
                 )
             )
         return secret
