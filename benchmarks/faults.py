@@ -14,8 +14,8 @@ the full-resolution export) and the seconds to recover: from the end of the faul
   disk-full    SQLite on a small tmpfs filled by another file until writes fail, then freed
                (needs root to mount a tmpfs; reported as skipped otherwise)
   sigkill      the server SIGKILLed mid-stream and started again on the same port and file
-  end-offline  HOOK, not run: the server down as training ends, the frames delivered later by
-               `trainvitals sync` (see end_offline below)
+  end-offline  the server down as training ends (half its frames and its end spooled), then
+               back: `trainvitals sync` delivers them
 
     python benchmarks/faults.py [--only pg-6,sigkill] [--outages 1,6,30] [--json PATH]
 """
@@ -214,11 +214,39 @@ def sigkill() -> dict[str, Any]:
 
 
 def end_offline() -> dict[str, Any]:
-    """HOOK for `trainvitals sync` (issue #44 item 2, the agent's spool; another change):
-    stream, stop the server, let training end (the frames stay in the spool on disk), start
-    the server again, run `trainvitals sync --server URL`, then count as the others do. Until
-    that command exists this scenario is reported as not run."""
-    return {"skipped": "needs `trainvitals sync` (the agent's spool, issue #44 item 2)"}
+    """The server goes away before training ends: the run's last frames and its end stay in
+    the spool on disk; the server comes back and `trainvitals sync` delivers them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        db, spool = str(Path(tmp) / "tv.db"), Path(tmp) / "spool"
+        server = ServerProcess(db)
+        port = server.port
+        try:
+            run = Run(resolve(server=server.url, project="faults", spool_dir=spool),
+                      system_metrics=False, watchdog=False)  # fmt: skip
+            run.start()
+            steps = 0
+            for steps in range(1, 2001):  # some delivered, the rest after the server went
+                run.log(steps, {"loss": 1.0 / steps, "acc": 0.5})
+                if steps == 1000:
+                    time.sleep(0.5)
+                    server.stop()
+            result: dict[str, Any] = {"acknowledged_at_exit": run.finish(timeout=2.0)}
+            result["spooled_runs"] = len([p for p in spool.iterdir() if p.is_dir()])
+            started = time.monotonic()
+            server = ServerProcess(db, port=port)
+            done = subprocess.run(
+                [sys.executable, "-m", "trainvitals", "sync", "--server", server.url, str(spool)],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            result["sync_exit"] = done.returncode
+            result["recover_s"] = round(time.monotonic() - started, 2)
+            result |= counted(server, run.id, steps)
+            ended = server.get(f"/api/v1/runs/{run.id}")
+            result["status"], result["end_reason"] = ended["status"], ended["end_reason"]
+            result |= tracebacks(server)
+            return result
+        finally:
+            server.stop()
 
 
 def scenarios(outages: list[float]) -> dict[str, Callable[[], dict[str, Any]]]:
