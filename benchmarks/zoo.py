@@ -491,10 +491,24 @@ def judge(server: ServerProcess, result: Judged) -> None:
     done = sc.outcome(server, "zoo", result.name)
     run = done.run
     result.steps = int(run["last_step"] or 0)
-    result.alarms = [
-        {k: a[k] for k in ("rule", "severity", "step", "message", "evidence")}
-        for a in sorted(done.alarms(), key=lambda a: (a["step"], a["time"]))
-    ]
+    stream, env = recorded(server, run["id"])
+    # An alert shows its last firing: each rule's first, with its evidence then, is the
+    # detector's on the recorded stream (the same, as the replays below check).
+    first = framing.first_alarms(stream, env)
+    alarms, seen = [], set()
+    for alert in sorted(done.alarms(), key=lambda a: a["time"]):
+        if alert["rule"] in seen:  # fired again after its cooldown: a new alert
+            continue
+        seen.add(alert["rule"])
+        again = first.get(alert["rule"])
+        if again is not None and again.time != alert["time"]:
+            result.replay_differs.append(
+                f"live: {alert['rule']} first at t={alert['time']}, replayed at step "
+                f"{again.step} t={again.time}"
+            )
+        source = asdict(again) if again is not None else alert
+        alarms.append({k: source[k] for k in ("rule", "severity", "step", "message", "evidence")})
+    result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
     if result.alarms:
         result.first_alarm = result.alarms[0]["rule"]
     if spec["kind"] != "healthy":
@@ -511,8 +525,7 @@ def judge(server: ServerProcess, result: Judged) -> None:
             result.diagnosed = result.cause in truth.causes
             if result.lost_at is not None:
                 result.lead = result.lost_at - fired[0]["step"]
-    stream, env = recorded(server, run["id"])
-    result.replay_differs = framing.differences(stream, env, spec["seed"])
+    result.replay_differs += framing.differences(stream, env, spec["seed"])
     if STREAMS is not None:  # kept for the determinism test's fixtures
         framing.save(STREAMS / f"{result.name}.json.gz", stream, env)
 

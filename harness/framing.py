@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from trainvitals.detect import AlertBook, Detector
+from trainvitals.detect import AlertBook, Detector, Finding
 from trainvitals.protocol import Columns, ListColumns
 
 Stream = Mapping[str, ListColumns]
@@ -85,16 +85,37 @@ def stretched(stream: Stream, factor: float) -> dict[str, ListColumns]:
     }
 
 
-def raised(stream: Stream, ends: list[int], env: Mapping[str, Any] | None = None) -> set[Raised]:
-    """The alerts a fresh detector raises (fires or escalates) on the stream fed in the
-    frames ``ends`` gives, rules about time aside."""
+def judged(
+    stream: Stream, ends: list[int], env: Mapping[str, Any] | None = None
+) -> Iterator[Finding]:
+    """The findings of a fresh detector fed the stream in the frames ``ends`` gives that
+    raise an alert (fire, fire again or escalate), in order."""
     detector, book = Detector(env=env), AlertBook()
-    out: set[Raised] = set()
     for frame in frames(stream, ends):
         for finding in detector.feed(frame):
             change = book.apply(finding)
-            if change and change[0] != "resolved" and finding.rule not in TIMING_RULES:
-                out.add((finding.rule, finding.subject, finding.severity, finding.step))
+            if change and change[0] != "resolved":
+                yield finding
+
+
+def raised(stream: Stream, ends: list[int], env: Mapping[str, Any] | None = None) -> set[Raised]:
+    """The alerts raised on the stream fed in the frames ``ends`` gives, rules about time
+    aside."""
+    return {
+        (f.rule, f.subject, f.severity, f.step)
+        for f in judged(stream, ends, env)
+        if f.rule not in TIMING_RULES
+    }
+
+
+def first_alarms(stream: Stream, env: Mapping[str, Any] | None = None) -> dict[str, Finding]:
+    """Each rule's first warning or critical finding on the stream in the agent's frames.
+    An alert shows its last firing (a NaN that clears and comes back fires its alert again,
+    with the new step and evidence): this is its first, with the evidence it had then."""
+    out: dict[str, Finding] = {}
+    for finding in judged(stream, by_seconds(stream), env):
+        if finding.severity != "info":
+            out.setdefault(finding.rule, finding)
     return out
 
 
