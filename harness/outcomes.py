@@ -98,7 +98,7 @@ def outcome(server: ServerProcess, scenario: str, name: str | None = None) -> Ou
     return Outcome(scenario, run, alerts, lost(server, run) if lost else None)
 
 
-def _first_nonfinite(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+def first_nonfinite(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
     """The first step with a NaN/Inf anywhere (a count, or the loss or gradient norm itself,
     which the API gives as null): after it the weights are poisoned."""
     counts = ("nonfinite/loss", "nonfinite/grads", "nonfinite/inputs")
@@ -112,7 +112,7 @@ def _first_nonfinite(server: ServerProcess, run: dict[str, Any]) -> tuple[int, f
     return min(hits) if hits else None
 
 
-def _loss_back_at_start(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+def loss_back_at_start(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
     """The first step after the loss's best at which its running median is back within 10% of
     where training started: everything learned is lost."""
     loss = run_series(server, run["id"], "loss")["loss"]
@@ -127,7 +127,7 @@ def _loss_back_at_start(server: ServerProcess, run: dict[str, Any]) -> tuple[int
     return int(steps[i]), float(times[i])
 
 
-def _killed(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+def killed(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
     """The process's death (the OOM kill): its last step, at its end."""
     return int(run["last_step"]), float(run["ended_at"])
 
@@ -145,10 +145,10 @@ def _stuck(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | No
 _POINT_OF_NO_RETURN: dict[
     str, Callable[[ServerProcess, dict[str, Any]], tuple[int, float] | None]
 ] = {
-    "nan-input": _first_nonfinite,
-    "explode": _first_nonfinite,
-    "diverge": _loss_back_at_start,
-    "leak": _killed,
+    "nan-input": first_nonfinite,
+    "explode": first_nonfinite,
+    "diverge": loss_back_at_start,
+    "leak": killed,
     "hang": _stuck,
 }
 

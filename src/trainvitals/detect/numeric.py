@@ -9,9 +9,10 @@ from itertools import pairwise
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from trainvitals.detect import settings as s
-from trainvitals.detect.base import KINDS_KEPT, Context, Rule, finite, last_record
+from trainvitals.detect.base import KINDS_KEPT, Context, Rule, finite
 from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
 from trainvitals.detect.text import listing, number
 from trainvitals.detect.text import ratio as ratio_text
@@ -304,6 +305,13 @@ class GradExplosionRule(Rule):
         excess = levels - centre
         if np.any((excess >= math.log10(cfg.factor)) & (excess / spread >= cfg.min_z)):
             return None
+        if len(levels) and self._baseline.values:
+            # The baseline is refreshed as the frame's norms join it: a step judged step by
+            # step may meet a lower centre than this one. None can be below the lowest norm
+            # in play, so a frame whose norms all stay within `factor` of that cannot fire.
+            lowest = min(min(self._baseline.values), min(self._lagging, default=math.inf))
+            if float(levels.max()) - min(lowest, float(levels.min())) >= math.log10(cfg.factor):
+                return None
         self._above = 0
         self._calm += len(levels)
         self._lagging.extend(levels.tolist())
@@ -414,6 +422,8 @@ class GradVanishingRule(Rule):
         self._low = 0
         self._recovered = 0
         self._losses: deque[float] = deque(maxlen=settings.window)
+        #: The run's first finite loss: where a network that learns nothing stays.
+        self._first_loss: float | None = None
         #: A record's names -> its per-variable norms in model order (:meth:`_ordered`).
         self._layers: dict[tuple[str, ...], list[str]] = {}
 
@@ -421,28 +431,36 @@ class GradVanishingRule(Rule):
         cfg = self.settings
         if LOSS in dense:
             losses = dense[LOSS][2]
-            self._losses.extend(losses[np.isfinite(losses)].tolist())
+            losses = losses[np.isfinite(losses)]
+            if self._first_loss is None and len(losses):
+                self._first_loss = float(losses[0])
+            self._losses.extend(losses.tolist())
         if GRAD_GLOBAL_NORM not in dense:
             return []
-        norms = dense[GRAD_GLOBAL_NORM][2]
-        norms = norms[np.isfinite(norms)]
+        steps, times, norms = dense[GRAD_GLOBAL_NORM]
+        keep = np.isfinite(norms)
+        steps, times, norms = steps[keep], times[keep], norms[keep]
         if not len(norms):
             return []
         small = norms < cfg.min_norm
-        if small.all():
-            self._tiny += len(norms)
-        else:
-            self._tiny = len(norms) - 1 - int(np.flatnonzero(~small)[-1])
-        if self._tiny >= cfg.window and not self.firing:
-            return [self._all_tiny(last_record(dense, GRAD_GLOBAL_NORM), float(norms[-1]))]
+        # The tiny norms in a row at each step, counting those before the frame.
+        index = np.arange(len(norms))
+        last_big = np.maximum.accumulate(np.where(small, -1 - self._tiny, index))
+        tiny = index - last_big
+        self._tiny = int(tiny[-1])
+        reached = np.flatnonzero(tiny >= cfg.window)
+        if len(reached) and not self.firing:  # at the very step the window filled
+            at = int(reached[0])
+            record = Record(int(steps[at]), float(times[at]), {})
+            return [self._all_tiny(record, float(norms[at]), int(tiny[at]))]
         return []
 
-    def _all_tiny(self, record: Record, norm: float) -> Finding:
+    def _all_tiny(self, record: Record, norm: float, steps: int) -> Finding:
         message = (
-            f"The gradient norm has stayed below {self.settings.min_norm:g} for {self._tiny} "
+            f"The gradient norm has stayed below {self.settings.min_norm:g} for {steps} "
             "steps: nothing is learning"
         )
-        evidence = {"global_norm": norm, "steps": self._tiny}
+        evidence = {"global_norm": norm, "steps": steps}
         return self.fire("", record, "warning", message, GRAD_VANISHING_HINT, evidence)
 
     def observe(self, record: Record) -> list[Finding]:
@@ -451,12 +469,14 @@ class GradVanishingRule(Rule):
         loss = values.get(LOSS)
         if finite(loss):
             self._losses.append(loss)  # type: ignore[arg-type]
+            if self._first_loss is None:
+                self._first_loss = loss
         out: list[Finding] = []
         norm = values.get(GRAD_GLOBAL_NORM)
         if finite(norm):
             self._tiny = self._tiny + 1 if norm < cfg.min_norm else 0  # type: ignore[operator]
             if self._tiny >= cfg.window and not self.firing:
-                out.append(self._all_tiny(record, norm))  # type: ignore[arg-type]
+                out.append(self._all_tiny(record, norm, self._tiny))  # type: ignore[arg-type]
         ordered = self._ordered(values)
         if len(ordered) < 3:
             return out
@@ -464,7 +484,10 @@ class GradVanishingRule(Rule):
         low_name = min(early, key=lambda n: values[n])
         top_name = max(ordered, key=lambda n: values[n])
         top = values[top_name]
-        ratio = values[low_name] / top if top > 0 else 1.0
+        if top > 0:
+            ratio = values[low_name] / top
+        else:  # no kernel gets any gradient: every ReLU dead, or a loss fitted to zero
+            ratio = 0.0 if self._unlearned() else 1.0
         if ratio < cfg.layer_ratio:
             self._low += 1
             self._recovered = 0
@@ -513,6 +536,15 @@ class GradVanishingRule(Rule):
         if all(finite(values[n]) for n in layers):
             return layers
         return [n for n in layers if finite(values[n])]
+
+    def _unlearned(self) -> bool:
+        """Whether the loss is still at a tenth of where it started or more: gradients that
+        are all zero there learn nothing, where at a loss near zero there is nothing left to
+        learn."""
+        first = self._first_loss
+        if first is None or not self._losses:
+            return False
+        return abs(self._losses[-1]) >= 0.1 * abs(first)
 
     def _loss_change(self) -> float | None:
         """Relative improvement of the loss from the first to the second half of the window."""
@@ -599,27 +631,57 @@ class LossDivergenceRule(Rule):
         return out + self._judge(record, self._EVERY)
 
     def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
+        """The frame's losses in bulk, judged at the very steps :meth:`observe` judges them
+        (every ``_EVERY`` steps, each on the losses up to it), so that what fires and when
+        is a function of the stream, not of where the agent cut it into frames."""
         column = dense.get(LOSS)
         if column is None:
             return []
         if self._start is None or "spike" in self.firing:
             return None  # the warm-up and a spike's end are judged step by step
         cfg = self.settings
-        values = column[2]
-        values = values[np.isfinite(values)]
-        if not len(values):
+        steps, times, values = column
+        keep = np.isfinite(values)
+        if not keep.all():
+            steps, times, values = steps[keep], times[keep], values[keep]
+        n = len(values)
+        if not n:
             return []
-        level, start = self._level, self._start
-        if level is not None and level > 0:
-            if np.any((values > cfg.spike_factor * level) & (values > start)):
-                return None
-        self._seen += len(values)
-        self._losses.extend(values[-(self._losses.maxlen or 1) :].tolist())
-        self._since += len(values)
-        if self._since < self._EVERY:
-            return []
-        advanced, self._since = self._since, 0
-        return self._judge(last_record(dense, LOSS), advanced)
+        window = self._losses.maxlen or 1
+        history = np.fromiter(self._losses, np.float64, len(self._losses))
+        if len(history) < window:
+            return None  # a window still filling (a long minimum window): step by step
+        losses = np.concatenate([history, values])
+        # The frame's judgements: the steps at which the count since the last one reaches
+        # _EVERY, as indices into the frame and into `losses`.
+        at = np.arange(self._EVERY - self._since - 1, n, self._EVERY)
+        ends = at + window
+        smooth = min(cfg.smooth, window)
+        levels = np.median(sliding_window_view(losses, smooth)[ends - smooth + 1], axis=1)
+        slow = np.median(sliding_window_view(losses, window)[ends - window + 1], axis=1)
+        jumps = np.abs(np.diff(losses))
+        spread = (
+            MAD_TO_SIGMA
+            * np.median(sliding_window_view(jumps, window - 1)[ends - window + 1], axis=1)
+            / math.sqrt(2)
+            if window > 1
+            else np.zeros(len(at))
+        )
+        # A spike is judged against the level of the last judgement before its step.
+        judged = np.concatenate([[np.nan if self._level is None else self._level], levels])
+        level_then = judged[np.searchsorted(at, np.arange(n), side="left")]
+        start = self._start
+        if np.any((level_then > 0) & (values > cfg.spike_factor * level_then) & (values > start)):
+            return None
+        self._seen += n
+        self._losses.extend(values[-window:].tolist())
+        self._since = (self._since + n) % self._EVERY
+        out: list[Finding] = []
+        for i, j in enumerate(at.tolist()):
+            noise = 1.2533 * float(spread[i]) / math.sqrt(min(window, cfg.smooth))
+            record = Record(int(steps[j]), float(times[j]), {})
+            out += self._verdict(record, self._EVERY, float(levels[i]), float(slow[i]), noise)
+        return out
 
     def _recent_level(self) -> float:
         smooth = self.settings.smooth
@@ -629,15 +691,7 @@ class LossDivergenceRule(Rule):
         """Compare the level with the minimum and the start; ``advanced`` steps since the
         last judgement."""
         cfg = self.settings
-        out: list[Finding] = []
-        level = self._level = self._recent_level()
-        start = self._start
-        assert start is not None
         slow = list(self._losses)
-        slow_level = median(slow)
-        if len(slow) == self._losses.maxlen:
-            self._minimum = min(self._minimum, slow_level)
-        low = min(self._minimum, slow_level)
         # The standard error of the level (a median of `smooth` losses), from the spread of
         # the recent losses: taken from one loss to the next, so that the rise itself is no
         # "noise" (a spread around the window's median counts the jump from the old level to
@@ -647,6 +701,22 @@ class LossDivergenceRule(Rule):
         steps = [abs(b - a) for a, b in pairwise(slow)]
         spread = MAD_TO_SIGMA * median(steps) / math.sqrt(2) if steps else 0.0
         noise = 1.2533 * spread / math.sqrt(min(len(slow), cfg.smooth))
+        return self._verdict(record, advanced, self._recent_level(), median(slow), noise)
+
+    def _verdict(
+        self, record: Record, advanced: int, level: float, slow_level: float, noise: float
+    ) -> list[Finding]:
+        """One judgement: the level (median of the last ``smooth`` losses) against the
+        minimum and the start, with the slow level (median of the whole window) and the
+        level's noise."""
+        cfg = self.settings
+        out: list[Finding] = []
+        self._level = level
+        start = self._start
+        assert start is not None
+        if len(self._losses) == self._losses.maxlen:
+            self._minimum = min(self._minimum, slow_level)
+        low = min(self._minimum, slow_level)
         learned = start - low
         if learned > 0.05 * abs(start):
             rising = (

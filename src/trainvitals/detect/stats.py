@@ -51,10 +51,24 @@ class RollingWindow:
             self._recompute()
 
     def extend(self, values: Sequence[float]) -> None:
-        self.values.extend(values)
-        self._since += len(values)
-        if values and (self._since >= self._refresh or len(self.values) <= self._refresh):
+        """Add ``values`` in order, leaving the median and MAD exactly as :meth:`add` one at
+        a time would: those of the window at the last refresh among them, so that a baseline
+        does not depend on how its values were grouped."""
+        early = 0
+        while early < len(values) and len(self.values) < self._refresh:
+            self.add(values[early])  # a window still small: each value refreshes
+            early += 1
+        rest = values[early:]
+        # The last of the values at which `refresh` additions have accumulated.
+        last = (len(rest) + self._since) // self._refresh * self._refresh - self._since
+        if last > 0:
+            self.values.extend(rest[:last])
             self._recompute()
+            self.values.extend(rest[last:])
+            self._since = len(rest) - last
+        else:
+            self.values.extend(rest)
+            self._since += len(rest)
 
     def __len__(self) -> int:
         return len(self.values)

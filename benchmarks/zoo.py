@@ -1,0 +1,735 @@
+"""Detection measured over a population of generated runs, as the literature measures it.
+
+Each run is a small real Keras ``fit`` on CPU (seconds), drawn at random from architectures
+(MLP, CNN with batch norm, LSTM/GRU, a Transformer encoder, an embedding model, a tiny
+``keras_hub`` BERT backbone), optimizers (SGD with and without momentum, Adam, AdamW, RMSprop,
+Adagrad), schedules (constant, warm-up, cosine, step decay), batch sizes (4 to 256), mixed
+precision on some, and data (digits, synthetic classification, regression, sequences,
+tokens). A run is healthy, or has one failure injected at a random step and strength (see
+``CLASSES``). Each runs in its own subprocess (a kill or a hang must not take the zoo down)
+and streams with a ``VitalsCallback`` to one real ``trainvitals serve``.
+
+Each run carries its ground truth: its class, the rules that should fire and the causes they
+should name, and its point of no return, read back from the server as
+``harness/outcomes.py`` reads it for the hand-made scenarios (the first NaN/Inf, the loss
+back at its start, the kill, the last step). The JSON report gives, per class and over all:
+recall (the right rule fired), the share warned before the point of no return (of the
+classes that can have a precursor), the lead (median and 10th percentile, steps: the point of
+no return less the step of the right rule's first alarm), diagnosis accuracy (that alarm
+names the right cause: for NaN/Inf, its origin or the autopsy's cause), the healthy runs'
+false-alarm rate (any warning or critical alert) and the seconds a run took.
+
+Determinism: each run's recorded stream is judged again by the detector, directly, cut into
+frames of one second of the run (as the agent cuts it) and into frames of random sizes at
+another pace (its times stretched); every alert that differs between the two is reported
+(rules about time itself aside: ``harness/framing.py``).
+
+    python benchmarks/zoo.py --runs 60 --seed 1 --json zoo.json [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from harness import framing
+from harness import outcomes as sc
+from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series, wait_for
+
+#: Failure classes: the rules that should fire, the causes the first alarm should name, how
+#: the point of no return is found, and whether a precursor can come before it (a kill or an
+#: exception has none: the run is lost at the very step).
+NONFINITE_OR_LOSS = ("first_nonfinite", "loss_back_at_start", "last_step")
+
+
+@dataclass(frozen=True)
+class FailureClass:
+    rules: tuple[str, ...]
+    causes: tuple[str, ...]
+    lost: tuple[str, ...]
+    precursor: bool = True
+
+
+CLASSES: dict[str, FailureClass] = {
+    "lr_sudden": FailureClass(
+        ("grad_explosion", "loss_divergence", "nonfinite"),
+        ("learning_rate", "weights", "loss", "grads"),
+        NONFINITE_OR_LOSS,
+    ),
+    "lr_growing": FailureClass(
+        ("grad_explosion", "loss_divergence", "nonfinite"),
+        ("learning_rate", "weights", "loss", "grads"),
+        NONFINITE_OR_LOSS,
+    ),
+    "nan_data": FailureClass(("nonfinite",), ("inputs",), ("first_nonfinite",), False),
+    "label_noise": FailureClass(
+        ("loss_divergence",), ("data",), ("loss_back_at_start", "last_step")
+    ),
+    "bad_init": FailureClass(
+        ("grad_explosion", "loss_divergence", "nonfinite", "grad_vanishing"),
+        ("weights", "loss", "grads", "gradients", "vanishing"),
+        ("first_nonfinite", "last_step"),
+        False,
+    ),
+    "vanishing": FailureClass(("grad_vanishing",), ("vanishing",), ("last_step",)),
+    "dying_relu": FailureClass(("grad_vanishing",), ("vanishing",), ("last_step",)),
+    "domain_error": FailureClass(("nonfinite",), ("loss",), ("first_nonfinite",), False),
+    "exception": FailureClass(("crash",), ("exception",), ("last_step",), False),
+    "kill": FailureClass(("crash",), ("signal:SIGKILL",), ("last_step",), False),
+    "slowdown": FailureClass(("slowdown",), ("slowdown",), ("last_step",)),
+    "hang": FailureClass(("stall",), ("hang",), ("stuck",), False),
+    "leak": FailureClass(
+        ("oom_forecast", "memory_pressure", "crash"), ("memory", "oom_killed"), ("killed",)
+    ),
+}
+#: Drawn at these odds; a quarter of the runs healthy.
+ODDS = {"healthy": 6, **dict.fromkeys(CLASSES, 1), "lr_sudden": 2, "lr_growing": 2}
+#: The memory the leaking runs may use (their cgroup's limit).
+LEAK_LIMIT = 1400 * 2**20
+#: Seconds a run may take before it is killed; a hung run waits for its stall alert.
+RUN_TIMEOUT = 240.0
+STALL_FLOOR = 3.0
+#: Where each run's recorded stream is written (``--streams``), or None.
+STREAMS: Path | None = None
+
+# -- the draw ----------------------------------------------------------------------------------
+
+DATA_ARCHS = {
+    "digits": ("mlp", "cnn", "rnn", "transformer"),
+    "blobs": ("mlp",),
+    "regression": ("mlp",),
+    "sequences": ("rnn", "transformer", "mlp"),
+    "tokens": ("embedding", "hub_bert"),
+}
+OPTIMIZERS = {  # the base learning rate each trains well at on these data
+    "sgd": 0.05, "sgd_momentum": 0.01, "adam": 1e-3, "adamw": 1e-3, "rmsprop": 5e-4,
+    "adagrad": 0.03,
+}  # fmt: skip
+SCHEDULES = ("constant", "warmup", "cosine", "step")
+BATCHES = (4, 8, 16, 32, 64, 128, 256)
+
+
+def draw(rng: np.random.Generator, index: int, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One run's recipe: everything the child needs to train it, and its ground truth
+    (``only``: the classes to draw from, by default all at their ``ODDS``)."""
+    kinds = list(only or ODDS)
+    odds = np.array([ODDS[k] for k in kinds], float)
+    kind = kinds[int(rng.choice(len(kinds), p=odds / odds.sum()))]
+    data = str(rng.choice(list(DATA_ARCHS)))
+    if kind in ("label_noise", "nan_data") and data == "tokens":  # NaN needs float inputs
+        data = "digits"
+    arch = str(rng.choice(DATA_ARCHS[data]))
+    optimizer = str(rng.choice(list(OPTIMIZERS)))
+    batch = int(rng.choice(BATCHES if arch in ("mlp", "cnn", "embedding") else BATCHES[:5]))
+    steps = (
+        int(rng.integers(400, 1001))
+        if arch in ("mlp", "embedding")
+        else int(rng.integers(300, 701))
+    )
+    spec: dict[str, Any] = {
+        "index": index,
+        "kind": kind,
+        "seed": int(rng.integers(0, 2**31)),
+        "data": data,
+        "arch": arch,
+        "optimizer": optimizer,
+        "lr": OPTIMIZERS[optimizer] * float(10 ** rng.uniform(-0.3, 0.3)),
+        "schedule": str(rng.choice(SCHEDULES)),
+        "batch": batch,
+        "steps": steps,
+        "mixed": bool(arch in ("mlp", "cnn") and rng.random() < 0.15),
+        "at": int(steps * rng.uniform(0.3, 0.6)),
+        "strength": float(rng.random()),
+    }
+    if kind == "vanishing":  # a deep sigmoid stack: the failure is the architecture
+        spec.update(arch="deep_sigmoid", data=str(rng.choice(["digits", "blobs"])), at=1)
+    elif kind == "dying_relu":
+        spec.update(arch="deep_relu", data=str(rng.choice(["digits", "blobs", "regression"])))
+    elif kind == "bad_init":
+        spec["at"] = 1
+    elif kind in ("exception", "kill", "hang", "slowdown", "leak"):
+        spec["mixed"] = False
+    if kind == "leak":  # a leak needs the time for a trend: a slow, long run
+        spec.update(arch="mlp", batch=int(rng.choice([4, 8])), steps=100_000)
+    return spec
+
+
+# -- the child: one run --------------------------------------------------------------------
+
+
+def _dataset(spec: dict[str, Any], rng: np.random.Generator) -> tuple[Any, Any, int]:
+    """Inputs, targets and the number of classes (0: a regression)."""
+    from trainvitals.demo.scenarios import digits
+
+    data, arch = spec["data"], spec["arch"]
+    if data == "digits":
+        (x, y), _ = digits()
+        if arch in ("rnn", "transformer"):  # the image's rows as a sequence
+            return x[..., 0], y, 10
+        return (x if arch == "cnn" else x.reshape(len(x), -1)), y, 10
+    if data == "blobs":
+        centres = rng.normal(0, 1, (4, 32))
+        y = rng.integers(0, 4, 2000)
+        return (centres[y] + rng.normal(0, 1.2, (2000, 32))).astype("float32"), y, 4
+    if data == "regression":
+        x = rng.normal(0, 1, (2000, 32)).astype("float32")
+        w = rng.normal(0, 1, 32) / np.sqrt(32)
+        return x, (np.tanh(x @ w * 2) + 0.1 * rng.normal(0, 1, 2000)).astype("float32"), 0
+    if data == "sequences":
+        x = rng.normal(0, 1, (2000, 16, 8)).astype("float32")
+        y = (x[:, :, 0].sum(axis=1) + x[:, -4:, 1].sum(axis=1) > 0).astype("int32")
+        return (x.reshape(len(x), -1) if arch == "mlp" else x), y, 2
+    tokens = rng.integers(1, 50, (2000, 16))
+    y = (tokens == 7).any(axis=1).astype("int32") + (tokens == 11).any(axis=1).astype("int32")
+    return tokens.astype("int32"), y, 3
+
+
+def _schedule(spec: dict[str, Any]) -> Any:
+    """The drawn schedule, times the injected learning-rate change."""
+    import keras
+    from keras import ops
+
+    base, total, kind = spec["lr"], spec["steps"], spec["schedule"]
+    at, strength, failure = spec["at"], spec["strength"], spec["kind"]
+    sudden = 10 ** (1.5 + 1.5 * strength)  # 30x to 1000x at once
+    span = max(total - at, 50) * (0.4 + 0.6 * strength)
+    growth = 1000 ** (1 / span)  # 1000x over the rest of the run, or sooner
+
+    class Zoo(keras.optimizers.schedules.LearningRateSchedule):  # type: ignore[misc]
+        def __call__(self, step: Any) -> Any:
+            s = ops.cast(step, "float32")
+            if kind == "warmup":
+                rate = base * ops.minimum(1.0, 0.1 + 0.9 * s / (0.1 * total))
+            elif kind == "cosine":
+                rate = base * (0.1 + 0.9 * 0.5 * (1 + ops.cos(math.pi * ops.minimum(s / total, 1))))
+            elif kind == "step":
+                rate = base * ops.power(0.5, ops.floor(s / (total / 3)))
+            else:
+                rate = base + 0.0 * s
+            late = ops.maximum(s - (at - 1), 0.0)
+            if failure == "lr_sudden":
+                rate = rate * ops.where(late > 0, sudden, 1.0)
+            elif failure == "lr_growing":
+                rate = rate * ops.power(growth, late)
+            return rate
+
+        def get_config(self) -> dict[str, Any]:
+            return {}
+
+    return Zoo()
+
+
+def _optimizer(spec: dict[str, Any]) -> Any:
+    import keras
+
+    rate = _schedule(spec)
+    name = spec["optimizer"]
+    made = {
+        "sgd": lambda: keras.optimizers.SGD(rate),
+        "sgd_momentum": lambda: keras.optimizers.SGD(rate, momentum=0.9),
+        "adam": lambda: keras.optimizers.Adam(rate),
+        "adamw": lambda: keras.optimizers.AdamW(rate, weight_decay=1e-3),
+        "rmsprop": lambda: keras.optimizers.RMSprop(rate),
+        "adagrad": lambda: keras.optimizers.Adagrad(rate),
+    }[name]()
+    return keras.optimizers.LossScaleOptimizer(made) if spec["mixed"] else made
+
+
+def _model(spec: dict[str, Any], shape: tuple[int, ...], classes: int) -> Any:
+    import keras
+
+    kind, arch = spec["kind"], spec["arch"]
+    init: Any = "glorot_uniform"
+    if kind == "bad_init":  # weights far too large from the start
+        init = keras.initializers.RandomNormal(stddev=3 + 30 * spec["strength"])
+    dense = {"kernel_initializer": init}
+    inputs = keras.Input(shape, dtype="int32" if arch in ("embedding", "hub_bert") else None)
+    h: Any = inputs
+    if arch == "mlp":
+        for width in (64, 64):
+            h = keras.layers.Dense(width, activation="relu", **dense)(h)
+    elif arch == "deep_sigmoid":
+        for _ in range(10 + int(4 * spec["strength"])):
+            h = keras.layers.Dense(32, activation="sigmoid", **dense)(h)
+    elif arch == "deep_relu":
+        for i in range(4):
+            h = keras.layers.Dense(64, activation="relu", name=f"relu_{i}")(h)
+    elif arch == "cnn":
+        h = keras.layers.Conv2D(16, 3, padding="same", use_bias=False, **dense)(h)
+        h = keras.layers.ReLU()(keras.layers.BatchNormalization()(h))
+        h = keras.layers.Conv2D(32, 3, padding="same", activation="relu", **dense)(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+    elif arch == "rnn":
+        layer = keras.layers.LSTM if spec["seed"] % 2 else keras.layers.GRU
+        h = layer(32, kernel_initializer=init)(h)
+    elif arch == "transformer":
+        h = keras.layers.Dense(32, **dense)(h)
+        attended = keras.layers.MultiHeadAttention(4, 8, kernel_initializer=init)(h, h)
+        h = keras.layers.LayerNormalization()(h + attended)
+        feed = keras.layers.Dense(32, **dense)(keras.layers.Dense(64, activation="gelu")(h))
+        h = keras.layers.GlobalAveragePooling1D()(keras.layers.LayerNormalization()(h + feed))
+    elif arch == "embedding":
+        h = keras.layers.Embedding(50, 16, embeddings_initializer=init)(h)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        h = keras.layers.Dense(32, activation="relu", **dense)(h)
+    elif arch == "hub_bert":
+        import keras_hub
+
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+            max_sequence_length=shape[0],
+        )  # fmt: skip
+        mask = keras.ops.ones_like(inputs)
+        h = backbone({"token_ids": inputs, "segment_ids": 0 * inputs, "padding_mask": mask})
+        h = h["pooled_output"]
+    if spec["kind"] == "domain_error" and spec["strength"] < 0.5:
+        h = _domain_layer()(name="domain")(h)
+    out = keras.layers.Dense(classes or 1, **dense)(h)
+    out = keras.layers.Activation("linear", dtype="float32")(out)
+    return keras.Model(inputs, out)
+
+
+def _domain_layer() -> Any:
+    import keras
+
+    class DomainLayer(keras.layers.Layer):  # type: ignore[misc]
+        """``sqrt(x^2 + shift)``: a smooth magnitude, until ``shift`` turns negative."""
+
+        def build(self, shape: Any) -> None:
+            self.shift = self.add_weight(shape=(), initializer="ones", trainable=False)
+
+        def call(self, x: Any) -> Any:
+            return keras.ops.sqrt(keras.ops.square(x) + self.shift) - 1.0
+
+    return DomainLayer
+
+
+def _loss(spec: dict[str, Any], classes: int, shift: Any) -> Any:
+    import keras
+
+    if spec["kind"] == "domain_error" and spec["strength"] >= 0.5:
+
+        def log_cosh(y_true: Any, y_pred: Any) -> Any:
+            """A log-cosh loss written by hand, with a floor that a bug turns negative."""
+            if classes:
+                y_pred = keras.ops.take_along_axis(
+                    y_pred, keras.ops.cast(keras.ops.reshape(y_true, (-1, 1)), "int32"), axis=1
+                )
+                y_true = keras.ops.ones_like(y_pred)
+            err = keras.ops.reshape(y_pred, (-1,)) - keras.ops.reshape(y_true, (-1,))
+            return keras.ops.mean(keras.ops.log(keras.ops.cosh(err) + shift))
+
+        return log_cosh
+    if classes:
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return "mse"
+
+
+def train(spec: dict[str, Any], server: str, name: str) -> None:
+    """Train the run ``spec`` describes, streaming to ``server`` as ``name``."""
+    import keras
+    import tensorflow as tf
+
+    import trainvitals
+
+    keras.utils.set_random_seed(spec["seed"])
+    rng = np.random.default_rng(spec["seed"])
+    x, y, classes = _dataset(spec, rng)
+    if spec["mixed"]:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    kind, at, strength, batch = spec["kind"], spec["at"], spec["strength"], spec["batch"]
+    shift = tf.Variable(1.0, trainable=False)  # the custom loss's floor
+    model = _model(spec, x.shape[1:], classes)
+    model.compile(_optimizer(spec), _loss(spec, classes, shift))
+    per_epoch = max(1, len(x) // batch)
+    leaked: list[bytes] = []
+
+    def batches() -> Iterator[tuple[Any, Any]]:
+        step = 0
+        while True:
+            order = rng.permutation(len(x))
+            for b in range(per_epoch):
+                step += 1
+                pick = order[b * batch : (b + 1) * batch]
+                xb, yb = x[pick].copy(), y[pick].copy()
+                if step >= at and kind == "label_noise":  # ever more labels wrong
+                    share = (0.5 + 0.5 * strength) * min(1.0, (step - at) / (100 + 200 * strength))
+                    wrong = rng.random(len(yb)) < share
+                    yb[wrong] = (
+                        rng.integers(0, classes, int(wrong.sum())) if classes
+                        else rng.permutation(yb)[wrong] * 3
+                    )  # fmt: skip
+                if step == at and kind == "nan_data":
+                    flat = xb.reshape(-1)
+                    bad = rng.choice(flat.size, max(1, int(flat.size * strength**3)), False)
+                    flat[bad] = np.nan if strength < 0.5 else np.inf
+                if step == at and kind == "hang":
+                    time.sleep(3600)  # the input pipeline blocks for good
+                yield xb, yb
+
+    class Inject(keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = 0
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.step += 1
+            if self.step >= at and kind == "slowdown":  # a competing load: each step slower
+                time.sleep(0.004 + 0.02 * strength)
+            if self.step >= at and kind == "leak":  # memory held forever, a step at a time
+                leaked.append(os.urandom(int((64 + 192 * strength) * 1024)))
+            if self.step != at:
+                return
+            if kind == "exception":
+                raise RuntimeError(f"a bug in the training code at step {at}")
+            if kind == "kill":
+                os.kill(os.getpid(), 9)
+            if kind == "dying_relu":  # a bad update sends every unit below zero
+                for layer in self.model.layers:
+                    if layer.name.startswith("relu_"):
+                        layer.bias.assign(np.full(layer.bias.shape, -5 - 45 * strength))
+            if kind == "domain_error":
+                shift.assign(-2.0)
+                for layer in self.model.layers:
+                    if layer.name == "domain":
+                        layer.shift.assign(-2.0)
+
+    vitals = trainvitals.VitalsCallback(
+        server=server, project="zoo", run_name=name, config={"zoo": spec}
+    )
+    model.fit(
+        batches(), steps_per_epoch=per_epoch, epochs=math.ceil(spec["steps"] / per_epoch),
+        callbacks=[Inject(), vitals], verbose=0,
+    )  # fmt: skip
+
+
+# -- the judge -----------------------------------------------------------------------------
+
+
+@dataclass
+class Judged:
+    """One run: its recipe, what fired, its point of no return, and the verdicts."""
+
+    name: str
+    spec: dict[str, Any]
+    seconds: float
+    returncode: int | None
+    steps: int = 0
+    alarms: list[dict[str, Any]] = field(default_factory=list)
+    lost_at: int | None = None
+    lost_by: str | None = None
+    detected: bool = False
+    lead: int | None = None
+    diagnosed: bool = False
+    first_alarm: str | None = None
+    cause: str | None = None
+    replay_differs: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def cause_of(alarm: Mapping[str, Any]) -> str:
+    """The cause an alarm names: where NaN/Inf came from (the autopsy's verdict if it has
+    one), the learning rate when the evidence shows it risen, how the run ended..."""
+    rule, evidence = alarm["rule"], alarm.get("evidence") or {}
+    if rule == "nonfinite":
+        autopsy = evidence.get("autopsy")
+        if isinstance(autopsy, dict) and autopsy.get("cause"):
+            return str(autopsy["cause"])
+        return str(evidence.get("origin", "nonfinite"))
+    if rule in ("grad_explosion", "loss_divergence"):
+        lr, first = evidence.get("lr"), evidence.get("lr_first")
+        if isinstance(lr, int | float) and isinstance(first, int | float) and lr >= 2 * first > 0:
+            return "learning_rate"
+        return "data" if rule == "loss_divergence" else "gradients"
+    if rule == "crash":
+        return str(evidence.get("end_reason", "crash"))
+    named = {
+        "grad_vanishing": "vanishing", "stall": "hang", "slowdown": "slowdown",
+        "oom_forecast": "memory", "memory_pressure": "memory",
+    }  # fmt: skip
+    return named.get(rule, str(rule))
+
+
+def _last_step(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+    return int(run["last_step"]), float(run["ended_at"] or run["last_seen"])
+
+
+LOST: dict[str, Callable[[ServerProcess, dict[str, Any]], tuple[int, float] | None]] = {
+    "first_nonfinite": sc.first_nonfinite,
+    "loss_back_at_start": sc.loss_back_at_start,
+    "killed": sc.killed,
+    "last_step": _last_step,
+}
+
+
+def _stuck(server: ServerProcess, run: dict[str, Any], at: int) -> tuple[int, float] | None:
+    return int(at - 1), 0.0
+
+
+def judge(server: ServerProcess, result: Judged) -> None:
+    """What the server made of the run, against its ground truth."""
+    spec = result.spec
+    done = sc.outcome(server, "zoo", result.name)
+    run = done.run
+    result.steps = int(run["last_step"] or 0)
+    stream, env = recorded(server, run["id"])
+    # An alert shows its last firing: each rule's first, with its evidence then, is the
+    # detector's on the recorded stream (the same, as the replays below check).
+    first = framing.first_alarms(stream, env)
+    alarms, seen = [], set()
+    for alert in sorted(done.alarms(), key=lambda a: a["time"]):
+        if alert["rule"] in seen:  # fired again after its cooldown: a new alert
+            continue
+        seen.add(alert["rule"])
+        again = first.get(alert["rule"])
+        if again is not None and again.time != alert["time"]:
+            result.replay_differs.append(
+                f"live: {alert['rule']} first at t={alert['time']}, replayed at step "
+                f"{again.step} t={again.time}"
+            )
+        source = asdict(again) if again is not None else alert
+        alarms.append({k: source[k] for k in ("rule", "severity", "step", "message", "evidence")})
+    result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
+    if result.alarms:
+        result.first_alarm = result.alarms[0]["rule"]
+    if spec["kind"] != "healthy":
+        truth = CLASSES[spec["kind"]]
+        for how in truth.lost:
+            found = _stuck(server, run, spec["at"]) if how == "stuck" else LOST[how](server, run)
+            if found is not None and found[0] >= spec["at"]:  # noise before it is no loss
+                result.lost_at, result.lost_by = found[0], how
+                break
+        fired = [a for a in result.alarms if a["rule"] in truth.rules]
+        result.detected = bool(fired)
+        if fired:
+            result.cause = cause_of(fired[0])
+            result.diagnosed = result.cause in truth.causes
+            if result.lost_at is not None:
+                result.lead = result.lost_at - fired[0]["step"]
+    result.replay_differs += framing.differences(stream, env, spec["seed"])
+    if STREAMS is not None:  # kept for the determinism test's fixtures
+        framing.save(STREAMS / f"{result.name}.json.gz", stream, env)
+
+
+def recorded(server: ServerProcess, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's watched series as the server stored them (NaN/Inf back as NaN), and its
+    environment."""
+    from trainvitals.detect import watched
+    from trainvitals.protocol import Columns
+
+    detail = server.get(f"/api/v1/runs/{run_id}")
+    names = [n for n in detail.get("series", []) if watched(n)]
+    columns: dict[str, Any] = {}
+    for i in range(0, len(names), 20):
+        for name, s in run_series(server, run_id, *names[i : i + 20]).items():
+            values = [math.nan if v is None else float(v) for v in s["value"]]
+            columns[name] = Columns([int(v) for v in s["step"]], list(s["time"]), values)
+    return columns, detail.get("env") or {}
+
+
+# -- the zoo ---------------------------------------------------------------------------------
+
+
+def run_one(server: ServerProcess, spec: dict[str, Any], zoo_seed: int) -> Judged:
+    name = f"zoo{zoo_seed}-{spec['index']:03d}-{spec['kind']}"
+    command = [sys.executable, __file__, "--child", json.dumps(spec), "--server", server.url,
+               "--name", name]  # fmt: skip
+    env = {**os.environ, "TRAINVITALS_STALL_FLOOR": str(STALL_FLOOR),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
+                                                       os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    started = time.monotonic()
+    code: int | None = None
+    group: AbstractContextManager[Any] = nullcontext()
+    if spec["kind"] == "leak":
+        group = memory_cgroup(LEAK_LIMIT)
+    with group as cgroup:
+        prefix = in_cgroup(cgroup) if cgroup is not None else []
+        child = subprocess.Popen([*prefix, *command], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            if spec["kind"] == "hang":  # wait for the stall alert, then end it
+                try:
+                    wait_for(lambda: _stalled(server, name), timeout=90, interval=0.5)
+                finally:
+                    child.kill()
+            _, err = child.communicate(timeout=RUN_TIMEOUT)
+            code = child.returncode
+        except (subprocess.TimeoutExpired, AssertionError):
+            child.kill()
+            _, err = child.communicate()
+            code = None
+    result = Judged(name, spec, time.monotonic() - started, code)
+    if code not in (0, None) and spec["kind"] not in ("exception", "kill", "hang", "leak"):
+        result.error = (err or "").strip().splitlines()[-1:][0] if err else f"exit {code}"
+    try:
+        judge(server, result)
+    except AssertionError as exc:  # the run never reached the server
+        result.error = result.error or str(exc)[:300]
+    return result
+
+
+def _stalled(server: ServerProcess, name: str) -> bool:
+    runs = [r for r in server.get("/api/v1/runs?limit=500")["runs"] if r["name"] == name]
+    if not runs:
+        return False
+    alerts = server.get(f"/api/v1/runs/{runs[0]['id']}/alerts")["alerts"]
+    return any(a["rule"] == "stall" for a in alerts)
+
+
+def _quantile(values: list[int], q: float) -> float | None:
+    return float(np.quantile(values, q)) if values else None
+
+
+def report(results: list[Judged], seed: int) -> dict[str, Any]:
+    """The figures: per class and over all failures, the healthy runs, determinism."""
+    ok = [r for r in results if r.error is None]
+    failures = [r for r in ok if r.spec["kind"] != "healthy"]
+    healthy = [r for r in ok if r.spec["kind"] == "healthy"]
+
+    def summary(group: list[Judged]) -> dict[str, Any]:
+        leads = [r.lead for r in group if r.lead is not None]
+        precursor = [r for r in group if CLASSES[r.spec["kind"]].precursor]
+        return {
+            "runs": len(group),
+            "recall": len([r for r in group if r.detected]) / len(group) if group else None,
+            "warned_before_point_of_no_return": (
+                len([r for r in precursor if r.lead is not None and r.lead > 0]) / len(precursor)
+                if precursor
+                else None
+            ),
+            "median_lead_steps": _quantile(leads, 0.5),
+            "lead_p10_steps": _quantile(leads, 0.1),
+            "diagnosis_accuracy": (
+                len([r for r in group if r.diagnosed]) / len(group) if group else None
+            ),
+        }
+
+    per_class = {
+        kind: summary([r for r in failures if r.spec["kind"] == kind])
+        for kind in CLASSES
+        if any(r.spec["kind"] == kind for r in failures)
+    }
+    false_alarms = [r for r in healthy if r.alarms]
+    differs = [r for r in ok if r.replay_differs]
+    seconds = [r.seconds for r in results]
+    return {
+        "seed": seed,
+        "runs": len(results),
+        "errors": [{"run": r.name, "error": r.error} for r in results if r.error],
+        "classes_implemented": ["healthy", *CLASSES],
+        "failures": {**summary(failures), "per_class": per_class},
+        "healthy": {
+            "runs": len(healthy),
+            "false_alarm_rate": len(false_alarms) / len(healthy) if healthy else None,
+            "false_alarms": [
+                {"run": r.name, "alarms": [(a["rule"], a["step"], a["message"]) for a in r.alarms]}
+                for r in false_alarms
+            ],
+        },
+        "diagnosis_accuracy": summary(failures)["diagnosis_accuracy"],
+        "misses": [
+            {
+                "run": r.name,
+                "kind": r.spec["kind"],
+                "alarms": [(a["rule"], a["step"]) for a in r.alarms],
+                "lost_at": r.lost_at,
+                "detected": r.detected,
+                "cause": r.cause,
+            }
+            for r in failures
+            if not r.diagnosed or not r.detected
+        ],
+        "determinism": {
+            "runs_differing": len(differs),
+            "differences": {r.name: r.replay_differs for r in differs},
+        },
+        "seconds_per_run": statistics.median(seconds) if seconds else None,
+        "runs_detail": [
+            {**asdict(r), "alarms": [(a["rule"], a["severity"], a["step"]) for a in r.alarms]}
+            for r in results
+        ],
+    }
+
+
+def summary_line(figures: dict[str, Any]) -> str:
+    f, h = figures["failures"], figures["healthy"]
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0%}"
+
+    return (
+        f"zoo seed {figures['seed']}: {figures['runs']} runs ({f['runs']} failures, "
+        f"{h['runs']} healthy, {len(figures['errors'])} errors): recall {pct(f['recall'])}, "
+        f"warned before the point of no return {pct(f['warned_before_point_of_no_return'])}, "
+        f"median lead {f['median_lead_steps']} steps (p10 {f['lead_p10_steps']}), "
+        f"diagnosis {pct(figures['diagnosis_accuracy'])}, healthy false alarms "
+        f"{pct(h['false_alarm_rate'])}, replays differing "
+        f"{figures['determinism']['runs_differing']}, "
+        f"{figures['seconds_per_run']:.1f} s a run"
+    )
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def zoo(runs: int, seed: int, workers: int = 1, only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Generate and judge ``runs`` runs drawn with ``seed`` (from the classes ``only``, by
+    default all); the report's figures."""
+    rng = np.random.default_rng(seed)
+    specs = [draw(rng, i, only) for i in range(runs)]
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ServerProcess(str(Path(tmp) / "zoo.db"))
+        try:
+            with ThreadPoolExecutor(max(1, workers)) as pool:
+                results = list(pool.map(lambda spec: run_one(server, spec, seed), specs))
+        finally:
+            server.stop()
+    return report(results, seed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--workers", type=int, default=1, help="runs trained at once")
+    parser.add_argument("--only", default="", help="comma-separated classes to draw (all)")
+    parser.add_argument("--streams", type=Path, help="write each run's stream here (json.gz)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--server", help=argparse.SUPPRESS)
+    parser.add_argument("--name", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        train(json.loads(args.child), args.server, args.name)
+        return
+    if args.streams:
+        global STREAMS
+        STREAMS = args.streams
+        STREAMS.mkdir(parents=True, exist_ok=True)
+    figures = zoo(args.runs, args.seed, args.workers, tuple(filter(None, args.only.split(","))))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1, default=str))
+    print(summary_line(figures))
+
+
+if __name__ == "__main__":
+    main()
