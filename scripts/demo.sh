@@ -9,12 +9,21 @@ DB=${DB:-demo-data/trainvitals.db}
 URL="http://127.0.0.1:$PORT"
 mkdir -p "$(dirname "$DB")"
 
+healthy() { "$PY" -c "import urllib.request; urllib.request.urlopen('$URL/healthz', timeout=1)" 2>/dev/null; }
+# Another server on the port would take the demo's run as its own, and print its URL as ours.
+if healthy; then
+  echo "port $PORT already has a trainvitals server: stop it, or PORT=8601 make demo" >&2
+  exit 1
+fi
+
 "$PY" -m trainvitals serve --port "$PORT" --db "$DB" &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT
+# Ctrl-C is how the demo ends: a clean exit, not make's "Error 1".
+trap 'echo; echo "  Stopped."; exit 0' INT TERM
 
 for _ in $(seq 1 100); do
-  if "$PY" -c "import urllib.request; urllib.request.urlopen('$URL/healthz', timeout=1)" 2>/dev/null; then
+  if healthy; then
     break
   fi
   kill -0 $server 2>/dev/null || { echo "the server did not start (is port $PORT taken? PORT=8601 make demo)" >&2; exit 1; }

@@ -4,12 +4,15 @@ server, and ``token list`` that leaves no database behind."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import trainvitals
-from harness.processes import ServerProcess, create_token, free_port, stream
+from harness.processes import ROOT, ServerProcess, create_token, free_port, stream
 from trainvitals.cli import main
 
 
@@ -78,3 +81,19 @@ def test_token_list_and_revoke_make_no_database(
     assert main(["token", "create", "--db", str(db), "--project", "p", "--role", "read"]) == 0
     assert main(["token", "list", "--db", str(db)]) == 0
     assert "read@p" in capsys.readouterr().out
+
+
+def test_make_demo_on_a_port_another_server_holds_says_so_and_trains_nothing(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """The demo would have streamed into the server already there and printed its URL as its
+    own."""
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "demo.sh")],
+        env={**os.environ, "PY": sys.executable, "PORT": str(server.port),
+             "DB": str(tmp_path / "demo.db")},
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"port {server.port} already has a trainvitals server" in done.stderr
+    assert server.get("/api/v1/runs")["runs"] == []

@@ -199,7 +199,8 @@ def test_a_callback_used_for_several_fits_names_each_run_unless_given_a_name(
     server: ServerProcess,
 ) -> None:
     """Each fit is a run of its own; a callback made without a ``run_name`` gave them all the
-    name it generated once, so the runs list showed one name several times."""
+    name it generated once, and one made with a name gave them all that name, so the runs
+    list showed one name several times: the given name is numbered from the second fit."""
     x, y = regression_data()
     model = small_model(0.01)
     named, unnamed = (
@@ -218,7 +219,7 @@ def test_a_callback_used_for_several_fits_names_each_run_unless_given_a_name(
         key: [server.get(f"/api/v1/runs/{run_id}")["name"] for run_id in ids]
         for key, ids in runs.items()
     }
-    assert names["named"] == ["fine-tune", "fine-tune"]
+    assert names["named"] == ["fine-tune", "fine-tune-2"]
     first, second = names["unnamed"]
     assert first.startswith("run-") and second.startswith("run-") and first != second
 

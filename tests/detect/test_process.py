@@ -59,3 +59,11 @@ def test_a_crash_carries_the_last_memory_readings() -> None:
     assert finding.evidence["last_readings"]["host/rss"] == 3.9 * GiB
     assert "OOM killer" in finding.message and "OOM killer" in finding.hint
     assert detector.ended("completed", T0 + 400) == []
+
+
+def test_a_crash_says_what_ended_it_even_without_a_message() -> None:
+    bare = "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyboardInterrupt\n"
+    (finding,) = Detector().ended("exception", T0, bare)
+    assert finding.message.endswith(": KeyboardInterrupt")
+    (unseen,) = Detector().ended("exception", T0, None)
+    assert "traceback was not seen" in unseen.message

@@ -157,6 +157,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self.guard: Guard | None = None
         self._autopsied = False
         self._poisoned_at_start = False
+        self._fits = 1  # the fits this callback has made runs of, for numbering their names
         self._healthy_norms: dict[str, float] = {}
         self._autopsy_lock = threading.Lock()
         self._settings = resolve(
@@ -261,6 +262,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
             # A name generated for each fit: a callback used again (a second fit, a fine-tune)
             # would give every run it makes the same one.
             settings = replace(settings, run_name=generate_run_name())
+        elif self.run is not None:
+            # A name given once, used again: numbered, so the runs list tells the fits apart.
+            self._fits += 1
+            settings = replace(settings, run_name=f"{settings.run_name}-{self._fits}")
         self.run = Run(
             settings,
             system_metrics=self._system_metrics,

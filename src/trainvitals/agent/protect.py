@@ -156,6 +156,7 @@ class Guard:
             action += f"; the weights of step {self.good_step} will be restored"
             if self.protection.checkpoint_path:
                 action += f" and saved to {self.protection.checkpoint_path}"
+            action += " when fit returns"
         self.actions.append(action)
         return action
 

@@ -281,7 +281,10 @@ class CrashRule(Rule):
         if reason == EndReason.EXCEPTION:
             last_line = (traceback or "").strip().splitlines()[-1:] or [""]
             evidence["exception"] = last_line[0]
-            message = f"The run crashed at step {self.context.step}: {last_line[0]}"
+            # An exception with no message prints its class alone; with no traceback at all,
+            # say so rather than end the sentence on nothing.
+            said = last_line[0] or "an exception left it, and its traceback was not seen"
+            message = f"The run crashed at step {self.context.step}: {said}"
             hint = next(
                 (h for key, h in _EXCEPTION_HINTS if key in (traceback or "")),
                 "The traceback shows where it failed.",
