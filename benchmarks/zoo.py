@@ -72,12 +72,12 @@ class FailureClass:
 CLASSES: dict[str, FailureClass] = {
     "lr_sudden": FailureClass(
         ("grad_explosion", "loss_divergence", "nonfinite"),
-        ("learning_rate", "weights", "loss", "grads"),
+        ("learning_rate", "weights", "loss", "grads", "lr_blowup", "poisoned_weights", "layer"),
         NONFINITE_OR_LOSS,
     ),
     "lr_growing": FailureClass(
         ("grad_explosion", "loss_divergence", "nonfinite"),
-        ("learning_rate", "weights", "loss", "grads"),
+        ("learning_rate", "weights", "loss", "grads", "lr_blowup", "poisoned_weights", "layer"),
         NONFINITE_OR_LOSS,
     ),
     "nan_data": FailureClass(("nonfinite",), ("inputs",), ("first_nonfinite",), False),
@@ -86,13 +86,14 @@ CLASSES: dict[str, FailureClass] = {
     ),
     "bad_init": FailureClass(
         ("grad_explosion", "loss_divergence", "nonfinite", "grad_vanishing"),
-        ("weights", "loss", "grads", "gradients", "vanishing"),
+        ("weights", "loss", "grads", "gradients", "vanishing", "poisoned_weights", "layer"),
         ("first_nonfinite", "last_step"),
         False,
     ),
     "vanishing": FailureClass(("grad_vanishing",), ("vanishing",), ("last_step",)),
     "dying_relu": FailureClass(("grad_vanishing",), ("vanishing",), ("last_step",)),
-    "domain_error": FailureClass(("nonfinite",), ("loss",), ("first_nonfinite",), False),
+    # The autopsy names a custom layer's domain error "layer", a custom loss's "loss".
+    "domain_error": FailureClass(("nonfinite",), ("loss", "layer"), ("first_nonfinite",), False),
     "exception": FailureClass(("crash",), ("exception",), ("last_step",), False),
     "kill": FailureClass(("crash",), ("signal:SIGKILL",), ("last_step",), False),
     "slowdown": FailureClass(("slowdown",), ("slowdown",), ("last_step",)),
