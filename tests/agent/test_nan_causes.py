@@ -242,3 +242,38 @@ def test_a_healthy_fit_never_keeps_a_batch(module_server: ServerProcess) -> None
     model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[vitals])
     assert vitals._tap is not None and vitals._tap.bad_step is not None
     assert vitals._tap.bad_step.take() is None
+
+
+@pytest.mark.usefixtures("weights_checked_every_time")
+def test_the_weights_check_never_files_a_nan_before_the_step_that_made_it(
+    module_server: ServerProcess,
+) -> None:
+    """The sender reads the weights while training goes on: a check made due at step 20 and
+    read at step 27 holds step 27's weights, and is filed there (the zoo found checks filed
+    at the multiple of ``weights_every`` before a NaN that came after it)."""
+    import time
+
+    poison_at = 27
+
+    class Slow(keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            time.sleep(0.02)  # a look lands in the middle of training
+            if batch + 1 == poison_at:
+                kernel = self.model.layers[0].kernel
+                kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+
+    keras.utils.set_random_seed(2)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(320, 4)).astype("float32")
+    model = _model(keras.layers.Dense(1))
+    vitals = trainvitals.VitalsCallback(
+        server=module_server.url, run_name="late-read", system_metrics=False, watchdog=False,
+        weights_every=10, read_interval=0.05,
+    )  # fmt: skip
+    model.fit(x, x[:, :1], batch_size=8, epochs=1, verbose=0, callbacks=[vitals, Slow()])
+    assert vitals.run is not None
+    from harness.processes import run_series
+
+    checked = run_series(module_server, vitals.run.id, "nonfinite/weights")["nonfinite/weights"]
+    poisoned = [s for s, v in zip(checked["step"], checked["value"], strict=True) if v > 0]
+    assert poisoned and min(poisoned) >= poison_at, checked

@@ -115,7 +115,10 @@ def test_healthy_fit_reports_every_vital(server: ServerProcess) -> None:
     assert norm["step"] == steps and all(math.isfinite(v) and v > 0 for v in norm["value"])
     for name in ("nonfinite/loss", "nonfinite/inputs", "nonfinite/grads"):
         assert series[name]["step"] == steps and set(series[name]["value"]) == {0}, name
-    assert series["nonfinite/weights"]["step"] == [6, 12, 18]
+    # Filed at the step the weights were read at: the multiple of 6 that made it due, or later.
+    checked = series["nonfinite/weights"]["step"]
+    assert len(checked) == 3 and all(a >= b for a, b in zip(checked, [6, 12, 18], strict=True))
+    assert checked == sorted(set(checked)) and checked[-1] <= 18
     assert set(series["nonfinite/weights"]["value"]) == {0}
     per_variable = {name for name in series if name.startswith("grad/norm/")}
     assert per_variable == {f"grad/norm/{v.path}" for v in model.trainable_variables}
