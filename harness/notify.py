@@ -186,10 +186,13 @@ def notifying_server(
     return ServerProcess(str(tmp_path / "tv.db"), extra_env=env, port=port)
 
 
-def agent(server: ServerProcess, run_id: str, project: str = "default") -> ClientConnection:
-    """A hand-made agent connection that has said hello. Patient: a test opens hundreds of
-    these one after another while the server sweeps the first ones as lost, and on a busy CI
-    machine one opening handshake took longer than websockets' default 10 s."""
+def agent(
+    server: ServerProcess, run_id: str, project: str = "default", **fields: Any
+) -> ClientConnection:
+    """A hand-made agent connection that has said hello (``fields`` replace or add to the
+    hello's: ``name``, ``host``, ``process``...). Patient: a test opens hundreds of these one
+    after another while the server sweeps the first ones as lost, and on a busy CI machine one
+    opening handshake took longer than websockets' default 10 s."""
     ws = connect(server.url.replace("http", "ws") + "/api/v1/ingest", open_timeout=60)
     ws.send(
         json.dumps(
@@ -205,6 +208,7 @@ def agent(server: ServerProcess, run_id: str, project: str = "default") -> Clien
                 "started_at": time.time(),
                 "env": {},
                 "run_secret": f"secret-{run_id}",
+                **fields,
             }
         )
     )

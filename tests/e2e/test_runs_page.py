@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from harness.browser import delete_before_its_points, erring_page, pumped
+from harness.notify import agent
 from harness.processes import ServerProcess, wait_for
 from harness.seed import seed_runs
 from tests.e2e.test_charts import download
@@ -420,6 +421,53 @@ def test_a_live_list_updates_a_runs_row_in_place_keeping_a_selection_and_the_foc
     assert link.evaluate("(a) => a.isConnected")
     assert not status.evaluate("(s) => s.isConnected")  # its cell changed, so it was replaced
     expect(page.locator("#compare")).to_have_text("Compare 1 selected")
+    assert not page.errors, page.errors
+
+
+def test_the_runs_one_process_made_are_listed_together_and_alone_by_its_link(
+    server: ServerProcess, browser: Any
+) -> None:
+    """A loop of fits makes a run a fit: the runs one process made (the same ``process`` in
+    their hellos) are listed together under a heading though another process's run began
+    among them, and its link lists them alone, live; a run alone in its process is listed as
+    any other (#46). The hello is hostile: its host is text on the page and in the address."""
+    host = "<img src=x onerror=window.pwned=1>"
+    loop = {"key": f"{host}/4242/1700000000.00", "started_at": 1_700_000_000.0}
+    other = {"key": "node-8/99/1700000000.00", "started_at": 1_700_000_000.0}
+
+    def fit(name: str, process: dict[str, Any]) -> None:
+        host, pid, _ = process["key"].split("/")
+        agent(server, name, "loop", name=name, host=host, pid=int(pid), process=process).close()
+
+    for name, process in (("fold-0", loop), ("elsewhere", other), ("fold-1", loop),
+                          ("fold-2", loop)):  # fmt: skip
+        fit(name, process)
+    page = open_page(server, browser)
+    heading = page.locator("tr.process-row")
+    expect(heading.locator("[data-process-runs]")).to_have_text("3 runs")
+    expect(heading).to_contain_text(f"Process {host}:4242")
+    rows = page.locator("#runs-body tr").evaluate_all(
+        "(rows) => rows.map((r) => [r.className, r.querySelector('td:nth-child(2) a')?.text])"
+    )
+    assert rows == [
+        ["group-row process-row", None],
+        *[["run-row group-member process-member", f"fold-{i}"] for i in (2, 1, 0)],
+        ["run-row", "elsewhere"],  # alone in its process: as any run
+    ]
+
+    heading.locator("a.group-filter").click()
+    expect(page.locator("#run-count")).to_have_text("3 runs")
+    assert parse_qs(urlsplit(page.evaluate("location.hash")[1:]).query) == {
+        "process": [loop["key"]]}  # fmt: skip
+    # Live: another process's new run is not listed, the loop's next fit is, under its heading.
+    fit("elsewhere-2", other)
+    fit("fold-3", loop)
+    expect(heading.locator("[data-process-runs]")).to_have_text("4 runs")
+    assert names(page) == ["fold-3", "fold-2", "fold-1", "fold-0"]
+    expect(page.locator("#run-count")).to_have_text("4 runs")
+    heading.locator("a.group-filter", has_text="every run").click()
+    expect(page.locator("#run-count")).to_have_text("6 runs")
+    assert page.evaluate("window.pwned") is None and page.locator("img").count() == 0
     assert not page.errors, page.errors
 
 

@@ -24,7 +24,7 @@ const COLUMNS = [
 // The metric columns shown unless the address says otherwise (metrics= for none): the last
 // loss and the best validation loss, as W&B's table opens with the runs' summary metrics.
 const DEFAULT_METRICS = "loss, min:val_loss";
-const DEFAULTS = { q: "", project: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: DEFAULT_METRICS, px: "", py: "", plog: "" };
+const DEFAULTS = { q: "", project: "", job: "", process: "", status: "", health: "", tag: "", archived: "hide", sort: "started_at", order: "desc", page: "0", cols: "", metrics: DEFAULT_METRICS, px: "", py: "", plog: "" };
 // How often, at most, an open plot of the runs is read again while they stream (ms).
 const PLOT_REFRESH = 15000;
 // A series' statistics a metric column shows, each sorted first in the order that puts the
@@ -42,30 +42,41 @@ function firingBadge(alerts) {
     title="${escapeHTML(`${n} firing alert${n === 1 ? "" : "s"}`)}">${escapeHTML(`${n} firing`)}</span>`;
 }
 
-// Runs in the page's order, the workers of one job together (in worker order) where its
-// first worker stands: [{ job: id or null, members: [run, ...] }, ...].
-function groupedByJob(runs) {
+// The group a run is listed in: its job's workers, else the runs its process made (a loop of
+// fits), or null.
+const groupOf = (run) => (run.job_id ? { kind: "job", id: run.job_id }
+  : run.process_key ? { kind: "process", id: run.process_key } : null);
+
+// Runs in the page's order, those of one group together where its first run stands (a job's in
+// worker order): [{ kind: "job", "process" or null, id, members: [run, ...] }, ...]. A
+// process with one run on the page is no group: its run is listed as any other.
+function grouped(runs) {
   const groups = new Map();
   for (const run of runs) {
-    const key = run.job_id ? `job:${run.job_id}` : `run:${run.id}`;
-    if (groups.has(key)) groups.get(key).push(run);
-    else groups.set(key, [run]);
+    const group = groupOf(run);
+    const key = group ? `${group.kind}:${group.id}` : `run:${run.id}`;
+    if (groups.has(key)) groups.get(key).members.push(run);
+    else groups.set(key, { kind: null, id: null, ...group, members: [run] });
   }
-  return [...groups.values()].map((members) => ({
-    job: members[0].job_id ?? null,
-    members: members[0].job_id ? members.sort((a, b) => workerOrder(a.worker, b.worker)) : members,
-  }));
+  return [...groups.values()].map((group) => {
+    if (group.kind === "job") group.members.sort((a, b) => workerOrder(a.worker, b.worker));
+    return group.kind === "process" && group.members.length < 2 ? { ...group, kind: null, id: null } : group;
+  });
 }
 
-// The heading row of a job's one cell: how many workers, and how many of them in each state.
-function jobCells(job, members, span) {
+// The heading row of a group's one cell: what it is, how many runs (a job's workers), how
+// many of them in each state, and `link` (to list the group alone, or every run again).
+function groupCells({ kind, id, members }, link, span) {
   const states = new Map();
   for (const run of members) states.set(run.status, (states.get(run.status) ?? 0) + 1);
   const summary = [...states].map(([status, n]) => `${n} ${status}`).join(", ");
-  const workers = `${members.length} worker${members.length === 1 ? "" : "s"}`;
-  return [`<td colspan="${span}">Job <code>${escapeHTML(job)}</code> ·
-    <span data-job-workers="${escapeHTML(members.length)}">${escapeHTML(workers)}</span>
-    <span class="muted">(${escapeHTML(summary)})</span></td>`];
+  const noun = kind === "job" ? "worker" : "run";
+  const count = `${members.length} ${noun}${members.length === 1 ? "" : "s"}`;
+  const what = kind === "job" ? `Job <code>${escapeHTML(id)}</code>`
+    : `Process <code title="${escapeHTML(id)}">${escapeHTML(`${members[0].host}:${members[0].pid}`)}</code>`;
+  return [`<td colspan="${span}">${what} ·
+    <span data-${kind}-${noun}s="${escapeHTML(members.length)}">${escapeHTML(count)}</span>
+    <span class="muted">(${escapeHTML(summary)})</span> ${link}</td>`];
 }
 
 function configValue(value) {
@@ -184,7 +195,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     if (head.drawn !== html) { head.innerHTML = html; head.drawn = html; } // a focused heading stays
   };
 
-  // The rows drawn, by key ("run:<id>", "job:<id>"): updated in place at each push.
+  // The rows drawn, by key ("run:<id>", "job:<id>", "process:<key>"): updated in place at each push.
   let drawn = new Map();
   const rowFor = (key, make) => {
     let row = drawn.get(key);
@@ -211,28 +222,34 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
       ...metrics,
     ];
   };
-  const runRow = (run) => {
+  // `kind`: the kind of group whose heading the row is listed under, if any.
+  const runRow = (run, kind = null) => {
     const row = rowFor(`run:${run.id}`, () => {
       const made = document.createElement("tr");
       made.dataset.runId = run.id;
       return made;
     });
-    row.className = "run-row";
-    row.classList.toggle("job-member", Boolean(run.job_id));
+    row.className = kind ? `run-row group-member ${kind}-member` : "run-row";
     row.classList.toggle("archived", Boolean(run.archived));
     syncCells(row, runCells(run));
     const box = row.querySelector(".select-run");
     if (box.checked !== selected.has(run.id)) box.checked = selected.has(run.id);
     return row;
   };
-  const jobRow = (job, members) => {
-    const row = rowFor(`job:${job}`, () => {
+  // A group's link lists its runs alone (the job= or process= filter), or every run again.
+  const groupLink = (kind, id) => {
+    const alone = shown[kind] === id;
+    const query = queryOf({ ...shown, job: "", process: "", page: "0", ...(alone ? {} : { [kind]: id }) });
+    return `<a class="group-filter" href="#/${query.size ? `?${escapeHTML(query)}` : ""}">${alone ? "every run" : "only these"}</a>`;
+  };
+  const groupRow = (group) => {
+    const row = rowFor(`${group.kind}:${group.id}`, () => {
       const made = document.createElement("tr");
-      made.className = "job-row";
-      made.dataset.jobId = job;
+      made.className = `group-row ${group.kind}-row`;
+      made.dataset[group.kind === "job" ? "jobId" : "processKey"] = group.id;
       return made;
     });
-    syncCells(row, jobCells(job, members, span()));
+    syncCells(row, groupCells(group, groupLink(group.kind, group.id), span()));
     return row;
   };
 
@@ -266,9 +283,9 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
           <code>trainvitals demo</code>.</td></tr>`;
     } else {
       const rows = isNewestFirst()
-        ? groupedByJob(ordered).flatMap(({ job, members }) =>
-          job ? [jobRow(job, members), ...members.map(runRow)] : members.map(runRow))
-        : ordered.map(runRow);
+        ? grouped(ordered).flatMap((group) => [
+          ...(group.kind ? [groupRow(group)] : []), ...group.members.map((run) => runRow(run, group.kind))])
+        : ordered.map((run) => runRow(run));
       const kept = new Set(rows);
       for (const [key, row] of drawn) if (!kept.has(row)) drawn.delete(key);
       syncRows(body, rows);
@@ -293,6 +310,8 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
     run.name != null
     && (!shown.q || run.name.toLowerCase().includes(shown.q.toLowerCase()))
     && (!shown.project || run.project === shown.project)
+    && (!shown.job || run.job_id === shown.job)
+    && (!shown.process || run.process_key === shown.process)
     && (!shown.status || run.status === shown.status)
     && !shown.health // a new run's alerts are not known here
     && (!shown.tag || (run.tags ?? []).includes(shown.tag))
@@ -333,7 +352,7 @@ export async function renderRuns(root, live, feed, params = new URLSearchParams(
   const showError = (error) => { failure.textContent = `Could not list the runs: ${error.message}`; failure.hidden = false; };
   // The list request of a view: its filters, sort and columns, `limit` runs from `offset`.
   const requestOf = (view, limit, offset) => ({
-    q: view.q, project: view.project, status: view.status, health: view.health, tag: view.tag, archived: view.archived,
+    q: view.q, project: view.project, job: view.job, process: view.process, status: view.status, health: view.health, tag: view.tag, archived: view.archived,
     sort: view.sort, order: view.order, limit, offset, config: configKeys(view),
     metric: [...new Set(metricColumns(view).map(({ name }) => name))],
   });
