@@ -422,8 +422,6 @@ class GradVanishingRule(Rule):
         self._low = 0
         self._recovered = 0
         self._losses: deque[float] = deque(maxlen=settings.window)
-        #: The run's first finite loss: where a network that learns nothing stays.
-        self._first_loss: float | None = None
         #: A record's names -> its per-variable norms in model order (:meth:`_ordered`).
         self._layers: dict[tuple[str, ...], list[str]] = {}
 
@@ -431,10 +429,7 @@ class GradVanishingRule(Rule):
         cfg = self.settings
         if LOSS in dense:
             losses = dense[LOSS][2]
-            losses = losses[np.isfinite(losses)]
-            if self._first_loss is None and len(losses):
-                self._first_loss = float(losses[0])
-            self._losses.extend(losses.tolist())
+            self._losses.extend(losses[np.isfinite(losses)].tolist())
         if GRAD_GLOBAL_NORM not in dense:
             return []
         steps, times, norms = dense[GRAD_GLOBAL_NORM]
@@ -469,8 +464,6 @@ class GradVanishingRule(Rule):
         loss = values.get(LOSS)
         if finite(loss):
             self._losses.append(loss)  # type: ignore[arg-type]
-            if self._first_loss is None:
-                self._first_loss = loss
         out: list[Finding] = []
         norm = values.get(GRAD_GLOBAL_NORM)
         if finite(norm):
@@ -484,10 +477,7 @@ class GradVanishingRule(Rule):
         low_name = min(early, key=lambda n: values[n])
         top_name = max(ordered, key=lambda n: values[n])
         top = values[top_name]
-        if top > 0:
-            ratio = values[low_name] / top
-        else:  # no kernel gets any gradient: every ReLU dead, or a loss fitted to zero
-            ratio = 0.0 if self._unlearned() else 1.0
+        ratio = values[low_name] / top if top > 0 else 1.0
         if ratio < cfg.layer_ratio:
             self._low += 1
             self._recovered = 0
@@ -536,15 +526,6 @@ class GradVanishingRule(Rule):
         if all(finite(values[n]) for n in layers):
             return layers
         return [n for n in layers if finite(values[n])]
-
-    def _unlearned(self) -> bool:
-        """Whether the loss is still at a tenth of where it started or more: gradients that
-        are all zero there learn nothing, where at a loss near zero there is nothing left to
-        learn."""
-        first = self._first_loss
-        if first is None or not self._losses:
-            return False
-        return abs(self._losses[-1]) >= 0.1 * abs(first)
 
     def _loss_change(self) -> float | None:
         """Relative improvement of the loss from the first to the second half of the window."""
