@@ -157,7 +157,6 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         self.guard: Guard | None = None
         self._autopsied = False
         self._poisoned_at_start = False
-        self._updates_at_start: int | None = None
         self._fits = 1  # the fits this callback has made runs of, for numbering their names
         self._healthy_norms: dict[str, float] = {}
         self._autopsy_lock = threading.Lock()
@@ -292,11 +291,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
         # Whether the weights were already NaN/Inf as fit began (a restored checkpoint, an
         # earlier fit): the autopsy tells that from weights an update poisoned.
-        self._poisoned_at_start = False
-        self._updates_at_start = None
-        if self._weights_check is not None:
-            count, self._updates_at_start = self._weights_check.read()
-            self._poisoned_at_start = count > 0
+        self._poisoned_at_start = bool(self._weights_check and self._weights_check() > 0)
         tap = TrainStepTap(
             self.model,
             max(self._ring_capacity, 2 * per_execution),
@@ -556,13 +551,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if self._weights_check is not None:
             checks = [s for s in batch.steps if s % self._weights_every == 0]
             if checks and self._weights_check.due():
-                count, updates = self._weights_check.read()
+                count = self._weights_check()
                 # Filed under the step the weights were read at (training goes on while the
-                # sender reads them), not the earlier one that made the check due: a NaN that
-                # came in between would seem to come before the step that made it.
-                at = checks[-1]
-                if updates is not None and self._updates_at_start is not None:
-                    at = max(at, updates - self._updates_at_start)
+                # sender reads them: the ring's count of rows, read after them), not the
+                # earlier one that made the check due: a NaN that came in between would seem
+                # to come before the step that made it.
+                ring = self._tap.ring if self._tap is not None else None
+                at = max(checks[-1], ring.written() if ring is not None else 0)
                 run.log(at, {NONFINITE_WEIGHTS: count})
         for step in batch.sick:
             self._after_step(step, packing.values_at(batch.columns, step))

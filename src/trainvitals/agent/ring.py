@@ -98,6 +98,10 @@ class DeviceRing:
         )
         return number
 
+    def written(self) -> int:
+        """How many rows the step has written so far (a read of one counter)."""
+        return int(self._written.numpy())
+
     def read(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The rows written since the last read, oldest first: their write numbers and their
         values (float64). One fetch of the whole ring; safe from any thread.

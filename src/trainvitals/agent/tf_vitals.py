@@ -139,9 +139,6 @@ class WeightsCheck:
 
     def __init__(self, model: Any) -> None:
         self._variables = list(model.weights)
-        #: The optimizer's count of updates, read after the weights: the step they are at.
-        optimizer = getattr(model, "optimizer", None)
-        self._updates = getattr(optimizer, "iterations", None) if optimizer is not None else None
         # A partial, not the bound method: TensorFlow counts traces by the code they run, and
         # each check traces once for its own model, so a script that makes many (a
         # hyper-parameter loop) would be warned of "excessive retracing".
@@ -178,35 +175,22 @@ class WeightsCheck:
     def _nonfinite(self) -> tf.Tensor:
         tensors = _floating([v.value for v in self._variables])
         checksum = tf.reduce_sum(squared_norms(tensors))
-        count = keep_conditional(
+        return keep_conditional(
             tf.cond(
                 tf.math.is_finite(checksum),
                 lambda: tf.constant(0.0, tf.float32),
                 lambda: nonfinite_count(tensors),
             )
         )
-        if self._updates is None:
-            return tf.stack([tf.cast(count, tf.float64), tf.constant(-1.0, tf.float64)])
-        # Read after the weights: training goes on meanwhile, so the weights read are at this
-        # many updates or fewer, never more.
-        with tf.control_dependencies([count]):
-            updates = tf.cast(tf.identity(self._updates), tf.float64)
-        return tf.stack([tf.cast(count, tf.float64), updates])
 
     def __call__(self) -> float:
-        return self.read()[0]
-
-    def read(self) -> tuple[float, int | None]:
-        """NaN/Inf elements in the weights, and the optimizer's count of updates read after
-        them (None without an optimizer that counts): the weights are at that step or before."""
         if not self._variables:
-            return 0.0, None
+            return 0.0
         if self._traced is None:
             self._traced = self._count.get_concrete_function()
         # The traced function itself: the tf.function's dispatch (its cache's lookup of the
         # call's signature) costs as much again, on the sender thread, once a second.
-        count, updates = (float(v) for v in self._traced().numpy())
-        return count, int(updates) if updates >= 0 else None
+        return float(self._traced())
 
 
 def squared_norms(tensors: Sequence[Any]) -> tf.Tensor:
