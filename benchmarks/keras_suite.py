@@ -8,6 +8,7 @@ whose outcome differs and exits 1 when a test that passes bare does not pass att
     python benchmarks/keras_suite.py                  # the whole job (make compat)
     python benchmarks/keras_suite.py --json out.json  # and the outcomes, per test
     python benchmarks/keras_suite.py -k raggeds       # a part of it
+    python benchmarks/keras_suite.py --bare-from out.json  # only the attached pass again
 
 ``trainer_test.py`` imports ``jax`` at module level: ``make compat`` installs the CPU wheel.
 Without it that file is left out, and the report says so.
@@ -128,6 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="skip the bare pass: every selected test must pass attached",
     )
+    parser.add_argument(
+        "--bare-from",
+        type=Path,
+        help="take the bare pass from an earlier --json report (same Keras)",
+    )
     parser.add_argument("-n", dest="workers", default="0", help="pytest-xdist workers")
     parser.add_argument(
         "tests", nargs="*", help="node ids or files under keras/ (default: the suite)"
@@ -147,7 +153,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = Path(tmp)
         server = ServerProcess(str(workdir / "runs.db"))
         try:
-            bare = {} if args.attached_only else run_pass(paths, server.url, False, workdir, extra)
+            if args.bare_from:  # Keras's own outcomes: the agent's changes do not move them
+                earlier = json.loads(args.bare_from.read_text())
+                if earlier["keras"] != __import__("keras").__version__:
+                    raise SystemExit(f"{args.bare_from} is of Keras {earlier['keras']}")
+                bare = earlier["outcomes"]["bare"]
+            elif args.attached_only:
+                bare = {}
+            else:
+                bare = run_pass(paths, server.url, False, workdir, extra)
             attached = run_pass(paths, server.url, True, workdir, extra)
             if server.process.poll() is not None:
                 raise RuntimeError(f"the server ended during the tests:\n{server.output()[-4000:]}")
