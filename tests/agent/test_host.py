@@ -90,6 +90,19 @@ def test_the_working_set_never_reads_above_the_limit(tmp_path: Path) -> None:
     assert values["host/limit"] == 2**30 and values["host/working_set"] == 2**30
 
 
+def test_a_cgroup_without_a_limit_gives_no_working_set(tmp_path: Path) -> None:
+    """Without an enforced limit the cgroup's count is every process's in it (a session, a CI
+    job running other work): a healthy run was forecast to run out of memory as its
+    neighbours grew. The process's own resident set is then the figure."""
+    write(tmp_path / "proc", "0::/session\n")
+    write(tmp_path / "fs/session/memory.max", "max\n")
+    write(tmp_path / "fs/session/memory.current", "9000000000\n")
+    write(tmp_path / "fs/session/memory.stat", "inactive_file 0\n")
+    group = read_memory_cgroup(str(tmp_path / "proc"), str(tmp_path / "fs"))
+    values = HostSource(cgroup=group).sample()
+    assert "host/working_set" not in values and values["host/rss"] > 0
+
+
 def test_process_memory_splits_anonymous_and_file_backed(tmp_path: Path) -> None:
     status = tmp_path / "status"
     status.write_text("Name:\tpython\nVmRSS:\t  3000 kB\nRssAnon:\t  1000 kB\n"

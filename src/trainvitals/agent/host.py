@@ -191,7 +191,7 @@ class HostSource:
         self._process.cpu_percent(None)  # the first reading only starts the measurement
         self._disk_path = disk_path or os.getcwd()
         self._cgroup = cgroup or read_memory_cgroup()
-        physical = int(psutil.virtual_memory().total)
+        physical = self._physical = int(psutil.virtual_memory().total)
         cgroup_limit = None if self._cgroup is None else self._cgroup.limit
         self._limit = min(physical, cgroup_limit) if cgroup_limit else physical
         self._sensors = hasattr(psutil, "sensors_temperatures")
@@ -221,7 +221,11 @@ class HostSource:
             values[HOST_RSS] = float(resident["rss"])
             values[HOST_RSS_ANON] = float(resident["anon"])
             values[HOST_RSS_FILE] = float(resident["file"])
-        working_set = None if self._cgroup is None else self._cgroup.working_set()
+        # Only under a limit the cgroup enforces: without one, its count is that of every
+        # process in it (a session, a CI job), of which the kernel judges each by its own
+        # size when the machine runs out, and the process's resident set is the figure.
+        enforced = self._cgroup is not None and self._limit < self._physical
+        working_set = self._cgroup.working_set() if enforced and self._cgroup else None
         if working_set is not None:
             # The kernel reclaims, throttles or kills before the charge passes the limit; what
             # shows above it is a page batch in flight, never memory the process holds.
