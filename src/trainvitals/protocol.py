@@ -113,6 +113,13 @@ def whole_micros(seconds: float) -> float:
 
 
 #: Version carried in every frame as ``"v"``. The server rejects versions it does not speak.
+#: What no name or message from the wire may hold, as a regular expression's character class
+#: (read alike by Python's ``re`` and pydantic's Rust engine): C0 and C1 controls (U+0085
+#: included), the line and paragraph separators (``str.splitlines()`` breaks lines on them: a
+#: name would forge a log line), and the bidirectional marks and overrides (they reorder what
+#: a terminal shows).
+UNSAFE_CHARS: Final = r"\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069"
+
 PROTOCOL_VERSION: Final = 1
 
 INGEST_PATH: Final = "/api/v1/ingest"

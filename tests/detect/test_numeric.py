@@ -297,3 +297,13 @@ def test_a_resumed_run_on_a_noisy_plateau_raises_nothing(seed: int) -> None:
 
     findings = feed(Detector(), stream(range(1, 6000), 0.01, loss=loss), 40)
     assert [f.message for f in findings if f.firing and f.severity != "info"] == []
+
+
+def test_an_autopsys_verdict_becomes_one_clean_line_with_its_causes_remedy() -> None:
+    """The verdict comes from the agent over the wire: a control character or a line
+    separator in it would forge a log line or colour a terminal."""
+    from trainvitals.detect.numeric import CAUSE_HINTS, cause_said
+
+    said = cause_said({"cause": "layer", "step": 4, "verdict": "Layer \x1b[31m'x'\u2028forged\n"})
+    assert said == ("NaN/Inf at step 4: Layer [31m'x' forged", CAUSE_HINTS["layer"])
+    assert cause_said({"cause": "made-up", "verdict": "x"}) is None

@@ -291,7 +291,7 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
         # Whether the weights were already NaN/Inf as fit began (a restored checkpoint, an
         # earlier fit): the autopsy tells that from weights an update poisoned.
-        self._poisoned_at_start = bool(self._weights_check and self._weights_check() > 0)
+        self._poisoned_at_start = bool(self._weights_check and self._weights_check.first > 0)
         tap = TrainStepTap(
             self.model,
             max(self._ring_capacity, 2 * per_execution),

@@ -144,6 +144,8 @@ class WeightsCheck:
         # hyper-parameter loop) would be warned of "excessive retracing".
         self._count = tf.function(functools.partial(WeightsCheck._nonfinite, self), autograph=False)
         self._traced: Any = None
+        #: The count :meth:`create` took before training began.
+        self.first = 0.0
         self._last = -math.inf
         self.clock = time.monotonic
 
@@ -156,7 +158,7 @@ class WeightsCheck:
         have one."""
         try:
             check = cls(model)
-            check()  # traced at the first call
+            check.first = check()  # traced at the first call
             return check
         except Exception as exc:  # an unusual model must still train
             log.warning(

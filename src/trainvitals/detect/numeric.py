@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Mapping
 from itertools import pairwise
@@ -17,7 +18,7 @@ from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
 from trainvitals.detect.text import listing, number
 from trainvitals.detect.text import ratio as ratio_text
 from trainvitals.detect.types import Finding, Record, Severity
-from trainvitals.protocol import ArrayColumns
+from trainvitals.protocol import UNSAFE_CHARS, ArrayColumns
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
@@ -102,6 +103,9 @@ CAUSE_HINTS = {
 }
 
 
+_UNSAFE = re.compile(f"[{UNSAFE_CHARS}]")
+
+
 def cause_said(autopsy: Mapping[str, Any]) -> tuple[str, str] | None:
     """The ``nonfinite`` alert's message and hint from the autopsy's first cause, or None
     when the autopsy names none this server knows."""
@@ -110,7 +114,9 @@ def cause_said(autopsy: Mapping[str, Any]) -> tuple[str, str] | None:
         return None
     step = autopsy.get("step")
     at = f"NaN/Inf at step {step}: " if isinstance(step, int) else ""
-    return at + " ".join(verdict.split())[:400], CAUSE_HINTS[cause]
+    # The verdict comes from the agent: into log lines and channels it goes on one line.
+    said = " ".join(_UNSAFE.sub(" ", verdict).split())[:400]
+    return at + said, CAUSE_HINTS[cause]
 
 
 def loss_scale_skip(scale: float | None) -> bool:

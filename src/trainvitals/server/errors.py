@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from trainvitals.exceptions import StorageUnavailable, WriterClosed
-from trainvitals.server.schemas import UNSAFE_CHARS
+from trainvitals.protocol import UNSAFE_CHARS
 from trainvitals.server.writer import is_outage
 
 __all__ = ["StrictJSONRoute", "install", "safe_text"]

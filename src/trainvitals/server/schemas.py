@@ -15,6 +15,7 @@ from trainvitals.protocol import (
     POINTS,
     PROTOCOL_VERSION,
     STALL,
+    UNSAFE_CHARS,
     Columns,
     ListColumns,
 )
@@ -40,11 +41,6 @@ Step = Annotated[int, Field(ge=0, le=STEP_MAX)]
 #: 2286: ``started_at = 1e300`` is not a time a run starts at, and sorts every run after it.
 MAX_TIME = 1e10
 Time = Annotated[float, Field(allow_inf_nan=False, ge=0.0, le=MAX_TIME)]
-#: What no name may hold, as a regular expression's character class (read alike by Python's
-#: ``re`` and pydantic's Rust engine): C0 and C1 controls (U+0085 included), the line and
-#: paragraph separators (``str.splitlines()`` breaks lines on them: a name would forge a log
-#: line), and the bidirectional marks and overrides (they reorder what a terminal shows).
-UNSAFE_CHARS = r"\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069"
 _PRINTABLE = rf"^[^{UNSAFE_CHARS}]+$"
 SeriesName = Annotated[str, Field(min_length=1, max_length=256, pattern=_PRINTABLE)]
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=_PRINTABLE)]

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from trainvitals.detect import AlertState, Severity
 from trainvitals.lifecycle import ALIVE
-from trainvitals.protocol import ArrayColumns, Columns, RunStatus
+from trainvitals.protocol import UNSAFE_CHARS, ArrayColumns, Columns, RunStatus
 from trainvitals.series import HOST_PREFIX
 from trainvitals.server.answers import (
     API_ERRORS,
@@ -63,7 +63,7 @@ from trainvitals.server.export import (
     parquet_available,
 )
 from trainvitals.server.live import finite_or_none
-from trainvitals.server.schemas import UNSAFE_CHARS, SeriesName
+from trainvitals.server.schemas import SeriesName
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.runs import METRIC_STATS, SORTS
 from trainvitals.server.storage.tokens import Principal, Role
