@@ -8,7 +8,7 @@ annotations only) so the light agent can import it.
   the agent buffers ``Columns`` of lists, the server stores and the detectors judge
   ``Columns`` of numpy arrays.
 - :class:`RunStatus` and :class:`EndReason`: where a run is in its life and how it ended
-  (what moves it between statuses is :mod:`trainvitals.lifecycle`).
+  (what moves it between statuses is :mod:`trainvitals.server.run_lifecycle`).
 - The frame types and their limits, and the websocket close codes.
 """
 
@@ -66,7 +66,7 @@ Series: TypeAlias = Mapping[str, ListColumns]
 
 
 class RunStatus(enum.StrEnum):
-    """Where a run is in its life; :mod:`trainvitals.lifecycle` says what moves it."""
+    """Where a run is in its life; :mod:`trainvitals.server.run_lifecycle` says what moves it."""
 
     RUNNING = "running"
     #: No step for far longer than usual while the process is alive.

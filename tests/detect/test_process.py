@@ -62,7 +62,7 @@ def test_a_crash_carries_the_last_memory_readings() -> None:
 
 
 def test_a_crash_says_what_ended_it_even_without_a_message() -> None:
-    bare = "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyboardInterrupt\n"
+    bare = 'Traceback (most recent call last):\n  File "x.py", line 1\nKeyboardInterrupt\n'
     (finding,) = Detector().ended("exception", T0, bare)
     assert finding.message.endswith(": KeyboardInterrupt")
     (unseen,) = Detector().ended("exception", T0, None)

@@ -16,8 +16,8 @@ Example:
 
 from __future__ import annotations
 
+from trainvitals.detect.alert_book import RUN_ENDED, Alert, AlertBook, AlertState, Change
 from trainvitals.detect.engine import Detector, records, watched
-from trainvitals.detect.lifecycle import RUN_ENDED, Alert, AlertBook, AlertState, Change
 from trainvitals.detect.settings import RulesConfig, RuleSet, load_rules
 from trainvitals.detect.types import SEVERITIES, Finding, Record, Severity
 from trainvitals.exceptions import RulesError

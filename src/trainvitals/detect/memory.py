@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainvitals.detect import settings as s
+from trainvitals.detect.alert_book import AlertBook
 from trainvitals.detect.base import Context, Rule, finite
-from trainvitals.detect.lifecycle import AlertBook
 from trainvitals.detect.stats import Trend, theil_sen
 from trainvitals.detect.text import duration, size
 from trainvitals.detect.types import Finding, Record, Severity

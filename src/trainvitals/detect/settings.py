@@ -174,7 +174,7 @@ class Crash:
 
 
 @dataclass(frozen=True)
-class Lifecycle:
+class AlertTiming:
     #: A rule and subject that fires again within this many seconds of resolving reopens
     #: the same alert (``count`` goes up) instead of raising a new one.
     cooldown: float = 300.0
@@ -198,7 +198,7 @@ class RuleSet:
     hardware: Hardware = field(default_factory=Hardware)
     env_mismatch: EnvMismatch = field(default_factory=EnvMismatch)
     crash: Crash = field(default_factory=Crash)
-    alerts: Lifecycle = field(default_factory=Lifecycle)
+    alerts: AlertTiming = field(default_factory=AlertTiming)
 
     def override(self, table: Mapping[str, Any], where: str = "") -> RuleSet:
         """A copy with the settings in ``table`` (``{rule: {setting: value}}``) changed."""

@@ -14,9 +14,7 @@ import logging
 import time
 from functools import partial
 
-from trainvitals import lifecycle
 from trainvitals.exceptions import FrameError, IngestRejected
-from trainvitals.lifecycle import ALIVE, FINAL, Effect, RunState, transition
 from trainvitals.protocol import (
     ACCEPTS_ALERTS,
     ACK,
@@ -28,6 +26,7 @@ from trainvitals.protocol import (
     WELCOME,
     RunStatus,
 )
+from trainvitals.server import run_lifecycle as lifecycle
 from trainvitals.server.alerts import AlertEngine
 from trainvitals.server.auth import LOCAL
 from trainvitals.server.connections import OpenRuns
@@ -35,6 +34,7 @@ from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
 from trainvitals.server.metrics import Metrics
 from trainvitals.server.quotas import Caps, Quotas
+from trainvitals.server.run_lifecycle import ALIVE, FINAL, Effect, RunState, transition
 from trainvitals.server.schemas import (
     MAX_SEQ_AHEAD,
     Autopsy,

@@ -53,7 +53,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
-from trainvitals.detect.lifecycle import Alert
+from trainvitals.detect.alert_book import Alert
 from trainvitals.detect.settings import read_toml
 from trainvitals.detect.types import SEVERITIES, Severity
 from trainvitals.exceptions import NotifyError

@@ -17,7 +17,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from trainvitals.detect import AlertState, Severity
-from trainvitals.lifecycle import ALIVE
 from trainvitals.protocol import UNSAFE_CHARS, ArrayColumns, Columns, RunStatus
 from trainvitals.series import HOST_PREFIX
 from trainvitals.server.answers import (
@@ -63,6 +62,7 @@ from trainvitals.server.export import (
     parquet_available,
 )
 from trainvitals.server.live import finite_or_none
+from trainvitals.server.run_lifecycle import ALIVE
 from trainvitals.server.schemas import SeriesName
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
 from trainvitals.server.storage.runs import METRIC_STATS, SORTS

@@ -1,7 +1,7 @@
 """Runs, the jobs they belong to, and their kept events.
 
-Every status change is one of the lifecycle's moves (:func:`trainvitals.lifecycle.moves`),
-made in the database by :func:`_moved`.
+Every status change is one of the run lifecycle's moves
+(:func:`trainvitals.server.run_lifecycle.moves`), made in the database by :func:`_moved`.
 """
 
 from __future__ import annotations
@@ -39,8 +39,17 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.elements import ColumnElement
 from typing_extensions import TypedDict
 
-from trainvitals.lifecycle import ALIVE, End, Event, Hello, Progress, Silent, Stall, moves
 from trainvitals.protocol import EndReason, RunStatus
+from trainvitals.server.run_lifecycle import (
+    ALIVE,
+    End,
+    Event,
+    Hello,
+    Progress,
+    Silent,
+    Stall,
+    moves,
+)
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage.schema import alerts, dialect_insert, events, runs, series
 
@@ -211,7 +220,7 @@ class RunDetail(_RunEnding):
 class RunEvent(TypedDict):
     """A kept agent frame (an autopsy)."""
 
-    seq: int
+    """How a run ended; its status follows from the reason (:mod:`~.run_lifecycle`)."""
     kind: str
     step: int
     time: float
@@ -220,7 +229,8 @@ class RunEvent(TypedDict):
 
 @dataclass(frozen=True)
 class RunEnd:
-    """How a run ended; its status follows from the reason (:mod:`trainvitals.lifecycle`)."""
+    """How a run ended; its status follows from the reason
+    (:mod:`trainvitals.server.run_lifecycle`)."""
 
     reason: str
     ended_at: float
@@ -597,7 +607,7 @@ def _progress(dialect: Dialect, stepped: bool) -> tuple[str, dict[str, Any], lis
     seq = bindparam("seq", type_=BigInteger)
     changes: dict[str, Any] = {"last_seq": seq, "last_seen": bindparam("now", type_=Float)}
     if stepped:
-        # Only a step beyond the stored last one is progress (see trainvitals.lifecycle):
+        # Only a step beyond the stored last one is progress (see trainvitals.server.run_lifecycle):
         # the per-second samples filed under the latest step do not end a stall.
         step = bindparam("step", type_=BigInteger)
         advanced = func.coalesce(runs.c.last_step, -1) < step

@@ -30,9 +30,9 @@ from sqlalchemy import (
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainvitals.lifecycle import ALIVE
 from trainvitals.protocol import AnyColumns, ArrayColumns, Columns
 from trainvitals.server.downsample import downsample_indices
+from trainvitals.server.run_lifecycle import ALIVE
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage import codec
 from trainvitals.server.storage.runs import lock_run, merge_progress, past_days, write_progress

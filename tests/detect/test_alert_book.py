@@ -8,8 +8,8 @@ from trainvitals.detect import (
     Finding,
     Severity,
 )
-from trainvitals.detect.lifecycle import RUN_ENDED
-from trainvitals.detect.settings import Lifecycle
+from trainvitals.detect.alert_book import RUN_ENDED
+from trainvitals.detect.settings import AlertTiming
 
 # -- lifecycle ----------------------------------------------------------------------------
 
@@ -22,7 +22,7 @@ def finding(firing: bool, time: float, severity: Severity = "warning", eta: floa
 
 def test_one_alert_per_subject_updates_at_most_every_interval() -> None:
     ids = iter(["a", "b"])
-    book = AlertBook(Lifecycle(cooldown=300, update_interval=5), new_id=lambda: next(ids))
+    book = AlertBook(AlertTiming(cooldown=300, update_interval=5), new_id=lambda: next(ids))
     assert book.apply(finding(True, 0, eta=600))[0] == "fired"  # type: ignore[index]
     assert book.apply(finding(True, 2, eta=590)) is None  # too soon to move the ETA
     change = book.apply(finding(True, 5, eta=580))

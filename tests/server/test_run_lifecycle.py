@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainvitals.lifecycle import (
+from trainvitals.protocol import EndReason, RunStatus
+from trainvitals.server.run_lifecycle import (
     ALIVE,
     FINAL,
     Effect,
@@ -18,7 +19,6 @@ from trainvitals.lifecycle import (
     moves,
     transition,
 )
-from trainvitals.protocol import EndReason, RunStatus
 
 R, S, F, C, L = (
     RunStatus.RUNNING,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from trainvitals.detect.settings import Lifecycle
+from trainvitals.detect.settings import AlertTiming
 from trainvitals.detect.types import Finding, Severity, jsonable, worse
 
 Change = Literal["fired", "updated", "resolved", "closed"]
@@ -67,10 +67,10 @@ class AlertBook:
 
     def __init__(
         self,
-        settings: Lifecycle | None = None,
+        settings: AlertTiming | None = None,
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
-        self.settings = settings or Lifecycle()
+        self.settings = settings or AlertTiming()
         self._new_id = new_id
         self.alerts: dict[tuple[str, str], Alert] = {}
 
