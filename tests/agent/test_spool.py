@@ -15,16 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from trainvitals.agent.spool import (
-    HEAD_SEGMENT,
-    HEADER,
-    META_FILE,
-    STALE_AFTER,
-    PendingFrames,
-    Spool,
-    claim,
-    read_segment,
-)
+from trainvitals.agent.pending import PendingFrames
+from trainvitals.agent.spool import STALE_AFTER, Spool
+from trainvitals.agent.spool_format import HEAD_SEGMENT, HEADER, META_FILE, claim, read_segment
 from trainvitals.agent.sync import load
 from trainvitals.exceptions import SpoolError
 

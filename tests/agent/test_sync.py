@@ -16,7 +16,7 @@ import pytest
 
 from harness.processes import ServerProcess, free_port, run_series, start_script, wait_for
 from trainvitals import Run, resolve
-from trainvitals.agent.spool import HEAD_SEGMENT, META_FILE
+from trainvitals.agent.spool_format import HEAD_SEGMENT, META_FILE
 from trainvitals.agent.sync import find_spools, load
 from trainvitals.exceptions import SpoolError
 

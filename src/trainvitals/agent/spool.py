@@ -1,10 +1,9 @@
-"""Frames waiting for the server's acknowledgement: in memory first, then on disk.
+"""One run's frames on disk while the server cannot take them.
 
-The sender keeps a run's unacknowledged frames in memory up to ``spool_after_bytes``. A
-longer outage would grow that without bound, so beyond it frames go to the run's
-:class:`Spool`, an append-only set of segment files, and come back into memory, oldest first,
-as the server acknowledges what memory holds. Frames keep the sequence numbers they were
-given when packed, so the server's idempotence on (run, seq) holds across replays.
+:class:`~trainvitals.agent.pending.PendingFrames` keeps a run's unacknowledged frames in
+memory up to ``spool_after_bytes``; beyond it frames go to the run's :class:`Spool`, an
+append-only set of segment files (laid out as :mod:`trainvitals.agent.spool_format` says), and
+come back into memory, oldest first, as the server acknowledges what memory holds.
 
 Only the sender thread touches a :class:`Spool` (through :class:`PendingFrames`, whose lock
 also lets a finishing thread :meth:`~PendingFrames.keep` what memory holds); the training
@@ -12,57 +11,49 @@ thread never waits on the disk.
 
 A spool is capped at ``spool_max_bytes``. Beyond the cap its oldest segment is deleted, with
 one warning: the frames that matter most after a long outage are the latest (what the run is
-doing now, how it ended), and the in-memory head still holds the start of the outage.
-
-On disk a run's spool is ``<spool_dir>/<run id>/``: a ``lock`` file held with ``flock`` while
-the run lives; ``run.json`` (mode 0600: the run's ``hello`` with its secret, and the server it
-was sent to), enough for another process to deliver the frames; segments ``000001.seg``,
-``000002.seg``, ... of records, each a header (payload length, CRC-32 of the payload, seq;
-big-endian ``>IIQ``) and the frame's JSON text; and, once a run ended with frames the server
-had not acknowledged, ``000000.seg``: those that were in memory. Reading every segment in name
-order, skipping a seq not above the last one read, gives each frame once and in order. A
-record cut short or failing its CRC ends its segment's reading. A spool is deleted once all
-is acknowledged; one a process left behind is delivered by ``trainvitals sync`` or by the
-next run started on the machine (:mod:`trainvitals.agent.sync`).
+doing now, how it ended), and the in-memory head still holds the start of the outage. A spool
+is deleted once all is acknowledged; one a process left behind is delivered by ``trainvitals
+sync`` or by the next run started on the machine (:mod:`trainvitals.agent.sync`).
 """
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
 import shutil
-import struct
-import sys
-import tempfile
-import threading
 import time
-import zlib
 from collections import deque
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from trainvitals.exceptions import SpoolError
+from trainvitals.agent.pending import PendingFrames
+from trainvitals.agent.spool_format import (
+    HEAD_SEGMENT,
+    META_FILE,
+    Frame,
+    fallback_root,
+    is_spool,
+    last_change,
+    next_record,
+    record,
+    spool_roots,
+    try_lock,
+    write_private,
+)
+
+# PendingFrames and spool_roots are imported from here by the run and ``trainvitals sync``.
+__all__ = ["STALE_AFTER", "PendingFrames", "Spool", "spool_roots"]
 
 log = logging.getLogger("trainvitals")
 
-#: A record's header: payload length, CRC-32 of the payload, sequence number.
-HEADER = struct.Struct(">IIQ")
 #: A spool from before ``run.json`` (it cannot be delivered) is removed once it has not
 #: changed for this long (seconds).
 STALE_AFTER = 3600.0
-#: What another process needs to deliver a run's spool: its hello and its server.
-META_FILE = "run.json"
-#: The frames that were in memory when the run ended unacknowledged: the oldest.
-HEAD_SEGMENT = "000000.seg"
 #: Largest segment file; smaller for small caps, so the cap drops a small part at a time.
 MAX_SEGMENT_BYTES = 16 * 2**20
-
-Frame = tuple[int, str]  # (seq, JSON text)
 
 
 @dataclass
@@ -130,8 +121,8 @@ class Spool:
 
     def append(self, seq: int, text: str) -> bool:
         """Write one frame at the end; returns False when it had to be dropped."""
-        data = text.encode()
-        size = HEADER.size + len(data)
+        packed = record(seq, text)
+        size = len(packed)
         if size > self.max_bytes or not self._open():
             self.dropped += 1
             return False
@@ -141,7 +132,7 @@ class Spool:
             if self._writer is None or self._segments[-1].size >= self.segment_bytes:
                 self._roll()
             assert self._writer is not None
-            self._writer.write(HEADER.pack(len(data), zlib.crc32(data), seq) + data)
+            self._writer.write(packed)
             self._writer.flush()  # the reader has its own handle on the file
         except OSError as exc:
             self._write_failed(exc)
@@ -192,8 +183,7 @@ class Spool:
         try:
             with partial.open("wb") as out:
                 for seq, text in head:
-                    data = text.encode()
-                    out.write(HEADER.pack(len(data), zlib.crc32(data), seq) + data)
+                    out.write(record(seq, text))
             os.replace(partial, path)  # whole or not at all
         except OSError as exc:
             partial.unlink(missing_ok=True)
@@ -238,11 +228,11 @@ class Spool:
             for directory in candidates:
                 if (directory / META_FILE).exists():
                     continue  # deliverable: trainvitals sync, or the next run, sends it
-                if now - _last_change(directory) < STALE_AFTER:
+                if now - last_change(directory) < STALE_AFTER:
                     continue
                 try:
                     with (directory / "lock").open("rb") as lock:
-                        if not _try_lock(lock):
+                        if not try_lock(lock):
                             continue  # a live process owns it
                         shutil.rmtree(directory, ignore_errors=True)
                 except OSError:
@@ -258,17 +248,17 @@ class Spool:
         if self._unavailable:
             return False
         errors = []
-        for root in (self.root, _fallback_root()):
+        for root in (self.root, fallback_root()):
             directory = root / self.run_id
             try:
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
                 lock = (directory / "lock").open("ab")
                 if self.meta is not None:
-                    _write_private(directory / META_FILE, json.dumps(self.meta).encode())
+                    write_private(directory / META_FILE, json.dumps(self.meta).encode())
             except OSError as exc:
                 errors.append(f"{root}: {exc.strerror or exc}")
                 continue
-            _try_lock(lock)
+            try_lock(lock)
             self.directory, self._lock = directory, lock
             if errors:
                 log.warning("trainvitals: cannot spool to %s; spooling to %s", errors[0], root)
@@ -293,7 +283,7 @@ class Spool:
         try:
             if self._reader is None:
                 self._reader = segment.path.open("rb")
-            record = _next_record(self._reader)
+            record = next_record(self._reader)
         except OSError:
             return None
         return record if isinstance(record, tuple) else None
@@ -351,245 +341,3 @@ class Spool:
             except OSError:
                 pass
             self._writer = None
-
-
-class PendingFrames:
-    """Numbered frames the server has not acknowledged, oldest first.
-
-    Up to ``memory_bytes`` of JSON text stays in memory; more goes to ``spool``, and comes
-    back into memory in order as acknowledgements make room. Memory always holds the oldest
-    frames, so sending from memory alone keeps sequence order. The sender thread does all
-    but :meth:`keep`, which the thread finishing the run may call meanwhile: a lock keeps
-    the two apart.
-
-    Args:
-        memory_bytes: text kept in memory before frames spill to disk.
-        spool: where they spill; None drops them instead (counted in :attr:`dropped`).
-
-    Example:
-        ```python
-        pending = PendingFrames(32 * 2**20, Spool(root, run.id, max_bytes=2**30))
-        pending.push(1, frame_text)
-        for seq, text in pending.take():  # frames not handed out yet, oldest first
-            ws.send(text)
-        pending.ack(1)  # the server stored everything up to 1
-        ```
-    """
-
-    def __init__(self, memory_bytes: int, spool: Spool | None = None) -> None:
-        self.memory_bytes = memory_bytes
-        self.spool = spool
-        self._in_flight: deque[Frame] = deque()  # handed out by take(), not acknowledged
-        self._queued: deque[Frame] = deque()  # in memory, not handed out
-        self._bytes = 0
-        self._dropped = 0
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._in_flight) + len(self._queued) + self.spooled
-
-    @property
-    def spooled(self) -> int:
-        """Frames on disk now."""
-        return 0 if self.spool is None else len(self.spool)
-
-    @property
-    def in_memory_bytes(self) -> int:
-        return self._bytes
-
-    @property
-    def dropped(self) -> int:
-        """Frames lost so far: over the spool's cap, or no spool to put them in."""
-        return self._dropped + (0 if self.spool is None else self.spool.dropped)
-
-    def push(self, seq: int, text: str) -> None:
-        """Add the newest frame (``seq`` above every frame pushed before)."""
-        with self._lock:
-            self._push(seq, text)
-
-    def _push(self, seq: int, text: str) -> None:
-        if not self.spooled and self._bytes + len(text) <= self.memory_bytes:
-            self._queued.append((seq, text))
-            self._bytes += len(text)
-            return
-        if self.spool is None:
-            self._dropped += 1
-            if self._dropped == 1:
-                log.warning(
-                    "trainvitals: over %d bytes of frames wait for the server and there is "
-                    "no spool; dropping the newest",
-                    self.memory_bytes,
-                )
-        else:
-            self.spool.append(seq, text)
-        self._refill()
-
-    def take(self) -> list[Frame]:
-        """The frames in memory not handed out yet, now counted as in flight."""
-        with self._lock:
-            frames = list(self._queued)
-            self._in_flight.extend(frames)
-            self._queued.clear()
-            return frames
-
-    def rewind(self) -> None:
-        """A new connection: every frame in memory is to be sent again."""
-        with self._lock:
-            self._in_flight.extend(self._queued)
-            self._queued, self._in_flight = self._in_flight, deque()
-
-    def ack(self, seq: int) -> None:
-        """The server stored every frame up to ``seq``: forget them."""
-        with self._lock:
-            while True:
-                for frames in (self._in_flight, self._queued):
-                    while frames and frames[0][0] <= seq:
-                        self._bytes -= len(frames.popleft()[1])
-                if self._in_flight or self._queued or not self.spooled:
-                    break
-                self._refill()
-            self._refill()
-
-    def keep(self) -> Path | None:
-        """The run ends with these frames unacknowledged: put those in memory on disk
-        beside the spooled ones, for ``trainvitals sync`` or the next run to deliver.
-        Returns the spool's directory, or None when there is no spool or it cannot be
-        written (the frames are then lost with the process)."""
-        with self._lock:
-            if self.spool is None:
-                return None
-            kept = self.spool.keep([*self._in_flight, *self._queued])
-            return self.spool.directory if kept else None
-
-    def release(self) -> None:
-        """Leave the spool on disk, for another process (:meth:`keep` wrote it)."""
-        with self._lock:
-            if self.spool is not None:
-                self.spool.release()
-
-    def close(self) -> None:
-        """Delete the spool's files."""
-        with self._lock:
-            if self.spool is not None:
-                self.spool.close()
-
-    def _refill(self) -> None:
-        if self.spool is None or not self.spooled or self._bytes >= self.memory_bytes:
-            return
-        for seq, text in self.spool.read(self.memory_bytes - self._bytes):
-            self._queued.append((seq, text))
-            self._bytes += len(text)
-
-
-def _fallback_root() -> Path:
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user name in a bare container
-        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
-    return Path(tempfile.gettempdir()) / f"trainvitals-spool-{user}"
-
-
-def spool_roots(root: Path) -> list[Path]:
-    """Where runs' spools may be: ``root``, and the temporary directory a run falls back on
-    when ``root`` cannot be written."""
-    return list(dict.fromkeys((root, _fallback_root())))
-
-
-def is_spool(directory: Path) -> bool:
-    """Whether ``directory`` holds a run's spool, and nothing else."""
-    try:
-        names = [p.name for p in directory.iterdir()] if directory.is_dir() else []
-    except OSError:
-        return False
-    return "lock" in names and all(
-        n in ("lock", META_FILE) or n.endswith((".seg", ".tmp")) for n in names
-    )
-
-
-def read_segment(path: Path) -> Iterator[Frame]:
-    """The records of one segment file, in order.
-
-    Raises:
-        SpoolError: after the last whole record, when what follows it is cut short or fails
-            its CRC (the rest of the file cannot be framed); the message says where.
-    """
-    try:
-        with path.open("rb") as reader:
-            while True:
-                offset = reader.tell()
-                record = _next_record(reader)
-                if record is None:
-                    return
-                if isinstance(record, str):
-                    size = path.stat().st_size
-                    raise SpoolError(
-                        f"{path}: the record at byte {offset} {record}; the {size - offset} "
-                        "bytes from there on cannot be read"
-                    )
-                yield record
-    except OSError as exc:
-        raise SpoolError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
-
-
-@contextmanager
-def claim(directory: Path) -> Iterator[bool]:
-    """Hold the spool's lock while the block runs, if no other process does (a live run's
-    spool is its process's to send): whether it is held."""
-    try:
-        lock = (directory / "lock").open("ab")
-    except OSError as exc:
-        raise SpoolError(f"{directory}: cannot be opened ({exc.strerror or exc})") from None
-    with lock:
-        yield _try_lock(lock)
-
-
-def _next_record(reader: IO[bytes]) -> Frame | str | None:
-    """The next record; None at the end of the file; what is wrong with it if damaged."""
-    header = reader.read(HEADER.size)
-    if not header:
-        return None
-    if len(header) < HEADER.size:
-        return "is cut short in its header"
-    length, crc, seq = HEADER.unpack(header)
-    data = reader.read(length)
-    if len(data) < length:
-        return f"is cut short ({len(data)} of its {length} bytes)"
-    if zlib.crc32(data) != crc:
-        return "fails its CRC check"
-    try:
-        return seq, data.decode()
-    except UnicodeDecodeError:
-        return "is not UTF-8 text"
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``path`` whole, readable by its owner only (it holds the run's secret)."""
-    partial = path.with_suffix(".tmp")
-    partial.unlink(missing_ok=True)  # the mode applies to a file created now
-    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-        out.write(data)
-    os.replace(partial, path)
-
-
-def _last_change(directory: Path) -> float:
-    try:
-        return max([directory.stat().st_mtime, *(p.stat().st_mtime for p in directory.iterdir())])
-    except OSError:
-        return time.time()  # vanishing as we look: someone else is tidying it
-
-
-if sys.platform == "win32":
-
-    def _try_lock(handle: IO[bytes]) -> bool:
-        return True  # no flock: leftovers are judged by age alone
-
-else:
-    import fcntl
-
-    def _try_lock(handle: IO[bytes]) -> bool:
-        """Take the run's lock without waiting; False when another process holds it."""
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
-        return True

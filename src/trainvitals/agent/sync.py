@@ -34,10 +34,10 @@ from typing import Any, cast
 
 from trainvitals.agent.buffer import without_clocks
 from trainvitals.agent.config import AgentConfig, run_ingest_url, websocket_url
-from trainvitals.agent.spool import (
+from trainvitals.agent.spool import Spool
+from trainvitals.agent.spool_format import (
     META_FILE,
     Frame,
-    Spool,
     claim,
     is_spool,
     read_segment,

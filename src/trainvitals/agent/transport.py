@@ -6,7 +6,7 @@ Training never waits on this module. The training thread only appends to a
 drains the buffer every ``flush_interval`` seconds, or at once when what it holds is urgent
 (:mod:`~trainvitals.agent.urgency`), numbers each frame, sends it and forgets it once the
 server acknowledges it. Frames not yet acknowledged wait in
-:class:`~trainvitals.agent.spool.PendingFrames` (memory, then a spool on disk during a long
+:class:`~trainvitals.agent.pending.PendingFrames` (memory, then a spool on disk during a long
 outage) and are re-sent in order after a reconnect; the server drops the ones it already
 stored (it is idempotent on the run's sequence numbers), so an outage costs nothing but a
 delay. Network trouble is logged once per outage, never raised.
@@ -33,7 +33,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames, without_clocks
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
-from trainvitals.agent.spool import PendingFrames
+from trainvitals.agent.pending import PendingFrames
 from trainvitals.backoff import backoff_delays
 from trainvitals.exceptions import ProtocolError
 from trainvitals.protocol import (
