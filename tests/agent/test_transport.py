@@ -14,7 +14,8 @@ from websockets.sync.client import connect
 from harness.processes import wait_for
 from tests.agent.peer import running_peer
 from trainvitals.agent.buffer import PointBuffer
-from trainvitals.agent.transport import KeepaliveConnection, Sender
+from trainvitals.agent.connection import KeepaliveConnection
+from trainvitals.agent.transport import Sender
 from trainvitals.protocol import END, HELLO, POINTS, Columns, HelloFrame
 
 

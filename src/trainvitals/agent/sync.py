@@ -34,6 +34,7 @@ from typing import Any, cast
 
 from trainvitals.agent.buffer import without_clocks
 from trainvitals.agent.config import AgentConfig, run_ingest_url, websocket_url
+from trainvitals.agent.connection import UNREACHABLE, connect_ingest, greet, read_ack, reads_clocks
 from trainvitals.agent.spool import Spool
 from trainvitals.agent.spool_format import (
     META_FILE,
@@ -43,7 +44,6 @@ from trainvitals.agent.spool_format import (
     read_segment,
     spool_roots,
 )
-from trainvitals.agent.transport import UNREACHABLE, connect_ingest, greet, read_ack, reads_clocks
 from trainvitals.exceptions import ConfigurationError, SpoolError
 from trainvitals.protocol import END, INGEST_PATH, HelloFrame
 

@@ -14,107 +14,32 @@ delay. Network trouble is logged once per outage, never raised.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-from websockets.sync.client import ClientConnection, connect
+from websockets.exceptions import InvalidURI
+from websockets.sync.client import ClientConnection
 
 from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames, without_clocks
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
+from trainvitals.agent.connection import UNREACHABLE, connect_ingest, decode, greet, reads_clocks
 from trainvitals.agent.pending import PendingFrames
 from trainvitals.backoff import backoff_delays
-from trainvitals.exceptions import ProtocolError
-from trainvitals.protocol import (
-    ACK,
-    FEATURE_CLOCKS,
-    HEARTBEAT,
-    MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
-    WELCOME,
-    HelloFrame,
-    end_frame,
-)
+from trainvitals.protocol import ACK, HEARTBEAT, PROTOCOL_VERSION, HelloFrame, end_frame
 
-if TYPE_CHECKING:
-    from websockets.typing import DataLike  # websockets 15 and later
+# UNREACHABLE is imported from here by ``trainvitals sync``.
+__all__ = ["KEEP_JOIN", "UNREACHABLE", "Sender"]
 
 log = logging.getLogger("trainvitals")
-
-
-class KeepaliveConnection(ClientConnection):
-    """A client connection whose keepalive pings carry a count, not a random payload.
-
-    websockets (15 and later) draws each ping's payload from :mod:`random`'s shared generator,
-    which in the training process is the user's: seeded by ``keras.utils.set_random_seed``, and
-    the source of every unseeded Keras initializer's seed. The connection's keepalive thread
-    pings every 20 s, which would make a seeded run's layers built after that (a fine-tuning
-    head) differ from run to run. A payload only has to differ from those of the pings awaiting
-    a pong: a count wraps after 2**32 pings, some 2,700 years of keepalives.
-    """
-
-    _count = itertools.count(1)
-
-    def ping(self, data: DataLike | None = None, **options: Any) -> threading.Event:
-        if data is None:
-            data = struct.pack("!I", next(self._count) % 2**32)
-        return super().ping(data, **options)
-
-
-#: Errors that say the server cannot be reached or spoke wrongly: worth retrying later.
-UNREACHABLE = (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, ProtocolError)
-
-
-def connect_ingest(url: str, token: str | None, **options: Any) -> ClientConnection:
-    """Open an ingest websocket to ``url``, sending ``token`` as a bearer token if set."""
-    connection: ClientConnection = connect(
-        url,
-        additional_headers={"Authorization": f"Bearer {token}"} if token else {},
-        open_timeout=5,
-        close_timeout=2,
-        max_size=MAX_FRAME_BYTES,
-        compression=None,  # JSON floats compress poorly; spare the training process's CPU
-        create_connection=KeepaliveConnection,
-        **options,
-    )
-    return connection
-
-
-def greet(ws: ClientConnection, hello: HelloFrame) -> dict[str, Any]:
-    """Send the run's ``hello`` and return the server's ``welcome``."""
-    ws.send(json.dumps(hello))
-    welcome = _decode(ws.recv(timeout=10))
-    if welcome.get("type") != WELCOME:
-        raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
-    return welcome
-
-
-def read_ack(ws: ClientConnection, timeout: float) -> int:
-    """The seq of the next ``ack`` the server sends; TimeoutError if none comes within
-    ``timeout`` s. Frames of other kinds (an ``alert``) are passed over."""
-    deadline = time.monotonic() + timeout
-    while True:
-        frame = _decode(ws.recv(timeout=max(0.0, deadline - time.monotonic())))
-        if frame.get("type") == ACK:
-            return int(frame["seq"])
-
-
-def reads_clocks(welcome: dict[str, Any]) -> bool:
-    """Whether the server that sent ``welcome`` reads ``points`` frames with clocks."""
-    features = welcome.get("features")
-    return isinstance(features, list) and FEATURE_CLOCKS in features
-
 
 #: The most seconds :meth:`Sender.keep` waits for the sender thread to stop (it may be in the
 #: middle of opening a connection, up to 5 s; it lets go of the spool once it stops).
@@ -420,7 +345,7 @@ class Sender:
     def _read_acks(self, ws: ClientConnection, timeout: float) -> None:
         while True:
             try:
-                frame = _decode(ws.recv(timeout=timeout))
+                frame = decode(ws.recv(timeout=timeout))
             except TimeoutError:
                 return
             if frame.get("type") == ACK:
@@ -471,13 +396,3 @@ class Sender:
                 exc,
             )
             self._outage_reported = True
-
-
-def _decode(message: str | bytes) -> dict[str, Any]:
-    try:
-        frame = json.loads(message)
-    except ValueError as exc:
-        raise ProtocolError(f"Expected a JSON frame from the server, got {message[:80]!r}") from exc
-    if not isinstance(frame, dict):
-        raise ProtocolError(f"Expected a JSON object from the server, got {frame!r}")
-    return frame
