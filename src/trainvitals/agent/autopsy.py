@@ -23,10 +23,20 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-import numpy as np
-import tensorflow as tf
-
 from trainvitals.agent.bad_step import Kept
+from trainvitals.agent.model_probe import (
+    backward_nonfinite,
+    count_nonfinite,
+    input_domain,
+    labels_out_of_range,
+    layer_input,
+    layer_outputs,
+    loss_of_batch,
+    max_abs,
+    unpacked,
+    where_bad,
+    with_weights,
+)
 from trainvitals.series import GRAD_NORM_PREFIX
 
 #: Layers listed in a replay report, at most (the first bad one is always among them).
@@ -84,33 +94,11 @@ CAUSES = (
 )  # fmt: skip
 
 
-def _count(structure: Any) -> int:
-    total = 0
-    for tensor in tf.nest.flatten(structure):
-        if tensor is None:
-            continue
-        array = np.asarray(tensor)
-        if array.dtype.kind == "f":
-            total += int(array.size - np.count_nonzero(np.isfinite(array)))
-    return total
-
-
-def _max_abs(structure: Any) -> float:
-    top = 0.0
-    for tensor in tf.nest.flatten(structure):
-        array = np.asarray(tensor)
-        if array.dtype.kind == "f" and array.size:
-            finite = array[np.isfinite(array)]
-            if finite.size:
-                top = max(top, float(np.max(np.abs(finite))))
-    return top
-
-
 def poisoned_weights(model: Any) -> dict[str, int]:
     """``{layer name: NaN/Inf elements in its weights}`` for every layer that has any."""
     out = {}
     for layer in getattr(model, "layers", []):
-        bad = _count([w.value for w in layer.weights])
+        bad = count_nonfinite([w.value for w in layer.weights])
         if bad:
             out[layer.name] = bad
     return out
@@ -133,8 +121,8 @@ def of_step(
     are no cause of their own."""
     try:
         if model is not None and kept is not None:
-            x, y, _ = _unpacked(kept.data)
-            replica = _with_weights(model, kept.weights, x)
+            x, y, _ = unpacked(kept.data)
+            replica = with_weights(model, kept.weights, x)
             if replica is not None:
                 report = replay(replica, x, y, loss_of=model)
                 return _refined(report, poisoned_at_start)
@@ -145,34 +133,6 @@ def of_step(
         return from_vitals(model, values, previous_norms)
     except Exception as exc:  # an autopsy must never break training
         return {"error": f"{type(exc).__name__}: {exc}"}
-
-
-def _unpacked(data: Any) -> tuple[Any, Any, Any]:
-    """``(x, y, sample_weight)`` from what ``train_step`` received, as Keras unpacks it."""
-    if isinstance(data, (list, tuple)) and 1 <= len(data) <= 3:
-        items = list(data) + [None] * (3 - len(data))
-        return items[0], items[1], items[2]
-    return data, None, None
-
-
-def _with_weights(model: Any, weights: list[np.ndarray], inputs: Any) -> Any:
-    """A copy of ``model`` holding ``weights`` (the live model trains on, on another
-    thread), or None where Keras cannot clone it (a subclassed model)."""
-    import keras
-
-    def clone(layer: Any) -> Any:
-        # A layer without variables holds nothing to copy, and is shared as it is: a Lambda
-        # rebuilt from its config loses its function's globals.
-        return layer if not layer.weights else layer.__class__.from_config(layer.get_config())
-
-    try:
-        replica = keras.models.clone_model(model, clone_function=clone)
-        if len(replica.weights) != len(weights):  # a clone is built at its first call
-            replica(inputs, training=False)
-        replica.set_weights(weights)
-    except Exception:
-        return None
-    return replica
 
 
 def _refined(report: Report, poisoned_at_start: bool) -> Report:
@@ -210,13 +170,13 @@ def replay(model: Any, inputs: Any, targets: Any = None, loss_of: Any = None) ->
     """
     report: Report = {
         "method": "replay",
-        "inputs_nonfinite": _count(inputs),
-        "targets_nonfinite": _count(targets),
+        "inputs_nonfinite": count_nonfinite(inputs),
+        "targets_nonfinite": count_nonfinite(targets),
         "weights_nonfinite": poisoned_weights(model),
     }
     if report["inputs_nonfinite"] or report["targets_nonfinite"]:
         bad_inputs = report["inputs_nonfinite"] > 0
-        samples, features = _where_bad(inputs if bad_inputs else targets)
+        samples, features = where_bad(inputs if bad_inputs else targets)
         report["origin"] = "inputs"
         report["cause"] = "inputs" if bad_inputs else "labels"
         report["samples"], report["features"] = samples, features
@@ -226,7 +186,7 @@ def replay(model: Any, inputs: Any, targets: Any = None, loss_of: Any = None) ->
             f"{report['targets_nonfinite']} in the targets ({where})"
         )
         return report
-    layers = _layer_outputs(model, inputs)
+    layers = layer_outputs(model, inputs)
     if layers is None:  # a subclassed model: only its output can be checked
         outputs = model(inputs, training=False)
         layers = [(model.name, type(model).__name__, outputs)]
@@ -238,8 +198,8 @@ def replay(model: Any, inputs: Any, targets: Any = None, loss_of: Any = None) ->
         row: LayerRow = {
             "layer": name,
             "class": kind,
-            "nonfinite": _count(output),
-            "max_abs": _max_abs(output),
+            "nonfinite": count_nonfinite(output),
+            "max_abs": max_abs(output),
         }
         rows.append(row)
         if first is None and row["nonfinite"]:
@@ -249,8 +209,8 @@ def replay(model: Any, inputs: Any, targets: Any = None, loss_of: Any = None) ->
     if first is not None and not poisoned.get(first["layer"]):
         report["origin"] = report["cause"] = "layer"
         report["layer"] = first["layer"]
-        seen = _layer_input(model, inputs, first["layer"], layers, first_at)
-        domain, said = _domain(seen, layers[first_at][2])
+        seen = layer_input(model, inputs, first["layer"], layers, first_at)
+        domain, said = input_domain(seen, layers[first_at][2])
         report["domain"] = domain
         report["verdict"] = (
             f"Layer {first['layer']!r} ({first['class']}) turned finite inputs into "
@@ -267,11 +227,11 @@ def replay(model: Any, inputs: Any, targets: Any = None, loss_of: Any = None) ->
             f"({sum(poisoned.values())} values): the batch is not to blame"
         )
         return report
-    labels = _labels_out_of_range(loss_of or model, targets, layers[-1][2])
+    labels = labels_out_of_range(loss_of or model, targets, layers[-1][2])
     if labels is not None:
         report["origin"], report["cause"], report["verdict"] = "inputs", "labels", labels
         return report
-    loss = _loss(loss_of or model, targets, layers[-1][2])
+    loss = loss_of_batch(loss_of or model, targets, layers[-1][2])
     if loss is not None and not math.isfinite(loss):
         report["origin"] = report["cause"] = "loss"
         report["verdict"] = (
@@ -280,7 +240,7 @@ def replay(model: Any, inputs: Any, targets: Any = None, loss_of: Any = None) ->
         )
         return report
     report["origin"] = report["cause"] = "backward"
-    bad = _backward(model, loss_of or model, inputs, targets)
+    bad = backward_nonfinite(model, loss_of or model, inputs, targets)
     report["verdict"] = (
         "The forward pass and the loss replay finite, but the gradients are not"
         + (f" (first: {bad[0]})" if bad else "")
@@ -294,100 +254,6 @@ def replay(model: Any, inputs: Any, targets: Any = None, loss_of: Any = None) ->
 
 def _few(indices: list[int]) -> str:
     return ", ".join(str(i) for i in indices[:5]) + (" ..." if len(indices) > 5 else "")
-
-
-def _where_bad(structure: Any) -> tuple[list[int], list[int]]:
-    """The samples (first axis) holding NaN/Inf, and the features (last axis) that do."""
-    samples: set[int] = set()
-    features: set[int] = set()
-    for tensor in tf.nest.flatten(structure):
-        if tensor is None:
-            continue
-        array = np.asarray(tensor)
-        if array.dtype.kind != "f" or array.ndim == 0:
-            continue
-        bad = ~np.isfinite(array)
-        samples.update(int(i) for i in np.flatnonzero(bad.reshape(len(array), -1).any(axis=1)))
-        if array.ndim >= 2:
-            features.update(int(i) for i in np.flatnonzero(bad.reshape(-1, array.shape[-1]).any(0)))
-    return sorted(samples)[:20], sorted(features)[:20]
-
-
-def _layer_input(
-    model: Any, inputs: Any, name: str, layers: list[tuple[str, str, Any]], at: int
-) -> Any:
-    """What layer ``name`` received: from the model's graph where it can be read, else the
-    previous layer's output (a Sequential), else the batch."""
-    try:
-        import keras
-
-        layer = model.get_layer(name)
-        probe = keras.Model(model.inputs, layer.input)
-        return probe(inputs, training=False)
-    except Exception:
-        return layers[at - 1][2] if at > 0 else inputs
-
-
-def _domain(seen: Any, output: Any) -> tuple[str, str]:
-    """What a layer's finite input says of its NaN/Inf output: ``(kind, words)``."""
-    arrays = [np.asarray(t) for t in tf.nest.flatten(seen) if t is not None]
-    values = [a.ravel() for a in arrays if a.dtype.kind == "f" and a.size]
-    out = [np.asarray(t) for t in tf.nest.flatten(output) if t is not None]
-    made_nan = any(bool(np.isnan(a).any()) for a in out if a.dtype.kind == "f")
-    made_inf = any(bool(np.isinf(a).any()) for a in out if a.dtype.kind == "f")
-    if not values:
-        return "nonfinite_only", "an operation of the layer itself"
-    flat = np.concatenate(values)
-    low, top = float(np.min(flat)), float(np.max(np.abs(flat)))
-    if made_nan and low < 0:
-        return "negative", (
-            f"its input holds negative values (min {low:.3g}): the log or square root of a "
-            "negative number"
-        )
-    if made_inf and bool(np.any(flat == 0)):
-        return "zero", "its input holds zeros: the log of zero, or a division by zero"
-    if made_inf:
-        return "overflow", f"an overflow to Inf (largest input |x| {top:.3g})"
-    if bool(np.any(flat == 0)):
-        return "zero", "its input holds zeros: 0/0 or 0 times Inf"
-    return "nonfinite_only", f"an operation of the layer itself (inputs up to |x| {top:.3g})"
-
-
-def _backward(model: Any, loss_of: Any, inputs: Any, targets: Any) -> list[str]:
-    """The variables whose gradient is not finite on a replay of the batch (training mode
-    off), or [] where the loss cannot be taken again."""
-    loss_fn = _loss_function(loss_of)
-    if loss_fn is None or targets is None:
-        return []
-    try:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(loss_fn(targets, model(inputs, training=False)))
-        grads = tape.gradient(loss, model.trainable_variables)
-    except Exception:
-        return []
-    return [
-        v.path
-        for v, g in zip(model.trainable_variables, grads, strict=True)
-        if g is not None and not bool(tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))))
-    ]
-
-
-def _labels_out_of_range(model: Any, targets: Any, predictions: Any) -> str | None:
-    """For a sparse categorical loss: integer labels outside ``[0, classes)``."""
-    loss = getattr(model, "loss", None)
-    name = loss if isinstance(loss, str) else getattr(loss, "name", type(loss).__name__)
-    if targets is None or not isinstance(name, str) or "sparse" not in name.lower():
-        return None
-    labels = np.asarray(targets)
-    classes = int(np.asarray(predictions).shape[-1])
-    outside = (labels < 0) | (labels >= classes)
-    if not outside.any():
-        return None
-    return (
-        f"{int(outside.sum())} labels lie outside the {classes} classes the model predicts "
-        f"(found {sorted({int(v) for v in labels[outside]})[:5]}): a sparse loss takes a "
-        "label in [0, classes)"
-    )
 
 
 def from_vitals(
@@ -455,52 +321,3 @@ def from_vitals(
     if rises and rises[0][0] >= 10:
         report["verdict"] += f"; {rises[0][1]}'s gradient had risen {rises[0][0]:.0f}x"
     return report
-
-
-def _layer_outputs(model: Any, inputs: Any) -> list[tuple[str, str, Any]] | None:
-    layers = [
-        layer for layer in getattr(model, "layers", []) if type(layer).__name__ != "InputLayer"
-    ]
-    if not layers:
-        return None
-    try:
-        import keras
-
-        inputs_spec = model.inputs[0] if len(model.inputs) == 1 else model.inputs
-        probe = keras.Model(inputs_spec, [layer.output for layer in layers])
-        outputs = probe(inputs, training=False)
-    except Exception:
-        if type(model).__name__ != "Sequential":
-            return None
-        outputs, x = [], inputs  # a Sequential built without an Input: call layer by layer
-        for layer in layers:
-            x = layer(x, training=False)
-            outputs.append(x)
-    if len(layers) == 1 and not isinstance(outputs, list | tuple):
-        outputs = [outputs]
-    return [
-        (layer.name, type(layer).__name__, output)
-        for layer, output in zip(layers, outputs, strict=True)
-    ]
-
-
-def _loss_function(model: Any) -> Any:
-    loss = getattr(model, "loss", None)
-    if isinstance(loss, str):
-        import keras
-
-        try:
-            return keras.losses.get(loss)
-        except Exception:
-            return None
-    return loss if callable(loss) else None
-
-
-def _loss(model: Any, targets: Any, predictions: Any) -> float | None:
-    loss = _loss_function(model)
-    if targets is None or loss is None:
-        return None
-    try:
-        return float(tf.reduce_mean(loss(targets, predictions)))
-    except Exception:
-        return None
