@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trainvitals.cli.formatting import table, when
 from trainvitals.exceptions import ApiError, ConfigurationError
+from trainvitals.json_types import JsonObject
 
 if TYPE_CHECKING:
     from trainvitals.client import ApiRun
@@ -64,7 +65,8 @@ def _metric_column(spec: str) -> tuple[str, str]:
     return "last", spec
 
 
-def _as_dict(run: ApiRun) -> dict[str, Any]:
+def _as_dict(run: ApiRun) -> JsonObject:
+    """The run as ``--json`` prints it: every field the server told of it."""
     return {f.name: getattr(run, f.name) for f in fields(run) if f.name != "api"}
 
 

@@ -17,226 +17,46 @@ Example:
 
 from __future__ import annotations
 
-import io
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from typing import IO, TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
-from urllib.parse import quote, urlsplit
+from collections.abc import Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Any, Literal, TypeAlias
+from urllib.parse import urlsplit
 
 from trainvitals.agent.config import DEFAULT_SERVER
+from trainvitals.client.answers import (
+    Alert,
+    ExportFormat,
+    MetricSummary,
+    NewToken,
+    RunHealth,
+    RunSort,
+    RunStatus,
+    Token,
+)
+from trainvitals.client.run import ApiRun, path_segment
 from trainvitals.exceptions import ApiError, ConfigurationError
 
 if TYPE_CHECKING:
     import httpx
-    import pandas
 
-__all__ = ["Alert", "Api", "ApiRun", "ExportFormat"]
+__all__ = [
+    "Alert",
+    "Api",
+    "ApiRun",
+    "ExportFormat",
+    "MetricSummary",
+    "NewToken",
+    "RunHealth",
+    "RunSort",
+    "RunStatus",
+    "Token",
+]
 
 CLIENT_HINT = "trainvitals.Api needs httpx: pip install 'trainvitals[client]'"
-ExportFormat = Literal["csv", "jsonl", "parquet"]
-RunStatus = Literal["running", "stalled", "finished", "crashed", "lost"]
-#: A run's field to sort by (:meth:`Api.runs` also sorts by a series' statistic:
-#: ``"last:NAME"``, ``"min:NAME"`` or ``"max:NAME"``).
-RunSort = Literal[
-    "started_at", "name", "project", "status", "last_step", "last_seen", "host", "ended_at"
-]
+#: A query parameter's value, as httpx takes it (a list repeats the parameter).
+QueryValue: TypeAlias = str | int | float | bool | Sequence[str | int | float | bool | None] | None
 #: Runs fetched a request when :meth:`Api.runs` pages through every match (the route's cap).
 _PAGE = 10_000
-
-
-class Alert(TypedDict):
-    """An alert as the server tells it (docs/contract.md#alerts): the light twin of the
-    server's ``AlertRow``, which needs the server's packages (a test keeps the two equal)."""
-
-    id: str
-    run_id: str
-    project: str
-    run_name: str
-    rule: str
-    subject: str
-    severity: str  # info, warning, critical
-    state: str  # firing, resolved or closed
-    message: str
-    hint: str
-    evidence: dict[str, Any]
-    step: int
-    time: float
-    updated_time: float
-    resolved_time: float | None
-    count: int
-    acknowledged_at: float | None
-    acknowledged_by: str | None
-    silenced_until: float | None
-    closed_time: float | None
-    closed_reason: str | None
-
-
-class MetricSummary(TypedDict):
-    """A run's series at a glance (the light twin of the server's ``MetricSummary``):
-    ``last``, its value at ``step``, its highest step (None when NaN or ±Inf, which
-    ``nonfinite`` names: ``nan``, ``inf``, ``-inf``); ``min`` and ``max``, its least and
-    greatest finite values."""
-
-    step: int
-    last: float | None
-    min: float | None
-    max: float | None
-    nonfinite: NotRequired[str]
-
-
-class Token(TypedDict):
-    """An access token as an admin sees it listed: never its secret (the light twin of the
-    server's ``TokenAnswer``)."""
-
-    id: str
-    name: str
-    project: str
-    role: str  # ingest, read, admin or metrics
-    created_at: float
-    revoked_at: float | None
-    #: When it was last used, to a minute; None: never.
-    last_used_at: float | None
-    #: The token this client speaks with.
-    current: bool
-
-
-class NewToken(Token):
-    #: The token itself (``tv_<id>_<secret>``): this is the only time it is shown.
-    token: str
-
-
-@dataclass(frozen=True)
-class ApiRun:
-    """A run on the server, with what the runs list tells of it; :meth:`Api.run` also fills
-    ``config``, ``series`` (its series' names) and ``traceback``.
-
-    Example:
-        ```python
-        run = api.run(run_id)
-        frame = run.history(["loss"])        # name, step, time, value: every point
-        firing = run.alerts(state="firing")
-        ```
-    """
-
-    api: Api = field(repr=False, compare=False)
-    id: str
-    project: str
-    name: str
-    status: str  # running, stalled, finished, crashed, lost
-    started_at: float
-    ended_at: float | None
-    last_step: int | None
-    last_seen: float
-    host: str
-    end_reason: str | None
-    job_id: str | None = None
-    worker: str | None = None
-    #: The training process that made it: the runs of one loop of fits share it.
-    process_key: str | None = None
-    tags: list[str] = field(default_factory=list)
-    notes: str = ""
-    archived: bool = False
-    #: The worst alert it raised, firing or not: ``{"worst": "critical", "rules": [...],
-    #: "firing": [...]}`` (``worst`` None: it raised none).
-    health: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    #: The summaries of the series :meth:`Api.runs` was asked for (``metrics=``), by name.
-    metrics: dict[str, MetricSummary] = field(default_factory=dict)
-    series: list[str] = field(default_factory=list)
-    traceback: str | None = None
-
-    @classmethod
-    def _from(cls, api: Api, answer: dict[str, Any]) -> ApiRun:
-        known = {f.name for f in fields(cls)} - {"api"}
-        return cls(api=api, **{k: v for k, v in answer.items() if k in known})
-
-    def history(
-        self,
-        names: Sequence[str] = (),
-        format: Literal["parquet", "jsonl"] | None = None,
-        *,
-        min_step: int | None = None,
-        max_step: int | None = None,
-    ) -> pandas.DataFrame:
-        """Every point of the run's series ``names`` (all of them when empty), at full
-        resolution: a DataFrame of ``name`` (categorical), ``step`` (int64), ``time`` and
-        ``value`` (float64; NaN and ±Inf as they were sent), one row a point, each series in
-        the order it was sent. ``min_step`` and ``max_step`` (inclusive): only those steps.
-
-        Read as Parquet when pyarrow is installed here (and on the server), else as JSON
-        Lines; ``format`` picks one.
-
-        Example:
-            ```python
-            frame = api.run(run_id).history(["loss", "grad/global_norm"])
-            wide = frame.pivot_table(index="step", columns="name", values="value")
-            wide.plot(logy=True)
-            before = api.run(run_id).history(["loss"], min_step=900, max_step=1000)
-            ```
-        """
-        try:
-            import pandas
-        except ImportError as exc:
-            raise ConfigurationError(
-                "ApiRun.history needs pandas: pip install 'trainvitals[client]'"
-            ) from exc
-        chosen = format or ("parquet" if _has_pyarrow() else "jsonl")
-        steps = {"min_step": min_step, "max_step": max_step}
-        body = io.BytesIO()
-        try:
-            self.api.export(self.id, names, format=chosen, to=body, **steps)
-        except ApiError as exc:
-            if format is not None or exc.status != 501:
-                raise
-            chosen = "jsonl"  # a server without pyarrow: the other exact format
-            body = io.BytesIO()
-            self.api.export(self.id, names, format=chosen, to=body, **steps)
-        body.seek(0)
-        if chosen == "parquet":
-            frame = pandas.read_parquet(body)
-        else:
-            frame = _read_jsonl(body)
-        frame["name"] = frame["name"].astype("category")
-        return frame
-
-    def edit(
-        self,
-        *,
-        name: str | None = None,
-        tags: Sequence[str] | None = None,
-        notes: str | None = None,
-        archived: bool | None = None,
-    ) -> ApiRun:
-        """Rename, tag (the whole list), note or archive the run (a token with the ``admin``
-        role on its project); returns it as the server now has it.
-
-        Example:
-            ```python
-            run = run.edit(tags=[*run.tags, "baseline"], notes="lr 3e-4, warmup 500")
-            ```
-        """
-        edit = {"name": name, "tags": None if tags is None else list(tags), "notes": notes,
-                "archived": archived}  # fmt: skip
-        answer = self.api._request(
-            "PATCH",
-            f"/api/v1/runs/{_path(self.id)}",
-            body={k: v for k, v in edit.items() if v is not None},
-        )
-        kept = {f.name: getattr(self, f.name) for f in fields(self)}
-        return ApiRun._from(self.api, {**kept, **answer})
-
-    def delete(self) -> None:
-        """Delete the run with its points, alerts and notices (``admin``; a run still running
-        is refused with ``409``)."""
-        self.api._request("DELETE", f"/api/v1/runs/{_path(self.id)}")
-
-    def alerts(self, state: Literal["firing", "resolved", "closed"] | None = None) -> list[Alert]:
-        """The run's alerts, newest first (``state``: only firing or only resolved ones)."""
-        params = {"state": state} if state else {}
-        answer = self.api._get_json(f"/api/v1/runs/{_path(self.id)}/alerts", params)
-        alerts: list[Alert] = answer["alerts"]
-        return alerts
 
 
 class Api:
@@ -321,7 +141,7 @@ class Api:
             print([(r.name, r.metrics.get("val_loss", {}).get("min")) for r in best])
             ```
         """
-        params: dict[str, Any] = {
+        params: dict[str, QueryValue] = {
             "project": project,
             "status": [status] if isinstance(status, str) else list(status or ()),
             "job": job,
@@ -357,7 +177,7 @@ class Api:
 
     def run(self, run_id: str) -> ApiRun:
         """One run, with its config and series names (``ApiError`` 404 when there is none)."""
-        return ApiRun._from(self, self._get_json(f"/api/v1/runs/{_path(run_id)}"))
+        return ApiRun._from(self, self._get_json(f"/api/v1/runs/{path_segment(run_id)}"))
 
     def tokens(self, revoked: Literal["include", "hide", "only"] = "include") -> list[Token]:
         """The tokens this client's ``admin`` token governs (all of them for an admin of every
@@ -387,7 +207,7 @@ class Api:
     def revoke_token(self, token_id: str) -> Token:
         """Revoke a token and end its browser sessions (``admin``); returns it as now listed.
         The last live admin token of every project is refused (``409``)."""
-        revoked: Token = self._request("DELETE", f"/api/v1/tokens/{_path(token_id)}")
+        revoked: Token = self._request("DELETE", f"/api/v1/tokens/{path_segment(token_id)}")
         return revoked
 
     def export(
@@ -417,7 +237,7 @@ class Api:
         if to is None:
             raise ConfigurationError("Api.export needs a binary file to write to (to=...)")
         if isinstance(run_id, str):
-            path, runs = f"/api/v1/runs/{_path(run_id)}/export", []
+            path, runs = f"/api/v1/runs/{path_segment(run_id)}/export", []
         elif not run_id:
             raise ConfigurationError("Api.export needs a run id, or a list of at least one")
         else:
@@ -441,11 +261,15 @@ class Api:
             raise _unreached(self.server, exc) from exc
         return written
 
-    def _get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+    def _get_json(self, path: str, params: Mapping[str, QueryValue] | None = None) -> Any:
         return self._request("GET", path, params=params)
 
     def _request(
-        self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, QueryValue] | None = None,
+        body: Any = None,
     ) -> Any:
         import httpx
 
@@ -456,10 +280,6 @@ class Api:
         if not 200 <= response.status_code < 300:
             raise _refused(response)
         return response.json()
-
-
-def _path(run_id: str) -> str:
-    return quote(run_id, safe="")
 
 
 def _refused(response: httpx.Response) -> ApiError:
@@ -478,28 +298,3 @@ def _refused(response: httpx.Response) -> ApiError:
 
 def _unreached(server: str, exc: Exception) -> ApiError:
     return ApiError(None, f"could not read from {server}: {exc or type(exc).__name__}")
-
-
-def _has_pyarrow() -> bool:
-    try:
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _read_jsonl(body: IO[bytes]) -> pandas.DataFrame:
-    """The export's JSON Lines as a DataFrame, its ``null`` + ``nonfinite`` values made
-    NaN/±Inf again."""
-    import pandas
-
-    columns = {"name": "str", "step": "int64", "time": "float64", "value": "float64"}
-    if not body.read(1):
-        return pandas.DataFrame({c: pandas.Series(dtype=t) for c, t in columns.items()})
-    body.seek(0)
-    frame = pandas.read_json(body, lines=True, precise_float=True, dtype=columns)
-    if "nonfinite" in frame:
-        odd = frame["nonfinite"].notna()
-        frame.loc[odd, "value"] = frame.loc[odd, "nonfinite"].astype("float64")
-        frame = frame.drop(columns="nonfinite")
-    return frame[list(columns)]
