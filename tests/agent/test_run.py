@@ -10,7 +10,7 @@ from typing import Any
 from harness.processes import wait_for
 from tests.agent.peer import Peer, running_peer
 from trainvitals.agent.config import resolve
-from trainvitals.agent.gpu import SimulatedGpu
+from trainvitals.agent.gpu import GpuDescription, SimulatedGpu
 from trainvitals.agent.run import Run
 from trainvitals.protocol import END, HELLO, POINTS, Columns, EndReason
 from trainvitals.series import GRAD_GLOBAL_NORM
@@ -37,8 +37,8 @@ class Steady:
 
     name = "steady"
 
-    def describe(self) -> dict[str, object]:
-        return {"kind": "test"}
+    def describe(self) -> GpuDescription:
+        return {"gpus": []}
 
     def sample(self) -> dict[str, float]:
         return {"gpu0/mem_used": 1e9, "gpu0/mem_total": 8e9}
@@ -64,7 +64,7 @@ def test_a_run_says_hello_streams_its_points_and_ends_with_its_reason() -> None:
         frames = peer.frames()
     hello = frames[0]
     assert hello["type"] == HELLO and hello["run_id"] == run.id
-    assert hello["project"] == config.project and hello["env"]["steady"] == {"kind": "test"}
+    assert hello["project"] == config.project and hello["env"]["steady"] == {"gpus": []}
     points = [f for f in frames if f["type"] == POINTS]
     losses = [v for f in points for v in f["series"].get("loss", {}).get("value", [])]
     assert losses == [0.9, 0.8, 0.7]

@@ -10,13 +10,14 @@ import time
 import pytest
 
 from harness.processes import wait_for
+from trainvitals.agent.gpu import GpuDescription
 from trainvitals.agent.sampler import Sampler
 
 
 class Broken:
     name = "broken"
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> GpuDescription:
         return {}
 
     def sample(self) -> dict[str, float]:
@@ -29,7 +30,7 @@ class Counting:
     def __init__(self) -> None:
         self.calls = 0
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> GpuDescription:
         return {}
 
     def sample(self) -> dict[str, float]:

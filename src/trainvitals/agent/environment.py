@@ -9,24 +9,43 @@ import platform
 import socket
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 import psutil
 
 from trainvitals.protocol import JobInfo, ProcessInfo
 
 
-def describe() -> dict[str, Any]:
+class PythonEnv(TypedDict):
+    """The interpreter, the command and the libraries of the training process, as the run's
+    ``hello`` carries them in ``env`` (beside what each source describes)."""
+
+    python: str
+    platform: str
+    executable: str
+    argv: list[str]
+    cwd: str
+    #: Versions of the frameworks the training script imported (none is imported to tell).
+    tensorflow: NotRequired[str]
+    keras: NotRequired[str]
+    numpy: NotRequired[str]
+
+
+#: The frameworks whose versions :func:`describe` reports when they are loaded.
+_FRAMEWORKS: tuple[Literal["tensorflow", "keras", "numpy"], ...] = ("tensorflow", "keras", "numpy")
+
+
+def describe() -> PythonEnv:
     """Host, process and library versions. Imports nothing heavy: frameworks are only
     reported when the training script already imported them."""
-    env: dict[str, Any] = {
+    env: PythonEnv = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "executable": sys.executable,
         "argv": list(sys.argv),
         "cwd": os.getcwd(),
     }
-    for module in ("tensorflow", "keras", "numpy"):
+    for module in _FRAMEWORKS:
         loaded = sys.modules.get(module)
         version = getattr(loaded, "__version__", None) if loaded else None
         if version:

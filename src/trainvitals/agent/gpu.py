@@ -1,6 +1,6 @@
 """GPU vitals behind one small interface, so tests can drive a simulated device.
 
-A *source* has ``name``, ``describe() -> dict`` (for the run's environment) and
+A *source* has ``name``, ``describe()`` (a :class:`GpuDescription`, for the run's environment) and
 ``sample() -> dict[series name, value]``. Sources here:
 
 - :class:`NvmlSource`: every NVIDIA GPU through NVML (``nvidia-ml-py``'s ``pynvml``).
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from trainvitals.series import GPU_ECC_UNCORRECTED, GPU_XID_ERRORS, gpu
 
@@ -26,6 +26,22 @@ THROTTLE_SW_POWER_CAP = 0x4
 THROTTLE_HW_SLOWDOWN = 0x8
 THROTTLE_SW_THERMAL = 0x20
 THROTTLE_HW_THERMAL = 0x40
+
+
+class GpuCard(TypedDict):
+    """One GPU as the run's environment lists it."""
+
+    name: str
+    memory_total: int  # bytes
+
+
+class GpuDescription(TypedDict):
+    """What a GPU source tells of the machine (under its name in the run's environment); the
+    server's ``env_mismatch`` rule reads the CUDA driver's version from it."""
+
+    gpus: NotRequired[list[GpuCard]]
+    driver_version: NotRequired[str]
+    cuda_driver_version: NotRequired[str]
 
 
 class NvmlSource:
@@ -64,18 +80,19 @@ class NvmlSource:
             return None
         return source
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> GpuDescription:
         nvml = self._nvml
-        info: dict[str, Any] = {}
-        for key, call in (
+        info: GpuDescription = {}
+        versions: tuple[tuple[Literal["driver_version", "cuda_driver_version"], str], ...] = (
             ("driver_version", "nvmlSystemGetDriverVersion"),
             ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion"),
-        ):
+        )
+        for key, call in versions:
             try:
                 info[key] = _text(getattr(nvml, call)())
             except Exception:
                 pass
-        gpus = []
+        gpus: list[GpuCard] = []
         for handle in self._handles:
             gpus.append(
                 {
@@ -165,7 +182,7 @@ class TfAllocatorSource:
             return None
         return cls(tf, count) if count else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> GpuDescription:
         return {}
 
     def sample(self) -> dict[str, float]:
@@ -207,7 +224,7 @@ class SimulatedGpu:
         self.throttle_from = throttle_from
         self.ticks = 0
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> GpuDescription:
         return {
             "gpus": [{"name": "Simulated GPU", "memory_total": int(self.mem_total)}],
             "driver_version": "simulated",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import psutil
 
@@ -176,6 +176,17 @@ def effective_memory_limit() -> int:
     return min(physical, cgroup) if cgroup else physical
 
 
+class HostDescription(TypedDict):
+    """What :class:`HostSource` tells of the machine, under ``host`` in the run's environment."""
+
+    memory_limit: int  # bytes: the effective limit, the cgroup's or the physical memory
+    cgroup_memory_limit: int | None
+    cgroup: str | None  # "v1", "v2", or None outside a memory cgroup
+    physical_memory: int
+    cpu_count: int | None
+    disk_path: str
+
+
 class HostSource:
     """Samples ``host/*`` series for this process.
 
@@ -196,7 +207,7 @@ class HostSource:
         self._limit = min(physical, cgroup_limit) if cgroup_limit else physical
         self._sensors = hasattr(psutil, "sensors_temperatures")
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> HostDescription:
         return {
             "memory_limit": self._limit,
             "cgroup_memory_limit": None if self._cgroup is None else self._cgroup.limit,

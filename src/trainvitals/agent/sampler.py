@@ -11,15 +11,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
+
+if TYPE_CHECKING:
+    from trainvitals.agent.gpu import GpuDescription
+    from trainvitals.agent.host import HostDescription
 
 log = logging.getLogger("trainvitals")
 
 
+#: What a source tells of the machine, shown under its name in the run's environment.
+SourceDescription: TypeAlias = "GpuDescription | HostDescription"
+
+
 class Source(Protocol):
+    """Something the sampler reads every interval (the host, a GPU library): ``sample()``
+    gives series values by name, ``describe()`` what it tells of the machine."""
+
     name: str
 
-    def describe(self) -> dict[str, Any]: ...
+    def describe(self) -> SourceDescription: ...
 
     def sample(self) -> dict[str, float]: ...
 
