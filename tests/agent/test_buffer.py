@@ -6,7 +6,13 @@ import math
 import numpy as np
 import pytest
 
-from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames, without_clocks
+from trainvitals.agent.buffer import (
+    PointBuffer,
+    PointsFrame,
+    encode_points,
+    points_frames,
+    without_clocks,
+)
 from trainvitals.protocol import MAX_POINTS_PER_FRAME, Columns
 from trainvitals.server.schemas import Points, parse_frame
 
@@ -73,7 +79,7 @@ def test_frames_split_across_series_keep_every_point_once() -> None:
         assert got == steps, name
 
 
-def _one_frame(values: list[float]) -> dict[str, object]:
+def _one_frame(values: list[float]) -> PointsFrame:
     steps = list(range(1, len(values) + 1))
     series = {"loss": Columns(steps, [1795317434.123457 + s for s in steps], values)}
     return points_frames(series, first_seq=3)[0]

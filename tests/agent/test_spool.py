@@ -18,8 +18,9 @@ import pytest
 from trainvitals.agent.pending import PendingFrames
 from trainvitals.agent.spool import STALE_AFTER, Spool
 from trainvitals.agent.spool_format import HEAD_SEGMENT, HEADER, META_FILE, claim, read_segment
-from trainvitals.agent.sync import load
+from trainvitals.agent.sync import load, spool_meta
 from trainvitals.exceptions import SpoolError
+from trainvitals.protocol import HelloFrame
 
 
 def frame(seq: int, size: int = 100) -> str:
@@ -232,13 +233,16 @@ def test_an_ack_beyond_memory_skips_spooled_frames(tmp_path: Path) -> None:
     pending.close()
 
 
-HELLO = {"type": "hello", "v": 1, "run_id": "run1", "project": "p", "name": "n", "run_secret": "s"}
+HELLO: HelloFrame = {
+    "type": "hello", "v": 1, "run_id": "run1", "project": "p", "name": "n", "config": {},
+    "host": "h", "pid": 1, "started_at": 0.0, "env": {}, "job": None, "run_secret": "s",
+}  # fmt: skip
 
 
 def test_what_memory_holds_at_the_end_is_kept_on_disk_and_read_back_once_in_order(
     tmp_path: Path,
 ) -> None:
-    meta = {"version": 1, "server": "http://127.0.0.1:9", "hello": HELLO}
+    meta = spool_meta("http://127.0.0.1:9", HELLO)
     spool = Spool(tmp_path, "run1", max_bytes=16 * 1024, meta=meta)  # 1 KiB segments
     pending = PendingFrames(memory_bytes=3 * len(frame(1)), spool=spool)
     for seq in range(1, 31):

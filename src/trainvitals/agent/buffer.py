@@ -6,7 +6,7 @@ import json
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import NotRequired, Required, TypedDict
 
 import orjson
 
@@ -18,6 +18,38 @@ from trainvitals.protocol import (
     ListColumns,
     SeqColumns,
 )
+
+
+class PointsColumn(TypedDict, total=False):
+    """One series of a ``points`` frame: its values, with its steps and times or with the
+    name of the frame's clock that holds them (``docs/protocol.md``)."""
+
+    step: Sequence[int]
+    time: Sequence[float]
+    clock: str
+    value: Required[Sequence[float]]
+
+
+class Clock(TypedDict):
+    """Steps and times that several series of a frame share."""
+
+    step: Sequence[int]
+    time: Sequence[float]
+
+
+class PointsBody(TypedDict):
+    """A ``points`` frame's series, and the clocks they name if any."""
+
+    series: dict[str, PointsColumn]
+    clocks: NotRequired[dict[str, Clock]]
+
+
+class PointsFrame(PointsBody):
+    """A ``points`` frame as the agent packs it."""
+
+    type: str
+    v: int
+    seq: int
 
 
 class PointBuffer:
@@ -100,12 +132,12 @@ class PointBuffer:
 
 def points_frames(
     series: Mapping[str, SeqColumns], first_seq: int, clocks: bool = False
-) -> list[dict[str, Any]]:
+) -> list[PointsFrame]:
     """Pack drained series into ``points`` frames of MAX_POINTS_PER_FRAME points at most;
     with ``clocks`` (for a server that reads them), series of a frame that share their steps
     and times send them once (:func:`share_clocks`)."""
-    frames: list[dict[str, Any]] = []
-    current: dict[str, dict[str, Sequence[Any]]] = {}
+    frames: list[PointsFrame] = []
+    current: dict[str, PointsColumn] = {}
     room = MAX_POINTS_PER_FRAME
     for name, (steps, times, values) in series.items():
         start = 0
@@ -127,7 +159,7 @@ def points_frames(
     return frames
 
 
-def share_clocks(series: dict[str, dict[str, Sequence[Any]]]) -> dict[str, Any]:
+def share_clocks(series: dict[str, PointsColumn]) -> PointsBody:
     """The ``series`` (and ``clocks``) of a frame in which series with equal steps and times
     name one clock that holds them, instead of each sending them (``FEATURE_CLOCKS``).
 
@@ -151,7 +183,7 @@ def share_clocks(series: dict[str, dict[str, Sequence[Any]]]) -> dict[str, Any]:
     if not shared:
         return {"series": series}
     out = dict(series)
-    clocks: dict[str, dict[str, Sequence[Any]]] = {}
+    clocks: dict[str, Clock] = {}
     for index, (steps, times, names) in enumerate(shared):
         key = str(index)
         clocks[key] = {"step": steps, "time": times}
@@ -178,7 +210,7 @@ def without_clocks(text: str) -> str:
     return encode_points(frame)
 
 
-def encode_points(frame: Mapping[str, Any]) -> str:
+def encode_points(frame: PointsFrame) -> str:
     """A ``points`` frame of :func:`points_frames` as JSON text.
 
     orjson writes it about twenty times as fast as the standard library (a second of a 2 ms
@@ -196,6 +228,6 @@ def encode_points(frame: Mapping[str, Any]) -> str:
     return json.dumps(frame)
 
 
-def _frame(series: dict[str, dict[str, Sequence[Any]]], seq: int, clocks: bool) -> dict[str, Any]:
+def _frame(series: dict[str, PointsColumn], seq: int, clocks: bool) -> PointsFrame:
     body = share_clocks(series) if clocks else {"series": series}
     return {"type": POINTS, "v": PROTOCOL_VERSION, "seq": seq, **body}

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from trainvitals.exceptions import ConfigurationError
+from trainvitals.json_types import Json, JsonObject
 from trainvitals.protocol import INGEST_PATH
 
 DEFAULT_SERVER = "http://127.0.0.1:8600"
@@ -45,7 +46,8 @@ class AgentConfig:
     project: str
     run_name: str
     token: str | None
-    config: dict[str, Any] = field(default_factory=dict)
+    #: Hyper-parameters shown with the run; a value JSON cannot hold is shown as its ``str``.
+    config: JsonObject = field(default_factory=dict)
     #: The most seconds a point waits before it is sent, unless it is urgent.
     flush_interval: float = DEFAULT_FLUSH_INTERVAL
     #: Seconds between looks at what training recorded; at most ``flush_interval``.
@@ -129,7 +131,7 @@ def resolve(
     project: str | None = None,
     run_name: str | None = None,
     token: str | None = None,
-    config: dict[str, Any] | None = None,
+    config: Mapping[str, Json] | None = None,
     flush_interval: float = DEFAULT_FLUSH_INTERVAL,
     *,
     read_interval: float = DEFAULT_READ_INTERVAL,

@@ -12,12 +12,14 @@ import json
 import struct
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import ClientConnection, connect
 
 from trainvitals.exceptions import ProtocolError
+from trainvitals.json_types import JsonObject
 from trainvitals.protocol import ACK, FEATURE_CLOCKS, MAX_FRAME_BYTES, WELCOME, HelloFrame
 
 if TYPE_CHECKING:
@@ -47,8 +49,14 @@ class KeepaliveConnection(ClientConnection):
 UNREACHABLE = (OSError, TimeoutError, ConnectionClosed, InvalidHandshake, ProtocolError)
 
 
-def connect_ingest(url: str, token: str | None, **options: Any) -> ClientConnection:
-    """Open an ingest websocket to ``url``, sending ``token`` as a bearer token if set."""
+class _Keepalive(TypedDict, total=False):
+    ping_interval: float  # passed only when set: websockets keeps its own default otherwise
+
+
+def connect_ingest(url: str, token: str | None, keepalive: float | None = None) -> ClientConnection:
+    """Open an ingest websocket to ``url``, sending ``token`` as a bearer token if set;
+    ``keepalive``: seconds between keepalive pings (default: websockets' own, 20 s)."""
+    options: _Keepalive = {} if keepalive is None else {"ping_interval": keepalive}
     connection: ClientConnection = connect(
         url,
         additional_headers={"Authorization": f"Bearer {token}"} if token else {},
@@ -62,13 +70,30 @@ def connect_ingest(url: str, token: str | None, **options: Any) -> ClientConnect
     return connection
 
 
-def greet(ws: ClientConnection, hello: HelloFrame) -> dict[str, Any]:
-    """Send the run's ``hello`` and return the server's ``welcome``."""
+@dataclass(frozen=True)
+class Welcome:
+    """What the server's ``welcome`` tells the agent."""
+
+    #: The last seq of the run the server stored: frames up to it are not sent again.
+    last_seq: int
+    #: Whether it reads ``points`` frames whose series share clocks (``FEATURE_CLOCKS``).
+    clocks: bool
+    #: Issued in the run's first welcome, to send in every later hello; else None.
+    run_secret: str | None
+
+
+def greet(ws: ClientConnection, hello: HelloFrame) -> Welcome:
+    """Send the run's ``hello`` and return what the server's ``welcome`` says."""
     ws.send(json.dumps(hello))
     welcome = decode(ws.recv(timeout=10))
     if welcome.get("type") != WELCOME:
         raise ProtocolError(f"Expected a 'welcome' frame, but got {welcome!r}")
-    return welcome
+    features, secret = welcome.get("features"), welcome.get("run_secret")
+    return Welcome(
+        last_seq=_seq(welcome, "last_seq", default=0),
+        clocks=isinstance(features, list) and FEATURE_CLOCKS in features,
+        run_secret=secret if isinstance(secret, str) and secret else None,
+    )
 
 
 def read_ack(ws: ClientConnection, timeout: float) -> int:
@@ -78,16 +103,22 @@ def read_ack(ws: ClientConnection, timeout: float) -> int:
     while True:
         frame = decode(ws.recv(timeout=max(0.0, deadline - time.monotonic())))
         if frame.get("type") == ACK:
-            return int(frame["seq"])
+            return ack_seq(frame)
 
 
-def reads_clocks(welcome: dict[str, Any]) -> bool:
-    """Whether the server that sent ``welcome`` reads ``points`` frames with clocks."""
-    features = welcome.get("features")
-    return isinstance(features, list) and FEATURE_CLOCKS in features
+def ack_seq(ack: JsonObject) -> int:
+    """The seq an ``ack`` frame acknowledges (every frame up to it is stored)."""
+    return _seq(ack, "seq")
 
 
-def decode(message: str | bytes) -> dict[str, Any]:
+def _seq(frame: JsonObject, key: str, default: int | None = None) -> int:
+    value = frame.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProtocolError(f"Expected a whole number as {key!r}, but got {frame!r}")
+    return value
+
+
+def decode(message: str | bytes) -> JsonObject:
     """A frame from the server: a JSON object, else :class:`ProtocolError`."""
     try:
         frame = json.loads(message)

@@ -24,16 +24,16 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from trainvitals.agent.pending import PendingFrames
 from trainvitals.agent.spool_format import (
     HEAD_SEGMENT,
     META_FILE,
     Frame,
+    SpoolMeta,
     fallback_root,
     is_spool,
     last_change,
@@ -87,7 +87,7 @@ class Spool:
     """
 
     def __init__(
-        self, root: Path, run_id: str, max_bytes: int, meta: Mapping[str, Any] | None = None
+        self, root: Path, run_id: str, max_bytes: int, meta: SpoolMeta | None = None
     ) -> None:
         self.root = root
         self.run_id = run_id

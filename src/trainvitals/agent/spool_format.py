@@ -25,9 +25,10 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict
 
 from trainvitals.exceptions import SpoolError
+from trainvitals.protocol import HelloFrame
 
 #: A record's header: payload length, CRC-32 of the payload, sequence number.
 HEADER = struct.Struct(">IIQ")
@@ -37,6 +38,14 @@ META_FILE = "run.json"
 HEAD_SEGMENT = "000000.seg"
 
 Frame = tuple[int, str]  # (seq, JSON text)
+
+
+class SpoolMeta(TypedDict):
+    """What ``run.json`` holds: enough for another process to deliver the run's frames."""
+
+    version: int  # of this layout
+    server: str  # the base URL the run was sent to
+    hello: HelloFrame  # with the run's secret: the file is its owner's alone
 
 
 def record(seq: int, text: str) -> bytes:

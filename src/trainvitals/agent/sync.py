@@ -30,15 +30,16 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from trainvitals.agent.buffer import without_clocks
 from trainvitals.agent.config import AgentConfig, run_ingest_url, websocket_url
-from trainvitals.agent.connection import UNREACHABLE, connect_ingest, greet, read_ack, reads_clocks
+from trainvitals.agent.connection import UNREACHABLE, connect_ingest, greet, read_ack
 from trainvitals.agent.spool import Spool
 from trainvitals.agent.spool_format import (
     META_FILE,
     Frame,
+    SpoolMeta,
     claim,
     is_spool,
     read_segment,
@@ -58,7 +59,7 @@ ACK_TIMEOUT = 30.0
 META_VERSION = 1
 
 
-def spool_meta(server: str, hello: HelloFrame) -> dict[str, Any]:
+def spool_meta(server: str, hello: HelloFrame) -> SpoolMeta:
     """What ``run.json`` holds: enough for another process to deliver the run's frames."""
     return {"version": META_VERSION, "server": server, "hello": hello}
 
@@ -220,8 +221,7 @@ def _send(run: SpooledRun, server: str, token: str | None) -> Delivery:
     hello = cast(HelloFrame, {k: v for k, v in run.hello.items() if k != "accepts"})
     with connect_ingest(run_ingest_url(server, run.run_id), token) as ws:
         welcome = greet(ws, hello)
-        stored = int(welcome.get("last_seq", 0))
-        clocks = reads_clocks(welcome)
+        stored, clocks = welcome.last_seq, welcome.clocks
         in_flight: deque[int] = deque()
         for seq, last_text in run.frames():
             if seq <= stored:

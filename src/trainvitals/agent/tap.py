@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeAlias
 
 import tensorflow as tf
 
@@ -42,6 +42,10 @@ VITALS_KEY = "trainvitals/vitals"
 NONFINITE_KEY = "trainvitals/nonfinite"
 #: The model's attribute (outside Keras's tracking) naming the tap installed on it.
 _INSTALLED = "_trainvitals_tap"
+
+#: What a traced ``train_step`` returns: Keras's metrics by name, as tensors or numbers, in
+#: nested dicts where a step written as Keras's guide shows returns them so.
+StepLogs: TypeAlias = "Mapping[str, tf.Tensor | float | StepLogs]"
 
 
 @dataclass
@@ -229,7 +233,7 @@ class TrainStepTap:
         except Exception as exc:  # the autopsy then works from the vitals
             log.info("trainvitals: the bad step's batch cannot be kept (%s)", exc)
 
-    def _into_ring(self, vitals: Any, logs: dict[str, Any]) -> bool:
+    def _into_ring(self, vitals: tf.Tensor, logs: StepLogs) -> bool:
         """Write the step's vector and Keras's scalar metrics into the device ring (made at
         the first trace); False where there can be no ring: then the vector rides in the
         logs, and only the last step of each execution is seen."""

@@ -24,16 +24,16 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from websockets.exceptions import InvalidURI
 from websockets.sync.client import ClientConnection
 
 from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames, without_clocks
 from trainvitals.agent.config import DEFAULT_SPOOL_AFTER_BYTES
-from trainvitals.agent.connection import UNREACHABLE, connect_ingest, decode, greet, reads_clocks
+from trainvitals.agent.connection import UNREACHABLE, ack_seq, connect_ingest, decode, greet
 from trainvitals.agent.pending import PendingFrames
 from trainvitals.backoff import backoff_delays
+from trainvitals.json_types import JsonObject
 from trainvitals.protocol import ACK, HEARTBEAT, PROTOCOL_VERSION, HelloFrame, end_frame
 
 # UNREACHABLE is imported from here by ``trainvitals sync``.
@@ -108,12 +108,12 @@ class Sender:
         read_interval: float | None = None,
         keepalive: float | None = None,
         on_done: Callable[[], None] | None = None,
-        on_message: Callable[[dict[str, Any]], None] | None = None,
+        on_message: Callable[[JsonObject], None] | None = None,
     ) -> None:
         self._url = url
         self._on_message = on_message
         self._on_done = on_done
-        self._keepalive: dict[str, Any] = {} if keepalive is None else {"ping_interval": keepalive}
+        self._keepalive = keepalive
         self._hello = hello
         self._buffer = buffer
         self._flush_interval = flush_interval
@@ -121,7 +121,7 @@ class Sender:
         self._next_send = 0.0  # time.monotonic() from which points are due to go
         self._heartbeat_interval = heartbeat_interval
         self._tick = tick
-        self._events: deque[dict[str, Any]] = deque()  # numbered frames other than points
+        self._events: deque[JsonObject] = deque()  # numbered frames other than points
         self._token = token
         self._pending = PendingFrames(DEFAULT_SPOOL_AFTER_BYTES) if pending is None else pending
         self._next_seq = 1
@@ -197,7 +197,7 @@ class Sender:
             or self._closing.is_set()
         )
 
-    def send_event(self, frame: dict[str, Any]) -> None:
+    def send_event(self, frame: JsonObject) -> None:
         """Queue a frame (e.g. a ``stall``) to be numbered and sent after the points so far."""
         self._events.append(frame)
         self._wake.set()
@@ -287,7 +287,7 @@ class Sender:
     def _connection(self) -> bool:
         """One connection; whether the run's end was acknowledged on it (else :meth:`keep`
         stopped it)."""
-        with connect_ingest(self._url, self._token, **self._keepalive) as ws:
+        with connect_ingest(self._url, self._token, self._keepalive) as ws:
             self._socket = ws.socket
             try:
                 return self._converse(ws)
@@ -298,14 +298,13 @@ class Sender:
         """Hello, then frames out and acks in until the run's ``end`` is acknowledged (True),
         or :meth:`keep` has put what is left on disk (False)."""
         welcome = greet(ws, self._hello)
-        secret = welcome.get("run_secret")
-        if isinstance(secret, str) and secret:  # issued by the server: every later hello
-            self._hello = {**self._hello, "run_secret": secret}
+        if welcome.run_secret is not None:  # issued by the server: every later hello
+            self._hello = {**self._hello, "run_secret": welcome.run_secret}
         # Clocks only where this server reads them; frames packed with them for an earlier
         # connection lose them again on the way to one that does not (a rolled-back server).
-        self._clocks = reads_clocks(welcome)
+        self._clocks = welcome.clocks
         self._pending.rewind()
-        self._pending.ack(int(welcome.get("last_seq", 0)))
+        self._pending.ack(welcome.last_seq)
         self._connected = True
         self.last_error = None
         if self._outage_reported:
@@ -349,7 +348,7 @@ class Sender:
             except TimeoutError:
                 return
             if frame.get("type") == ACK:
-                self._pending.ack(int(frame["seq"]))
+                self._pending.ack(ack_seq(frame))
             elif self._on_message is not None:
                 try:
                     self._on_message(frame)
