@@ -198,19 +198,24 @@ def test_the_clients_alert_tokens_and_sorts_are_the_servers() -> None:
     client imports nothing of the server)."""
     from typing import get_args
 
-    from trainvitals.client import Alert, MetricSummary, NewToken, RunHealth, RunSort, Token
+    from trainvitals.client import Alert, MetricSummary, NewToken, RunSort, Token
     from trainvitals.server.answers import NewTokenAnswer, TokenAnswer
     from trainvitals.server.storage import AlertRow
     from trainvitals.server.storage import MetricSummary as ServerSummary
-    from trainvitals.server.storage import RunHealth as ServerHealth
     from trainvitals.server.storage.runs import SORTS
 
     assert list(Alert.__annotations__) == list(AlertRow.__annotations__)
     assert list(Token.__annotations__) == list(TokenAnswer.__annotations__)
     assert list(NewToken.__annotations__) == list(NewTokenAnswer.__annotations__)
     assert list(MetricSummary.__annotations__) == list(ServerSummary.__annotations__)
-    assert list(RunHealth.__annotations__) == list(ServerHealth.__annotations__)
     assert get_args(RunSort) == SORTS
+
+
+def test_the_clients_run_health_is_the_servers() -> None:
+    from trainvitals.client import RunHealth
+    from trainvitals.server.storage import RunHealth as ServerHealth
+
+    assert list(RunHealth.__annotations__) == list(ServerHealth.__annotations__)
 
 
 def test_runs_filtered_sorted_paged_edited_and_deleted(
