@@ -6,12 +6,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 
 from harness.processes import wait_for
-from trainvitals.agent.gpu import GpuDescription
 from trainvitals.agent.sampler import Sampler
+
+if TYPE_CHECKING:
+    from trainvitals.agent.gpu import GpuDescription
 
 
 class Broken:
