@@ -4,13 +4,15 @@
 import { AlertList, alertItem } from "./alert-items.js";
 import { deleteRun, download, editRun, exportPath, getRun, getRunAlerts, getSeries } from "./api.js";
 import { setBannerScope } from "./banner.js";
+import { alertChartIds, chartOf } from "./chart-kinds.js";
 import { CHART_CONTROLS, ChartSet } from "./chart-set.js";
-import { Chart, alertChartIds, chartOf, plotlyReady } from "./charts.js";
+import { Chart } from "./charts.js";
 import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, summaryOrder, summaryValue, tagList } from "./format.js";
 import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
 import { ProcessPanel } from "./process.js";
 import { withSummary } from "./live.js";
+import { plotlyReady } from "./plot.js";
 import { syncCells, syncRows } from "./rows.js";
 import {
   GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, HOST_WORKING_SET, LOSS, isBytes, unitOf,

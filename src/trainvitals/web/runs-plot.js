@@ -2,7 +2,7 @@
 // run, across every page of the list's view, x a config value or a series' statistic, y a
 // series' statistic; a point opens its run.
 
-import { PLOT_CONFIG, PLOT_LAYOUT, plotlyReady, themed } from "./charts.js";
+import { PLOT_CONFIG, PLOT_LAYOUT, plotlyReady, themed } from "./plot.js";
 import { formatNumber, plotText, runPath, summaryText } from "./format.js";
 
 // Runs plotted at most (the list's view, newest first unless it is sorted otherwise): under
