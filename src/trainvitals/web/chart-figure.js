@@ -9,6 +9,7 @@ import { formatBytes, formatDuration, plotText } from "./format.js";
 import { PLOT_LAYOUT, themed } from "./plot.js";
 import { byteTicks, clippedRange, debiasedEma, fullRange, logTicks, withFloor } from "./plotmath.js";
 
+// Whether as many of the finite values are above zero as not (a log axis draws them).
 function mostlyPositive(values) {
   let above = 0, others = 0;
   for (const v of values) {
