@@ -10,7 +10,7 @@ import { mountBanner, setBannerScope } from "./banner.js";
 import { escapeHTML } from "./format.js";
 import { LiveSocket } from "./live.js";
 import { RunPage } from "./run.js";
-import { renderRuns } from "./runs.js";
+import { RunsPage } from "./runs.js";
 import { renderTokens } from "./tokens.js";
 
 const root = document.getElementById("app");
@@ -37,7 +37,7 @@ const VIEWS = [
   [/^#\/alerts(?:\?(.*))?$/, (match) => renderAlerts(root, feed, new URLSearchParams(match[1] ?? ""))],
   [/^#\/tokens(?:\?.*)?$/, () => renderTokens(root, identity)],
   [/^#\/compare(?:\?(.*))?$/, (match) => renderCompare(root, live, new URLSearchParams(match[1] ?? ""))],
-  [/^(?:#\/?(?:\?(.*))?)?/, (match) => renderRuns(root, live, feed, new URLSearchParams(match[1] ?? ""))],
+  [/^(?:#\/?(?:\?(.*))?)?/, (match) => mount(new RunsPage(root, live, feed, new URLSearchParams(match[1] ?? "")))],
 ];
 
 function markCurrentNav() {

@@ -4,7 +4,9 @@
 // hold one.
 
 import { getSeries } from "./api.js";
-import { DEFAULT_VIEW, chartOrder, filterOut } from "./charts.js";
+import { filterOut } from "./chart-interaction.js";
+import { chartOrder } from "./chart-kinds.js";
+import { DEFAULT_VIEW } from "./charts.js";
 import { epochAxis } from "./plotmath.js";
 import { EPOCH } from "./series.js";
 

@@ -5,10 +5,12 @@
 // in time since start, each run counts from its own start.
 
 import { download, exportRunsPath, getRun, getSeries } from "./api.js";
+import { chartOf } from "./chart-kinds.js";
 import { CHART_CONTROLS, ChartSet, replaceQuery } from "./chart-set.js";
-import { Chart, chartOf, plotlyReady } from "./charts.js";
+import { Chart } from "./charts.js";
 import { DELETED_BADGE, escapeHTML, healthBadge, runPath, setTitle, statusBadge, summaryOrder, summaryText, summaryValue } from "./format.js";
 import { withSummary } from "./live.js";
+import { plotlyReady } from "./plot.js";
 import { EPOCH_PREFIX, VAL_PREFIX } from "./series.js";
 import { syncCells, syncRows } from "./rows.js";
 

@@ -2,7 +2,7 @@
 // chart: every layer at once, however many, where a legend of lines would cover the plot and
 // "the top five" would hide the one that matters. The layers an alert names are marked.
 
-import { PLOT_CONFIG, PLOT_LAYOUT, cancelDraw, drawSoon, liveWait, themed } from "./charts.js";
+import { PLOT_CONFIG, PLOT_LAYOUT, cancelDraw, drawSoon, liveWait, themed } from "./plot.js";
 import { plotText } from "./format.js";
 import { GRAD_NORM_PREFIX } from "./series.js";
 

@@ -4,17 +4,18 @@
 import { AlertList, alertItem } from "./alert-items.js";
 import { deleteRun, download, editRun, exportPath, getRun, getRunAlerts, getSeries } from "./api.js";
 import { setBannerScope } from "./banner.js";
+import { alertChartIds, chartOf } from "./chart-kinds.js";
 import { CHART_CONTROLS, ChartSet } from "./chart-set.js";
-import { Chart, alertChartIds, chartOf, plotlyReady } from "./charts.js";
-import { escapeHTML, formatAgo, formatBytes, formatDuration, formatNumber, formatTime, healthBadge, setTitle, statusBadge, summaryOrder, summaryValue, tagList } from "./format.js";
+import { Chart } from "./charts.js";
+import { escapeHTML, formatAgo, formatDuration, formatTime, healthBadge, setTitle, statusBadge, summaryOrder, summaryValue, tagList } from "./format.js";
 import { GradHeatmap, alertLayers } from "./heatmap.js";
 import { JobPanel } from "./job.js";
 import { ProcessPanel } from "./process.js";
 import { withSummary } from "./live.js";
+import { plotlyReady } from "./plot.js";
 import { syncCells, syncRows } from "./rows.js";
-import {
-  GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, HOST_LIMIT, HOST_RSS, HOST_WORKING_SET, LOSS, isBytes, unitOf,
-} from "./series.js";
+import { kvRows, lastReadings } from "./run-tables.js";
+import { GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, LOSS } from "./series.js";
 
 const LAYOUT = `
   <div class="page-head">
@@ -431,43 +432,4 @@ export class RunPage {
     }
     return chart;
   }
-}
-
-// Keys and values as table rows; a nested object (the environment's host) as a table in its
-// cell, and sizes (a key of memory or bytes) in binary units, the bytes in the cell's title.
-function kvRows(object) {
-  return Object.entries(object ?? {}).map(([k, v]) => `<tr><th>${escapeHTML(k)}</th>${kvCell(k, v)}</tr>`).join("")
-    || `<tr><td class="muted">none</td></tr>`;
-}
-
-const SIZE_KEY = /memory|bytes/i;
-
-function kvCell(key, value) {
-  if (value && typeof value === "object" && !Array.isArray(value) && Object.keys(value).length) {
-    return `<td><table class="kv kv-nested">${kvRows(value)}</table></td>`;
-  }
-  if (typeof value === "number" && SIZE_KEY.test(key)) {
-    return `<td data-bytes="${escapeHTML(value)}" title="${escapeHTML(value)} bytes">${escapeHTML(formatBytes(value))}</td>`;
-  }
-  return `<td>${escapeHTML(typeof value === "object" ? JSON.stringify(value) : value)}</td>`;
-}
-
-// The memory and GPU readings last stored before the run ended: the evidence of how it died.
-function reading(name, value) {
-  if (isBytes(name)) return formatBytes(value);
-  const unit = unitOf(name);
-  return formatNumber(value) + (unit ? ` ${unit}` : "");
-}
-
-function lastReadings(readings) {
-  const names = Object.keys(readings ?? {}).sort();
-  if (!names.length) return "";
-  // The cgroup's working set is what the kernel kills by; the RSS only where there is none.
-  const [used, what] = readings[HOST_WORKING_SET] != null ? [HOST_WORKING_SET, "working set"] : [HOST_RSS, "RSS"];
-  const memory = readings[used] != null && readings[HOST_LIMIT] > 0
-    ? ` (${what} at ${Math.round((100 * readings[used]) / readings[HOST_LIMIT])}% of the limit)` : "";
-  const rows = names.map((name) => `<tr><th>${escapeHTML(name)}</th>
-    <td data-reading="${escapeHTML(name)}">${escapeHTML(reading(name, readings[name]))}</td></tr>`).join("");
-  return `<details class="last-readings" open><summary>Last readings before the end${escapeHTML(memory)}</summary>
-    <table class="kv">${rows}</table></details>`;
 }
