@@ -13,7 +13,6 @@ from typing import Any, cast
 
 from sqlalchemy import (
     Column,
-    Connection,
     Engine,
     Float,
     Index,
@@ -31,6 +30,7 @@ from typing_extensions import TypedDict  # pydantic reads these on 3.11
 from trainvitals.detect.types import jsonable
 from trainvitals.server.notify.messages import Notice, NoticeChange
 from trainvitals.server.storage.schema import alerts, metadata
+from trainvitals.server.storage.unit_of_work import UnitOfWork
 
 #: Alert changes waiting for, or done with, a notification channel (the notify outbox).
 #: Rows are written in the alert's own transaction; ``owner`` is the server process that
@@ -101,9 +101,10 @@ class OutboxStore:
     # -- writes (writer thread) --------------------------------------------------------------
 
     def add_notices(
-        self, conn: Connection, notices: Sequence[Notice], owner: str, lease_until: float
+        self, work: UnitOfWork, notices: Sequence[Notice], owner: str, lease_until: float
     ) -> None:
         """Queue notices for delivery by ``owner``."""
+        conn = work.connection()
         if notices:
             rows = [
                 {
@@ -122,8 +123,9 @@ class OutboxStore:
             ]
             conn.execute(outbox.insert(), rows)
 
-    def last_notice_change(self, conn: Connection, alert_id: str, channel: str) -> str | None:
+    def last_notice_change(self, work: UnitOfWork, alert_id: str, channel: str) -> str | None:
         """The change (``fired``, ``resolved``) of the alert last queued for ``channel``."""
+        conn = work.connection()
         query = (
             select(outbox.c.change)
             .where(outbox.c.alert_id == alert_id, outbox.c.channel == channel)
@@ -133,11 +135,12 @@ class OutboxStore:
         return conn.execute(query).scalar()
 
     def claim_notices(
-        self, conn: Connection, owner: str, channels: list[str], now: float, lease_until: float
+        self, work: UnitOfWork, owner: str, channels: list[str], now: float, lease_until: float
     ) -> list[ClaimedNotice]:
         """Renew ``owner``'s leases, then take over the pending notices of ``channels`` whose
         lease ran out (their server died); returns those taken, oldest first. One
         ``UPDATE ... RETURNING``, so two servers never take the same notice."""
+        conn = work.connection()
         pending = outbox.c.state == "pending"
         conn.execute(
             update(outbox).where(pending, outbox.c.owner == owner).values(lease_until=lease_until)
@@ -151,15 +154,17 @@ class OutboxStore:
         rows = [cast(ClaimedNotice, {**row, "alert": json.loads(row["alert"])}) for row in taken]
         return sorted(rows, key=lambda row: (row["created_at"], row["id"]))
 
-    def release_notices(self, conn: Connection, owner: str) -> None:
+    def release_notices(self, work: UnitOfWork, owner: str) -> None:
         """``owner`` stops: whoever starts next takes its pending notices at once."""
+        conn = work.connection()
         conn.execute(
             update(outbox)
             .where(outbox.c.state == "pending", outbox.c.owner == owner)
             .values(lease_until=0.0)
         )
 
-    def notice_attempted(self, conn: Connection, ids: list[str], error: str) -> None:
+    def notice_attempted(self, work: UnitOfWork, ids: list[str], error: str) -> None:
+        conn = work.connection()
         conn.execute(
             update(outbox)
             .where(outbox.c.id.in_(ids))
@@ -167,9 +172,10 @@ class OutboxStore:
         )
 
     def notices_done(
-        self, conn: Connection, ids: list[str], state: str, when: float, error: str | None = None
+        self, work: UnitOfWork, ids: list[str], state: str, when: float, error: str | None = None
     ) -> None:
         """Mark notices ``delivered`` or ``failed`` (given up)."""
+        conn = work.connection()
         values: dict[str, Any] = {
             "state": state,
             "done_at": when,

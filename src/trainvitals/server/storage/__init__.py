@@ -4,7 +4,9 @@
   migrations: :mod:`trainvitals.server.migrations`);
 - :mod:`~trainvitals.server.storage.runs`: runs, their jobs and events;
 - :mod:`~trainvitals.server.storage.series`: the points of their series;
-- :mod:`~trainvitals.server.storage.alerts`: alerts and silences.
+- :mod:`~trainvitals.server.storage.alerts`: alerts and silences;
+- :mod:`~trainvitals.server.storage.unit_of_work`: the writes of one transaction, and when
+  they are made.
 
 :class:`~trainvitals.server.store.Store` holds them together, with the notify outbox.
 """
@@ -36,6 +38,7 @@ from trainvitals.server.storage.runs import (
 )
 from trainvitals.server.storage.schema import database_url, shown_database
 from trainvitals.server.storage.series import SeriesStore
+from trainvitals.server.storage.unit_of_work import UnitOfWork, transaction
 
 __all__ = [
     "AlertRow",
@@ -57,7 +60,9 @@ __all__ = [
     "RunSummary",
     "SeriesStore",
     "Silence",
+    "UnitOfWork",
     "database_url",
     "run_summary",
     "shown_database",
+    "transaction",
 ]

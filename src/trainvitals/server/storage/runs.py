@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import (
+    TYPE_CHECKING,
     Any,
     NotRequired,  # pydantic reads these on 3.11
     cast,
@@ -52,6 +53,9 @@ from trainvitals.server.run_lifecycle import (
 )
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage.schema import alerts, dialect_insert, events, runs, series
+
+if TYPE_CHECKING:  # only a type here; imported, it closes a cycle (unit_of_work, runs)
+    from trainvitals.server.storage.unit_of_work import UnitOfWork
 
 #: A new run joins the newest job of its project and key while one of that job's runs is
 #: running or stalled, or when the job's newest run started at most this long before it.
@@ -251,7 +255,7 @@ class RunStore:
 
     # -- writes (writer thread) --------------------------------------------------------------
 
-    def open_run(self, conn: Connection, hello: Mapping[str, Any], now: float) -> OpenedRun:
+    def open_run(self, work: UnitOfWork, hello: Mapping[str, Any], now: float) -> OpenedRun:
         """Create the run if new; a reconnecting run keeps its state. Returns the run row,
         with ``created`` telling which of the two it was.
 
@@ -261,6 +265,7 @@ class RunStore:
         it, else nothing changes and ``owned`` is False: no other client can take a run over.
         Nor can a hello move a run to another project (its token may send runs of that one
         only): one naming another project than the run's changes nothing either."""
+        conn = work.connection()
         claimed = hello.get("run_secret")
         stored = conn.execute(
             select(runs.c.secret_hash, runs.c.project).where(runs.c.id == hello["run_id"])
@@ -316,8 +321,9 @@ class RunStore:
         row = conn.execute(select(*_ROW).where(runs.c.id == hello["run_id"])).mappings().one()
         return cast(OpenedRun, {**row, "created": bool(created), "owned": True, "secret": issued})
 
-    def revive(self, conn: Connection, run_id: str, now: float) -> bool:
+    def revive(self, work: UnitOfWork, run_id: str, now: float) -> bool:
         """A run given up as lost is heard again: running, its ending cleared."""
+        conn = work.connection()
         return bool(
             conn.execute(
                 update(runs)
@@ -326,13 +332,15 @@ class RunStore:
             ).rowcount
         )
 
-    def touch(self, conn: Connection, run_id: str, now: float) -> None:
+    def touch(self, work: UnitOfWork, run_id: str, now: float) -> None:
         """The run is alive (a heartbeat)."""
+        conn = work.connection()
         conn.execute(update(runs).where(runs.c.id == run_id).values(last_seen=now))
 
-    def mark_lost(self, conn: Connection, run_id: str, now: float) -> RunSummary | None:
+    def mark_lost(self, work: UnitOfWork, run_id: str, now: float) -> RunSummary | None:
         """Give up on a running run that went silent; returns its summary, or None when it
         is not running any more."""
+        conn = work.connection()
         changed = conn.execute(
             update(runs)
             .where(runs.c.id == run_id, runs.c.status.in_(_values(moves(Silent()))))
@@ -348,8 +356,9 @@ class RunStore:
         return run_summary(dict(row))
 
     def mark_stalled(
-        self, conn: Connection, run_id: str, seq: int, when: float, report: str
+        self, work: UnitOfWork, run_id: str, seq: int, when: float, report: str
     ) -> None:
+        conn = work.connection()
         conn.execute(
             update(runs)
             .where(runs.c.id == run_id, runs.c.last_seq < seq)
@@ -362,7 +371,8 @@ class RunStore:
             )
         )
 
-    def end_run(self, conn: Connection, run_id: str, seq: int, end: RunEnd) -> None:
+    def end_run(self, work: UnitOfWork, run_id: str, seq: int, end: RunEnd) -> None:
+        conn = work.connection()
         event = End(end.reason)
         new = runs.c.last_seq < seq
         # The ending is written only where the lifecycle lets the run end: a finished or
@@ -388,7 +398,7 @@ class RunStore:
 
     def add_event(
         self,
-        conn: Connection,
+        work: UnitOfWork,
         run_id: str,
         seq: int,
         kind: str,
@@ -396,6 +406,7 @@ class RunStore:
         when: float,
         data: Mapping[str, Any],
     ) -> None:
+        conn = work.connection()
         conn.execute(
             self._insert_event.values(
                 run_id=run_id, seq=seq, kind=kind, step=step, time=when, data=json.dumps(data)
@@ -488,11 +499,12 @@ class RunStore:
         return RunPage(runs=page, total=int(total or 0))
 
     def edit_run(
-        self, conn: Connection, run_id: str, edit: RunEdit, now: float
+        self, work: UnitOfWork, run_id: str, edit: RunEdit, now: float
     ) -> RunSummary | None:
         """Rename, tag, note or archive a run; its alerts follow a new name. A run archived
         now is ``archived_at`` now (archiving it again keeps the first time; bringing it back
         clears it). Returns the run's summary, or None when there is no such run."""
+        conn = work.connection()
         values: dict[str, Any] = dict(edit)
         if "tags" in edit:
             values["tags"] = json.dumps(edit["tags"])
