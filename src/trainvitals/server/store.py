@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from sqlalchemy import delete, select
 
 from trainvitals.server.migrations import upgrade
-from trainvitals.server.notify.store import OutboxStore, outbox
+from trainvitals.server.notify.store import OutboxStore
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage.alerts import AlertStore
-from trainvitals.server.storage.leases import RUN, LeaseStore, leases
+from trainvitals.server.storage.leases import RUN, LeaseStore
 from trainvitals.server.storage.runs import RunStore, archived_past, lock_run
 from trainvitals.server.storage.schema import (
     alerts,
@@ -33,6 +33,8 @@ from trainvitals.server.storage.schema import (
     connect,
     database_url,
     events,
+    leases,
+    outbox,
     runs,
     series,
     silences,

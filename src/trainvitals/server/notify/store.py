@@ -1,9 +1,5 @@
-"""The notify outbox's table and queries, used by :mod:`~trainvitals.server.notify.outbox`.
-
-The table is one of the database's (:data:`trainvitals.server.storage.schema.metadata`), so
-:meth:`Store.create_schema <trainvitals.server.store.Store.create_schema>` makes it with
-the others.
-"""
+"""The notify outbox's queries, used by :mod:`~trainvitals.server.notify.outbox` (its table,
+``outbox``, is in :mod:`~trainvitals.server.storage.schema` with the others)."""
 
 from __future__ import annotations
 
@@ -12,14 +8,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from sqlalchemy import (
-    Column,
     Engine,
-    Float,
-    Index,
-    Integer,
-    String,
-    Table,
-    Text,
     func,
     select,
     true,
@@ -29,30 +18,8 @@ from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.detect.types import jsonable
 from trainvitals.server.notify.messages import Notice, NoticeChange
-from trainvitals.server.storage.schema import alerts, metadata
+from trainvitals.server.storage.schema import alerts, outbox
 from trainvitals.server.storage.unit_of_work import UnitOfWork
-
-#: Alert changes waiting for, or done with, a notification channel (the notify outbox).
-#: Rows are written in the alert's own transaction; ``owner`` is the server process that
-#: delivers a pending row, for as long as its ``lease_until`` is renewed.
-outbox = Table(
-    "outbox",
-    metadata,
-    Column("id", String(64), primary_key=True),
-    Column("channel", String(100), nullable=False),
-    Column("alert_id", String(64), nullable=False),
-    Column("change", String(16), nullable=False),
-    Column("alert", Text, nullable=False),
-    Column("created_at", Float, nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("attempts", Integer, nullable=False, default=0),
-    Column("last_error", Text),
-    Column("done_at", Float),
-    Column("owner", String(64), nullable=False),
-    Column("lease_until", Float, nullable=False),
-    Index("ix_outbox_state_lease", "state", "lease_until"),
-    Index("ix_outbox_alert_channel", "alert_id", "channel"),
-)
 
 
 class NoticeRow(TypedDict):

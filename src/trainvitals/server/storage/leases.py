@@ -9,18 +9,10 @@ work the same on SQLite, where the one process always holds them.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Engine, Float, String, Table, delete, select, update
+from sqlalchemy import Engine, delete, select, update
 
-from trainvitals.server.storage.schema import dialect_insert, metadata
+from trainvitals.server.storage.schema import dialect_insert, leases
 from trainvitals.server.storage.unit_of_work import UnitOfWork
-
-leases = Table(
-    "leases",
-    metadata,
-    Column("name", String(100), primary_key=True),
-    Column("owner", String(64), nullable=False),
-    Column("expires", Float, nullable=False),
-)
 
 #: The prefix of the lease on a run's detector: ``run:<id>``.
 RUN = "run:"
