@@ -49,8 +49,8 @@ from trainvitals.protocol import ArrayColumns, Columns
 from trainvitals.server.compactor import Compactor
 from trainvitals.server.live import Hub
 from trainvitals.server.settings import Retention
-from trainvitals.server.storage import UnitOfWork
-from trainvitals.server.storage.runs import DAY, RunEnd
+from trainvitals.server.storage import RunEnd, UnitOfWork
+from trainvitals.server.storage.run_queries import DAY
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 

@@ -20,7 +20,7 @@ from trainvitals.server.compactor import Compactor
 from trainvitals.server.leases import RETENTION, RUN, Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.settings import Retention, Settings
-from trainvitals.server.storage.runs import RunEnd
+from trainvitals.server.storage import RunEnd
 from trainvitals.server.storage.schema import chunks, events, leases, runs
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer

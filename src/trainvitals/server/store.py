@@ -25,7 +25,8 @@ from trainvitals.server.notify.store import OutboxStore
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage.alerts import AlertStore
 from trainvitals.server.storage.leases import RUN, LeaseStore
-from trainvitals.server.storage.runs import RunStore, archived_past, lock_run
+from trainvitals.server.storage.run_queries import archived_past
+from trainvitals.server.storage.runs import RunStore, lock_run
 from trainvitals.server.storage.schema import (
     alerts,
     chunks,

@@ -62,7 +62,7 @@ def test_a_database_from_before_the_codec_is_migrated_reads_and_compacts(db_url:
 
     from trainvitals.protocol import Columns
     from trainvitals.server.migrations import alembic_config, head_revision
-    from trainvitals.server.storage.runs import RunEnd
+    from trainvitals.server.storage import RunEnd
 
     old = Store(db_url)
     try:

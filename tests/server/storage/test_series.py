@@ -16,8 +16,8 @@ from sqlalchemy import delete, select
 from tests.server.storage.rows import hello
 from trainvitals.exceptions import StorageError
 from trainvitals.protocol import ArrayColumns, Columns
+from trainvitals.server.storage import RunEnd
 from trainvitals.server.storage.codec import CURRENT
-from trainvitals.server.storage.runs import RunEnd
 from trainvitals.server.storage.schema import chunks, clocks
 from trainvitals.server.storage.series import Due
 from trainvitals.server.store import Store

@@ -2,7 +2,10 @@
 
 - :mod:`~trainvitals.server.storage.schema`: the tables, the database URL and engine (their
   migrations: :mod:`trainvitals.server.migrations`);
-- :mod:`~trainvitals.server.storage.runs`: runs, their jobs and events;
+- :mod:`~trainvitals.server.storage.runs`: runs, their jobs and events (what they are read
+  as: :mod:`~trainvitals.server.storage.run_rows`; which runs a query reads:
+  :mod:`~trainvitals.server.storage.run_queries`; their status changes:
+  :mod:`~trainvitals.server.storage.run_moves`);
 - :mod:`~trainvitals.server.storage.series`: the points of their series;
 - :mod:`~trainvitals.server.storage.alerts`: alerts and silences;
 - :mod:`~trainvitals.server.storage.unit_of_work`: the writes of one transaction, and when
@@ -20,7 +23,8 @@ from trainvitals.server.storage.alerts import (
     RunHealth,
     Silence,
 )
-from trainvitals.server.storage.runs import (
+from trainvitals.server.storage.run_queries import RunFilter
+from trainvitals.server.storage.run_rows import (
     Job,
     JobMember,
     ListedRun,
@@ -30,12 +34,11 @@ from trainvitals.server.storage.runs import (
     RunEdit,
     RunEnd,
     RunEvent,
-    RunFilter,
     RunRow,
-    RunStore,
     RunSummary,
     run_summary,
 )
+from trainvitals.server.storage.runs import RunStore
 from trainvitals.server.storage.schema import database_url, shown_database
 from trainvitals.server.storage.series import SeriesStore
 from trainvitals.server.storage.unit_of_work import UnitOfWork, transaction

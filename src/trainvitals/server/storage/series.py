@@ -32,7 +32,8 @@ from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.run_lifecycle import ALIVE
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage import codec
-from trainvitals.server.storage.runs import lock_run, past_days
+from trainvitals.server.storage.run_queries import past_days
+from trainvitals.server.storage.runs import lock_run
 from trainvitals.server.storage.schema import chunks, clocks, runs, series
 from trainvitals.server.storage.summary import Summary, last_point, summary_at
 from trainvitals.server.storage.unit_of_work import HeldChunk, UnitOfWork

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Connection
 
-from trainvitals.server.storage.runs import FrameProgress, merge_progress, write_progress
+from trainvitals.server.storage.run_moves import FrameProgress, merge_progress, write_progress
 from trainvitals.server.storage.summary import Summary, SummaryColumns
 
 
