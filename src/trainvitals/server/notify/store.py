@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 from sqlalchemy import (
     Engine,
@@ -14,10 +14,12 @@ from sqlalchemy import (
     true,
     update,
 )
+from sqlalchemy.sql.elements import ColumnElement
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.detect.types import jsonable
 from trainvitals.server.notify.messages import Notice, NoticeChange
+from trainvitals.server.storage.alerts import AlertRow
 from trainvitals.server.storage.schema import alerts, outbox
 from trainvitals.server.storage.unit_of_work import UnitOfWork
 
@@ -41,7 +43,7 @@ class NoticeRow(TypedDict):
 class ClaimedNotice(NoticeRow):
     """A pending notice taken over for delivery, with its alert."""
 
-    alert: dict[str, Any]
+    alert: AlertRow
 
 
 class ChannelSummary(TypedDict):
@@ -143,7 +145,7 @@ class OutboxStore:
     ) -> None:
         """Mark notices ``delivered`` or ``failed`` (given up)."""
         conn = work.connection()
-        values: dict[str, Any] = {
+        values: dict[str, str | float | ColumnElement[int]] = {
             "state": state,
             "done_at": when,
             "attempts": outbox.c.attempts + 1,

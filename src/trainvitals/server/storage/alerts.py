@@ -7,6 +7,7 @@ from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Connection, Engine, RowMapping, case, func, select, update
+from sqlalchemy.sql.elements import ColumnElement
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.detect.types import SEVERITIES, Severity, worse
@@ -92,7 +93,9 @@ class AlertStore:
         row = {f: alert[f] for f in ALERT_FIELDS}
         row["evidence"] = json.dumps(alert["evidence"], allow_nan=False)
         statement = dialect_insert(self._engine, alerts).values(**row)
-        changed: dict[str, Any] = {f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"}
+        changed: dict[str, ColumnElement[Any]] = {
+            f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"
+        }
         # People act on alerts through any replica; the one that judges the run may not know
         # yet: what they did is kept, unless the alert fired again since (the later silence
         # wins).

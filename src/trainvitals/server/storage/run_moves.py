@@ -80,12 +80,17 @@ def write_progress(conn: Connection, progress: Mapping[str, FrameProgress]) -> N
 
 
 @functools.lru_cache(maxsize=8)  # by the engine's dialect: one or two in a server
-def _progress(dialect: Dialect, stepped: bool) -> tuple[str, dict[str, Any], list[str] | None]:
+def _progress(
+    dialect: Dialect, stepped: bool
+) -> tuple[str, dict[str, str | int], list[str] | None]:
     """:func:`write_progress`'s statement as the driver takes it, compiled once: its SQL, the
     values of its constant parameters (the statuses :func:`moved_status` compares with), and the
     order of the parameters where they are positional (None: by name)."""
     seq = bindparam("seq", type_=BigInteger)
-    changes: dict[str, Any] = {"last_seq": seq, "last_seen": bindparam("now", type_=Float)}
+    changes: dict[str, ColumnElement[Any]] = {
+        "last_seq": seq,
+        "last_seen": bindparam("now", type_=Float),
+    }
     if stepped:
         # Only a step beyond the stored last one is progress (see trainvitals.server.run_lifecycle):
         # the per-second samples filed under the latest step do not end a stall.

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, and_, case, func, select, true, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from trainvitals.protocol import EndReason, RunStatus
 from trainvitals.server.run_lifecycle import ALIVE, End, Hello, Silent, Stall, moves
@@ -319,10 +320,15 @@ class RunStore:
         now is ``archived_at`` now (archiving it again keeps the first time; bringing it back
         clears it). Returns the run's summary, or None when there is no such run."""
         conn = work.connection()
-        values: dict[str, Any] = dict(edit)
+        values: dict[str, str | bool | ColumnElement[Any] | None] = {}
+        if "name" in edit:
+            values["name"] = edit["name"]
+        if "notes" in edit:
+            values["notes"] = edit["notes"]
         if "tags" in edit:
             values["tags"] = json.dumps(edit["tags"])
         if "archived" in edit:
+            values["archived"] = edit["archived"]
             already = runs.c.archived == true()
             since = case((already, func.coalesce(runs.c.archived_at, now)), else_=now)
             values["archived_at"] = since if edit["archived"] else None
