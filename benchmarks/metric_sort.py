@@ -36,17 +36,17 @@ def seed(store: Store, runs: int, series: int) -> None:
     names = ["loss", "val_loss", *(f"grad/norm/dense_{i}/kernel" for i in range(series - 2))]
     steps = list(range(1, 41))
     times = [1.7e9 + s for s in steps]
-    with store.engine.begin() as conn:
+    with store.transaction() as work:
         for r in range(runs):
             hello = {"run_id": f"r{r:06d}", "project": "bench", "name": f"run-{r}",
                      "config": {"lr": 0.001 * (1 + r % 7)}, "host": "h", "pid": 1,
                      "started_at": 1.7e9 + r, "env": {}}  # fmt: skip
-            store.runs.open_run(conn, hello, now=1.7e9 + r)
+            store.runs.open_run(work, hello, now=1.7e9 + r)
             points = {
                 name: Columns(steps, times, [1.0 / (s + r % 97 + k) for s in steps])
                 for k, name in enumerate(names)
             }
-            store.series.add_points(conn, f"r{r:06d}", 1, points, now=1.7e9 + r)
+            store.series.add_points(work, f"r{r:06d}", 1, points, now=1.7e9 + r)
 
 
 def timed(store: Store, which: RunFilter, metrics: tuple[str, ...]) -> float:

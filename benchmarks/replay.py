@@ -37,8 +37,8 @@ STEP_SECONDS = 0.0022
 
 def store_run(store: Store, frames: int, per_frame: int) -> None:
     rng = np.random.default_rng(0)
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello("fast"), now=1.8e9)
+    with store.transaction() as work:
+        store.runs.open_run(work, hello("fast"), now=1.8e9)
         for seq in range(1, frames + 1):
             steps = list(range((seq - 1) * per_frame + 1, seq * per_frame + 1))
             times = [1.8e9 + step * STEP_SECONDS for step in steps]
@@ -52,7 +52,7 @@ def store_run(store: Store, frames: int, per_frame: int) -> None:
                 series[name] = Columns(every, times[::10], (1 + rng.random(len(every))).tolist())
             series["host/rss"] = Columns([steps[-1]], [times[-1]], [2e9 + seq * 1e5])
             series["host/limit"] = Columns([steps[-1]], [times[-1]], [16e9])
-            store.series.add_points(conn, "fast", seq, series, now=times[-1])
+            store.series.add_points(work, "fast", seq, series, now=times[-1])
 
 
 def replay(store: Store, points: int | None) -> tuple[float, int]:

@@ -40,7 +40,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import Connection, text
+from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -49,7 +49,8 @@ from trainvitals.protocol import ArrayColumns, Columns
 from trainvitals.server.compactor import Compactor
 from trainvitals.server.live import Hub
 from trainvitals.server.settings import Retention
-from trainvitals.server.storage.runs import DAY, RunEnd
+from trainvitals.server.storage import RunEnd, UnitOfWork
+from trainvitals.server.storage.run_queries import DAY
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
@@ -92,12 +93,12 @@ def make_run(rng: np.random.Generator, run_id: str, project: str, start: float,
     return arrival
 
 
-def write_run(store: Store, conn: Connection, arrival: Arrival, steps: int) -> None:
+def write_run(store: Store, work: UnitOfWork, arrival: Arrival, steps: int) -> None:
     """The run's hello, frames and end, as the ingest session hands them to storage."""
     hello = {"run_id": arrival.run_id, "project": arrival.project, "name": arrival.run_id,
              "config": {"lr": 3e-4}, "host": "node-1", "pid": 1, "started_at": arrival.start,
              "env": {}}  # fmt: skip
-    store.runs.open_run(conn, hello, now=arrival.start)
+    store.runs.open_run(work, hello, now=arrival.start)
     seq = 0
     for first in range(0, steps, FRAME_STEPS):
         seq += 1
@@ -105,9 +106,9 @@ def write_run(store: Store, conn: Connection, arrival: Arrival, steps: int) -> N
         frame = {name: Columns(c.steps[part], c.times[part], c.values[part])
                  for name, c in arrival.series.items()}  # fmt: skip
         now = float(frame["loss"].times[-1])
-        store.series.add_points(conn, arrival.run_id, seq, frame, now=now)
+        store.series.add_points(work, arrival.run_id, seq, frame, now=now)
     ended = float(arrival.series["loss"].times[-1])
-    store.runs.end_run(conn, arrival.run_id, seq + 1, RunEnd("completed", ended, None))
+    store.runs.end_run(work, arrival.run_id, seq + 1, RunEnd("completed", ended, None))
 
 
 class Database:

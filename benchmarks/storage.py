@@ -216,15 +216,15 @@ def read_timing(url: str, name: str) -> None:
     store = Store(url)
     store.create_schema()
     rng = np.random.default_rng(3)
-    with store.engine.begin() as conn:
+    with store.transaction() as work:
         hello = {"run_id": "m", "project": "p", "name": "m", "config": {}, "host": "h",
                  "pid": 1, "started_at": 1.0, "env": {}}  # fmt: skip
-        store.runs.open_run(conn, hello, 1.0)
+        store.runs.open_run(work, hello, 1.0)
         for seq in range(1, 5001):
             steps = np.arange((seq - 1) * 200, seq * 200)
             values = rng.normal(1, 0.1, 200).astype(np.float32).astype(np.float64)
             columns = Columns(steps, 1.7e9 + steps * 0.01, values)
-            store.series.add_points(conn, "m", seq, {"loss": columns}, 1.0)
+            store.series.add_points(work, "m", seq, {"loss": columns}, 1.0)
 
     def median_read() -> float:
         took = []

@@ -30,6 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainvitals.server.storage import series as series_module
+from trainvitals.server.storage import unit_of_work
 from trainvitals.server.storage.summary import Summary
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer, _Item, _settle
@@ -45,8 +46,8 @@ class PooledWriter(Writer):
     """The writer as it was: a pool checkout per transaction."""
 
     def _apply(self, batch: list[_Item], retry: bool = True) -> None:
-        with self._store.engine.begin() as conn:
-            results = [operation(conn) for operation, _, _ in batch]
+        with self._store.transaction() as work:
+            results = [operation(work) for operation, _, _ in batch]
         for (_, future, loop), result in zip(batch, results, strict=True):
             _settle(loop, [(future, result, None)])
 
@@ -59,13 +60,13 @@ class UnsummarisedWriter(Writer):
         def highest(values: Any, top: int, at: int) -> Summary:
             return Summary(top, 0.0, None, None)
 
-        kept = series_module.summary_at, series_module._summary_rows
+        kept = series_module.summary_at, unit_of_work._summary_rows
         series_module.summary_at = highest  # type: ignore[assignment]
-        series_module._summary_rows = lambda _: []  # type: ignore[assignment]
+        unit_of_work._summary_rows = lambda _: []  # type: ignore[assignment]
         try:
             super()._apply(batch, retry)
         finally:
-            series_module.summary_at, series_module._summary_rows = kept
+            series_module.summary_at, unit_of_work._summary_rows = kept
 
 
 def frame(first: int, steps: int = 40, rng: random.Random | None = None) -> dict[str, Any]:

@@ -30,7 +30,7 @@ def seed_runs(
     store.create_schema()
     ids = [f"seed{i:06d}" for i in range(count)]
     try:
-        with store.engine.begin() as conn:
+        with store.transaction() as work:
             for i, run_id in enumerate(ids):
                 at = started_at + i
                 hello = {
@@ -43,7 +43,7 @@ def seed_runs(
                     "started_at": at,
                     "env": {},
                 }
-                store.runs.open_run(conn, {**hello, "run_secret": run_id}, now=at)
+                store.runs.open_run(work, {**hello, "run_secret": run_id}, now=at)
                 if steps:
                     points = range(1, steps + 1)
                     times = [at + s for s in points]
@@ -51,9 +51,9 @@ def seed_runs(
                     columns = {"loss": Columns(list(points), times, losses)}
                     for k, name in enumerate(also):
                         columns[name] = Columns(list(points), times, [(k + 2) * v for v in losses])
-                    store.series.add_points(conn, run_id, 1, columns, now=at + steps)
+                    store.series.add_points(work, run_id, 1, columns, now=at + steps)
                 reason = ENDINGS[i % len(ENDINGS)]
-                store.runs.end_run(conn, run_id, 2, RunEnd(reason, at + steps + 1, None))
+                store.runs.end_run(work, run_id, 2, RunEnd(reason, at + steps + 1, None))
     finally:
         store.dispose()
     return ids

@@ -202,7 +202,7 @@ def test_the_clients_alert_tokens_and_sorts_are_the_servers() -> None:
     from trainvitals.server.answers import NewTokenAnswer, TokenAnswer
     from trainvitals.server.storage import AlertRow
     from trainvitals.server.storage import MetricSummary as ServerSummary
-    from trainvitals.server.storage.runs import SORTS
+    from trainvitals.server.storage.run_queries import SORTS
 
     assert list(Alert.__annotations__) == list(AlertRow.__annotations__)
     assert list(Token.__annotations__) == list(TokenAnswer.__annotations__)

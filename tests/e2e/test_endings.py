@@ -382,9 +382,9 @@ def test_liveness_is_rebuilt_from_storage(tmp_path: Path) -> None:
         "heartbeat_lost",
         100.0,
     )
-    with store.engine.begin() as conn:  # the agent reconnects: alive after all
+    with store.transaction() as work:  # the agent reconnects: alive after all
         again = {**hello, "run_secret": secrets[0]}
-        assert store.runs.open_run(conn, again, now=140.0)["status"] == "running"
+        assert store.runs.open_run(work, again, now=140.0)["status"] == "running"
     assert store.runs.get_run("r1")["end_reason"] is None  # type: ignore[index]
     store.dispose()
 

@@ -131,7 +131,8 @@ def test_revoked_tokens_are_listed_a_page_at_a_time_after_the_live_ones(
     the count line says how many were tried after their revocation. The API pages alike."""
     from sqlalchemy import update
 
-    from trainvitals.server.storage.tokens import token_id_of, tokens
+    from trainvitals.server.storage.schema import tokens
+    from trainvitals.server.storage.tokens import token_id_of
     from trainvitals.server.store import Store
 
     db = str(tmp_path / "team.db")

@@ -20,9 +20,8 @@ from trainvitals.server.compactor import Compactor
 from trainvitals.server.leases import RETENTION, RUN, Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.settings import Retention, Settings
-from trainvitals.server.storage.leases import leases
-from trainvitals.server.storage.runs import RunEnd
-from trainvitals.server.storage.schema import chunks, events, runs
+from trainvitals.server.storage import RunEnd
+from trainvitals.server.storage.schema import chunks, events, leases, runs
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
@@ -41,14 +40,14 @@ def ended_run(store: Store, run_id: str, project: str, points: int = 20_000) -> 
     values = np.sin(np.arange(points) / 500.0)
     values[7_000] = 40.0  # a one-step spike
     values[12_345] = math.nan
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, {**hello(run_id), "project": project}, now=1.0)
+    with store.transaction() as work:
+        store.runs.open_run(work, {**hello(run_id), "project": project}, now=1.0)
         for seq, start in enumerate(range(0, points, 100), start=1):
             part = slice(start, start + 100)
             steps = np.arange(points)[part]
             columns = Columns(steps, ENDED - points + steps * 1.0, values[part])
-            store.series.add_points(conn, run_id, seq, {"loss": columns}, now=2.0)
-        store.runs.end_run(conn, run_id, points // 100 + 1, RunEnd("completed", ENDED, None))
+            store.series.add_points(work, run_id, seq, {"loss": columns}, now=2.0)
+        store.runs.end_run(work, run_id, points // 100 + 1, RunEnd("completed", ENDED, None))
     return values
 
 
@@ -83,8 +82,8 @@ def test_runs_are_thinned_after_their_projects_days_keeping_spikes(
 
 def test_a_live_run_and_a_project_kept_forever_are_never_thinned(store: Store) -> None:
     ended_run(store, "golden", "golden")
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello("live"), now=1.0)
+    with store.transaction() as work:
+        store.runs.open_run(work, hello("live"), now=1.0)
     policy = Retention.parse("1,golden=0")
     assert store.series.runs_to_thin(ENDED + 400 * DAY, policy) == []
     assert store.series.runs_to_thin(ENDED + 400 * DAY, Retention()) == []
@@ -102,15 +101,15 @@ def test_the_retention_setting_is_read_and_a_bad_one_named() -> None:
 def archived_run(store: Store, run_id: str, project: str, archived: float | None) -> None:
     """An ended run with a point, an alert, an event and its detector's lease, archived at
     ``archived`` (None: never)."""
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, {**hello(run_id), "project": project}, now=1.0)
-        store.series.add_points(conn, run_id, 1, {"loss": Columns([1], [1.0], [0.5])}, now=2.0)
-        store.alerts.save_alert(conn, {**alert_row(f"a-{run_id}", run_id), "project": project})
-        store.runs.add_event(conn, run_id, 2, "nonfinite", 1, 2.0, {"loss": 1})
-        store.leases.take(conn, RUN + run_id, "someone", until=9e9)
-        store.runs.end_run(conn, run_id, 3, RunEnd("completed", 3.0, None))
+    with store.transaction() as work:
+        store.runs.open_run(work, {**hello(run_id), "project": project}, now=1.0)
+        store.series.add_points(work, run_id, 1, {"loss": Columns([1], [1.0], [0.5])}, now=2.0)
+        store.alerts.save_alert(work, {**alert_row(f"a-{run_id}", run_id), "project": project})
+        store.runs.add_event(work, run_id, 2, "nonfinite", 1, 2.0, {"loss": 1})
+        store.leases.take(work, RUN + run_id, "someone", until=9e9)
+        store.runs.end_run(work, run_id, 3, RunEnd("completed", 3.0, None))
         if archived is not None:
-            store.runs.edit_run(conn, run_id, {"archived": True}, now=archived)
+            store.runs.edit_run(work, run_id, {"archived": True}, now=archived)
 
 
 def left_of(store: Store) -> dict[str, int]:
@@ -133,12 +132,12 @@ def test_archived_runs_are_deleted_after_their_projects_days_by_one_replica(
     archived_run(store, "golden", "golden", archived=ENDED)  # 0: never
     archived_run(store, "elsewhere", "other", archived=ENDED)  # no policy for its project
     archived_run(store, "listed", "p", archived=None)
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, {**hello("live"), "project": "p"}, now=1.0)
-        store.runs.edit_run(conn, "live", {"archived": True}, now=ENDED)  # running: kept
-        store.runs.edit_run(conn, "back", {"archived": False}, now=ENDED + DAY)
+    with store.transaction() as work:
+        store.runs.open_run(work, {**hello("live"), "project": "p"}, now=1.0)
+        store.runs.edit_run(work, "live", {"archived": True}, now=ENDED)  # running: kept
+        store.runs.edit_run(work, "back", {"archived": False}, now=ENDED + DAY)
         # Archiving it again keeps the first time.
-        store.runs.edit_run(conn, "old", {"archived": True}, now=ENDED + 10.5 * DAY)
+        store.runs.edit_run(work, "old", {"archived": True}, now=ENDED + 10.5 * DAY)
     before = left_of(store)
     policy = Retention.parse("p=10,golden=0")
     now = [ENDED + 11 * DAY]
@@ -185,12 +184,12 @@ def test_an_archived_run_brought_back_before_its_deletion_is_kept(store: Store) 
     archived_run(store, "r", "p", archived=ENDED)
     policy = Retention.parse("1")
     assert store.runs.archived_to_delete(ENDED + 2 * DAY, policy) == ["r"]
-    with store.engine.begin() as conn:  # unarchived between the listing and the deletion
-        store.runs.edit_run(conn, "r", {"archived": False}, now=ENDED + DAY)
-        assert store.delete_archived(conn, "r", ENDED + 2 * DAY, policy) is None
-        store.runs.edit_run(conn, "r", {"archived": True}, now=ENDED + 1.5 * DAY)
-        assert store.delete_archived(conn, "r", ENDED + 2 * DAY, policy) is None
-        assert store.delete_archived(conn, "r", ENDED + 2.6 * DAY, policy) == "p"
+    with store.transaction() as work:  # unarchived between the listing and the deletion
+        store.runs.edit_run(work, "r", {"archived": False}, now=ENDED + DAY)
+        assert store.delete_archived(work, "r", ENDED + 2 * DAY, policy) is None
+        store.runs.edit_run(work, "r", {"archived": True}, now=ENDED + 1.5 * DAY)
+        assert store.delete_archived(work, "r", ENDED + 2 * DAY, policy) is None
+        assert store.delete_archived(work, "r", ENDED + 2.6 * DAY, policy) == "p"
     assert store.runs.get_run("r") is None
 
 

@@ -6,12 +6,10 @@ import asyncio
 from functools import partial
 from pathlib import Path
 
-from sqlalchemy import Connection
-
 from tests.server.storage.rows import hello
 from trainvitals.server.live import Hub
 from trainvitals.server.liveness import Liveness
-from trainvitals.server.storage import RunSummary
+from trainvitals.server.storage import RunSummary, UnitOfWork
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer
 
@@ -56,10 +54,10 @@ def test_runs_lost_together_are_given_up_together_and_a_failed_write_is_tried_ag
     mark_lost = store.runs.mark_lost
     disk_full = {"r7"}
 
-    def marking(conn: Connection, run_id: str, now: float) -> RunSummary | None:
+    def marking(work: UnitOfWork, run_id: str, now: float) -> RunSummary | None:
         if run_id in disk_full:
             raise OSError("the disk is full")
-        return mark_lost(conn, run_id=run_id, now=now)
+        return mark_lost(work, run_id=run_id, now=now)
 
     store.runs.mark_lost = marking  # type: ignore[method-assign]
 

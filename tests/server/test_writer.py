@@ -9,12 +9,13 @@ from functools import partial
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, create_engine, text
+from sqlalchemy import create_engine, text
 
 from harness.processes import POSTGRES_ADMIN_URL, wait_for
 from harness.services import private_postgres
 from trainvitals.exceptions import StorageUnavailable, WriterClosed
 from trainvitals.protocol import Columns
+from trainvitals.server.storage import UnitOfWork
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer, WriterState
 
@@ -31,12 +32,12 @@ def writer(store: Store) -> Iterator[Writer]:
     writer.close()
 
 
-def backend_pid(conn: Connection) -> int:
-    return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+def backend_pid(work: UnitOfWork) -> int:
+    return int(work.connection().execute(text("SELECT pg_backend_pid()")).scalar_one())
 
 
-def synchronous_commit(conn: Connection) -> str:
-    return str(conn.execute(text("SHOW synchronous_commit")).scalar_one())
+def synchronous_commit(work: UnitOfWork) -> str:
+    return str(work.connection().execute(text("SHOW synchronous_commit")).scalar_one())
 
 
 def test_writes_share_one_connection_and_survive_its_loss(postgres_url: str) -> None:
@@ -81,8 +82,8 @@ def test_a_rolled_back_frame_stores_its_series_when_it_is_replayed(
         "grad/global_norm": Columns([1], [1.0], [3.0]),
     }
 
-    def fails_after_storing(conn: Connection) -> Any:
-        store.series.add_points(conn, "r1", 1, points, now=2.0)
+    def fails_after_storing(work: UnitOfWork) -> Any:
+        store.series.add_points(work, "r1", 1, points, now=2.0)
         raise RuntimeError("the disk is full")
 
     async def scenario() -> None:

@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection
-
 from trainvitals.detect import Alert, AlertBook, Change, Detector, Finding, RulesConfig
 from trainvitals.detect.memory import PROCESS_RULES, ProcessMemory
 from trainvitals.detect.numeric import cause_said
@@ -47,6 +45,7 @@ from trainvitals.server.metrics import RunVitals
 from trainvitals.server.notify import Notifier
 from trainvitals.server.notify.messages import Notice
 from trainvitals.server.storage import AlertRow, Silence
+from trainvitals.server.storage.unit_of_work import UnitOfWork
 from trainvitals.server.store import Store
 from trainvitals.server.writer import Writer, log_failure
 
@@ -458,9 +457,9 @@ def _save_all(
     store: Store,
     changes: list[tuple[Change, Alert]],
     notifier: Notifier | None,
-    conn: Connection,
+    work: UnitOfWork,
 ) -> list[Notice]:
     """Store alert changes, and their notifications in the same transaction (the outbox)."""
     for _, alert in changes:
-        store.alerts.save_alert(conn, alert.as_dict())
-    return notifier.enqueue(conn, changes) if notifier is not None else []
+        store.alerts.save_alert(work, alert.as_dict())
+    return notifier.enqueue(work, changes) if notifier is not None else []

@@ -7,21 +7,26 @@
 - ``store.tokens``: access tokens and browser sessions (:mod:`~trainvitals.server.storage.tokens`);
 - ``store.leases``: which replica does what (:mod:`~trainvitals.server.storage.leases`).
 
-Every method is synchronous. Those that take a ``conn`` write, in the transaction the
-:class:`~trainvitals.server.writer.Writer` thread gives them; the others read, on a
-connection of their own (in FastAPI's thread pool).
+Every method is synchronous. Those that take a ``work`` write, in the unit of work
+(:mod:`~trainvitals.server.storage.unit_of_work`) of the transaction the
+:class:`~trainvitals.server.writer.Writer` thread gives them, or :meth:`Store.transaction`;
+the others read, on a connection of their own (in FastAPI's thread pool).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, delete, select
+import contextlib
+from collections.abc import Iterator
+
+from sqlalchemy import delete, select
 
 from trainvitals.server.migrations import upgrade
-from trainvitals.server.notify.store import OutboxStore, outbox
+from trainvitals.server.notify.store import OutboxStore
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage.alerts import AlertStore
-from trainvitals.server.storage.leases import RUN, LeaseStore, leases
-from trainvitals.server.storage.runs import RunStore, archived_past, lock_run
+from trainvitals.server.storage.leases import RUN, LeaseStore
+from trainvitals.server.storage.run_queries import archived_past
+from trainvitals.server.storage.runs import RunStore, lock_run
 from trainvitals.server.storage.schema import (
     alerts,
     chunks,
@@ -29,12 +34,15 @@ from trainvitals.server.storage.schema import (
     connect,
     database_url,
     events,
+    leases,
+    outbox,
     runs,
     series,
     silences,
 )
 from trainvitals.server.storage.series import SeriesStore
 from trainvitals.server.storage.tokens import TokenStore
+from trainvitals.server.storage.unit_of_work import UnitOfWork, transaction
 
 
 class Store:
@@ -64,24 +72,26 @@ class Store:
         migrations, as ``trainvitals db upgrade``); returns the revision it is at."""
         return upgrade(self.engine)
 
-    def delete_run(self, conn: Connection, run_id: str) -> bool:
+    def delete_run(self, work: UnitOfWork, run_id: str) -> bool:
         """Delete a run and everything of it: its points, events, alerts, silences, notices
         and its detector's lease. Returns whether there was such a run."""
+        conn = work.connection()
         lock_run(conn, run_id)  # no compactor's block or clock written after, to outlive it
         alert_ids = select(alerts.c.id).where(alerts.c.run_id == run_id)
         conn.execute(delete(outbox).where(outbox.c.alert_id.in_(alert_ids)))
         for table in (alerts, silences, chunks, clocks, series, events):
             conn.execute(delete(table).where(table.c.run_id == run_id))
         conn.execute(delete(leases).where(leases.c.name == RUN + run_id))
-        self.series.discard(conn, run_id)  # its frames in this transaction are not stored
+        work.forget_run(run_id)  # its frames in this transaction are not stored
         return bool(conn.execute(delete(runs).where(runs.c.id == run_id)).rowcount)
 
     def delete_archived(
-        self, conn: Connection, run_id: str, now: float, after_days: Retention
+        self, work: UnitOfWork, run_id: str, now: float, after_days: Retention
     ) -> str | None:
         """Delete the run as :meth:`delete_run` does if it is still archived longer ago than
         its project's days (nobody brought it back meanwhile); returns its project, or None
         when it was kept."""
+        conn = work.connection()
         due = archived_past(now, after_days)
         if due is None:
             return None
@@ -89,14 +99,25 @@ class Store:
         project = conn.execute(
             select(runs.c.project).where(runs.c.id == run_id, due).with_for_update()
         ).scalar()
-        if project is None or not self.delete_run(conn, run_id):
+        if project is None or not self.delete_run(work, run_id):
             return None
         return str(project)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[UnitOfWork]:
+        """A unit of work in a transaction of its own, flushed and committed when the block
+        ends (rolled back, and what it held dropped, when it raises): writes made outside the
+        :class:`~trainvitals.server.writer.Writer`, by scripts and tests.
+
+        Example:
+            ```python
+            with store.transaction() as work:
+                store.runs.touch(work, "r1", now=time.time())
+            ```
+        """
+        with self.engine.connect() as conn, transaction(conn) as work:
+            yield work
 
     def dispose(self) -> None:
         self.tokens.uses.close()
         self.engine.dispose()
-
-    def rolled_back(self, conn: Connection) -> None:
-        """The writer's transaction on ``conn`` failed: what it stored is not there."""
-        self.series.rolled_back(conn)

@@ -2,8 +2,10 @@
 
 SQLite takes one writer at a time, and a commit costs far more than a row. Ingest handlers
 therefore hand their writes to this thread and await the result; whatever queued up while
-the previous transaction committed goes into the next one. An agent is acknowledged only
-after its frame is committed.
+the previous transaction committed goes into the next one. The writes of a transaction share
+its unit of work (:mod:`~trainvitals.server.storage.unit_of_work`), which holds their frames'
+points and writes them all at once before the commit. An agent is acknowledged only after its
+frame is committed.
 
 The database may go away (PostgreSQL restarted, a disk full, SQLite locked by another
 process). The thread never dies of it: a transaction that fails so is tried again, with
@@ -30,6 +32,7 @@ from sqlalchemy import exc as sa
 
 from trainvitals.backoff import backoff_delays
 from trainvitals.exceptions import StorageUnavailable, WriterClosed
+from trainvitals.server.storage.unit_of_work import UnitOfWork, transaction
 
 if TYPE_CHECKING:  # only a type here; imported, it closes a cycle (store, notify, writer)
     from trainvitals.server.store import Store
@@ -37,7 +40,7 @@ if TYPE_CHECKING:  # only a type here; imported, it closes a cycle (store, notif
 log = logging.getLogger("trainvitals.server")
 
 T = TypeVar("T")
-Operation = Callable[[Connection], Any]
+Operation = Callable[[UnitOfWork], Any]
 _Item = tuple[Operation, "asyncio.Future[Any]", asyncio.AbstractEventLoop]
 
 #: Most operations per transaction; bounds the latency one commit adds to the first in line.
@@ -99,8 +102,10 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="trainvitals-writer", daemon=True)
         self._thread.start()
 
-    async def submit(self, operation: Callable[[Connection], T]) -> T:
-        """Run ``operation(connection)`` inside a transaction; return its result once committed.
+    async def submit(self, operation: Callable[[UnitOfWork], T]) -> T:
+        """Run ``operation(work)`` with the unit of work of a transaction, which is flushed
+        and committed after it (:mod:`~trainvitals.server.storage.unit_of_work`); return its
+        result once committed.
 
         Raises :class:`~trainvitals.exceptions.StorageUnavailable` when the database cannot
         store (nothing of the write was stored), :class:`~trainvitals.exceptions.WriterClosed`
@@ -185,8 +190,9 @@ class Writer:
             try:
                 conn = self._connection()
                 started = time.perf_counter()
-                with conn.begin():
-                    results = [operation(conn) for operation, _, _ in batch]
+                # A unit of work a try: what a failed one held is dropped with it.
+                with transaction(conn) as work:
+                    results = [operation(work) for operation, _, _ in batch]
                 if self._on_commit is not None:
                     self._on_commit(time.perf_counter() - started)
             except Exception as exc:
@@ -219,15 +225,13 @@ class Writer:
             _settle(loop, outcomes)
 
     def _forget(self, conn: Connection | None, outage: bool = False) -> None:
-        """The transaction failed: what it held is not stored, and its connection goes (in
-        an outage without the rollback a pool's reset would try, and log, on a lost one)."""
-        if conn is not None:
+        """The transaction failed: its connection goes (in an outage without the rollback a
+        pool's reset would try, and log, on a lost one)."""
+        if conn is not None and outage and not conn.invalidated:
             try:
-                self._store.rolled_back(conn)
-                if outage and not conn.invalidated:
-                    conn.invalidate()
-            except Exception:  # invalidated: what it held went with the driver's connection
-                log.debug("forgetting a failed transaction's writes failed", exc_info=True)
+                conn.invalidate()
+            except Exception:  # lost already: nothing left to invalidate
+                log.debug("invalidating a failed transaction's connection failed", exc_info=True)
         self._disconnect()  # the next transaction starts on a fresh connection
 
     def _refused(self, batch: list[_Item], exc: Exception) -> None:
@@ -341,9 +345,9 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _lost(conn: Connection | None) -> bool:
-    """Whether the database dropped the driver's connection under ``conn``: the writes made as
-    a transaction commits go to the driver's connection, and SQLAlchemy neither wraps their
-    errors nor marks the connection invalidated (psycopg says it is ``broken``)."""
+    """Whether the database dropped the driver's connection under ``conn``: a unit of work's
+    flush writes on the driver's connection, and SQLAlchemy neither wraps its errors nor marks
+    the connection invalidated (psycopg says it is ``broken``)."""
     if conn is None:
         return False
     if conn.invalidated:

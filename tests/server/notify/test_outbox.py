@@ -36,8 +36,8 @@ def alert(id: str = "a1", **changes: Any) -> Alert:
 
 
 def enqueue(store: Store, notifier: Notifier, *changes: tuple[Change, Alert]) -> list[str]:
-    with store.engine.begin() as conn:
-        return [f"{n.channel}:{n.change}" for n in notifier.enqueue(conn, changes)]
+    with store.transaction() as work:
+        return [f"{n.channel}:{n.change}" for n in notifier.enqueue(work, changes)]
 
 
 def test_changes_are_routed_by_project_severity_and_silence(
@@ -86,29 +86,29 @@ def test_a_dead_servers_notices_are_taken_over_once_its_lease_runs_out(store: St
     def notice(id: str, created_at: float, channel: str = "team") -> Notice:
         return Notice(id, channel, "fired", alert(), created_at)
 
-    with store.engine.begin() as conn:
-        store.outbox.add_notices(conn, [notice("n1", 1.0)], "dead", 100.0)
-        store.outbox.add_notices(conn, [notice("n2", 2.0)], "alive", 100.0)
-        store.outbox.add_notices(conn, [notice("n3", 3.0)], "dead", 100.0)
-        store.outbox.add_notices(conn, [notice("n4", 4.0, channel="gone")], "dead", 100.0)
-    with store.engine.begin() as conn:
+    with store.transaction() as work:
+        store.outbox.add_notices(work, [notice("n1", 1.0)], "dead", 100.0)
+        store.outbox.add_notices(work, [notice("n2", 2.0)], "alive", 100.0)
+        store.outbox.add_notices(work, [notice("n3", 3.0)], "dead", 100.0)
+        store.outbox.add_notices(work, [notice("n4", 4.0, channel="gone")], "dead", 100.0)
+    with store.transaction() as work:
         assert (
-            store.outbox.claim_notices(conn, "alive", ["team"], now=99.0, lease_until=200.0) == []
+            store.outbox.claim_notices(work, "alive", ["team"], now=99.0, lease_until=200.0) == []
         )
-    with store.engine.begin() as conn:  # "alive" renewed its own; "dead" did not
-        taken = store.outbox.claim_notices(conn, "new", ["team"], now=150.0, lease_until=300.0)
+    with store.transaction() as work:  # "alive" renewed its own; "dead" did not
+        taken = store.outbox.claim_notices(work, "new", ["team"], now=150.0, lease_until=300.0)
     assert [t["id"] for t in taken] == ["n1", "n3"]  # oldest first; no channel "gone" here
     assert taken[0]["alert"]["rule"] == "nonfinite" and taken[0]["owner"] == "new"
-    with store.engine.begin() as conn:  # nobody takes them twice
+    with store.transaction() as work:  # nobody takes them twice
         assert (
-            store.outbox.claim_notices(conn, "other", ["team"], now=150.0, lease_until=300.0) == []
+            store.outbox.claim_notices(work, "other", ["team"], now=150.0, lease_until=300.0) == []
         )
-        store.outbox.notices_done(conn, ["n1"], "delivered", 151.0)
-        store.outbox.notice_attempted(conn, ["n3"], "HTTP 500")
-        store.outbox.notices_done(conn, ["n3"], "failed", 152.0, "HTTP 404: no_service")
-        store.outbox.release_notices(conn, "alive")  # a clean stop
-    with store.engine.begin() as conn:
-        again = store.outbox.claim_notices(conn, "next", ["team"], now=160.0, lease_until=400.0)
+        store.outbox.notices_done(work, ["n1"], "delivered", 151.0)
+        store.outbox.notice_attempted(work, ["n3"], "HTTP 500")
+        store.outbox.notices_done(work, ["n3"], "failed", 152.0, "HTTP 404: no_service")
+        store.outbox.release_notices(work, "alive")  # a clean stop
+    with store.transaction() as work:
+        again = store.outbox.claim_notices(work, "next", ["team"], now=160.0, lease_until=400.0)
     assert [t["id"] for t in again] == ["n2"]
     assert store.outbox.notice_summary()["team"] == {
         "pending": 1, "delivered": 1, "failed": 1, "last_delivered_at": 151.0,
@@ -118,6 +118,6 @@ def test_a_dead_servers_notices_are_taken_over_once_its_lease_runs_out(store: St
     assert [(n["id"], n["state"], n["attempts"]) for n in history][:3] == [
         ("n1", "delivered", 1), ("n2", "pending", 0), ("n3", "failed", 2),
     ]  # fmt: skip
-    with store.engine.begin() as conn:
-        assert store.outbox.last_notice_change(conn, "a1", "team") == "fired"
-        assert store.outbox.last_notice_change(conn, "a9", "team") is None
+    with store.transaction() as work:
+        assert store.outbox.last_notice_change(work, "a1", "team") == "fired"
+        assert store.outbox.last_notice_change(work, "a9", "team") is None

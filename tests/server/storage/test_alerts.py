@@ -18,13 +18,13 @@ def test_alerts_are_upserted_filtered_acknowledged_and_silenced(store: Store) ->
     assert fired is not None
     alert = fired[1]
     alert.run_id, alert.project, alert.run_name = "r1", "proj", "name-r1"
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello("r1"), now=1001.0)
-        store.alerts.save_alert(conn, {**alert.as_dict(), "evidence": {"loss": "NaN"}})
+    with store.transaction() as work:
+        store.runs.open_run(work, hello("r1"), now=1001.0)
+        store.alerts.save_alert(work, {**alert.as_dict(), "evidence": {"loss": "NaN"}})
     resolved = book.apply(Finding("nonfinite", "", False, 9, 1020.0))
     assert resolved is not None
-    with store.engine.begin() as conn:
-        store.alerts.save_alert(conn, {**resolved[1].as_dict(), "evidence": {"loss": "NaN"}})
+    with store.transaction() as work:
+        store.alerts.save_alert(work, {**resolved[1].as_dict(), "evidence": {"loss": "NaN"}})
     (row,) = store.alerts.list_alerts(run_id="r1")
     assert (row["state"], row["resolved_time"], row["evidence"]) == (
         "resolved",
@@ -36,11 +36,11 @@ def test_alerts_are_upserted_filtered_acknowledged_and_silenced(store: Store) ->
         and store.alerts.list_alerts(project="other") == []
     )
     assert store.alerts.list_alerts(severity="critical")[0]["id"] == alert.id
-    with store.engine.begin() as conn:
-        acked = store.alerts.acknowledge(conn, alert.id, when=1030.0, by="ana")
+    with store.transaction() as work:
+        acked = store.alerts.acknowledge(work, alert.id, when=1030.0, by="ana")
         assert acked is not None and acked["acknowledged_by"] == "ana"
         store.alerts.add_silence(
-            conn,
+            work,
             {
                 "id": "s1",
                 "run_id": "r1",
@@ -62,8 +62,8 @@ def test_alerts_are_upserted_filtered_acknowledged_and_silenced(store: Store) ->
         for sid, until, at in (("s2", 6600.0, 3000.0), ("s3", 3160.0, 3100.0))
     )  # fmt: skip
     for silence in (hour, minute):
-        with store.engine.begin() as conn:
-            store.alerts.add_silence(conn, silence)  # type: ignore[arg-type]
+        with store.transaction() as work:
+            store.alerts.add_silence(work, silence)  # type: ignore[arg-type]
     assert store.alerts.get_alert(alert.id)["silenced_until"] == 3160.0  # type: ignore[index]
     assert [s["id"] for s in store.alerts.active_silences(now=3101.0)] == ["s3"]
     assert store.alerts.active_silences(now=3200.0) == []
@@ -84,17 +84,17 @@ def test_standings_give_each_runs_rules_their_worst_severity_in_one_query(
         ("r1", Finding("slowdown", "", True, 9, 900.0, "info", "m", "h")),  # a new one
         ("r2", Finding("thermal", "gpu0", True, 5, 1.0, "warning", "m", "h")),
     ]
-    with store.engine.begin() as conn:
+    with store.transaction() as work:
         for run_id in ("r1", "r2", "r3"):
-            store.runs.open_run(conn, hello(run_id), now=1.0)
+            store.runs.open_run(work, hello(run_id), now=1.0)
         for run_id, finding in findings:
             change = books[run_id].apply(finding)
             assert change is not None
             alert = change[1]
             alert.run_id, alert.project, alert.run_name = run_id, "proj", run_id
-            store.alerts.save_alert(conn, alert.as_dict())
+            store.alerts.save_alert(work, alert.as_dict())
         closed = books["r2"].close_all(10.0)
-        store.alerts.save_alert(conn, {**closed[0].as_dict(), "run_id": "r2",
+        store.alerts.save_alert(work, {**closed[0].as_dict(), "run_id": "r2",
                                        "project": "proj", "run_name": "r2"})  # fmt: skip
     assert sorted(store.alerts.standings(["r1", "r2", "r3"])) == [
         RuleStanding("r1", "grad_explosion", "critical", True),

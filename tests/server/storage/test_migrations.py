@@ -137,9 +137,9 @@ def test_shared_clocks_go_back_into_their_blocks_below_revision_0007_and_read_af
     store = Store(db_url)
     try:
         store.create_schema()
-        with store.engine.begin() as conn:
-            store.runs.open_run(conn, hello("r"), now=1.0)
-            store.series.add_points(conn, "r", 1, sent, now=2.0)
+        with store.transaction() as work:
+            store.runs.open_run(work, hello("r"), now=1.0)
+            store.series.add_points(work, "r", 1, sent, now=2.0)
         store.series.compact(Due("r", 1, True))
         with store.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM clocks")).scalar() == 1
@@ -235,17 +235,17 @@ def test_series_stored_before_revision_0008_are_summarised_by_the_upgrade(db_url
     try:
         store.create_schema()
         for run_id in ("r", "broken"):
-            with store.engine.begin() as conn:
-                store.runs.open_run(conn, hello(run_id), now=1.0)
+            with store.transaction() as work:
+                store.runs.open_run(work, hello(run_id), now=1.0)
                 sent = {"loss": Columns(steps, times, loss), "acc": Columns(steps, times, -loss)}
-                store.series.add_points(conn, run_id, 1, sent, now=2.0)
+                store.series.add_points(work, run_id, 1, sent, now=2.0)
             store.series.compact(Due(run_id, 1, True))  # the first frame: a block, its clock shared
-        with store.engine.begin() as conn:
+        with store.transaction() as work:
             later = Columns([501, 502], [1.8e9, 1.8e9 + 1], [np.inf, float("nan")])
-            store.series.add_points(conn, "r", 2, {"loss": later}, now=3.0)
-            store.runs.open_run(conn, hello("torn"), now=1.0)
+            store.series.add_points(work, "r", 2, {"loss": later}, now=3.0)
+            store.runs.open_run(work, hello("torn"), now=1.0)
             two = Columns([1, 2], [1.0, 2.0], [3.0, 4.0])
-            store.series.add_points(conn, "torn", 1, {"loss": two}, now=2.0)
+            store.series.add_points(work, "torn", 1, {"loss": two}, now=2.0)
         with store.engine.begin() as conn:  # an old raw frame, its values' blob a point short
             steps2, times2, values2 = codec.encode_raw(*two)
             conn.execute(

@@ -41,9 +41,9 @@ def test_a_database_from_before_jobs_gains_their_columns(db_url: str) -> None:
         store.create_schema()  # and again: nothing left to add
         run = store.runs.get_run("old")
         assert run is not None and run["last_step"] == 7 and run["job_id"] is None
-        with store.engine.begin() as conn:
+        with store.transaction() as work:
             store.runs.open_run(
-                conn, {**hello("new"), "job": {"key": "k", "worker": "worker:0"}}, 3.0
+                work, {**hello("new"), "job": {"key": "k", "worker": "worker:0"}}, 3.0
             )
         assert store.runs.list_runs(job=job_of(store, "new"))[0]["worker"] == "worker:0"
     finally:
@@ -62,17 +62,17 @@ def test_a_database_from_before_the_codec_is_migrated_reads_and_compacts(db_url:
 
     from trainvitals.protocol import Columns
     from trainvitals.server.migrations import alembic_config, head_revision
-    from trainvitals.server.storage.runs import RunEnd
+    from trainvitals.server.storage import RunEnd
 
     old = Store(db_url)
     try:
         old.create_schema()
-        with old.engine.begin() as conn:  # rows as the packed layout wrote them
-            old.runs.open_run(conn, hello("old"), now=1.0)
+        with old.transaction() as work:  # rows as the packed layout wrote them
+            old.runs.open_run(work, hello("old"), now=1.0)
             for seq in (1, 2):
                 points = {"loss": Columns([seq], [float(seq)], [float("nan") if seq == 2 else 0.5])}
-                old.series.add_points(conn, "old", seq, points, now=1.0)
-            old.runs.end_run(conn, "old", 3, RunEnd("completed", 2.0, None))
+                old.series.add_points(work, "old", seq, points, now=1.0)
+            old.runs.end_run(work, "old", 3, RunEnd("completed", 2.0, None))
         with old.engine.connect() as conn:  # and the tables as they were (revision 0002's down)
             command.downgrade(alembic_config(conn), "0001")
             conn.commit()

@@ -16,8 +16,8 @@ from sqlalchemy import delete, select
 from tests.server.storage.rows import hello
 from trainvitals.exceptions import StorageError
 from trainvitals.protocol import ArrayColumns, Columns
+from trainvitals.server.storage import RunEnd
 from trainvitals.server.storage.codec import CURRENT
-from trainvitals.server.storage.runs import RunEnd
 from trainvitals.server.storage.schema import chunks, clocks
 from trainvitals.server.storage.series import Due
 from trainvitals.server.store import Store
@@ -25,11 +25,11 @@ from trainvitals.server.store import Store
 
 def test_replayed_frames_are_stored_once(store: Store) -> None:
     points = {"loss": Columns([1, 2, 3], [1.0, 2.0, 3.0], [3.0, 2.0, 1.0])}
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello("r1"), now=1.0)
-        store.series.add_points(conn, "r1", 1, points, now=2.0)
-    with store.engine.begin() as conn:
-        store.series.add_points(conn, "r1", 1, points, now=3.0)  # the same frame, replayed
+    with store.transaction() as work:
+        store.runs.open_run(work, hello("r1"), now=1.0)
+        store.series.add_points(work, "r1", 1, points, now=2.0)
+    with store.transaction() as work:
+        store.series.add_points(work, "r1", 1, points, now=3.0)  # the same frame, replayed
     steps, _, values = store.series.read_series("r1", "loss")
     assert steps.tolist() == [1, 2, 3] and values.tolist() == [3.0, 2.0, 1.0]
 
@@ -38,34 +38,34 @@ def test_many_frames_in_one_transaction_are_stored_once_each(store: Store) -> No
     """Hundreds of frames committed together (on PostgreSQL: through COPY), a replayed one
     among them, and one stored already: each is stored once, and a rolled-back one not."""
     frame = {f"s{i}": Columns([1], [1.0], [float(i)]) for i in range(10)}
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello("r1"), now=1.0)
-        store.series.add_points(conn, "r1", 1, frame, now=1.0)
-    with store.engine.begin() as conn:
+    with store.transaction() as work:
+        store.runs.open_run(work, hello("r1"), now=1.0)
+        store.series.add_points(work, "r1", 1, frame, now=1.0)
+    with store.transaction() as work:
         for seq in range(1, 41):  # 400 chunks, seq 1 stored already
-            store.series.add_points(conn, "r1", seq, frame, now=2.0)
-        store.series.add_points(conn, "r1", 40, frame, now=2.0)  # replayed in the same one
+            store.series.add_points(work, "r1", seq, frame, now=2.0)
+        store.series.add_points(work, "r1", 40, frame, now=2.0)  # replayed in the same one
     try:
-        with store.engine.begin() as conn:
-            store.series.add_points(conn, "r1", 41, frame, now=3.0)
+        with store.transaction() as work:
+            store.series.add_points(work, "r1", 41, frame, now=3.0)
             raise RuntimeError("the transaction fails")
     except RuntimeError:
         pass
-    with store.engine.begin() as conn:
-        store.series.add_points(conn, "r1", 42, {"s0": Columns([1], [1.0], [0.0])}, now=4.0)
+    with store.transaction() as work:
+        store.series.add_points(work, "r1", 42, {"s0": Columns([1], [1.0], [0.0])}, now=4.0)
     steps, _, values = store.series.read_series("r1", "s3")
     assert steps.tolist() == [1] * 40 and set(values.tolist()) == {3.0}
     assert store.series.read_series("r1", "s0")[0].tolist() == [1] * 41
 
 
 def test_series_reads_in_step_order_and_keeps_nan(store: Store) -> None:
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello("r1"), now=1.0)
+    with store.transaction() as work:
+        store.runs.open_run(work, hello("r1"), now=1.0)
         store.series.add_points(
-            conn, "r1", 2, {"loss": Columns([3, 4], [3.0, 4.0], [math.nan, math.inf])}, 2.0
+            work, "r1", 2, {"loss": Columns([3, 4], [3.0, 4.0], [math.nan, math.inf])}, 2.0
         )
         store.series.add_points(
-            conn, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [1.0, 2.0])}, 2.0
+            work, "r1", 1, {"loss": Columns([1, 2], [1.0, 2.0], [1.0, 2.0])}, 2.0
         )
     steps, times, values = store.series.read_series("r1", "loss")
     assert steps.tolist() == [1, 2, 3, 4]
@@ -76,23 +76,23 @@ def test_series_reads_in_step_order_and_keeps_nan(store: Store) -> None:
 
 def test_a_million_points_read_back(store: Store) -> None:
     n, per_frame = 1_000_000, 20_000
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello("big"), now=1.0)
+    with store.transaction() as work:
+        store.runs.open_run(work, hello("big"), now=1.0)
         for seq, start in enumerate(range(0, n, per_frame), start=1):
             steps = np.arange(start, start + per_frame)
             store.series.add_points(
-                conn, "big", seq, {"loss": Columns(steps, steps * 0.5, np.sqrt(steps))}, 1.0
+                work, "big", seq, {"loss": Columns(steps, steps * 0.5, np.sqrt(steps))}, 1.0
             )
     steps, times, values = store.series.read_series("big", "loss")
     assert steps.size == n and steps[-1] == n - 1 and times[10] == 5.0 and values[16] == 4.0
 
 
 def test_recent_points_and_last_readings(store: Store) -> None:
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello("r1"), now=1001.0)
+    with store.transaction() as work:
+        store.runs.open_run(work, hello("r1"), now=1001.0)
         for seq in range(1, 6):
             store.series.add_points(
-                conn,
+                work,
                 "r1",
                 seq,
                 {
@@ -118,8 +118,8 @@ def _frames(store: Store, run_id: str, frames: int, per_frame: int = 32) -> dict
     points sent, per series."""
     rng = np.random.default_rng(7)
     sent: dict[str, list[ArrayColumns]] = {}
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello(run_id), now=1.0)
+    with store.transaction() as work:
+        store.runs.open_run(work, hello(run_id), now=1.0)
         for seq in range(1, frames + 1):
             steps = np.arange((seq - 1) * per_frame, seq * per_frame)
             times = 1.7e9 + steps * 0.01 + rng.uniform(0, 1e-3, per_frame)
@@ -132,7 +132,7 @@ def _frames(store: Store, run_id: str, frames: int, per_frame: int = 32) -> dict
             }
             if seq % 4 == 0:
                 points["grad/norm/dense/kernel"] = Columns(steps[::10], times[::10], loss[::10])
-            store.series.add_points(conn, run_id, seq, points, now=2.0)
+            store.series.add_points(work, run_id, seq, points, now=2.0)
             for name, columns in points.items():
                 sent.setdefault(name, []).append(columns)
     return {
@@ -159,8 +159,8 @@ def _same(a: ArrayColumns, b: ArrayColumns) -> bool:
 def test_an_ended_run_is_compacted_into_blocks_that_read_back_bit_for_bit(store: Store) -> None:
     sent = _frames(store, "r1", frames=300)
     assert store.series.runs_to_compact(live_margin=10, live_after=1000) == []  # live, young
-    with store.engine.begin() as conn:
-        store.runs.end_run(conn, "r1", 301, RunEnd("completed", 3.0, None))
+    with store.transaction() as work:
+        store.runs.end_run(work, "r1", 301, RunEnd("completed", 3.0, None))
     (due,) = store.series.runs_to_compact(live_margin=10, live_after=1000)
     assert due == Due("r1", 301, True)
     last_before = store.series.last_values("r1", ("host/",))
@@ -210,9 +210,9 @@ def _family_frames(
     points sent, per frame."""
     rng = np.random.default_rng(first)
     sent: dict[str, list[ArrayColumns]] = {}
-    with store.engine.begin() as conn:
+    with store.transaction() as work:
         if first == 1:
-            store.runs.open_run(conn, hello(run_id), now=1.0)
+            store.runs.open_run(work, hello(run_id), now=1.0)
         for seq in range(first, first + frames):
             steps = np.arange((seq - 1) * 20, seq * 20)
             times = np.round((1.7e9 + steps * 0.01 + rng.uniform(0, 1e-3, 20)) * 1e6) / 1e6
@@ -230,7 +230,7 @@ def _family_frames(
                 "host/rss": Columns(*tick, np.array([1e9 + seq, 1e9])),
                 "host/cpu_percent": Columns(*tick, np.array([math.nan, 12.5])),
             }
-            store.series.add_points(conn, run_id, seq, points, now=2.0)
+            store.series.add_points(work, run_id, seq, points, now=2.0)
             for name, columns in points.items():
                 sent.setdefault(name, []).append(columns)
     return sent
@@ -254,8 +254,8 @@ def test_series_with_the_same_steps_and_times_keep_them_once_and_read_back_bit_f
     store: Store,
 ) -> None:
     sent = _family_frames(store, "r1", frames=100)
-    with store.engine.begin() as conn:
-        store.runs.end_run(conn, "r1", 101, RunEnd("completed", 3.0, None))
+    with store.transaction() as work:
+        store.runs.end_run(work, "r1", 101, RunEnd("completed", 3.0, None))
     assert store.series.compact(Due("r1", 100, True), block_points=512) == 7 * 100
     # Per block of 512 loss points (four, the last 464): one clock for loss and accuracy,
     # one for step_time; one for the two norms and one for the two host series (a block each).
@@ -289,8 +289,8 @@ def test_series_with_the_same_steps_and_times_keep_them_once_and_read_back_bit_f
     assert _same(thinned, Columns(loss.steps[keep], loss.times[keep], loss.values[keep]))
     count, ids, used = _clocks(store, "r1")
     assert ids == used and 0 < count <= 7
-    with store.engine.begin() as conn:
-        assert store.delete_run(conn, "r1")
+    with store.transaction() as work:
+        assert store.delete_run(work, "r1")
     assert _clocks(store, "r1") == (0, set(), set())
 
 
@@ -319,8 +319,8 @@ def test_any_points_sharing_steps_and_times_or_nearly_read_back_after_compaction
     run_id = f"r{next(_run_numbers)}"  # a run of its own for each example, on one store
     frames = data.draw(st.integers(1, 5))
     sent: dict[str, list[ArrayColumns]] = {}
-    with store.engine.begin() as conn:
-        store.runs.open_run(conn, hello(run_id), now=1.0)
+    with store.transaction() as work:
+        store.runs.open_run(work, hello(run_id), now=1.0)
         for seq in range(1, frames + 1):
             n = data.draw(st.integers(1, 40))
             steps = data.draw(hnp.arrays(np.int64, n))
@@ -339,10 +339,10 @@ def test_any_points_sharing_steps_and_times_or_nearly_read_back_after_compaction
                 "flipped": Columns(steps, flipped, values()),
                 "off": Columns(off, times, values()),
             }
-            store.series.add_points(conn, run_id, seq, points, now=2.0)
+            store.series.add_points(work, run_id, seq, points, now=2.0)
             for name, columns in points.items():
                 sent.setdefault(name, []).append(columns)
-        store.runs.end_run(conn, run_id, frames + 1, RunEnd("completed", 3.0, None))
+        store.runs.end_run(work, run_id, frames + 1, RunEnd("completed", 3.0, None))
     store.series.compact(Due(run_id, frames, True), block_points=data.draw(st.integers(1, 100)))
     for name, parts in sent.items():
         stored = list(store.series.iter_series(run_id, name))

@@ -11,14 +11,13 @@ from typing import Any
 from sqlalchemy import func, select, text, update
 
 from harness.processes import wait_for
+from trainvitals.server.storage.schema import sessions, tokens
 from trainvitals.server.storage.tokens import (
     ALL_PROJECTS,
     MAX_SESSIONS_PER_TOKEN,
     Role,
     UseNotes,
-    sessions,
     token_id_of,
-    tokens,
 )
 from trainvitals.server.store import Store
 

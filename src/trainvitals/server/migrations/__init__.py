@@ -23,10 +23,6 @@ from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, MetaData, text
 
 from trainvitals.exceptions import StorageError
-
-# Every table registers itself in the one MetaData when its module is imported.
-from trainvitals.server.notify import store as _outbox  # noqa: F401
-from trainvitals.server.storage import tokens as _tokens  # noqa: F401
 from trainvitals.server.storage.schema import metadata
 
 __all__ = ["alembic_config", "current_revision", "head_revision", "target_metadata", "upgrade"]

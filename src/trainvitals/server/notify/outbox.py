@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from functools import partial
 
 import httpx
-from sqlalchemy import Connection
 
 from trainvitals.detect import Alert, Change
 from trainvitals.exceptions import StorageUnavailable, WriterClosed
@@ -33,6 +32,7 @@ from trainvitals.server.notify.config import NotifyConfig
 from trainvitals.server.notify.delivery import ChannelSender, RedactSecrets
 from trainvitals.server.notify.messages import Notice, NoticeChange
 from trainvitals.server.notify.store import OutboxStore
+from trainvitals.server.storage.unit_of_work import UnitOfWork
 from trainvitals.server.writer import Writer, log_failure
 
 log = logging.getLogger("trainvitals.server")
@@ -64,7 +64,7 @@ class Notifier:
 
     # -- in the alert's transaction (writer thread) --------------------------------------------
 
-    def enqueue(self, conn: Connection, changes: Sequence[tuple[Change, Alert]]) -> list[Notice]:
+    def enqueue(self, work: UnitOfWork, changes: Sequence[tuple[Change, Alert]]) -> list[Notice]:
         """Store a notice for each channel that wants each change; returns them.
 
         A firing alert goes to the channels routed for its project and severity unless it
@@ -80,7 +80,7 @@ class Notifier:
 
         def last_told(key: tuple[str, str]) -> str | None:
             if key not in told:
-                told[key] = self._outbox.last_notice_change(conn, *key)
+                told[key] = self._outbox.last_notice_change(work, *key)
             return told[key]
 
         for change, alert in changes:
@@ -98,7 +98,7 @@ class Notifier:
                 if wanted:
                     told[key] = sent
                     notices.append(Notice(uuid.uuid4().hex, channel.name, sent, alert, now))
-        self._outbox.add_notices(conn, notices, self.owner, now + self._lease)
+        self._outbox.add_notices(work, notices, self.owner, now + self._lease)
         return notices
 
     # -- on the event loop ---------------------------------------------------------------------

@@ -1,58 +1,27 @@
-"""The notify outbox's table and queries, used by :mod:`~trainvitals.server.notify.outbox`.
-
-The table is one of the database's (:data:`trainvitals.server.storage.schema.metadata`), so
-:meth:`Store.create_schema <trainvitals.server.store.Store.create_schema>` makes it with
-the others.
-"""
+"""The notify outbox's queries, used by :mod:`~trainvitals.server.notify.outbox` (its table,
+``outbox``, is in :mod:`~trainvitals.server.storage.schema` with the others)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 from sqlalchemy import (
-    Column,
-    Connection,
     Engine,
-    Float,
-    Index,
-    Integer,
-    String,
-    Table,
-    Text,
     func,
     select,
     true,
     update,
 )
+from sqlalchemy.sql.elements import ColumnElement
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.detect.types import jsonable
 from trainvitals.server.notify.messages import Notice, NoticeChange
-from trainvitals.server.storage.schema import alerts, metadata
-
-#: Alert changes waiting for, or done with, a notification channel (the notify outbox).
-#: Rows are written in the alert's own transaction; ``owner`` is the server process that
-#: delivers a pending row, for as long as its ``lease_until`` is renewed.
-outbox = Table(
-    "outbox",
-    metadata,
-    Column("id", String(64), primary_key=True),
-    Column("channel", String(100), nullable=False),
-    Column("alert_id", String(64), nullable=False),
-    Column("change", String(16), nullable=False),
-    Column("alert", Text, nullable=False),
-    Column("created_at", Float, nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("attempts", Integer, nullable=False, default=0),
-    Column("last_error", Text),
-    Column("done_at", Float),
-    Column("owner", String(64), nullable=False),
-    Column("lease_until", Float, nullable=False),
-    Index("ix_outbox_state_lease", "state", "lease_until"),
-    Index("ix_outbox_alert_channel", "alert_id", "channel"),
-)
+from trainvitals.server.storage.alerts import AlertRow
+from trainvitals.server.storage.schema import alerts, outbox
+from trainvitals.server.storage.unit_of_work import UnitOfWork
 
 
 class NoticeRow(TypedDict):
@@ -74,7 +43,7 @@ class NoticeRow(TypedDict):
 class ClaimedNotice(NoticeRow):
     """A pending notice taken over for delivery, with its alert."""
 
-    alert: dict[str, Any]
+    alert: AlertRow
 
 
 class ChannelSummary(TypedDict):
@@ -101,9 +70,10 @@ class OutboxStore:
     # -- writes (writer thread) --------------------------------------------------------------
 
     def add_notices(
-        self, conn: Connection, notices: Sequence[Notice], owner: str, lease_until: float
+        self, work: UnitOfWork, notices: Sequence[Notice], owner: str, lease_until: float
     ) -> None:
         """Queue notices for delivery by ``owner``."""
+        conn = work.connection()
         if notices:
             rows = [
                 {
@@ -122,8 +92,9 @@ class OutboxStore:
             ]
             conn.execute(outbox.insert(), rows)
 
-    def last_notice_change(self, conn: Connection, alert_id: str, channel: str) -> str | None:
+    def last_notice_change(self, work: UnitOfWork, alert_id: str, channel: str) -> str | None:
         """The change (``fired``, ``resolved``) of the alert last queued for ``channel``."""
+        conn = work.connection()
         query = (
             select(outbox.c.change)
             .where(outbox.c.alert_id == alert_id, outbox.c.channel == channel)
@@ -133,11 +104,12 @@ class OutboxStore:
         return conn.execute(query).scalar()
 
     def claim_notices(
-        self, conn: Connection, owner: str, channels: list[str], now: float, lease_until: float
+        self, work: UnitOfWork, owner: str, channels: list[str], now: float, lease_until: float
     ) -> list[ClaimedNotice]:
         """Renew ``owner``'s leases, then take over the pending notices of ``channels`` whose
         lease ran out (their server died); returns those taken, oldest first. One
         ``UPDATE ... RETURNING``, so two servers never take the same notice."""
+        conn = work.connection()
         pending = outbox.c.state == "pending"
         conn.execute(
             update(outbox).where(pending, outbox.c.owner == owner).values(lease_until=lease_until)
@@ -151,15 +123,17 @@ class OutboxStore:
         rows = [cast(ClaimedNotice, {**row, "alert": json.loads(row["alert"])}) for row in taken]
         return sorted(rows, key=lambda row: (row["created_at"], row["id"]))
 
-    def release_notices(self, conn: Connection, owner: str) -> None:
+    def release_notices(self, work: UnitOfWork, owner: str) -> None:
         """``owner`` stops: whoever starts next takes its pending notices at once."""
+        conn = work.connection()
         conn.execute(
             update(outbox)
             .where(outbox.c.state == "pending", outbox.c.owner == owner)
             .values(lease_until=0.0)
         )
 
-    def notice_attempted(self, conn: Connection, ids: list[str], error: str) -> None:
+    def notice_attempted(self, work: UnitOfWork, ids: list[str], error: str) -> None:
+        conn = work.connection()
         conn.execute(
             update(outbox)
             .where(outbox.c.id.in_(ids))
@@ -167,10 +141,11 @@ class OutboxStore:
         )
 
     def notices_done(
-        self, conn: Connection, ids: list[str], state: str, when: float, error: str | None = None
+        self, work: UnitOfWork, ids: list[str], state: str, when: float, error: str | None = None
     ) -> None:
         """Mark notices ``delivered`` or ``failed`` (given up)."""
-        values: dict[str, Any] = {
+        conn = work.connection()
+        values: dict[str, str | float | ColumnElement[int]] = {
             "state": state,
             "done_at": when,
             "attempts": outbox.c.attempts + 1,

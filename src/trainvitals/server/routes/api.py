@@ -65,7 +65,7 @@ from trainvitals.server.live import finite_or_none
 from trainvitals.server.run_lifecycle import ALIVE
 from trainvitals.server.schemas import SeriesName
 from trainvitals.server.storage import AlertRow, RunEdit, RunFilter, RunSummary
-from trainvitals.server.storage.runs import METRIC_STATS, SORTS
+from trainvitals.server.storage.run_queries import METRIC_STATS, SORTS
 from trainvitals.server.storage.tokens import Principal, Role
 from trainvitals.server.store import Store
 

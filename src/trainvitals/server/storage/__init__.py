@@ -2,9 +2,14 @@
 
 - :mod:`~trainvitals.server.storage.schema`: the tables, the database URL and engine (their
   migrations: :mod:`trainvitals.server.migrations`);
-- :mod:`~trainvitals.server.storage.runs`: runs, their jobs and events;
+- :mod:`~trainvitals.server.storage.runs`: runs, their jobs and events (what they are read
+  as: :mod:`~trainvitals.server.storage.run_rows`; which runs a query reads:
+  :mod:`~trainvitals.server.storage.run_queries`; their status changes:
+  :mod:`~trainvitals.server.storage.run_moves`);
 - :mod:`~trainvitals.server.storage.series`: the points of their series;
-- :mod:`~trainvitals.server.storage.alerts`: alerts and silences.
+- :mod:`~trainvitals.server.storage.alerts`: alerts and silences;
+- :mod:`~trainvitals.server.storage.unit_of_work`: the writes of one transaction, and when
+  they are made.
 
 :class:`~trainvitals.server.store.Store` holds them together, with the notify outbox.
 """
@@ -18,7 +23,8 @@ from trainvitals.server.storage.alerts import (
     RunHealth,
     Silence,
 )
-from trainvitals.server.storage.runs import (
+from trainvitals.server.storage.run_queries import RunFilter
+from trainvitals.server.storage.run_rows import (
     Job,
     JobMember,
     ListedRun,
@@ -28,14 +34,14 @@ from trainvitals.server.storage.runs import (
     RunEdit,
     RunEnd,
     RunEvent,
-    RunFilter,
     RunRow,
-    RunStore,
     RunSummary,
     run_summary,
 )
+from trainvitals.server.storage.runs import RunStore
 from trainvitals.server.storage.schema import database_url, shown_database
 from trainvitals.server.storage.series import SeriesStore
+from trainvitals.server.storage.unit_of_work import UnitOfWork, transaction
 
 __all__ = [
     "AlertRow",
@@ -57,7 +63,9 @@ __all__ = [
     "RunSummary",
     "SeriesStore",
     "Silence",
+    "UnitOfWork",
     "database_url",
     "run_summary",
     "shown_database",
+    "transaction",
 ]

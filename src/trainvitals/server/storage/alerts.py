@@ -7,10 +7,12 @@ from collections.abc import Collection, Mapping
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Connection, Engine, RowMapping, case, func, select, update
+from sqlalchemy.sql.elements import ColumnElement
 from typing_extensions import TypedDict  # pydantic reads these on 3.11
 
 from trainvitals.detect.types import SEVERITIES, Severity, worse
 from trainvitals.server.storage.schema import alerts, dialect_insert, silences
+from trainvitals.server.storage.unit_of_work import UnitOfWork
 
 ALERT_FIELDS = tuple(c.name for c in alerts.columns)
 
@@ -85,12 +87,15 @@ class AlertStore:
 
     # -- writes (writer thread) --------------------------------------------------------------
 
-    def save_alert(self, conn: Connection, alert: Mapping[str, Any]) -> None:
+    def save_alert(self, work: UnitOfWork, alert: Mapping[str, Any]) -> None:
         """Insert or update an alert (the whole row: the alert book holds the truth)."""
+        conn = work.connection()
         row = {f: alert[f] for f in ALERT_FIELDS}
         row["evidence"] = json.dumps(alert["evidence"], allow_nan=False)
         statement = dialect_insert(self._engine, alerts).values(**row)
-        changed: dict[str, Any] = {f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"}
+        changed: dict[str, ColumnElement[Any]] = {
+            f: statement.excluded[f] for f in ALERT_FIELDS if f != "id"
+        }
         # People act on alerts through any replica; the one that judges the run may not know
         # yet: what they did is kept, unless the alert fired again since (the later silence
         # wins).
@@ -105,9 +110,10 @@ class AlertStore:
         conn.execute(statement.on_conflict_do_update(index_elements=["id"], set_=changed))
 
     def acknowledge(
-        self, conn: Connection, alert_id: str, when: float, by: str | None
+        self, work: UnitOfWork, alert_id: str, when: float, by: str | None
     ) -> AlertRow | None:
         """Someone is on the alert; returns it, or None when there is no such alert."""
+        conn = work.connection()
         conn.execute(
             update(alerts)
             .where(alerts.c.id == alert_id)
@@ -115,10 +121,11 @@ class AlertStore:
         )
         return _alert_row(conn, alert_id)
 
-    def add_silence(self, conn: Connection, silence: Silence) -> None:
+    def add_silence(self, work: UnitOfWork, silence: Silence) -> None:
         """Store the silence, and mark the alerts it silences. It replaces the silences of
         the same run, rule and subject still in force (they end as it begins, and stay as a
         record): one for a minute after one for an hour ends in a minute, as the alert says."""
+        conn = work.connection()
         same = (
             silences.c.run_id == silence["run_id"],
             silences.c.rule == silence["rule"],

@@ -9,17 +9,10 @@ work the same on SQLite, where the one process always holds them.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Connection, Engine, Float, String, Table, delete, select, update
+from sqlalchemy import Engine, delete, select, update
 
-from trainvitals.server.storage.schema import dialect_insert, metadata
-
-leases = Table(
-    "leases",
-    metadata,
-    Column("name", String(100), primary_key=True),
-    Column("owner", String(64), nullable=False),
-    Column("expires", Float, nullable=False),
-)
+from trainvitals.server.storage.schema import dialect_insert, leases
+from trainvitals.server.storage.unit_of_work import UnitOfWork
 
 #: The prefix of the lease on a run's detector: ``run:<id>``.
 RUN = "run:"
@@ -31,9 +24,10 @@ class LeaseStore:
     def __init__(self, engine: Engine) -> None:
         self._insert = dialect_insert(engine, leases)
 
-    def take(self, conn: Connection, name: str, owner: str, until: float) -> bool:
+    def take(self, work: UnitOfWork, name: str, owner: str, until: float) -> bool:
         """Take ``name`` whoever holds it (an agent said hello here: its run is ours now).
         Returns whether ``owner`` held it already, so that what it knows is still current."""
+        conn = work.connection()
         held = conn.execute(select(leases.c.owner).where(leases.c.name == name)).scalar()
         statement = self._insert.values(name=name, owner=owner, expires=until)
         conn.execute(
@@ -43,9 +37,10 @@ class LeaseStore:
         )
         return held == owner
 
-    def claim(self, conn: Connection, name: str, owner: str, now: float, until: float) -> bool:
+    def claim(self, work: UnitOfWork, name: str, owner: str, now: float, until: float) -> bool:
         """Take or renew ``name`` unless another owner holds it unexpired; whether it is
         ``owner``'s now. One statement, so two processes never both get it."""
+        conn = work.connection()
         statement = self._insert.values(name=name, owner=owner, expires=until)
         taken = conn.execute(
             statement.on_conflict_do_update(
@@ -56,9 +51,10 @@ class LeaseStore:
         ).first()
         return taken is not None
 
-    def renew(self, conn: Connection, owner: str, prefix: str, until: float) -> set[str]:
+    def renew(self, work: UnitOfWork, owner: str, prefix: str, until: float) -> set[str]:
         """Renew every lease of ``owner`` whose name starts with ``prefix``; returns the names
         it still holds (the others were taken over)."""
+        conn = work.connection()
         renewed = conn.execute(
             update(leases)
             .where(leases.c.owner == owner, leases.c.name.startswith(prefix, autoescape=True))
@@ -67,6 +63,7 @@ class LeaseStore:
         )
         return {name for (name,) in renewed}
 
-    def release(self, conn: Connection, owner: str, names: list[str]) -> None:
+    def release(self, work: UnitOfWork, owner: str, names: list[str]) -> None:
         """``owner`` is done with ``names``: whoever asks next gets them at once."""
+        conn = work.connection()
         conn.execute(delete(leases).where(leases.c.owner == owner, leases.c.name.in_(names)))

@@ -196,6 +196,65 @@ events = Table(
 )
 
 
+#: Alert changes waiting for, or done with, a notification channel (the notify outbox).
+#: Rows are written in the alert's own transaction; ``owner`` is the server process that
+#: delivers a pending row, for as long as its ``lease_until`` is renewed.
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("channel", String(100), nullable=False),
+    Column("alert_id", String(64), nullable=False),
+    Column("change", String(16), nullable=False),
+    Column("alert", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("last_error", Text),
+    Column("done_at", Float),
+    Column("owner", String(64), nullable=False),
+    Column("lease_until", Float, nullable=False),
+    Index("ix_outbox_state_lease", "state", "lease_until"),
+    Index("ix_outbox_alert_channel", "alert_id", "channel"),
+)
+
+#: Access tokens (see :mod:`~trainvitals.server.storage.tokens`): only a hash of each is kept.
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", String(16), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("project", String(200), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("hash", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float),
+    # When a request or websocket last proved itself with it (or a session made from it), to
+    # a minute (tokens.USE_RESOLUTION); NULL: never since this column came (revision 0009).
+    Column("last_used_at", Float),
+)
+
+#: Browser sessions, each traded once for a token (an HttpOnly cookie's hash).
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("hash", String(64), primary_key=True),
+    Column("token_id", String(16), nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Index("ix_sessions_token", "token_id"),
+)
+
+#: Which server process does a piece of work only one may do at a time (see
+#: :mod:`~trainvitals.server.storage.leases`).
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("owner", String(64), nullable=False),
+    Column("expires", Float, nullable=False),
+)
+
+
 def shown_database(db: str) -> str:
     """``db`` as it may be printed or logged: a URL's password masked."""
     if "://" not in db:

@@ -4,9 +4,7 @@ their steps and times in the run's ``clocks``, once for all the series that have
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +17,6 @@ from sqlalchemy import (
     and_,
     case,
     delete,
-    event,
     exists,
     func,
     insert,
@@ -35,40 +32,12 @@ from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.run_lifecycle import ALIVE
 from trainvitals.server.settings import Retention
 from trainvitals.server.storage import codec
-from trainvitals.server.storage.runs import lock_run, merge_progress, past_days, write_progress
+from trainvitals.server.storage.run_queries import past_days
+from trainvitals.server.storage.runs import lock_run
 from trainvitals.server.storage.schema import chunks, clocks, runs, series
 from trainvitals.server.storage.summary import Summary, last_point, summary_at
+from trainvitals.server.storage.unit_of_work import HeldChunk, UnitOfWork
 
-_PENDING_CHUNKS = "trainvitals.pending_chunks"  # in Connection.info: [chunk row]
-_PENDING_PROGRESS = "trainvitals.pending_progress"  # in Connection.info: {run id: progress}
-#: In Connection.info: the runs deleted in the transaction (their later frames are dropped).
-_DELETED = "trainvitals.deleted_runs"
-#: In Connection.info: {(run id, series): Summary} of the transaction's frames.
-_PENDING_SUMMARIES = "trainvitals.pending_summaries"
-_SUMMARY_COLUMNS = ("last_step", "last_value", "last_nonfinite", "min_value", "max_value")
-#: An upsert's row, in the order of its columns.
-_SUMMARY_ROW = ("run_id", "name", *_SUMMARY_COLUMNS)
-#: What a transaction holds in Connection.info until it commits (``_flush``) or rolls back.
-_HELD = (_PENDING_CHUNKS, _PENDING_PROGRESS, _PENDING_SUMMARIES, _DELETED)
-_NEWER = "series.last_step IS NULL OR excluded.last_step >= series.last_step"
-#: Each series' summary merged with a transaction's (both engines take this upsert; in SET,
-#: every column reads the row as it was).
-_UPSERT_SUMMARY = (
-    f"INSERT INTO series ({', '.join(_SUMMARY_ROW)}) {{rows}} "
-    "ON CONFLICT (run_id, name) DO UPDATE SET "
-    + ", ".join(
-        f"{c} = CASE WHEN {_NEWER} THEN excluded.{c} ELSE series.{c} END"
-        for c in ("last_step", "last_value", "last_nonfinite")
-    )
-    + ", min_value = CASE WHEN series.min_value IS NULL OR excluded.min_value < "
-    "series.min_value THEN excluded.min_value ELSE series.min_value END"
-    ", max_value = CASE WHEN series.max_value IS NULL OR excluded.max_value > "
-    "series.max_value THEN excluded.max_value ELSE series.max_value END"
-)
-_CHUNK_COLUMNS = ("run_id", "series", "seq", "n", "steps", "times", "vals")
-_CHUNK_TYPES = ["text", "text", "int8", "int4", "bytea", "bytea", "bytea"]
-#: Chunks in one transaction from which COPY is worth its extra round trips.
-_COPY_FROM_ROWS = 200
 #: The chunk rows beside the clocks that hold their steps and times (see :func:`_points`).
 _WITH_CLOCKS = chunks.outerjoin(
     clocks, and_(clocks.c.run_id == chunks.c.run_id, clocks.c.id == chunks.c.clock)
@@ -105,25 +74,24 @@ class SeriesStore:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        event.listen(engine, "commit", self._flush)
-        event.listen(engine, "rollback", self._drop)
-        event.listen(engine, "before_execute", self._before_execute)
 
     # -- writes (writer thread) --------------------------------------------------------------
 
     def add_points(
-        self, conn: Connection, run_id: str, seq: int, points: Mapping[str, AnyColumns], now: float
+        self, work: UnitOfWork, run_id: str, seq: int, points: Mapping[str, AnyColumns], now: float
     ) -> int | None:
-        """Store one frame's points, and the run's progress; returns the highest step in
-        it (None when empty, or when the run was deleted earlier in this transaction)."""
-        if run_id in conn.info.get(_DELETED, ()):
+        """Hold one frame's points in ``work``, written with the transaction's other frames
+        as it commits (:meth:`UnitOfWork.flush`), and the run's progress; returns the highest
+        step in it (None when empty, or when the run was deleted earlier in this
+        transaction)."""
+        if work.deleted(run_id):
             return None
         rows = []
         last_step: int | None = None
         # Series of one frame that share their steps and times (the wire's clocks) share the
         # very lists: those are packed once.
         clocks: dict[tuple[int, int], tuple[bytes, bytes, int, tuple[int, int]]] = {}
-        summaries: dict[tuple[str, str], Summary] = conn.info.setdefault(_PENDING_SUMMARIES, {})
+        summaries: dict[str, Summary] = {}
         for name, (steps, times, values) in points.items():
             clock = clocks.get((id(steps), id(times)))
             if clock is None:
@@ -140,111 +108,14 @@ class SeriesStore:
             step_bytes, time_bytes, n, last = clock
             value_array = np.asarray(values, dtype=np.float64)
             rows.append(
-                {"run_id": run_id, "series": name, "seq": seq, "n": n, "steps": step_bytes,
-                 "times": time_bytes, "vals": codec.encode_raw_values(value_array)}
+                HeldChunk(run_id, name, seq, n, step_bytes, time_bytes,
+                          codec.encode_raw_values(value_array))
             )  # fmt: skip
-            summary = summary_at(value_array, *last)
-            earlier = summaries.get((run_id, name))
-            summaries[(run_id, name)] = summary if earlier is None else earlier.then(summary)
+            summary = summaries[name] = summary_at(value_array, *last)
             top = summary.last_step
             last_step = top if last_step is None else max(last_step, top)
-        if rows:
-            # Stored as the transaction commits, with its other frames (``_flush``); so are
-            # the series' rows, made by the first frame of each and then kept up to date.
-            conn.info.setdefault(_PENDING_CHUNKS, []).extend(rows)
-        # The run's row is updated with the transaction's other frames', in one round trip as
-        # it commits (``_flush``), or before any other statement of it (``_before_execute``).
-        pending = conn.info.setdefault(_PENDING_PROGRESS, {})
-        pending[run_id] = merge_progress(pending.get(run_id), seq, now, last_step)
+        work.hold_frame(run_id, seq, now, rows, summaries, last_step)
         return last_step
-
-    def _before_execute(self, conn: Connection, *_: object) -> None:
-        """A statement is about to run in a transaction that holds frames' progress: the runs'
-        rows are brought up to date first, so that it reads or changes them as they are."""
-        progress = conn.info.pop(_PENDING_PROGRESS, None)
-        if progress:
-            write_progress(conn, progress)
-
-    def _flush(self, conn: Connection) -> None:
-        """Insert the chunks of every frame of the transaction at once, and merge its series'
-        summaries into their rows, as it commits (the writer groups hundreds of frames in
-        one). On PostgreSQL, many chunks go through ``COPY``, into a temporary table and then
-        on with an insert that skips the frames stored already: three round trips for the lot,
-        not one a frame; a few go in one ``executemany``, pipelined with the summaries' upsert
-        in one round trip."""
-        progress = conn.info.pop(_PENDING_PROGRESS, None)
-        if progress:
-            write_progress(conn, progress)
-        conn.info.pop(_DELETED, None)
-        summaries = conn.info.pop(_PENDING_SUMMARIES, None)
-        rows = conn.info.pop(_PENDING_CHUNKS, None)
-        if not summaries and not rows:
-            return
-        # On the driver's connection: SQLAlchemy's is committing.
-        raw: Any = conn.connection.driver_connection
-        columns = ", ".join(_CHUNK_COLUMNS)
-        values = [[row[c] for c in _CHUNK_COLUMNS] for row in rows or ()]
-        merged = _summary_rows(summaries or {})
-        if conn.dialect.name != "postgresql":
-            if merged:
-                raw.executemany(
-                    _UPSERT_SUMMARY_ROWS, [[row[c] for c in _SUMMARY_ROW] for row in merged]
-                )
-            if values:
-                marks = ", ".join("?" for _ in _CHUNK_COLUMNS)
-                raw.executemany(
-                    f"INSERT OR IGNORE INTO chunks ({columns}) VALUES ({marks})", values
-                )
-            return
-        from psycopg import Pipeline  # PostgreSQL's driver, there when it is the database
-
-        copied = len(values) >= _COPY_FROM_ROWS
-        with raw.cursor() as cursor:
-            if copied:
-                cursor.execute(
-                    "CREATE TEMP TABLE IF NOT EXISTS chunks_in (LIKE chunks) ON COMMIT DELETE ROWS"
-                )
-                with cursor.copy(f"COPY chunks_in ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
-                    copy.set_types(_CHUNK_TYPES)  # the blobs as they are, not hex text
-                    for row in values:
-                        copy.write_row(row)
-            # One round trip for both, where libpq pipelines (psycopg's binary wheel does).
-            with raw.pipeline() if Pipeline.is_supported() else contextlib.nullcontext():
-                if merged:  # every row in one statement
-                    cursor.execute(_UPSERT_SUMMARY_JSON, [json.dumps(merged, allow_nan=False)])
-                if copied:
-                    cursor.execute(
-                        f"INSERT INTO chunks ({columns}) SELECT {columns} FROM chunks_in "
-                        "ON CONFLICT DO NOTHING"
-                    )
-                elif values:
-                    marks = ", ".join("%s" for _ in _CHUNK_COLUMNS)
-                    cursor.executemany(
-                        f"INSERT INTO chunks ({columns}) VALUES ({marks}) ON CONFLICT DO NOTHING",
-                        values,
-                    )
-
-    def discard(self, conn: Connection, run_id: str) -> None:
-        """The run is deleted in the transaction on ``conn``: its frames held for the commit,
-        and any that come later in it, are not to be stored (they would make its series' rows
-        again)."""
-        conn.info.setdefault(_DELETED, set()).add(run_id)
-        chunks_held = conn.info.get(_PENDING_CHUNKS)
-        if chunks_held:
-            chunks_held[:] = [row for row in chunks_held if row["run_id"] != run_id]
-        for key in [key for key in conn.info.get(_PENDING_SUMMARIES, {}) if key[0] == run_id]:
-            del conn.info[_PENDING_SUMMARIES][key]
-        conn.info.get(_PENDING_PROGRESS, {}).pop(run_id, None)
-
-    def rolled_back(self, conn: Connection) -> None:
-        """The transaction on ``conn`` failed: what it stored is not there."""
-        for key in _HELD:
-            conn.info.pop(key, None)
-
-    def _drop(self, conn: Connection) -> None:
-        """The transaction rolls back: what it held is not to be stored."""
-        if not conn.invalidated:  # else it goes with the connection (``rolled_back``)
-            self.rolled_back(conn)
 
     # -- reads (thread pool) -----------------------------------------------------------------
 
@@ -534,24 +405,3 @@ def _clock(conn: Connection, run_id: str, steps: bytes, times: bytes) -> int | N
         conn.execute(insert(clocks).values(run_id=run_id, id=clock, steps=steps, times=times))
         return clock
     return clock if bytes(stored[0]) == steps and bytes(stored[1]) == times else None
-
-
-#: The summaries' upserts: SQLite's, a row at a time (``executemany``, in process);
-#: PostgreSQL's, every row in one statement from one JSON parameter (a statement a row, even
-#: pipelined, cost the writer about 3 times the CPU, and arrays, one a column, twice: the
-#: driver looks at each element of a list). JSON numbers are exact: ``repr`` writes a float's
-#: shortest exact text, and PostgreSQL reads it back to the same float8.
-_UPSERT_SUMMARY_ROWS = _UPSERT_SUMMARY.format(rows="VALUES (?, ?, ?, ?, ?, ?, ?)")
-_UPSERT_SUMMARY_JSON = _UPSERT_SUMMARY.format(
-    rows="SELECT * FROM json_to_recordset(%s::json) AS r(run_id text, name text, last_step int8, "
-    "last_value float8, last_nonfinite text, min_value float8, max_value float8)"
-)
-
-
-def _summary_rows(summaries: Mapping[tuple[str, str], Summary]) -> list[dict[str, Any]]:
-    """A transaction's series summaries as the upsert's rows, in key order, so that two
-    writers never wait on each other's rows in opposite orders."""
-    return [
-        {"run_id": run_id, "name": name, **summary.columns()}
-        for (run_id, name), summary in sorted(summaries.items())
-    ]

@@ -9,6 +9,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from typing_extensions import TypedDict
+
+
+class SummaryColumns(TypedDict):
+    """A ``series`` row's summary columns (see :meth:`Summary.columns`)."""
+
+    last_step: int
+    last_value: float | None
+    #: ``nan``, ``inf`` or ``-inf`` when the last value is not finite (then ``last_value``
+    #: is NULL); else NULL.
+    last_nonfinite: str | None
+    min_value: float | None
+    max_value: float | None
 
 
 @dataclass(frozen=True)
@@ -32,16 +45,16 @@ class Summary:
             _pick(max, self.high, later.high),
         )
 
-    def columns(self) -> dict[str, Any]:
+    def columns(self) -> SummaryColumns:
         """The ``series`` row's summary columns."""
         finite = math.isfinite(self.last)
-        return {
-            "last_step": self.last_step,
-            "last_value": self.last if finite else None,
-            "last_nonfinite": None if finite else repr(self.last),  # nan, inf, -inf
-            "min_value": self.low,
-            "max_value": self.high,
-        }
+        return SummaryColumns(
+            last_step=self.last_step,
+            last_value=self.last if finite else None,
+            last_nonfinite=None if finite else repr(self.last),
+            min_value=self.low,
+            max_value=self.high,
+        )
 
 
 def summarize(steps: np.ndarray, values: np.ndarray) -> Summary | None:

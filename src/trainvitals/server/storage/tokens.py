@@ -22,14 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import (
-    Column,
     Engine,
-    Float,
-    Index,
     RowMapping,
     Select,
-    String,
-    Table,
     and_,
     case,
     delete,
@@ -40,7 +35,7 @@ from sqlalchemy import (
 )
 
 from trainvitals.exceptions import ConfigurationError
-from trainvitals.server.storage.schema import metadata
+from trainvitals.server.storage.schema import sessions, tokens
 
 ALL_PROJECTS = "*"
 _PREFIX = "tv_"
@@ -50,32 +45,9 @@ USE_RESOLUTION = 60.0
 
 log = logging.getLogger(__name__)
 
-tokens = Table(
-    "tokens",
-    metadata,
-    Column("id", String(16), primary_key=True),
-    Column("name", String(200), nullable=False),
-    Column("project", String(200), nullable=False),
-    Column("role", String(16), nullable=False),
-    Column("hash", String(64), nullable=False),
-    Column("created_at", Float, nullable=False),
-    Column("revoked_at", Float),
-    # When a request or websocket last proved itself with it (or a session made from it), to
-    # a minute (USE_RESOLUTION); NULL: never since this column came (revision 0009).
-    Column("last_used_at", Float),
-)
 
 #: Browser sessions one token may hold at once; signing in again signs out the oldest.
 MAX_SESSIONS_PER_TOKEN = 50
-
-sessions = Table(
-    "sessions",
-    metadata,
-    Column("hash", String(64), primary_key=True),
-    Column("token_id", String(16), nullable=False),
-    Column("expires_at", Float, nullable=False),
-    Index("ix_sessions_token", "token_id"),
-)
 
 
 #: Which tokens a list holds: the revoked ones too, the live ones only, or the revoked only.
