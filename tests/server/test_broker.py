@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from harness.balancer import redis_url
 from trainvitals.exceptions import ConfigurationError
+from trainvitals.protocol import Columns
 from trainvitals.server.broker import POINTS, QUIET, Broker, check_broker_url
 from trainvitals.server.live import Hub, Subscriber
 from trainvitals.server.storage import RunSummary
@@ -85,8 +86,10 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
 
         await until(probed)
 
-        two.points("r1", [("loss", [1, 2, 3], [10.0, 11.0, 12.0], [0.5, math.nan, -math.inf])])
-        two.points("r2", [("loss", [1], [10.0], [0.5])])  # nobody watches r2
+        two.points(
+            "r1", {"loss": Columns([1, 2, 3], [10.0, 11.0, 12.0], [0.5, math.nan, -math.inf])}
+        )
+        two.points("r2", {"loss": Columns([1], [10.0], [0.5])})  # nobody watches r2
         two.alert({"id": "a1", "project": "gan"})
         two.run_changed(run("r1", "mnist"))
         two.run_changed(run("r2", "gan"))
@@ -216,7 +219,7 @@ def test_the_broker_url_must_name_redis() -> None:
 
 
 def test_points_nobody_watches_are_not_made_until_a_replica_asks_for_them() -> None:
-    loss = [("loss", [1], [10.0], [0.5])]
+    loss = {"loss": Columns([1], [10.0], [0.5])}
 
     async def scenario(one: Hub, two: Hub) -> None:
         broker = two._broker
