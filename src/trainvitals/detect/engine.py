@@ -127,20 +127,19 @@ class Detector:
         """
         frame = ClockedSeries.of(points)
         watched_series = {name: on for name, on in frame.series.items() if watched(name)}
-        # Each clock (the steps and times series share) becomes arrays once.
-        arrays: dict[int, tuple[Any, Any]] = {}
-        dense: dict[str, ArrayColumns] = {}
+        # The per-step series as arrays, on the frame's clocks: each clock converted once.
+        clocks: list[Clock[Any, Any]] = []
+        at: dict[int, int] = {}  # the frame's clock -> its arrays' place in ``clocks``
+        on_clocks: dict[str, tuple[int, Any]] = {}
         for name, (index, values) in watched_series.items():
             if not per_step(name) or not len(values):
                 continue
-            clock = arrays.get(index)
-            if clock is None:
+            if index not in at:
                 steps, times = frame.clocks[index]
-                clock = arrays[index] = (
-                    np.asarray(steps, dtype=np.int64),
-                    np.asarray(times, dtype=np.float64),
-                )
-            dense[name] = Columns(clock[0], clock[1], np.asarray(values, dtype=np.float64))
+                at[index] = len(clocks)
+                clocks.append(Clock(np.asarray(steps, np.int64), np.asarray(times, np.float64)))
+            on_clocks[name] = (at[index], np.asarray(values, dtype=np.float64))
+        dense: ClockedSeries[Any, Any] = ClockedSeries(clocks, on_clocks)
         findings: list[Finding] = []
         closer: list[Rule] = []
         if dense:
