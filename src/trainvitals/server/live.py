@@ -5,7 +5,9 @@ Ingest never waits on a browser: each browser has a bounded queue drained by its
 and a browser that falls that far behind is disconnected (1013) and reloads from the API.
 Run-list changes (a run's summary, or its health when an alert about it changed) are
 coalesced and pushed every ``runs_push_interval`` seconds; points go at once, and only to
-the browsers that subscribed to that run.
+the browsers that subscribed to that run: in the layout of the agent's frame, each clock once,
+to those that asked (``?clocks=1``, the dashboard), each series with its own steps and times to
+the others.
 
 With a :class:`~trainvitals.server.broker.Broker` (``serve --broker``), every message goes
 through it, so the browsers of every replica get it, this one's included; without, it goes
