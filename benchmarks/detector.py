@@ -71,7 +71,7 @@ def time_feed(count: int) -> float:
     """Seconds to judge ``count`` frames after as many again warmed the detector up."""
     from trainvitals.detect.engine import Detector
 
-    stream = [as_ingest_feeds_it(frame) for frame in frames(2 * count)]
+    stream = [as_ingest_holds_it(frame) for frame in frames(2 * count)]
     warm, timed = stream[:count], stream[count:]
     detector = Detector()
     for frame in warm:
@@ -83,10 +83,10 @@ def time_feed(count: int) -> float:
     return time.perf_counter() - started
 
 
-def as_ingest_feeds_it(frame: dict[str, SeqColumns]) -> Mapping[str, SeqColumns]:
+def as_ingest_holds_it(frame: dict[str, SeqColumns]) -> Mapping[str, SeqColumns]:
     """``frame`` with the clocks the agent sends (the series recorded at one block's steps and
-    times share them), as ingest hands it to the detector; a plain dict to code from before
-    ``protocol.ClockedSeries``, which found them again by the lists' identity."""
+    times share them), as ingest hands it to storage and the detector; a plain dict to code
+    from before ``protocol.ClockedSeries``, which found them again by the lists' identity."""
     try:
         from trainvitals.protocol import Clock, ClockedSeries
     except ImportError:
