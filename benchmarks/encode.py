@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.writer import PER_STEP, VARIABLES, frame
 from trainvitals.agent.buffer import encode_points, points_frames
+from trainvitals.protocol import Columns
 from trainvitals.server.live import Hub, finite_or_none
 
 
@@ -43,10 +44,10 @@ def hub_now(series: dict[str, Any]) -> Callable[[], str]:
     hub = Hub()
     browser = hub.subscribe()
     hub.watch(browser, "r")
-    rows = [(name, *columns) for name, columns in series.items()]
+    columns = {name: Columns(*cols) for name, cols in series.items()}
 
     def push() -> str:
-        hub.points("r", rows)
+        hub.points("r", columns)
         return browser.queue.get_nowait()
 
     return push

@@ -7,6 +7,9 @@ annotations only) so the light agent can import it.
 - :class:`Columns`: one series' points, column by column. The one shape of the core data:
   the agent buffers ``Columns`` of lists, the server stores and the detectors judge
   ``Columns`` of numpy arrays.
+- :class:`ClockedSeries`: many series' points with each :class:`Clock` (the steps and times
+  several series share) held once: a ``points`` frame as the server keeps it from validation
+  through storage, the detector and the live push.
 - :class:`RunStatus` and :class:`EndReason`: where a run is in its life and how it ended
   (what moves it between statuses is :mod:`trainvitals.server.run_lifecycle`).
 - The frame types and their limits, and the websocket close codes.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import (
     TYPE_CHECKING,
     Final,
@@ -63,6 +66,79 @@ AnyColumns: TypeAlias = "Columns[npt.ArrayLike, npt.ArrayLike]"
 ArrayColumns: TypeAlias = "Columns[npt.NDArray[np.int64], npt.NDArray[np.float64]]"
 #: Many series' points, by series name (see :mod:`trainvitals.series`).
 Series: TypeAlias = Mapping[str, ListColumns]
+
+_S = TypeVar("_S")
+_V = TypeVar("_V")
+
+
+class Clock(NamedTuple, Generic[_Steps, _Values]):
+    """Steps and Unix times that several series were recorded at (a fit's vitals and its
+    Keras metrics at every step; its per-variable gradient norms at theirs)."""
+
+    steps: _Steps
+    times: _Values
+
+
+class ClockedSeries(Mapping[str, Columns[_Steps, _Values]]):
+    """Many series' points with each clock held once, as the ``points`` frame carries them
+    (``docs/protocol.md``): the frame as the server keeps it from validation through storage,
+    the detector and the live push, none of which has to find again which series share.
+
+    A mapping of each series' name to its :class:`Columns`, like a dict of them (the columns
+    of the series on one clock hold that clock's very steps and times); :attr:`series` says
+    which clock each series is on.
+
+    Example:
+        >>> clock = Clock([1, 2], [1700000000.0, 1700000000.1])
+        >>> points = ClockedSeries([clock], {"loss": (0, [0.7, 0.69]), "lr": (0, [1e-3, 1e-3])})
+        >>> points["lr"].steps is points["loss"].steps
+        True
+    """
+
+    __slots__ = ("clocks", "series")
+
+    def __init__(
+        self, clocks: Sequence[Clock[_Steps, _Values]], series: Mapping[str, tuple[int, _Values]]
+    ) -> None:
+        #: The clocks, each once.
+        self.clocks = clocks
+        #: Each series' clock (an index into :attr:`clocks`) and values, in the frame's order.
+        self.series = series
+
+    @staticmethod
+    def of(points: Mapping[str, Columns[_S, _V]]) -> ClockedSeries[_S, _V]:
+        """``points`` as they are when clocked already; else each series on a clock of its
+        own (series that merely hold equal numbers are not looked for: what comes in plain,
+        from an older agent, a replay or a test, goes on plain)."""
+        if isinstance(points, ClockedSeries):
+            return points
+        clocks: list[Clock[_S, _V]] = []
+        series: dict[str, tuple[int, _V]] = {}
+        for name, (steps, times, values) in points.items():
+            series[name] = (len(clocks), values)
+            clocks.append(Clock(steps, times))
+        return ClockedSeries(clocks, series)
+
+    def __getitem__(self, name: str) -> Columns[_Steps, _Values]:
+        index, values = self.series[name]
+        steps, times = self.clocks[index]
+        return Columns(steps, times, values)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.series)
+
+    def __len__(self) -> int:
+        return len(self.series)
+
+    def __repr__(self) -> str:
+        return f"ClockedSeries({list(self.clocks)!r}, {dict(self.series)!r})"
+
+    def sharing(self) -> list[int]:
+        """How many series each clock (by index) is the clock of."""
+        counts = [0] * len(self.clocks)
+        for index, _ in self.series.values():
+            counts[index] += 1
+        return counts
 
 
 class RunStatus(enum.StrEnum):

@@ -11,6 +11,7 @@ from websockets.sync.client import connect
 
 from harness.processes import ServerProcess, wait_for
 from trainvitals import Run, resolve
+from trainvitals.protocol import Columns
 
 
 def test_subscribed_browser_receives_points_and_run_updates(server: ServerProcess) -> None:
@@ -50,6 +51,48 @@ def test_subscribed_browser_receives_points_and_run_updates(server: ServerProces
             )
 
         wait_for(finished_pushed, timeout=20, interval=0)
+
+
+def test_a_page_that_asks_for_clocks_gets_each_clock_once(server: ServerProcess) -> None:
+    """Series the agent recorded at the same steps and times come on one clock, as in its
+    frame, to a page that connected with ``?clocks=1``; each with its own copy to others."""
+    run = Run(resolve(server=server.url, run_name="clocked"))
+    run.start()
+    run.log(1, {"loss": 1.0})
+    wait_for(lambda: server.get("/api/v1/runs")["runs"], what="the run to exist")
+    live = server.url.replace("http", "ws") + "/api/v1/live"
+    with connect(live + "?clocks=1") as page, connect(live) as script:
+        for browser in (page, script):
+            browser.send(json.dumps({"type": "subscribe", "run_id": run.id}))
+        got: dict[str, list[dict[str, Any]]] = {"page": [], "script": []}
+        step = 10
+
+        def both_have_points() -> bool:
+            nonlocal step
+            steps, times = [step, step + 1], [1.7e9 + step, 1.7e9 + step + 1]
+            run.add_columns({"loss": Columns(steps, times, [0.5, float("nan")]),
+                             "lr": Columns(steps, times, [0.1, 0.1])})  # fmt: skip
+            step += 2
+            for name, browser in (("page", page), ("script", script)):
+                try:
+                    while True:
+                        message = json.loads(browser.recv(timeout=0.2))
+                        if message["type"] == "points" and "lr" in message["series"]:
+                            got[name].append(message)
+                except TimeoutError:
+                    pass
+            return bool(got["page"]) and bool(got["script"])
+
+        wait_for(both_have_points, timeout=20, interval=0)
+    clocked, plain = got["page"][0], got["script"][0]
+    (key,) = clocked["clocks"]
+    assert clocked["series"]["lr"] == {"clock": key, "value": [0.1, 0.1]}
+    assert clocked["series"]["loss"] == {"clock": key, "value": [0.5, None]}
+    steps = clocked["clocks"][key]["step"]
+    assert "clocks" not in plain
+    assert plain["series"]["loss"]["step"] == plain["series"]["lr"]["step"] == steps
+    assert plain["series"]["loss"]["value"] == [0.5, None]
+    assert run.finish()
 
 
 def test_malformed_browser_message_closes_with_1007(server: ServerProcess) -> None:

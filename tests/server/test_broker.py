@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from harness.balancer import redis_url
 from trainvitals.exceptions import ConfigurationError
+from trainvitals.protocol import Clock, ClockedSeries, Columns
 from trainvitals.server.broker import POINTS, QUIET, Broker, check_broker_url
 from trainvitals.server.live import Hub, Subscriber
 from trainvitals.server.storage import RunSummary
@@ -75,7 +76,9 @@ def on_two_replicas(scenario: Callable[[Hub, Hub], Awaitable[None]], quiet: floa
 def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered() -> None:
     async def scenario(one: Hub, two: Hub) -> None:
         everyone, mnist_only = one.subscribe(), one.subscribe(project="mnist")
+        page = one.subscribe(clocks=True)  # the dashboard: points with their clocks
         one.watch(everyone, "r1")
+        one.watch(page, "r1")
         here = two.subscribe()
 
         # Both replicas listen once a probe reaches both (subscribing takes a moment).
@@ -85,8 +88,10 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
 
         await until(probed)
 
-        two.points("r1", [("loss", [1, 2, 3], [10.0, 11.0, 12.0], [0.5, math.nan, -math.inf])])
-        two.points("r2", [("loss", [1], [10.0], [0.5])])  # nobody watches r2
+        clock = Clock([1, 2, 3], [10.0, 11.0, 12.0])
+        on_it = {"loss": (0, [0.5, math.nan, -math.inf]), "lr": (0, [0.1, 0.1, 0.1])}
+        two.points("r1", ClockedSeries([clock], on_it))
+        two.points("r2", {"loss": Columns([1], [10.0], [0.5])})  # nobody watches r2
         two.alert({"id": "a1", "project": "gan"})
         two.run_changed(run("r1", "mnist"))
         two.run_changed(run("r2", "gan"))
@@ -96,8 +101,14 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         await until(lambda: not mnist_only.queue.empty())
         assert [m["type"] for m in got] == ["points", "alert", "runs"]
         assert got[0]["run_id"] == "r1"
-        assert got[0]["series"] == {"loss": {"step": [1, 2, 3], "time": [10.0, 11.0, 12.0],
-                                             "value": [0.5, None, None]}}  # fmt: skip
+        assert got[0]["series"] == {
+            "loss": {"step": [1, 2, 3], "time": [10.0, 11.0, 12.0], "value": [0.5, None, None]},
+            "lr": {"step": [1, 2, 3], "time": [10.0, 11.0, 12.0], "value": [0.1, 0.1, 0.1]},
+        }
+        # Offered with everyone's: as published, its clock once.
+        clocked = next(m for m in messages(page) if m["type"] == "points")
+        assert clocked["clocks"] == {"0": {"step": [1, 2, 3], "time": [10.0, 11.0, 12.0]}}
+        assert clocked["series"]["loss"] == {"clock": "0", "value": [0.5, None, None]}
         assert [r["id"] for r in got[2]["runs"]] == ["r1", "r2"]
         # The mnist browser sees no gan alert and only mnist's runs; the publisher's own
         # browser gets what it published, through the broker like the others.
@@ -115,7 +126,8 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         await until(lambda: not agent.queue.empty())
         assert json.loads(agent.queue.get_nowait())["alert"]["id"] == "a2"
 
-        one.unsubscribe(everyone)  # nobody on `one` watches r1 now: its points stop coming
+        one.unsubscribe(everyone)
+        one.unsubscribe(page)  # nobody on `one` watches r1 now: its points stop coming
         assert one._watched == {}
 
     on_two_replicas(scenario)
@@ -216,7 +228,7 @@ def test_the_broker_url_must_name_redis() -> None:
 
 
 def test_points_nobody_watches_are_not_made_until_a_replica_asks_for_them() -> None:
-    loss = [("loss", [1], [10.0], [0.5])]
+    loss = {"loss": Columns([1], [10.0], [0.5])}
 
     async def scenario(one: Hub, two: Hub) -> None:
         broker = two._broker

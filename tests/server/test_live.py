@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any, cast
 
-from trainvitals.server.live import Hub
+from trainvitals.protocol import Clock, ClockedSeries
+from trainvitals.server.live import Hub, finite_or_none
 from trainvitals.server.storage import RunHealth, RunSummary
 
 
@@ -101,3 +103,41 @@ def test_a_runs_firing_alerts_reach_its_own_agents_only() -> None:
     (frame,) = mine
     assert (frame["type"], frame["v"], frame["alert"]["id"]) == ("alert", 1, "a1")
     assert frame["alert"]["severity"] == "critical" and "evidence" not in frame["alert"]
+
+
+def test_points_go_with_their_clocks_to_a_page_that_asks_and_plain_to_others() -> None:
+    """A frame's clock goes once to a browser that connected with ``?clocks=1`` (the
+    dashboard), each series with its steps and times to any other; NaN and ±Inf as null."""
+    steps, times = [1, 2], [10.0, 10.5]
+    points = ClockedSeries(
+        [Clock(steps, times), Clock([2], [10.6])],
+        {"loss": (0, [0.5, math.nan]), "lr": (0, [0.1, math.inf]), "host/rss": (1, [7.0])},
+    )
+
+    async def pushed() -> tuple[dict[str, Any], dict[str, Any]]:
+        hub = Hub()
+        page, script = hub.subscribe(clocks=True), hub.subscribe()
+        for browser in (page, script):
+            hub.watch(browser, "r")
+        hub.points("r", points)
+        return json.loads(page.queue.get_nowait()), json.loads(script.queue.get_nowait())
+
+    clocked, plain = asyncio.run(pushed())
+    assert clocked == {
+        "type": "points", "run_id": "r", "clocks": {"0": {"step": steps, "time": times}},
+        "series": {"loss": {"clock": "0", "value": [0.5, None]},
+                   "lr": {"clock": "0", "value": [0.1, None]},
+                   "host/rss": {"step": [2], "time": [10.6], "value": [7.0]}},
+    }  # fmt: skip
+    assert plain == {
+        "type": "points", "run_id": "r",
+        "series": {"loss": {"step": steps, "time": times, "value": [0.5, None]},
+                   "lr": {"step": steps, "time": times, "value": [0.1, None]},
+                   "host/rss": {"step": [2], "time": [10.6], "value": [7.0]}},
+    }  # fmt: skip
+
+
+def test_browsers_and_api_clients_read_nan_and_infinities_as_null() -> None:
+    assert finite_or_none([0.5, -1e308, 1e308]) == [0.5, -1e308, 1e308]
+    assert finite_or_none([1e308, 1e308]) == [1e308, 1e308]  # a sum that overflows
+    assert finite_or_none([math.nan, math.inf, -math.inf, 2.0]) == [None, None, None, 2.0]

@@ -40,9 +40,12 @@ def test_series_that_name_a_clock_read_its_steps_and_times() -> None:
     assert columns["lr"] == ([1, 2], [1.5, 2.5], [0.1, 0.1])
     assert columns["loss"].steps == [1, 2] and math.isnan(columns["loss"].values[1])
     assert columns["host/rss"] == ([2], [2.6], [7.0])
-    # One list for the series that share it: the server packs and converts it once.
+    # The frame's clock is held once and the series that share it say so: the server packs
+    # and converts it once, and pushes it once to the browsers.
     assert columns["loss"].steps is columns["lr"].steps
     assert columns["loss"].times is columns["lr"].times
+    assert len(columns.clocks) == 2 and columns.sharing() == [2, 1]
+    assert columns.series["lr"] == (0, [0.1, 0.1])
 
 
 ONE = '{"0": {"step": [1], "time": [1.0]}}'

@@ -19,7 +19,14 @@ from trainvitals.detect.numeric import (
 from trainvitals.detect.process import CrashRule, SlowdownRule, StallRule
 from trainvitals.detect.settings import RuleSet
 from trainvitals.detect.types import Finding, Record
-from trainvitals.protocol import ArrayColumns, Columns, EndReason, SeqColumns
+from trainvitals.protocol import (
+    ArrayColumns,
+    Clock,
+    ClockedSeries,
+    Columns,
+    EndReason,
+    SeqColumns,
+)
 from trainvitals.series import (
     GPU_PREFIX,
     GRAD_GLOBAL_NORM,
@@ -36,8 +43,6 @@ from trainvitals.series import (
 _PREFIXES = ("grad/", NONFINITE_PREFIX, HOST_PREFIX, GPU_PREFIX)
 _NAMES = frozenset((LOSS, STEP_TIME, LR, LOSS_SCALE))
 _PER_STEP = frozenset((LOSS, STEP_TIME, GRAD_GLOBAL_NORM, LR, LOSS_SCALE))
-
-#: A frame's points: series name -> (steps, times, values).
 
 
 def watched(name: str) -> bool:
@@ -120,26 +125,21 @@ class Detector:
         closer look gets them again step by step. Per-variable norms and system samples
         always go record by record.
         """
-        points = {name: column for name, column in points.items() if watched(name)}
-        # Series that share their steps and times (the wire's clocks) share the very lists:
-        # each becomes an array once.
-        arrays: dict[tuple[int, type], Any] = {}
-
-        def array(column: Sequence[Any], dtype: type) -> Any:
-            converted = arrays.get((id(column), dtype))
-            if converted is None:
-                converted = arrays[(id(column), dtype)] = np.asarray(column, dtype=dtype)
-            return converted
-
-        dense: Mapping[str, ArrayColumns] = {
-            name: Columns(
-                array(steps, np.int64),
-                array(times, np.float64),
-                np.asarray(values, dtype=np.float64),
-            )
-            for name, (steps, times, values) in points.items()
-            if per_step(name) and len(steps)
-        }
+        frame = ClockedSeries.of(points)
+        watched_series = {name: on for name, on in frame.series.items() if watched(name)}
+        # The per-step series as arrays, on the frame's clocks: each clock converted once.
+        clocks: list[Clock[Any, Any]] = []
+        at: dict[int, int] = {}  # the frame's clock -> its arrays' place in ``clocks``
+        on_clocks: dict[str, tuple[int, Any]] = {}
+        for name, (index, values) in watched_series.items():
+            if not per_step(name) or not len(values):
+                continue
+            if index not in at:
+                steps, times = frame.clocks[index]
+                at[index] = len(clocks)
+                clocks.append(Clock(np.asarray(steps, np.int64), np.asarray(times, np.float64)))
+            on_clocks[name] = (at[index], np.asarray(values, dtype=np.float64))
+        dense: ClockedSeries[Any, Any] = ClockedSeries(clocks, on_clocks)
         findings: list[Finding] = []
         closer: list[Rule] = []
         if dense:
@@ -150,22 +150,25 @@ class Detector:
                     closer.append(rule)
                 else:
                     findings.extend(found)
-        sparse = {
-            name: _thinned(column) if is_system(name) else column
-            for name, column in points.items()
-            if not per_step(name)
-        }
+        sparse = _sparse(frame, [name for name in watched_series if not per_step(name)])
         for record in records(sparse):
             self.context.note(record)
             for rule in self._readers_of(tuple(record.values)):
                 if rule not in closer:
                     findings.extend(rule.observe(record))
         if closer:
-            for record in records(points):
+            for record in records(ClockedSeries(frame.clocks, watched_series)):
                 for rule in self._readers_of(tuple(record.values)):
                     if rule in closer:
                         findings.extend(rule.observe(record))
         return findings
+
+    def replay(self, history: Mapping[str, ArrayColumns]) -> None:
+        """Warm the rules on a run's stored points (a detector rebuilt after a restart):
+        what they find was found before, and is dropped."""
+        self.feed(
+            {n: Columns(s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()}
+        )
 
     def _readers_of(self, names: tuple[str, ...]) -> list[Rule]:
         # Records of one kind share their names (a step's vitals, a system sample): which
@@ -197,26 +200,56 @@ class Detector:
 SYSTEM_MIN_INTERVAL = 0.04
 
 
-def _thinned(column: SeqColumns) -> SeqColumns:
-    steps, times, values = column
+def _sparse(frame: ClockedSeries[Any, Any], names: list[str]) -> ClockedSeries[Any, Any]:
+    """The series ``names`` of ``frame`` (those not recorded every step), the system samples
+    among them thinned (:func:`_thinned`), once for each clock they are on."""
+    clocks: list[Clock[Any, Any]] = list(frame.clocks)
+    thinned: dict[int, tuple[int, list[int] | None]] = {}  # clock -> (its thinned one, kept)
+    series: dict[str, tuple[int, Any]] = {}
+    for name in names:
+        index, values = frame.series[name]
+        if not is_system(name):
+            series[name] = (index, values)
+            continue
+        done = thinned.get(index)
+        if done is None:
+            steps, times = clocks[index]
+            keep = _thinned(times)
+            if keep is None:
+                done = thinned[index] = (index, None)
+            else:
+                kept = Clock([steps[i] for i in keep], [times[i] for i in keep])
+                done = thinned[index] = (len(clocks), keep)
+                clocks.append(kept)
+        at, keep = done
+        series[name] = (at, values if keep is None else [values[i] for i in keep])
+    return ClockedSeries(clocks, series)
+
+
+def _thinned(times: Sequence[float]) -> list[int] | None:
+    """Which of a system series' samples are judged (None: all of them)."""
     if len(times) < 2:
-        return column
+        return None
     bucket = np.floor(np.asarray(times, dtype=np.float64) / SYSTEM_MIN_INTERVAL)
-    keep = np.flatnonzero(np.diff(bucket, append=np.inf) != 0).tolist()  # each bucket's last
-    if len(keep) == len(times):
-        return column
-    return Columns([steps[i] for i in keep], [times[i] for i in keep], [values[i] for i in keep])
+    keep: list[int] = np.flatnonzero(np.diff(bucket, append=np.inf) != 0).tolist()
+    return None if len(keep) == len(times) else keep  # each bucket's last
 
 
 def records(points: Mapping[str, SeqColumns]) -> Iterable[Record]:
     """Regroup a frame's columns into the records the agent logged: the values that share
-    a step and a time were recorded together (one step's vitals, or one system sample)."""
+    a step and a time were recorded together (one step's vitals, or one system sample).
+    The rules read them one record at a time; each clock's moments are listed once."""
+    frame = ClockedSeries.of(points)
+    moments: dict[int, list[tuple[int, float]]] = {}
     grouped: dict[tuple[int, float], dict[str, float]] = {}
-    for name, (steps, times, values) in points.items():
+    for name, (index, values) in frame.series.items():
         if not watched(name):
             continue
-        for step, time, value in zip(steps, times, values, strict=True):
-            key = (step, time)
+        keys = moments.get(index)
+        if keys is None:
+            steps, times = frame.clocks[index]
+            keys = moments[index] = list(zip(steps, times, strict=True))
+        for key, value in zip(keys, values, strict=True):
             group = grouped.get(key)
             if group is None:
                 group = grouped[key] = {}

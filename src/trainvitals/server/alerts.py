@@ -38,7 +38,7 @@ from trainvitals.detect.memory import PROCESS_RULES, ProcessMemory
 from trainvitals.detect.numeric import cause_said
 from trainvitals.detect.types import jsonable
 from trainvitals.exceptions import StorageUnavailable, WriterClosed
-from trainvitals.protocol import Columns, EndReason, SeqColumns
+from trainvitals.protocol import EndReason, SeqColumns
 from trainvitals.server.leases import RUN, Leases
 from trainvitals.server.live import Hub
 from trainvitals.server.metrics import RunVitals
@@ -55,10 +55,8 @@ log = logging.getLogger("trainvitals.server")
 #: at its default of one a second (two at five a second)...
 REPLAY_FRAMES = 600
 #: ...and of each series at most this many points: twenty times the longest window a rule
-#: counts in steps (500), and all of the once-a-second system readings. A frame holds a
-#: second of steps, 450 of a 2 ms step: the 3000 frames replayed before one frame a second
-#: became the default would be 1.35 million steps of each series, and 600 whole ones took
-#: 10x as long to replay as 600 cut (``benchmarks/replay.py``).
+#: counts in steps (500), and all of the once-a-second system readings (600 frames of a fast
+#: step, whole, took 10x as long to replay: ``benchmarks/replay.py``).
 REPLAY_POINTS = 10_000
 
 #: A process that made no run for this many seconds since its last ended has ended too (its
@@ -149,8 +147,7 @@ class AlertEngine:
                 # Another replica judged it since (or nobody did): what is here is stale.
                 self._runs.pop(run_id, None)
             if new and run_id not in self._runs:  # nothing stored to rebuild from
-                self._runs[run_id] = self._fresh(run, env)
-                self._runs[run_id].leased_at = leased_at
+                self._runs[run_id] = self._fresh(run, env, leased_at)
         state = await self._state(run_id)
         if state is None:
             return
@@ -162,10 +159,11 @@ class AlertEngine:
         await self._carry_process_alerts(state, now)
         await self._close_idle_processes(now)
 
-    async def points(self, run_id: str, columns: Mapping[str, SeqColumns]) -> None:
+    async def points(self, run_id: str, points: Mapping[str, SeqColumns]) -> None:
+        """A frame's points (as ingest holds them: with their clocks) to the run's rules."""
         state = await self._state(run_id)
         if state is not None:
-            await self._apply(state, state.detector.feed(columns))
+            await self._apply(state, state.detector.feed(points))
 
     async def stalled(
         self, run_id: str, step: int, when: float, idle: float, threshold: float, stacks: str
@@ -211,8 +209,8 @@ class AlertEngine:
         """The latest system readings of the ``limit`` runs opened last whose detectors this
         process holds, and how many others it holds (for ``GET /metrics``). On the event loop:
         copies, taken between two frames."""
-        held = list(self._runs.values())
-        shown = held[-limit:] if limit > 0 else []
+        judged = list(self._runs.values())
+        shown = judged[-limit:] if limit > 0 else []
         return [
             RunVitals(
                 s.run_id,
@@ -222,7 +220,7 @@ class AlertEngine:
                 s.detector.context.step_time,
             )
             for s in reversed(shown)
-        ], len(held) - len(shown)
+        ], len(judged) - len(shown)
 
     # -- people ------------------------------------------------------------------------------
 
@@ -233,10 +231,7 @@ class AlertEngine:
         )
         if stored is None:
             return None
-        alert = self._held(stored)
-        if alert is not None:
-            alert.acknowledged_at, alert.acknowledged_by = now, by
-        self._hub.alert(stored)
+        self._changed_by_people(stored, acknowledged_at=now, acknowledged_by=by)
         return stored
 
     async def silence(
@@ -258,19 +253,20 @@ class AlertEngine:
         )
         await self._writer.submit(partial(self._store.alerts.add_silence, silence=silence))
         stored["silenced_until"] = silence["until"]
-        alert = self._held(stored)
-        if alert is not None:
-            alert.silenced_until = silence["until"]
-        self._hub.alert(stored)
+        self._changed_by_people(stored, silenced_until=silence["until"])
         return stored, silence
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _held(self, stored: Mapping[str, Any]) -> Alert | None:
+    def _changed_by_people(self, stored: AlertRow, **changes: float | str | None) -> None:
+        """An alert acknowledged or silenced (``stored`` as it now is): the alert the run's
+        book keeps, where the run is judged here, takes the ``changes``; browsers hear."""
         state = self._runs.get(stored["run_id"])
-        if state is None:
-            return None
-        return self._book_of(state, stored["rule"]).find(stored["id"])
+        kept = None if state is None else self._book_of(state, stored["rule"]).find(stored["id"])
+        if kept is not None:
+            for name, value in changes.items():
+                setattr(kept, name, value)
+        self._hub.alert(stored)
 
     async def _state(self, run_id: str) -> _RunAlerts | None:
         state = self._runs.get(run_id)
@@ -284,24 +280,23 @@ class AlertEngine:
         finally:
             self._loading.pop(run_id, None)
 
-    def _fresh(self, run: Mapping[str, Any], env: Mapping[str, Any]) -> _RunAlerts:
+    def _fresh(
+        self, run: Mapping[str, Any], env: Mapping[str, Any], leased_at: float
+    ) -> _RunAlerts:
         """A run's detector and book; its memory rules are its process's, where it names one."""
         run_id, project, name = run["id"], run["project"], run["name"]
         settings = self.rules.for_project(project)
-        key = run.get("process_key")
-        if not key:
-            detector = Detector(settings, env)
-            return _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
+        key: str = run.get("process_key") or ""  # the run's process, when its hello named one
         process = self._processes.get((project, key))
+        memory = process.memory if process is not None else ProcessMemory(settings) if key else None
+        detector = Detector(settings, env, memory=None if memory is None else memory.rules)
+        state = _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
+        state.leased_at = leased_at
+        if memory is None:
+            return state
         if process is None:
-            memory = ProcessMemory(settings)
-            detector = Detector(settings, env, memory=memory.rules)
-            state = _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
             process = self._processes[(project, key)] = _Process(memory, set(), state)
-        else:
-            detector = Detector(settings, env, memory=process.memory.rules)
-            state = _RunAlerts(run_id, project, name, detector, AlertBook(settings.alerts))
-        process.memory.join(run_id, name, detector.context)
+        memory.join(run_id, name, detector.context)
         process.open_runs.add(run_id)
         process.last, process.idle_since = state, None
         state.process = (project, key)
@@ -342,18 +337,12 @@ class AlertEngine:
         # Taken before reading: whatever the previous holder stores from now on, it stores
         # before its renewal tells it to stop, and a write that races this read is stored.
         await self._leases.take(RUN + run_id)
-        state = self._fresh(run, run["env"])
-        state.leased_at = leased_at
+        state = self._fresh(run, run["env"], leased_at)
         history = await asyncio.to_thread(
             self._store.series.recent_points, run_id, REPLAY_FRAMES, REPLAY_POINTS
         )
-        if history:
-            columns = {
-                n: Columns(s.tolist(), t.tolist(), v.tolist()) for n, (s, t, v) in history.items()
-            }
-            # Warms the baselines (what it finds is already known): seconds of work for a
-            # long history, so off the event loop that serves every other run.
-            await asyncio.to_thread(state.detector.feed, columns)
+        # Seconds of work for a long history: off the event loop that serves every other run.
+        await asyncio.to_thread(state.detector.replay, history)
         stored = await asyncio.to_thread(
             self._store.alerts.list_alerts, run_id=run_id, limit=10_000
         )
@@ -366,13 +355,8 @@ class AlertEngine:
         return state
 
     async def _apply(self, state: _RunAlerts, findings: Iterable[Finding]) -> None:
-        changes = []
-        for finding in findings:
-            change = self._book_of(state, finding.rule).apply(finding)
-            if change is not None:
-                changes.append(change)
-        if changes:
-            await self._publish(state, changes)
+        changes = [self._book_of(state, finding.rule).apply(finding) for finding in findings]
+        await self._publish(state, [change for change in changes if change is not None])
 
     async def _renew_forever(self) -> None:
         while True:
@@ -445,12 +429,9 @@ class AlertEngine:
 
 
 def _silenced_until(alert: Alert, silences: list[Silence]) -> float | None:
-    untils = [
-        s["until"]
-        for s in silences
-        if (s["run_id"], s["rule"], s["subject"]) == (alert.run_id, alert.rule, alert.subject)
-    ]
-    return max(untils) if untils else None
+    subject = (alert.run_id, alert.rule, alert.subject)
+    untils = [s["until"] for s in silences if (s["run_id"], s["rule"], s["subject"]) == subject]
+    return max(untils, default=None)
 
 
 def _save_all(

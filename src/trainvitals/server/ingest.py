@@ -221,21 +221,23 @@ class IngestSession:
     async def _points(self, frame: Points) -> str:
         assert self.run is not None
         run_id = self.run["id"]
-        columns = frame.columns()
-        new = columns.keys() - self._series
+        # One form from here on: the frame's clocks, each held once, shared by storage, the
+        # live push and the detector (``protocol.ClockedSeries``).
+        points = frame.columns()
+        new = points.keys() - self._series
         if new:
             self._quotas.series(len(self._series) + len(new))
             self._series.update(new)
         now = time.time()
         last_step = await self._writer.submit(
             partial(
-                self._store.series.add_points, run_id=run_id, seq=frame.seq, points=columns, now=now
+                self._store.series.add_points, run_id=run_id, seq=frame.seq, points=points, now=now
             )
         )
         self._last_seq = frame.seq
         if self._metrics is not None:
-            self._metrics.points.inc(sum(len(column.values) for column in columns.values()))
-        self._hub.points(run_id, ((name, *cols) for name, cols in columns.items()))
+            self._metrics.points.inc(sum(len(values) for _, values in points.series.values()))
+        self._hub.points(run_id, points)
         if self._liveness.revive(run_id):  # given up as lost while it was streaming
             await self._revive(now)
         if last_step is not None:
@@ -245,7 +247,7 @@ class IngestSession:
             self._liveness.seen(run_id, now)
         self._hub.run_changed(self.run.copy())
         if self._state.status not in FINAL:  # an ended run's points judge nothing more
-            await self._alerts.points(run_id, columns)
+            await self._alerts.points(run_id, points)
         return _ack(frame.seq)
 
     async def _stall(self, frame: Stall) -> str:

@@ -16,9 +16,9 @@ from trainvitals.protocol import (
     PROTOCOL_VERSION,
     STALL,
     UNSAFE_CHARS,
-    Columns,
-    ListColumns,
+    ClockedSeries,
 )
+from trainvitals.protocol import Clock as ProtocolClock
 
 #: The largest integer the database columns hold (BIGINT).
 INT64_MAX = 2**63 - 1
@@ -151,7 +151,7 @@ class Points(_Frame):
     clocks: dict[ClockName, Clock] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _held(self) -> Points:
+    def _within_limits(self) -> Points:
         points = sum(len(column.value) for column in self.series.values())
         if points > MAX_FRAME_POINTS:
             raise ValueError(f"{points} points in one frame, more than {MAX_FRAME_POINTS}")
@@ -168,17 +168,25 @@ class Points(_Frame):
                 )
         return self
 
-    def columns(self) -> dict[str, ListColumns]:
-        """Each series' points; series that share a clock share its lists (not copies)."""
-        out: dict[str, ListColumns] = {}
+    def columns(self) -> ClockedSeries[list[int], list[float]]:
+        """The frame's points as it carries them: each clock a series names once, a series
+        with its own steps and times on a clock of its own; the validated lists, not copies."""
+        clocks: list[ProtocolClock[list[int], list[float]]] = []
+        index: dict[str, int] = {}  # the frame's clock names, by their place in ``clocks``
+        series: dict[str, tuple[int, list[float]]] = {}
         for name, column in self.series.items():
             if column.clock is None:
                 assert column.step is not None and column.time is not None
-                out[name] = Columns(column.step, column.time, column.value)
-            else:
+                series[name] = (len(clocks), column.value)
+                clocks.append(ProtocolClock(column.step, column.time))
+                continue
+            at = index.get(column.clock)
+            if at is None:
                 clock = self.clocks[column.clock]
-                out[name] = Columns(clock.step, clock.time, column.value)
-        return out
+                at = index[column.clock] = len(clocks)
+                clocks.append(ProtocolClock(clock.step, clock.time))
+            series[name] = (at, column.value)
+        return ClockedSeries(clocks, series)
 
 
 class Heartbeat(_Frame):

@@ -9,6 +9,21 @@ export function withSummary(run, summary) {
   return { ...run, ...summary };
 }
 
+// A live message as its handlers read it. The page asks for points with their clocks
+// (?clocks=1): as in the agent's frames, the steps and times that several series share come
+// once, in message.clocks, and each of those series names its clock. Each series gets its
+// clock's steps and times back here, so that every handler reads {step, time, value}: the
+// series of one clock share its arrays (read them, never change them).
+export function withClocks(message) {
+  if (message.type !== "points" || !message.clocks) return message;
+  const series = {};
+  for (const [name, data] of Object.entries(message.series)) {
+    const clock = data.clock === undefined ? undefined : message.clocks[data.clock];
+    series[name] = clock ? { step: clock.step, time: clock.time, value: data.value } : data;
+  }
+  return { ...message, series };
+}
+
 // The longest wait before connecting again, ms.
 const MAX_DELAY = 5000;
 
@@ -38,7 +53,7 @@ export class LiveSocket {
 
   connect() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const socket = new WebSocket(`${scheme}://${location.host}/api/v1/live`);
+    const socket = new WebSocket(`${scheme}://${location.host}/api/v1/live?clocks=1`);
     this.socket = socket;
     let opened = false;
     socket.onopen = () => {
@@ -53,7 +68,7 @@ export class LiveSocket {
       this.firstOpenHandlers.clear();
     };
     socket.onmessage = (event) => {
-      const message = JSON.parse(event.data);
+      const message = withClocks(JSON.parse(event.data));
       for (const handler of this.handlers) handler(message);
     };
     socket.onclose = async (event) => {

@@ -181,7 +181,7 @@ async def _ingest(
 @router.websocket(LIVE_PATH)
 async def live(websocket: WebSocket, state: StateDep) -> None:
     """Browser stream. Send ``{"type": "subscribe", "run_id": ...}`` to get a run's points;
-    every browser gets run-list changes."""
+    every browser gets run-list changes. ``?clocks=1``: points with their clocks."""
     who = await _admitted(websocket, state, Role.READ)
     if who is None:
         return
@@ -189,7 +189,9 @@ async def live(websocket: WebSocket, state: StateDep) -> None:
     # A browser's session too: signing out closes its stream, not only revoking its token.
     session = session_key(websocket) if who is not LOCAL else None
     in_session = state.open_tokens.opened(session, websocket) if session else None
-    subscriber = state.hub.subscribe(who.projects)
+    # ?clocks=1: points in the agent frame's layout, steps and times once (docs/protocol.md).
+    clocks = websocket.query_params.get("clocks") == "1"
+    subscriber = state.hub.subscribe(who.projects, clocks=clocks)
     sender = asyncio.create_task(_drain(websocket, subscriber))
     try:
         while True:

@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainvitals.protocol import AnyColumns, ArrayColumns, Columns
+from trainvitals.protocol import AnyColumns, ArrayColumns, ClockedSeries, Columns
 from trainvitals.server.downsample import downsample_indices
 from trainvitals.server.run_lifecycle import ALIVE
 from trainvitals.server.settings import Retention
@@ -88,19 +88,20 @@ class SeriesStore:
             return None
         rows = []
         last_step: int | None = None
-        # Series of one frame that share their steps and times (the wire's clocks) share the
-        # very lists: those are packed once.
-        clocks: dict[tuple[int, int], tuple[bytes, bytes, int, tuple[int, int]]] = {}
+        frame = ClockedSeries.of(points)
+        # Each clock of the frame (the steps and times its series share) is packed once.
+        clocks: dict[int, tuple[bytes, bytes, int, tuple[int, int]]] = {}
         summaries: dict[str, Summary] = {}
-        for name, (steps, times, values) in points.items():
-            clock = clocks.get((id(steps), id(times)))
+        for name, (index, values) in frame.series.items():
+            clock = clocks.get(index)
             if clock is None:
+                steps, times = frame.clocks[index]
                 step_array = np.asarray(steps, dtype=np.int64)
                 if step_array.size == 0:
                     continue
                 # Written as they come, in the cheap packed layout: the writer thread keeps up
                 # with ingest; the compactor encodes them later, many frames at a time.
-                clock = clocks[(id(steps), id(times))] = (
+                clock = clocks[index] = (
                     *codec.encode_raw_clock(step_array, times),
                     int(step_array.size),
                     last_point(step_array),
