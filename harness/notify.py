@@ -21,7 +21,8 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 from websockets.sync.client import ClientConnection, connect
 
-from harness.processes import ServerProcess, free_port, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, free_port
 from trainvitals.protocol import PROTOCOL_VERSION
 
 

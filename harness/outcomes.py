@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.processes import ServerProcess, demo_command, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, demo_command, run_series
 
 ALARMS = ("warning", "critical")
 #: Lines for the end of the test session's report (see conftest.py): each scenario's lead.

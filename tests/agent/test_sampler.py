@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harness.processes import wait_for
+from harness.polling import wait_for
 from trainvitals.agent.sampler import Sampler
 
 

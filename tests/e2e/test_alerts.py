@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from harness.processes import ServerProcess, free_port, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, free_port
 from trainvitals import Run, resolve
 from trainvitals.protocol import PROTOCOL_VERSION
 

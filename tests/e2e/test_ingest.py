@@ -15,7 +15,8 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
 from harness.metrics import parse, scrape, value
-from harness.processes import ServerProcess, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, run_series
 from trainvitals import Run, resolve
 from trainvitals.agent.buffer import encode_points, points_frames
 from trainvitals.protocol import MAX_FRAME_BYTES, Columns
