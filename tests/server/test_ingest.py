@@ -15,6 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from harness.inprocess import HELLO, app_state, closed_with, in_process, ingest, points, reply, send
+from harness.polling import wait_for
 from trainvitals.server.settings import Settings
 
 pytestmark = pytest.mark.timeout(60)  # a close that never comes fails here, not in 5 minutes
@@ -184,3 +185,45 @@ def test_a_token_sends_runs_of_its_own_project_only(tmp_path: Path) -> None:
         for token in (of_p, of_all):
             with ingest(client, token) as ws:
                 assert reply(ws, {**HELLO, "run_id": token[:8]})["type"] == "welcome"
+
+
+def test_a_runs_frames_move_it_through_stalled_running_and_its_end(client: TestClient) -> None:
+    def run() -> dict[str, object]:
+        answer: dict[str, object] = client.get("/api/v1/runs/r1").json()
+        return answer
+
+    stall = {"type": "stall", "v": 1, "seq": 2, "time": 5.0, "idle": 40.0, "threshold": 10.0,
+             "stacks": "Thread 1:\n  next(iterator)"}  # fmt: skip
+    end = {"type": "end", "v": 1, "seq": 4, "reason": "completed", "time": 9.0}
+    with ingest(client) as ws:
+        reply(ws, HELLO)
+        reply(ws, points(1, {"loss": ([1, 2], [1.0, 0.9])}))
+        assert reply(ws, stall) == {"type": "ack", "seq": 2}
+        assert (run()["status"], run()["last_step"]) == ("stalled", 2)
+        reply(ws, points(3, {"loss": ([3], [0.8])}))  # a step: it runs again
+        assert (run()["status"], run()["last_step"]) == ("running", 3)
+        seen = run()["last_seen"]
+        send(ws, {"type": "heartbeat", "v": 1, "time": 8.0})  # not numbered, not acked
+        assert reply(ws, points(3, {"loss": ([3], [0.8])})) == {"type": "ack", "seq": 3}  # replay
+        seen_again = run()["last_seen"]
+        assert isinstance(seen, float) and isinstance(seen_again, float) and seen_again > seen
+        assert reply(ws, end) == {"type": "ack", "seq": 4}
+        assert reply(ws, end) == {"type": "ack", "seq": 4}  # a replayed end changes nothing
+    ended = run()
+    assert (ended["status"], ended["end_reason"], ended["ended_at"]) == ("finished", "completed",
+                                                                         9.0)  # fmt: skip
+
+
+def test_a_run_given_up_as_lost_comes_back_when_its_points_arrive(tmp_path: Path) -> None:
+    """Silent longer than ``lost_after`` yet connected all along (a network hiccup, a paused
+    server): its next points make it run again, and its crash alert resolves."""
+    settings = Settings(db=str(tmp_path / "tv.db"), lost_after=0.5)
+    with in_process(settings) as client, ingest(client) as ws:
+        reply(ws, HELLO)
+        reply(ws, points(1, {"loss": ([1], [1.0])}))
+        wait_for(lambda: client.get("/api/v1/runs/r1").json()["status"] == "lost", what="lost")
+        assert reply(ws, points(2, {"loss": ([2], [0.9])})) == {"type": "ack", "seq": 2}
+        back = client.get("/api/v1/runs/r1").json()
+        assert (back["status"], back["end_reason"], back["ended_at"]) == ("running", None, None)
+        (crash,) = client.get("/api/v1/runs/r1/alerts").json()["alerts"]
+        assert (crash["rule"], crash["state"]) == ("crash", "resolved")
