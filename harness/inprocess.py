@@ -1,9 +1,9 @@
 """The server in this process: the app ``trainvitals serve`` runs, started by its own lifespan
 and spoken to through Starlette's test client (HTTP and websockets in memory, no uvicorn).
 
-The fast tier of the server's tests: ingest sessions, their close codes and the alert engine,
-fed frames as an agent sends them and read back as the agent and the HTTP API see them, on a
-real SQLite file through the real writer. What only a real server shows (the upgrade and its
+The fast tier of the server's tests: ingest sessions, the websockets' close codes and the alert
+engine, fed frames as an agent sends them and read back as the agent and the HTTP API see them,
+on a real SQLite file through the real writer. What only a real server shows (the upgrade and its
 refusals, uvicorn's own limits, processes that die) stays in ``tests/e2e``.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from starlette.testclient import TestClient, WebSocketTestSession
 from starlette.websockets import WebSocketDisconnect
 
-from trainvitals.protocol import INGEST_PATH
+from trainvitals.protocol import INGEST_PATH, LIVE_PATH
 from trainvitals.server.app import create_app
 from trainvitals.server.deps import AppState
 from trainvitals.server.settings import Settings
@@ -50,9 +50,18 @@ def app_state(client: TestClient) -> AppState:
 
 def ingest(client: TestClient, token: str | None = None) -> WebSocketTestSession:
     """An agent's connection to ``/api/v1/ingest`` (a context manager), with ``token``."""
+    return _websocket(client, INGEST_PATH, token)
+
+
+def live(client: TestClient, token: str | None = None) -> WebSocketTestSession:
+    """A browser's connection to ``/api/v1/live`` (a context manager), with ``token``."""
+    return _websocket(client, LIVE_PATH, token)
+
+
+def _websocket(client: TestClient, path: str, token: str | None) -> WebSocketTestSession:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     # A URL of its own: the client's websockets do not follow its ``base_url``.
-    return client.websocket_connect(f"ws://127.0.0.1:8600{INGEST_PATH}", headers=headers)
+    return client.websocket_connect(f"ws://127.0.0.1:8600{path}", headers=headers)
 
 
 def send(ws: WebSocketTestSession, frame: Mapping[str, object]) -> None:
