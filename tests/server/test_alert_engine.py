@@ -163,3 +163,29 @@ def test_the_rules_file_sets_thresholds_per_project(tmp_path: Path) -> None:
                 reply(ws, points(1, {"loss": ([1], [math.nan])}))
         assert alerts_of(client, "q") == []
         assert [a["rule"] for a in alerts_of(client, "l")] == ["nonfinite"]
+
+
+def test_people_acknowledge_and_silence_an_alert_and_the_engine_keeps_their_marks(
+    tmp_path: Path,
+) -> None:
+    with in_process(Settings(db=str(tmp_path / "tv.db"))) as client, ingest(client) as ws:
+        reply(ws, HELLO)
+        reply(ws, healthy(1, range(1, 50)))
+        reply(ws, poisoned(2, range(50, 51)))
+        (alert,) = alerts_of(client, "r1")
+        acked = client.post(f"/api/v1/alerts/{alert['id']}/ack", json={"by": "ana"})
+        assert acked.status_code == 200 and acked.json()["acknowledged_by"] == "ana"
+        silenced = client.post(f"/api/v1/alerts/{alert['id']}/silence", json={"duration_s": 600})
+        assert silenced.status_code == 200
+        body = silenced.json()
+        assert body["silence"]["rule"] == "nonfinite"
+        assert body["alert"]["silenced_until"] == body["silence"]["until"]
+        assert client.post("/api/v1/alerts/nope/ack").status_code == 404
+        negative = client.post(f"/api/v1/alerts/{alert['id']}/silence", json={"duration_s": -1})
+        assert negative.status_code == 422
+        reply(ws, healthy(3, range(51, 160)))  # clean steps resolve it
+        (resolved,) = alerts_of(client, "r1")
+        assert resolved["state"] == "resolved"
+        # People's marks survive the engine's own updates of the alert.
+        assert resolved["acknowledged_by"] == "ana"
+        assert resolved["silenced_until"] == body["silence"]["until"]
