@@ -75,6 +75,17 @@ def reply(ws: WebSocketTestSession, frame: Mapping[str, object]) -> dict[str, ob
     return answer
 
 
+def closed_after(ws: WebSocketTestSession, *frames: str | bytes) -> tuple[int, str]:
+    """Send ``frames`` as they are (text, or a binary frame for bytes); the close code and
+    reason the server then ends ``ws`` with."""
+    for frame in frames:
+        if isinstance(frame, bytes):
+            ws.send_bytes(frame)
+        else:
+            ws.send_text(frame)
+    return closed_with(ws)
+
+
 def closed_with(ws: WebSocketTestSession) -> tuple[int, str]:
     """The close code and reason the server ends ``ws`` with (replies before it are read)."""
     with pytest.raises(WebSocketDisconnect) as closed:

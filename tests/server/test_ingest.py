@@ -14,7 +14,17 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from harness.inprocess import HELLO, app_state, closed_with, in_process, ingest, points, reply, send
+from harness.inprocess import (
+    HELLO,
+    app_state,
+    closed_after,
+    closed_with,
+    in_process,
+    ingest,
+    points,
+    reply,
+    send,
+)
 from harness.polling import wait_for
 from trainvitals.server.settings import Settings
 
@@ -62,12 +72,7 @@ def test_malformed_frames_close_with_code_and_reason(
     client: TestClient, frames: list[str | bytes], code: int, reason: str
 ) -> None:
     with ingest(client) as ws:
-        for frame in frames:
-            if isinstance(frame, bytes):
-                ws.send_bytes(frame)
-            else:
-                ws.send_text(frame)
-        got_code, got_reason = closed_with(ws)
+        got_code, got_reason = closed_after(ws, *frames)
     assert got_code == code
     assert reason in got_reason
 
