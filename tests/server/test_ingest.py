@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from starlette.testclient import TestClient
+from starlette.testclient import TestClient, WebSocketDenialResponse
 
 from harness.inprocess import (
     HELLO,
@@ -21,6 +21,7 @@ from harness.inprocess import (
     closed_with,
     in_process,
     ingest,
+    live,
     points,
     reply,
     send,
@@ -232,3 +233,16 @@ def test_a_run_given_up_as_lost_comes_back_when_its_points_arrive(tmp_path: Path
         assert (back["status"], back["end_reason"], back["ended_at"]) == ("running", None, None)
         (crash,) = client.get("/api/v1/runs/r1/alerts").json()["alerts"]
         assert (crash["rule"], crash["state"]) == ("crash", "resolved")
+
+
+def test_past_max_websockets_an_upgrade_is_answered_503_until_one_closes(tmp_path: Path) -> None:
+    with in_process(Settings(db=str(tmp_path / "tv.db"), max_websockets=1)) as client:
+        with ingest(client) as first:
+            assert reply(first, HELLO)["type"] == "welcome"
+            for connect in (ingest, live):  # agents and browsers count together
+                with pytest.raises(WebSocketDenialResponse) as refused, connect(client):
+                    pass
+                assert refused.value.status_code == 503
+                assert "too many connections" in refused.value.json()["detail"]
+        with ingest(client) as again:  # the first one's place is free
+            assert reply(again, {**HELLO, "run_id": "r2"})["type"] == "welcome"
