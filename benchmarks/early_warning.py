@@ -6,7 +6,7 @@ through a real server, then scores candidate signals offline:
 
 - the blow-ups: the demo's ``explode`` (SGD, LR x1.005 a step, two tanh layers, MSE on
   digits), the same model on other seeds and at x1.006, and a six-layer ReLU MLP at x1.006;
-- the healthy suite of ``harness/outcomes.py`` and the demo's healthy run.
+- the healthy suite of ``harness/healthy_runs.py`` and the demo's healthy run.
 
 Each signal's threshold is the highest value any healthy run reaches after its first 100
 steps (no new false alarm, by construction); a blow-up's lead is the number of steps from the
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from harness import healthy_runs
 from harness import outcomes as sc
 from harness.processes import ServerProcess, run_series
 
@@ -147,8 +148,8 @@ def main() -> None:
                 raised_today(blowups)
                 return
             healthy: list[sc.Outcome] = []
-            for shape in sc.HEALTHY:
-                healthy += sc.run_healthy(server, shape, Path(tmp))
+            for shape in healthy_runs.HEALTHY:
+                healthy += healthy_runs.run_healthy(server, shape, Path(tmp))
             sc.run_scenario(server, "healthy", "--epochs", "20")
             healthy.append(sc.outcome(server, "healthy"))
             calm = {o.run["name"]: signals(streams(server, o)) for o in healthy}

@@ -42,7 +42,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.processes import ServerProcess, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess
 from harness.services import private_postgres
 from trainvitals import Run, resolve
 

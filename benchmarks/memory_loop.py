@@ -24,7 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.processes import ServerProcess, in_cgroup, memory_cgroup, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, in_cgroup, memory_cgroup
 from trainvitals.agent.host import HostSource, process_memory, read_memory_cgroup
 
 LOOP = textwrap.dedent(

@@ -31,7 +31,7 @@ from harness.notify import (
     notifying_server,
     receiving,
 )
-from harness.processes import wait_for
+from harness.polling import wait_for
 
 #: The channels' default grouping window (seconds), plus a margin.
 SPACING = 2.2

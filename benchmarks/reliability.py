@@ -36,7 +36,8 @@ import keras
 
 import trainvitals
 from benchmarks.agent_overhead import BATCH, mlp, run_fit
-from harness.processes import ServerProcess, demo_training, free_port, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, demo_training, free_port, run_series
 
 # What 0.2 s of a fast fit makes: 50 steps of 20 series, 1000 points a frame.
 SERIES = [

@@ -27,7 +27,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.browser import chromium
-from harness.processes import ServerProcess, git_worktree, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, git_worktree
 from trainvitals import Run, resolve
 
 #: Counts the nodes the list's body gains, each with every node inside it, text included (a

@@ -33,7 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect
 
 from harness.balancer import Team, redis_url, team
-from harness.processes import ServerProcess, cpu_seconds, postgres_database, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, cpu_seconds, postgres_database
 
 SERIES = ["loss", "accuracy", "grad/global_norm", "step_time", "host/rss"]
 STEPS_PER_FRAME = 10

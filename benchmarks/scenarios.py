@@ -27,6 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness import healthy_runs
 from harness import outcomes as sc
 from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series
 
@@ -74,7 +75,7 @@ def healthy(server: ServerProcess, shapes: list[str], seeds: int, pace: float, t
                 sc.run_scenario(server, "healthy", "--epochs", "20", "--pace", str(pace), name=name)
                 outcomes.append(sc.outcome(server, "healthy", name))
             else:
-                outcomes += sc.run_healthy(server, shape, tmp, seed)
+                outcomes += healthy_runs.run_healthy(server, shape, tmp, seed)
         shape_steps = sum(steps_of(server, r) for r in outcomes)
         shape_alarms = [a for r in outcomes for a in r.alarms()]
         infos = sum(len(r.alerts) for r in outcomes) - len(shape_alarms)
@@ -99,7 +100,7 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     if args.healthy_only:
         skip |= {scenario for scenario, _, _ in FAILURES}
-    shapes = list(filter(None, args.shapes.split(","))) or ["demo", *sorted(sc.HEALTHY)]
+    shapes = list(filter(None, args.shapes.split(","))) or ["demo", *sorted(healthy_runs.HEALTHY)]
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "scenarios.db"))
         try:

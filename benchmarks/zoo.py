@@ -53,7 +53,8 @@ import numpy as np
 
 from harness import framing
 from harness import outcomes as sc
-from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series
 
 #: Failure classes: the rules that should fire, the causes the first alarm should name, how
 #: the point of no return is found, and whether a precursor can come before it (a kill or an

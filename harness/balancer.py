@@ -17,7 +17,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.processes import ServerProcess, create_token, free_port, terminate, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, create_token, free_port, terminate
 
 NGINX = "/usr/sbin/nginx"
 REDIS = os.environ.get("TRAINVITALS_TEST_REDIS", "redis://127.0.0.1:6379")

@@ -15,13 +15,14 @@ from email.parser import BytesParser
 from email.policy import default
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 from websockets.sync.client import ClientConnection, connect
 
-from harness.processes import ServerProcess, free_port, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, free_port
 from trainvitals.protocol import PROTOCOL_VERSION
 
 
@@ -216,28 +217,47 @@ def agent(
     return ws
 
 
-def send(ws: ClientConnection, frame: dict[str, Any]) -> None:
+class Points(TypedDict):
+    """One series' points, as a ``points`` frame carries them without clocks."""
+
+    step: list[int]
+    time: list[float]
+    value: list[float]
+
+
+class PointsBody(TypedDict):
+    type: Literal["points"]
+    seq: int
+    series: dict[str, Points]
+
+
+class EndBody(TypedDict):
+    type: Literal["end"]
+    seq: int
+    reason: str
+    time: float
+
+
+def send(ws: ClientConnection, frame: PointsBody | EndBody) -> None:
     """Send a numbered frame and wait for its ack (the alert and its notices are stored)."""
     ws.send(json.dumps({"v": PROTOCOL_VERSION, **frame}))
     json.loads(ws.recv(timeout=10))
 
 
 def nan_loss(ws: ClientConnection, seq: int = 1, step: int = 1) -> None:
-    series = {"loss": {"step": [step], "time": [time.time()], "value": [math.nan]}}
-    send(ws, {"type": "points", "seq": seq, "series": series})
+    loss: Points = {"step": [step], "time": [time.time()], "value": [math.nan]}
+    send(ws, {"type": "points", "seq": seq, "series": {"loss": loss}})
 
 
 def clean_loss(ws: ClientConnection, seq: int, steps: range) -> None:
     """One frame of finite losses over ``steps``: enough of them resolve a ``nonfinite``."""
     now = time.time()
-    series = {
-        "loss": {
-            "step": list(steps),
-            "time": [now] * len(steps),
-            "value": [1.0 / step for step in steps],
-        }
+    loss: Points = {
+        "step": list(steps),
+        "time": [now] * len(steps),
+        "value": [1.0 / step for step in steps],
     }
-    send(ws, {"type": "points", "seq": seq, "series": series})
+    send(ws, {"type": "points", "seq": seq, "series": {"loss": loss}})
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""Test helpers: a real server process, polling with a timeout, a throwaway PostgreSQL db."""
+"""Test helpers: a real server process, a throwaway PostgreSQL db."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,12 +15,12 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from harness.polling import wait_for
 
 #: The fields every run has, by the contract in docs/contract.md.
 RUN_CONTRACT_FIELDS = frozenset({
@@ -30,27 +31,6 @@ RUN_CONTRACT_FIELDS = frozenset({
 POSTGRES_ADMIN_URL = os.environ.get(
     "TRAINVITALS_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-
-
-def wait_for(
-    condition: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.05, what: str = ""
-) -> T:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-        except Exception as exc:  # the condition may fail until the system is ready
-            last_error = exc
-        else:
-            if value:
-                return value
-        time.sleep(interval)
-    raise AssertionError(
-        f"timed out after {timeout} s waiting for {what or condition}"
-        + (f" (last error: {last_error!r})" if last_error else "")
-    )
 
 
 class ServerProcess:
@@ -275,12 +255,16 @@ def memory_cgroup(limit_bytes: int) -> Iterator[Path]:
         (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit_bytes))
         yield group
     finally:
-        for _ in range(100):  # the processes in it must have exited before it can go
+
+        def removed() -> bool:  # the processes in it must have exited before it can go
             try:
                 group.rmdir()
-                break
             except OSError:
-                time.sleep(0.05)
+                return False
+            return True
+
+        with contextlib.suppress(AssertionError):  # left behind, as before, after 5 s
+            wait_for(removed, timeout=5.0, what=f"{group} to be removable")
 
 
 def demo_command(server: ServerProcess, name: str, *args: str) -> list[str]:

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.processes import free_port, wait_for
+from harness.polling import wait_for
+from harness.processes import free_port
 
 
 def _postgres_bin(name: str) -> str:

@@ -17,7 +17,8 @@ import pandas
 import pytest
 
 import trainvitals
-from harness.processes import ServerProcess, create_token, free_port, stream, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, create_token, free_port, stream
 from trainvitals import Run, resolve
 from trainvitals.client import ApiRun
 from trainvitals.exceptions import ApiError, ConfigurationError

@@ -11,7 +11,8 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import trainvitals  # noqa: E402
-from harness.processes import ServerProcess, wait_for  # noqa: E402
+from harness.polling import wait_for  # noqa: E402
+from harness.processes import ServerProcess  # noqa: E402
 from trainvitals.agent import autopsy  # noqa: E402
 
 BATCH = 16

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.processes import wait_for
+from harness.polling import wait_for
 from tests.agent.peer import running_peer
 from tests.agent.test_run import server_of
 from trainvitals.agent.config import resolve

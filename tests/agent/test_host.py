@@ -6,7 +6,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from harness.processes import ServerProcess, memory_cgroup, run_in_cgroup, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, memory_cgroup, run_in_cgroup, run_series
 from trainvitals.agent.host import (
     HostSource,
     cgroup_memory_limit,

@@ -22,7 +22,8 @@ import pytest
 keras = pytest.importorskip("keras")
 
 import trainvitals  # noqa: E402
-from harness.processes import ServerProcess, run_series, start_script, wait_for  # noqa: E402
+from harness.polling import wait_for  # noqa: E402
+from harness.processes import ServerProcess, run_series, start_script  # noqa: E402
 from tests.agent.peer import HOURLY_SENDS  # noqa: E402
 from trainvitals.protocol import whole_micros  # noqa: E402
 from trainvitals.series import GRAD_GLOBAL_NORM  # noqa: E402

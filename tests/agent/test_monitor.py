@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from harness.processes import ServerProcess, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, run_series
 from tests.agent.peer import HOURLY_SENDS, running_peer
 from trainvitals.protocol import END, POINTS
 

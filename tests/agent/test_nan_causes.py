@@ -17,7 +17,8 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import trainvitals  # noqa: E402
-from harness.processes import ServerProcess, wait_for  # noqa: E402
+from harness.polling import wait_for  # noqa: E402
+from harness.processes import ServerProcess  # noqa: E402
 from trainvitals.detect.numeric import CAUSE_HINTS  # noqa: E402
 
 SAMPLES, BATCH, BAD_BATCH = 64, 8, 3  # 8 steps; the bad values sit in the 4th batch

@@ -14,7 +14,8 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import trainvitals  # noqa: E402
-from harness.processes import ServerProcess, wait_for  # noqa: E402
+from harness.polling import wait_for  # noqa: E402
+from harness.processes import ServerProcess  # noqa: E402
 from trainvitals.agent.gpu import SimulatedGpu  # noqa: E402
 from trainvitals.detect.settings import OomForecast  # noqa: E402
 

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from harness.processes import wait_for
+from harness.polling import wait_for
 from tests.agent.peer import Peer, running_peer
 from trainvitals.agent.config import resolve
 from trainvitals.agent.gpu import GpuDescription, SimulatedGpu

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.processes import wait_for
+from harness.polling import wait_for
 from trainvitals.agent.sampler import Sampler
 
 if TYPE_CHECKING:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.processes import ServerProcess, free_port, run_series, start_script, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, free_port, run_series, start_script
 from trainvitals import Run, resolve
 from trainvitals.agent.spool_format import HEAD_SEGMENT, META_FILE
 from trainvitals.agent.sync import find_spools, load

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from harness.processes import wait_for
+from harness.polling import wait_for
 from tests.agent.peer import running_peer
 from trainvitals.agent.buffer import PointBuffer
 from trainvitals.agent.connection import KeepaliveConnection

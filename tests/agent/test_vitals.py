@@ -13,7 +13,8 @@ keras = pytest.importorskip("keras")
 tf = pytest.importorskip("tensorflow")
 
 import trainvitals  # noqa: E402
-from harness.processes import ServerProcess, run_series, wait_for  # noqa: E402
+from harness.polling import wait_for  # noqa: E402
+from harness.processes import ServerProcess, run_series  # noqa: E402
 from trainvitals.agent import tf_vitals  # noqa: E402
 from trainvitals.agent.gpu import (  # noqa: E402
     THROTTLE_HW_THERMAL,

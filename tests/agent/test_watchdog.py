@@ -9,7 +9,7 @@ import textwrap
 
 import psutil
 
-from harness.processes import wait_for
+from harness.polling import wait_for
 from tests.agent.peer import running_peer
 from tests.agent.test_transport import hello
 from trainvitals.protocol import END, HELLO, EndReason

@@ -7,7 +7,8 @@ import urllib.parse
 
 import numpy as np
 
-from harness.processes import RUN_CONTRACT_FIELDS, ServerProcess, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import RUN_CONTRACT_FIELDS, ServerProcess, run_series
 from trainvitals import Run, resolve
 
 

@@ -19,13 +19,13 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from harness.notify import HOOK_PATH, receiving
+from harness.polling import wait_for
 from harness.processes import (
     ServerProcess,
     create_token,
     ingest_refusal,
     stream,
     trainvitals,
-    wait_for,
 )
 from trainvitals.server.store import Store
 

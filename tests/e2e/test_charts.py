@@ -18,7 +18,7 @@ from harness.processes import ServerProcess
 from harness.seed import seed_runs
 from tests.e2e.test_dashboard import expect
 from trainvitals import Run, resolve
-from trainvitals.server.routes.api import MAX_POINTS_LIMIT
+from trainvitals.server.routes.series import MAX_POINTS_LIMIT
 
 STEPS = 3000
 T0 = 1.7e9

@@ -17,7 +17,8 @@ from urllib.parse import quote
 import pytest
 
 from harness.browser import delete_before_its_points, erring_page
-from harness.processes import ServerProcess, create_token, demo_training, stream, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, create_token, demo_training, stream
 from trainvitals import Run, resolve
 
 playwright_api = pytest.importorskip("playwright.sync_api")

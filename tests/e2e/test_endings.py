@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from harness.polling import wait_for
 from harness.processes import (
     ServerProcess,
     demo_training,
@@ -22,7 +23,6 @@ from harness.processes import (
     run_in_cgroup,
     run_series,
     start_script,
-    wait_for,
 )
 from trainvitals import Run, resolve
 from trainvitals.server.live import Hub

@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import select
 
-from harness.processes import ServerProcess, create_token, running_server, stream, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, create_token, running_server, stream
 from trainvitals import Run, resolve
 from trainvitals.protocol import Columns
 from trainvitals.server.storage.codec import CURRENT

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from harness.metrics import parse, scrape, value
-from harness.processes import ServerProcess, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, run_series
 from harness.services import PrivatePostgres, private_postgres
 from trainvitals import Run, resolve
 

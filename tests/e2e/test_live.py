@@ -1,15 +1,15 @@
-"""WS /api/v1/live: run-list changes for every browser, points for subscribers."""
+"""WS /api/v1/live: run-list changes for every browser, points for subscribers. The close
+codes of bad requests are tested in this process: tests/server/test_live_route.py."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-import pytest
-from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from harness.processes import ServerProcess, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess
 from trainvitals import Run, resolve
 from trainvitals.protocol import Columns
 
@@ -93,43 +93,3 @@ def test_a_page_that_asks_for_clocks_gets_each_clock_once(server: ServerProcess)
     assert plain["series"]["loss"]["step"] == plain["series"]["lr"]["step"] == steps
     assert plain["series"]["loss"]["value"] == [0.5, None]
     assert run.finish()
-
-
-def test_malformed_browser_message_closes_with_1007(server: ServerProcess) -> None:
-    with connect(server.url.replace("http", "ws") + "/api/v1/live") as browser:
-        browser.send("subscribe me")
-        try:
-            while True:
-                browser.recv(timeout=10)
-        except ConnectionClosed as exc:
-            assert exc.rcvd is not None and exc.rcvd.code == 1007
-            assert "subscribe" in exc.rcvd.reason
-
-
-def test_a_live_client_is_held_to_small_requests_for_real_run_ids(server: ServerProcess) -> None:
-    url = server.url.replace("http", "ws") + "/api/v1/live"
-
-    def closed_after(*requests: str | bytes) -> tuple[int, str]:
-        with connect(url) as ws, pytest.raises(ConnectionClosed) as closed:
-            for request in requests:
-                ws.send(request)
-            while True:
-                ws.recv(timeout=10)
-        assert closed.value.rcvd is not None
-        return closed.value.rcvd.code, closed.value.rcvd.reason
-
-    big = json.dumps({"type": "subscribe", "run_id": "r" * 4 * 2**20})
-    assert closed_after(big) == (1009, "live requests are at most 1 KiB")
-    odd = json.dumps({"type": "subscribe", "run_id": "../x\n"})
-    assert closed_after(odd)[0] == 1007
-    many = [json.dumps({"type": "subscribe", "run_id": f"r{i}"}) for i in range(257)]
-    assert closed_after(*many) == (1008, "at most 256 runs a connection")
-    # A binary frame, and a kilobyte of nesting: each its own close code, no traceback (the
-    # first raised a KeyError out of the route, the second a RecursionError).
-    binary = json.dumps({"type": "subscribe", "run_id": "r1"}).encode()
-    assert closed_after(binary) == (1003, "expected JSON text frames, got a binary frame")
-    assert closed_after("[" * 1000)[0] == 1007
-    with connect(url) as ws:  # the server lives on
-        ws.send(json.dumps({"type": "subscribe", "run_id": "r1"}))
-    server.stop()
-    assert "Traceback" not in server.output(), server.output()[-4000:]

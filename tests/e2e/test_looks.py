@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from harness.processes import ServerProcess, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess
 from harness.seed import seed_runs
 from tests.e2e.test_dashboard import expect
 from trainvitals import Run, resolve

@@ -32,7 +32,8 @@ from harness.notify import (
     receiving,
     send,
 )
-from harness.processes import ServerProcess, free_port, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, free_port
 from trainvitals.protocol import PROTOCOL_VERSION
 from trainvitals.server.notify import verify_signature
 

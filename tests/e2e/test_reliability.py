@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.processes import ServerProcess, free_port, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, free_port, run_series
 from trainvitals import Run, resolve
 
 STEPS = 300

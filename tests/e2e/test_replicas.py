@@ -21,7 +21,8 @@ from websockets.sync.client import ClientConnection, connect
 
 from harness.balancer import Team, redis_url, team
 from harness.metrics import parse, scrape, value
-from harness.processes import ServerProcess, postgres_database, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, postgres_database, run_series
 from trainvitals import Run, resolve
 
 

@@ -7,7 +7,8 @@ import json
 import urllib.request
 from pathlib import Path
 
-from harness.processes import ServerProcess, create_token, stream, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, create_token, stream
 from trainvitals import Run, resolve
 
 

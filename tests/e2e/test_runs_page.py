@@ -16,7 +16,8 @@ import pytest
 
 from harness.browser import delete_before_its_points, erring_page, pumped
 from harness.notify import agent
-from harness.processes import ServerProcess, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess
 from harness.seed import seed_runs
 from tests.e2e.test_charts import download
 from tests.e2e.test_dashboard import expect

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import healthy_runs
 from harness import outcomes as sc
 from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series
 from trainvitals.cli import SCENARIO_NAMES
@@ -126,13 +127,14 @@ def _backbone_joins_at_the_unfreeze(server: ServerProcess, run_id: str) -> None:
     run = server.get(f"/api/v1/runs/{run_id}")
     norms = [n for n in run["series"] if n.startswith("grad/norm/")]
     first = {n: s[n]["step"][0] for n in norms for s in [run_series(server, run_id, n)]}
-    late = {n for n, step in first.items() if step >= sc.UNFREEZE}
+    late = {n for n, step in first.items() if step >= healthy_runs.UNFREEZE}
     assert late and late != set(norms), first
-    assert {first[n] for n in late} == {sc.UNFREEZE}, first
+    assert {first[n] for n in late} == {healthy_runs.UNFREEZE}, first
     norm = run_series(server, run_id, "grad/global_norm")["grad/global_norm"]
     at = dict(zip(norm["step"], norm["value"], strict=True))
-    before = statistics.median(at[s] for s in range(sc.UNFREEZE - 50, sc.UNFREEZE))
-    after = statistics.median(at[s] for s in range(sc.UNFREEZE, sc.UNFREEZE + 10))
+    unfreeze = healthy_runs.UNFREEZE
+    before = statistics.median(at[s] for s in range(unfreeze - 50, unfreeze))
+    after = statistics.median(at[s] for s in range(unfreeze, unfreeze + 10))
     assert after >= 8 * before, (before, after)
 
 
@@ -140,11 +142,11 @@ def _backbone_joins_at_the_unfreeze(server: ServerProcess, run_id: str) -> None:
 SHOWN = {"mixed-float16": _skipped_steps, "finetune-unfrozen": _backbone_joins_at_the_unfreeze}
 
 
-@pytest.mark.parametrize("shape", sorted(sc.HEALTHY))
+@pytest.mark.parametrize("shape", sorted(healthy_runs.HEALTHY))
 def test_healthy_training_raises_no_warning(
     server: ServerProcess, shape: str, tmp_path: Path
 ) -> None:
-    outcomes = sc.run_healthy(server, shape, tmp_path)
+    outcomes = healthy_runs.run_healthy(server, shape, tmp_path)
     for result in outcomes:
         assert result.run["status"] == "finished"
         assert result.alarms() == [], [(a["rule"], a["message"]) for a in result.alarms()]

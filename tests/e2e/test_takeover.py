@@ -9,7 +9,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from harness.processes import ServerProcess, run_series, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, run_series
 from trainvitals import Run, resolve
 
 

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.processes import ServerProcess, create_token, ingest_refusal, stream, wait_for
+from harness.polling import wait_for
+from harness.processes import ServerProcess, create_token, ingest_refusal, stream
 from tests.e2e.test_dashboard import expect
 
 HOSTILE = "<img src=x onerror=window.owned=1>"

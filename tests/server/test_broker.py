@@ -16,19 +16,12 @@ import pytest
 from redis.asyncio import Redis
 
 from harness.balancer import redis_url
+from harness.polling import wait_for_async
 from trainvitals.exceptions import ConfigurationError
 from trainvitals.protocol import Clock, ClockedSeries, Columns
 from trainvitals.server.broker import POINTS, QUIET, Broker, check_broker_url
 from trainvitals.server.live import Hub, Subscriber
 from trainvitals.server.storage import RunSummary
-
-
-async def until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), timeout)
 
 
 def gathered(subscriber: Subscriber, into: list[dict[str, Any]]) -> int:
@@ -86,7 +79,7 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
             two.alert({"id": "probe", "project": "probe"})
             return not everyone.queue.empty() and not here.queue.empty()
 
-        await until(probed)
+        await wait_for_async(probed)
 
         clock = Clock([1, 2, 3], [10.0, 11.0, 12.0])
         on_it = {"loss": (0, [0.5, math.nan, -math.inf]), "lr": (0, [0.1, 0.1, 0.1])}
@@ -97,8 +90,8 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         two.run_changed(run("r2", "gan"))
         two.flush_runs()
         got: list[dict[str, Any]] = []
-        await until(lambda: gathered(everyone, got) >= 3)
-        await until(lambda: not mnist_only.queue.empty())
+        await wait_for_async(lambda: gathered(everyone, got) >= 3)
+        await wait_for_async(lambda: not mnist_only.queue.empty())
         assert [m["type"] for m in got] == ["points", "alert", "runs"]
         assert got[0]["run_id"] == "r1"
         assert got[0]["series"] == {
@@ -116,14 +109,14 @@ def test_points_alerts_and_runs_reach_the_browsers_of_every_replica_as_filtered(
         assert [m["type"] for m in only] == ["runs"]
         assert [r["id"] for r in only[0]["runs"]] == ["r1"]
         theirs: list[dict[str, Any]] = []
-        await until(lambda: gathered(here, theirs) >= 2)
+        await wait_for_async(lambda: gathered(here, theirs) >= 2)
         assert [m["type"] for m in theirs] == ["alert", "runs"]
 
         # A run's agent connected to `one` hears the alert found on `two` (its detector's).
         agent = one.agent_listens("r1")
         two.alert({"id": "a2", "run_id": "r1", "project": "mnist", "state": "firing",
                    "severity": "warning", "rule": "stall", "message": "m"})  # fmt: skip
-        await until(lambda: not agent.queue.empty())
+        await wait_for_async(lambda: not agent.queue.empty())
         assert json.loads(agent.queue.get_nowait())["alert"]["id"] == "a2"
 
         one.unsubscribe(everyone)
@@ -145,13 +138,13 @@ def test_a_deleted_run_leaves_the_browsers_of_every_replica_that_see_its_project
             two.alert({"id": "probe", "project": "probe"})
             return not everyone.queue.empty()
 
-        await until(probed)
+        await wait_for_async(probed)
         two.run_deleted("r1", "gan")
         got: list[dict[str, Any]] = []
-        await until(lambda: gathered(everyone, got) >= 1)
+        await wait_for_async(lambda: gathered(everyone, got) >= 1)
         assert got == [{"type": "deleted", "run_id": "r1", "project": "gan"}]
         theirs: list[dict[str, Any]] = []
-        await until(lambda: gathered(gan_only, theirs) >= 1)
+        await wait_for_async(lambda: gathered(gan_only, theirs) >= 1)
         assert theirs[0]["type"] == "deleted"
         assert messages(mnist_only) == []  # another project's browser hears nothing of it
 
@@ -175,9 +168,9 @@ def test_a_revoked_token_reaches_every_replica_once() -> None:
                 two.alert({"id": "probe", "project": "probe"})
                 return not probe.queue.empty()
 
-            await until(probed)  # both listen
+            await wait_for_async(probed)  # both listen
             two.token_revoked("0123456789ab")
-            await until(lambda: bool(heard["one"]) and len(heard["two"]) == 2)
+            await wait_for_async(lambda: bool(heard["one"]) and len(heard["two"]) == 2)
         finally:
             await one.stop()
             await two.stop()
@@ -211,7 +204,7 @@ def test_an_unreachable_broker_is_retried_and_its_password_never_logged(
         hub.start()
         subscriber = hub.subscribe()
         hub.alert({"id": "a", "project": "p"})  # dropped: at most once
-        await until(lambda: sum("live broker" in r.message for r in caplog.records) >= 3)
+        await wait_for_async(lambda: sum("live broker" in r.message for r in caplog.records) >= 3)
         await hub.stop()
         assert subscriber.queue.empty()
 
@@ -235,16 +228,16 @@ def test_points_nobody_watches_are_not_made_until_a_replica_asks_for_them() -> N
         assert broker is not None
         browser = one.subscribe()
         two.points("r9", loss)  # Redis answers that nobody listens
-        await until(lambda: not broker.heard(POINTS + "r9"))
+        await wait_for_async(lambda: not broker.heard(POINTS + "r9"))
         two.points("r9", loss)  # not even made into a message now
         one.watch(browser, "r9")  # ... until a browser anywhere asks for the run
-        await until(lambda: broker.heard(POINTS + "r9"))
+        await wait_for_async(lambda: broker.heard(POINTS + "r9"))
 
         def arrived() -> bool:
             two.points("r9", loss)  # until the new subscription holds
             return any(m["type"] == "points" for m in messages(browser))
 
-        await until(arrived)
+        await wait_for_async(arrived)
 
     on_two_replicas(scenario, quiet=3600.0)  # only the ask can bring them back
 
@@ -259,10 +252,10 @@ def test_a_malformed_message_on_the_broker_is_dropped_and_the_next_ones_still_go
         stranger = Redis.from_url(one._broker.url)
 
         try:
-            await until(partial(alert_arrives, two, browser, "before"))  # listening
+            await wait_for_async(partial(alert_arrives, two, browser, "before"))  # listening
             for channel in ("alerts", "runs", "watching"):
                 await stranger.publish(prefix + channel, b"\xff not json")
-            await until(partial(alert_arrives, two, browser, "after"))
+            await wait_for_async(partial(alert_arrives, two, browser, "after"))
         finally:
             await stranger.aclose()
 
@@ -280,14 +273,14 @@ def test_a_replica_cut_off_from_the_broker_reconnects_and_hears_again(
         admin = Redis.from_url(one._broker.url)
 
         try:
-            await until(partial(alert_arrives, two, browser, "before"))
+            await wait_for_async(partial(alert_arrives, two, browser, "before"))
             clients = await admin.client_list()
             ours = [c["id"] for c in clients if c["name"] == one._broker.client_name]
             assert ours
             assert not browser.overflowed.is_set()
             for client in ours:  # as when Redis restarts, or a network cut
                 await admin.client_kill_filter(_id=client)
-            await until(partial(alert_arrives, two, browser, "after"))
+            await wait_for_async(partial(alert_arrives, two, browser, "after"))
             # What was published meanwhile never came: the browser reconnects and reloads.
             assert browser.interrupted and browser.overflowed.is_set()
         finally:

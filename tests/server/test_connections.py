@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from harness.polling import wait_for_async
 from trainvitals.server.connections import REMEMBER, REVOKED, OpenRuns, OpenTokens
 
 
@@ -53,12 +54,13 @@ def test_a_revoke_closes_its_tokens_websockets_and_one_that_registers_just_after
             ("mine", "a", mine), ("theirs", "b", theirs), ("left", "a", left))}  # fmt: skip
         assert tokens.revoked("a") == 2
         assert held["mine"].revoked and held["left"].revoked and not held["theirs"].revoked
-        await asyncio.sleep(0.01)  # the closes are tasks of their own
+        # The closes are tasks of their own.
+        await wait_for_async(lambda: mine.closes, timeout=10, what="the revoked socket's close")
         assert mine.closes == [(1008, REVOKED)] and theirs.closes == []
         # A websocket whose token was read just before the revoke registers after it.
         late = FakeSocket()
         assert tokens.opened("a", cast(WebSocket, late)).revoked
-        await asyncio.sleep(0.01)
+        await wait_for_async(lambda: late.closes, timeout=10, what="the late socket's close")
         assert late.closes == [(1008, REVOKED)]
         # Long after, an id is forgotten (ids are not reused: a revoked token stays revoked).
         now[0] = REMEMBER + 1

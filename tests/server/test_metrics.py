@@ -18,7 +18,8 @@ from starlette.testclient import TestClient
 from websockets.sync.client import connect
 
 from harness.metrics import Samples, parse, scrape, value
-from harness.processes import ROOT, ServerProcess, create_token, wait_for
+from harness.polling import wait_for, wait_for_async
+from harness.processes import ROOT, ServerProcess, create_token
 from trainvitals import Run, resolve
 from trainvitals.agent.gpu import SimulatedGpu
 from trainvitals.exceptions import ConfigurationError
@@ -169,11 +170,12 @@ def test_a_stalled_event_loop_and_each_garbage_collection_are_measured() -> None
             time.sleep(0.6)  # a frame's handler that holds the loop up for 0.6 s
             gc.collect()
             lag = "trainvitals_event_loop_lag_seconds_count"
-            deadline = time.monotonic() + 10
-            while not count(samples := parse(generate_latest(metrics.registry).decode()), lag):
-                assert time.monotonic() < deadline, "the stall was never measured"
-                await asyncio.sleep(0.05)
-            return samples
+
+            def measured() -> Samples | None:
+                samples = parse(generate_latest(metrics.registry).decode())
+                return samples if count(samples, lag) else None
+
+            return await wait_for_async(measured, timeout=10, what="the stall to be measured")
         finally:
             await metrics.stop_watching()
 

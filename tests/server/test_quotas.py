@@ -6,27 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 
 import pytest
 
 from harness.balancer import redis_url
+from harness.polling import wait_for_async
 from trainvitals.exceptions import IngestRejected
 from trainvitals.server.live import Subscriber
 from trainvitals.server.quotas import Caps, Quotas, TeamCounts
-
-
-async def wait(attempt: Callable[[], Awaitable[object]], timeout: float = 5.0) -> None:
-    """Retry ``attempt`` until it is not refused (a release reaches Redis a moment later)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            await attempt()
-            return
-        except IngestRejected:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.01)
 
 
 def test_connections_runs_series_and_bytes_are_capped_per_token() -> None:
@@ -58,7 +45,8 @@ async def capped(team: bool) -> None:
             await one.connect("a")
         assert refused.value.code == 1013
         one.disconnect("a", slot)
-        await wait(lambda: two.connect("a"))  # the slot comes free (in Redis: a moment later)
+        # The slot comes free (in Redis: a moment later).
+        await wait_for_async(lambda: two.connect("a"), timeout=5, what="a free slot")
 
         for replica in (one, two, one):
             await replica.new_run("a")

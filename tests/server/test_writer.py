@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from harness.processes import POSTGRES_ADMIN_URL, wait_for
+from harness.polling import wait_for
+from harness.processes import POSTGRES_ADMIN_URL
 from harness.services import private_postgres
 from trainvitals.exceptions import StorageUnavailable, WriterClosed
 from trainvitals.protocol import Columns

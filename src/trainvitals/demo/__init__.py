@@ -8,7 +8,7 @@ showing its alert on the dashboard.
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
 
 import keras
 
@@ -25,11 +25,11 @@ class _Showcase(keras.callbacks.Callback):  # type: ignore[misc]
         super().__init__()
         self._vitals, self._server, self._pace = vitals, server.rstrip("/"), pace
 
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+    def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
         if self._vitals.run is not None:
             print(f"Run dashboard: {self._server}/#/runs/{self._vitals.run.id}", flush=True)
 
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
         if self._pace > 0:
             time.sleep(self._pace)
 

@@ -23,10 +23,10 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import keras
 import numpy as np
@@ -62,6 +62,20 @@ class Options:
     hang_for: float = 90.0
 
 
+class FitArgs(TypedDict, total=False):
+    """What a scenario passes to ``model.fit`` beside ``x``, ``y`` and the callbacks."""
+
+    validation_data: tuple[np.ndarray, np.ndarray]
+    epochs: int
+    batch_size: int
+    steps_per_epoch: int
+    shuffle: bool
+
+
+#: Hyper-parameters shown with the run: numbers, or words where a schedule needs them.
+Config = dict[str, str | float]
+
+
 @dataclass
 class Plan:
     """One scenario's training: ``model.fit(x, y, **fit)`` with ``callbacks`` added."""
@@ -69,10 +83,10 @@ class Plan:
     model: keras.Model
     x: Any
     y: Any = None
-    fit: dict[str, Any] = field(default_factory=dict)
+    fit: FitArgs = field(default_factory=lambda: FitArgs())
     callbacks: list[keras.callbacks.Callback] = field(default_factory=list)
     protect: Protection | None = None
-    config: dict[str, Any] = field(default_factory=dict)
+    config: Config = field(default_factory=dict)
     #: One line the demo prints before training: what to look for.
     story: str = ""
 
@@ -119,7 +133,7 @@ def build_model(learning_rate: Any = 1e-3) -> keras.Model:
     return model
 
 
-def _cnn_plan(options: Options, model: keras.Model | None = None, **config: Any) -> Plan:
+def _cnn_plan(options: Options, model: keras.Model | None = None, **config: str | float) -> Plan:
     (x, y), validation = digits()
     return Plan(
         model=model or build_model(),
@@ -229,7 +243,7 @@ class _Leak(keras.callbacks.Callback):  # type: ignore[misc]
         self.kept: list[np.ndarray] = []
         self._kept_bytes = 0
 
-    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+    def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
         # What the leak must fill is the limit less this process's own (anonymous) memory: its
         # file-backed pages (TensorFlow's libraries, some 400 MB of the resident set) are
         # dropped by the kernel before it kills anyone, so counting them made the leak take
@@ -247,7 +261,7 @@ class _Leak(keras.callbacks.Callback):  # type: ignore[misc]
         self._began = time.monotonic()
         print(f"Leaking {self._rate / 2**20:.1f} MiB/s", flush=True)
 
-    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Mapping[str, float] | None = None) -> None:
         due = min(self._rate * (time.monotonic() - self._began), self._cap)
         if due - self._kept_bytes >= 2**20:
             size = int(due - self._kept_bytes)

@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text, update
 
-from harness.processes import wait_for
+from harness.polling import wait_for
 from trainvitals.server.storage.schema import sessions, tokens
 from trainvitals.server.storage.tokens import (
     ALL_PROJECTS,

@@ -9,7 +9,7 @@ Groups and digests read as Slack's do: a title and one line per alert change.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal, NotRequired, TypedDict
 
 from trainvitals.server.notify.text import (
     Notice,
@@ -26,6 +26,85 @@ from trainvitals.server.notify.text import (
 )
 
 ChatKind = Literal["teams", "discord"]
+
+
+class TextBlock(TypedDict):
+    type: Literal["TextBlock"]
+    text: str
+    wrap: bool
+    weight: NotRequired[str]
+    size: NotRequired[str]
+    color: NotRequired[str]
+    fontType: NotRequired[str]
+
+
+class Fact(TypedDict):
+    title: str
+    value: str
+
+
+class FactSet(TypedDict):
+    type: Literal["FactSet"]
+    facts: list[Fact]
+
+
+class OpenUrl(TypedDict):
+    type: Literal["Action.OpenUrl"]
+    title: str
+    url: str
+
+
+#: A Teams Adaptive Card (``$schema`` is no Python name: the functional form).
+AdaptiveCard = TypedDict(
+    "AdaptiveCard",
+    {
+        "$schema": str,
+        "type": Literal["AdaptiveCard"],
+        "version": str,
+        "msteams": dict[str, str],
+        "body": list[TextBlock | FactSet],
+        "actions": NotRequired[list[OpenUrl]],
+    },
+)
+
+
+class CardAttachment(TypedDict):
+    contentType: str
+    contentUrl: None
+    content: AdaptiveCard
+
+
+class TeamsMessage(TypedDict):
+    type: Literal["message"]
+    attachments: list[CardAttachment]
+
+
+class EmbedField(TypedDict):
+    name: str
+    value: str
+    inline: bool
+
+
+class Embed(TypedDict):
+    title: str
+    description: str
+    color: NotRequired[int]
+    fields: NotRequired[list[EmbedField]]
+    url: NotRequired[str]
+
+
+class AllowedMentions(TypedDict):
+    parse: list[str]
+
+
+class DiscordMessage(TypedDict):
+    username: str
+    content: str
+    embeds: list[Embed]
+    allowed_mentions: AllowedMentions
+
+
+ChatMessage = TeamsMessage | DiscordMessage
 
 _EVIDENCE_ITEMS = 8
 _EVIDENCE_VALUE_CHARS = 160
@@ -45,7 +124,7 @@ _TEAMS_COLOR = {"critical": "Attention", "warning": "Warning", "info": "Accent"}
 
 def render(
     kind: ChatKind, notices: Sequence[Notice], public_url: str | None, lines: int
-) -> dict[str, Any]:
+) -> ChatMessage:
     """One alert change in full, or a group (past ``lines`` changes, a digest)."""
     if len(notices) == 1 and notices[0].change == "fired":
         if kind == "teams":
@@ -55,7 +134,7 @@ def render(
     if kind == "teams":
         blocks = [_text(heading, bold=True), *(_text(text) for text in body)]
         return _teams_card(blocks, link, "Open the run" if len(notices) == 1 else "Open alerts")
-    embed: dict[str, Any] = {
+    embed: Embed = {
         "title": cut(_discord_escape(heading), _DISCORD_TITLE),
         "description": cut("\n".join(_discord_escape(text) for text in body), _DISCORD_DESCRIPTION),
     }
@@ -66,7 +145,7 @@ def render(
     return _discord_message(heading, [embed])
 
 
-def probe(kind: ChatKind, text: str) -> dict[str, Any]:
+def probe(kind: ChatKind, text: str) -> ChatMessage:
     """``notify-test``'s message."""
     if kind == "teams":
         return _teams_card([_text(text)], None, "")
@@ -96,30 +175,34 @@ def _group(
 # -- Teams ----------------------------------------------------------------------------------
 
 
-def _teams_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
+def _teams_alert(notice: Notice, public_url: str | None) -> TeamsMessage:
     alert = notice.alert
-    blocks: list[dict[str, Any]] = [
-        {**_text(title(alert), bold=True), "size": "Medium",
-         "color": _TEAMS_COLOR.get(alert.severity, "Default")},
+    heading = _text(title(alert), bold=True)
+    heading["size"], heading["color"] = "Medium", _TEAMS_COLOR.get(alert.severity, "Default")
+    blocks: list[TextBlock | FactSet] = [
+        heading,
         _text(alert.message),
         {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in facts(alert)]},
-    ]  # fmt: skip
+    ]
     evidence = evidence_lines(alert.evidence, _EVIDENCE_ITEMS, _EVIDENCE_VALUE_CHARS)
     if evidence:
-        monospace = {**_text("\n\n".join(evidence)), "fontType": "Monospace"}
+        monospace = _text("\n\n".join(evidence))
+        monospace["fontType"] = "Monospace"
         blocks += [_text("Evidence", bold=True), monospace]
     if alert.hint:
         blocks += [_text("What to do", bold=True), _text(alert.hint)]
     return _teams_card(blocks, run_url(public_url, alert.run_id), "Open the run")
 
 
-def _teams_card(blocks: list[dict[str, Any]], link: str | None, label: str) -> dict[str, Any]:
-    card: dict[str, Any] = {
+def _teams_card(
+    blocks: Sequence[TextBlock | FactSet], link: str | None, label: str
+) -> TeamsMessage:
+    card: AdaptiveCard = {
         "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
         "type": "AdaptiveCard",
         "version": "1.4",
         "msteams": {"width": "Full"},
-        "body": blocks,
+        "body": list(blocks),
     }
     if link:
         card["actions"] = [{"type": "Action.OpenUrl", "title": label, "url": link}]
@@ -135,8 +218,8 @@ def _teams_card(blocks: list[dict[str, Any]], link: str | None, label: str) -> d
     }
 
 
-def _text(text: str, bold: bool = False) -> dict[str, Any]:
-    block: dict[str, Any] = {"type": "TextBlock", "text": cut(text, _TEAMS_TEXT), "wrap": True}
+def _text(text: str, bold: bool = False) -> TextBlock:
+    block: TextBlock = {"type": "TextBlock", "text": cut(text, _TEAMS_TEXT), "wrap": True}
     if bold:
         block["weight"] = "Bolder"
     return block
@@ -145,10 +228,10 @@ def _text(text: str, bold: bool = False) -> dict[str, Any]:
 # -- Discord --------------------------------------------------------------------------------
 
 
-def _discord_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
+def _discord_alert(notice: Notice, public_url: str | None) -> DiscordMessage:
     alert = notice.alert
     url = run_url(public_url, alert.run_id)
-    fields = [
+    fields: list[EmbedField] = [
         {"name": name, "value": cut(_discord_escape(value), _DISCORD_FIELD) or "-", "inline": True}
         for name, value in facts(alert)
     ]
@@ -164,7 +247,7 @@ def _discord_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
                 "inline": False,
             }
         )
-    embed: dict[str, Any] = {
+    embed: Embed = {
         "title": cut(_discord_escape(title(alert)), _DISCORD_TITLE),
         "description": cut(_discord_escape(alert.message), _DISCORD_DESCRIPTION),
         "color": _DISCORD_COLOR.get(alert.severity, 0),
@@ -175,7 +258,7 @@ def _discord_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
     return _discord_message(summary(notice), [embed])
 
 
-def _discord_message(content: str, embeds: list[dict[str, Any]]) -> dict[str, Any]:
+def _discord_message(content: str, embeds: list[Embed]) -> DiscordMessage:
     return {
         "username": "trainvitals",
         "content": cut(_discord_escape(content), _DISCORD_CONTENT),

@@ -17,13 +17,14 @@ import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from trainvitals.detect.types import jsonable
 from trainvitals.exceptions import ConfigurationError
 from trainvitals.server.notify import chat, mail, pagerduty
 from trainvitals.server.notify.config import Channel
 from trainvitals.server.notify.text import (
+    JSONValue,
     Message,
     Notice,
     NoticeChange,
@@ -69,6 +70,73 @@ _GROUP_LINE_CHARS = 280
 _EMOJI = {"critical": ":rotating_light:", "warning": ":warning:", "info": ":information_source:"}
 
 
+class PlainText(TypedDict):
+    type: Literal["plain_text"]
+    text: str
+
+
+class Mrkdwn(TypedDict):
+    type: Literal["mrkdwn"]
+    text: str
+
+
+class Header(TypedDict):
+    type: Literal["header"]
+    text: PlainText
+
+
+class Section(TypedDict):
+    type: Literal["section"]
+    text: NotRequired[Mrkdwn]
+    fields: NotRequired[list[Mrkdwn]]
+
+
+class Button(TypedDict):
+    type: Literal["button"]
+    text: PlainText
+    url: str
+
+
+class Actions(TypedDict):
+    type: Literal["actions"]
+    elements: list[Button]
+
+
+class SlackMessage(TypedDict):
+    """A Block Kit message; ``text`` is what notifications (phones, screen readers) show."""
+
+    text: str
+    blocks: list[Header | Section | Actions]
+
+
+class WebhookItem(TypedDict):
+    delivery: str
+    change: NoticeChange
+    alert: dict[str, JSONValue]
+    run_url: str | None
+
+
+class WebhookAlerts(TypedDict):
+    """A generic webhook's body: the alert changes of one delivery."""
+
+    version: int
+    type: Literal["alerts"]
+    delivery: str
+    items: list[WebhookItem]
+
+
+class WebhookProbe(TypedDict):
+    version: int
+    type: Literal["test"]
+    delivery: str
+    channel: str
+    message: str
+
+
+#: Every JSON body a channel is sent.
+Payload = SlackMessage | WebhookAlerts | WebhookProbe | chat.ChatMessage | pagerduty.Event
+
+
 def render(channel: Channel, notices: Sequence[Notice], public_url: str | None) -> Message:
     """The message that tells ``channel`` about ``notices`` (one, or a group)."""
     if not notices:
@@ -76,6 +144,7 @@ def render(channel: Channel, notices: Sequence[Notice], public_url: str | None) 
     key = notices[0].id if len(notices) == 1 else _group_key(notices)
     if channel.kind == "email":
         return mail.render(channel, key, notices, public_url)
+    payload: Payload
     if channel.kind == "pagerduty":
         (notice,) = notices  # the sender does not group them
         payload = pagerduty.event(channel, notice, public_url)
@@ -108,7 +177,7 @@ def probe_message(channel: Channel, public_url: str | None) -> Message:
     text = f"trainvitals test message for channel {channel.name!r} from {origin}: it works."
     if channel.kind == "email":
         return mail.probe(channel, key, text)
-    payload: dict[str, Any]
+    payload: Payload
     if channel.kind == "pagerduty":
         payload = pagerduty.probe(channel, key, text)
     elif channel.kind in ("teams", "discord"):
@@ -179,7 +248,7 @@ def verify_signature(
 # -- Slack ---------------------------------------------------------------------------------
 
 
-def _slack(notices: Sequence[Notice], public_url: str | None, lines: int) -> dict[str, Any]:
+def _slack(notices: Sequence[Notice], public_url: str | None, lines: int) -> SlackMessage:
     if len(notices) > lines:
         return _slack_digest(notices, public_url, lines)
     if len(notices) > 1:
@@ -191,7 +260,7 @@ def _slack(notices: Sequence[Notice], public_url: str | None, lines: int) -> dic
     return _slack_alert(notice, public_url)
 
 
-def _slack_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
+def _slack_alert(notice: Notice, public_url: str | None) -> SlackMessage:
     alert = notice.alert
     url = run_url(public_url, alert.run_id)
     run = _escape(alert.run_name)
@@ -203,8 +272,8 @@ def _slack_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
     )
     emoji = _EMOJI.get(alert.severity, "")
     header = f"{emoji} {title(alert)}"
-    blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": cut(header, _HEADER_CHARS)}},
+    blocks: list[Header | Section | Actions] = [
+        _header(header),
         _section(f"*{_escape(alert.message)}*"),
         {
             "type": "section",
@@ -232,16 +301,14 @@ def _slack_alert(notice: Notice, public_url: str | None) -> dict[str, Any]:
     return {"text": _plain_summary(notice), "blocks": blocks}
 
 
-def _slack_group(notices: Sequence[Notice], public_url: str | None) -> dict[str, Any]:
+def _slack_group(notices: Sequence[Notice], public_url: str | None) -> SlackMessage:
     header = group_title(notices)
-    blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": cut(header, _HEADER_CHARS)}}
-    ]
+    blocks: list[Header | Section | Actions] = [_header(header)]
     blocks += [_section(_one_line(n, public_url)) for n in notices]
     return {"text": header, "blocks": blocks}
 
 
-def _slack_digest(notices: Sequence[Notice], public_url: str | None, lines: int) -> dict[str, Any]:
+def _slack_digest(notices: Sequence[Notice], public_url: str | None, lines: int) -> SlackMessage:
     """A storm in one message: counts by rule and by project, the first ``lines`` changes,
     and where to see the rest (a flood of runs must not page a channel once per run)."""
     header = group_title(notices)
@@ -249,8 +316,8 @@ def _slack_digest(notices: Sequence[Notice], public_url: str | None, lines: int)
     rest = len(notices) - lines
     alerts_page = alerts_url(public_url)
     more = f"… and {rest:,} more" + (f" on <{alerts_page}|the alerts page>" if alerts_page else "")
-    blocks: list[dict[str, Any]] = [
-        {"type": "header", "text": {"type": "plain_text", "text": cut(header, _HEADER_CHARS)}},
+    blocks: list[Header | Section | Actions] = [
+        _header(header),
         _section(f"*{by_rule}*\n{runs}"),
         *(_section(_one_line(n, public_url)) for n in notices[:lines]),
         _section(more),
@@ -282,7 +349,11 @@ def _evidence(evidence: Mapping[str, Any]) -> str:
     return _escape("\n".join(lines).replace("`", "'"))
 
 
-def _section(text: str) -> dict[str, Any]:
+def _header(text: str) -> Header:
+    return {"type": "header", "text": {"type": "plain_text", "text": cut(text, _HEADER_CHARS)}}
+
+
+def _section(text: str) -> Section:
     return {"type": "section", "text": {"type": "mrkdwn", "text": cut(text, _SECTION_CHARS)}}
 
 
@@ -296,6 +367,6 @@ def _group_key(notices: Sequence[Notice]) -> str:
     return "g-" + hashlib.sha256(ids.encode()).hexdigest()[:32]
 
 
-def _dumps(payload: Mapping[str, Any]) -> bytes:
+def _dumps(payload: Payload) -> bytes:
     # Alerts are stored with allow_nan=False, so their evidence is plain JSON already.
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()

@@ -9,10 +9,10 @@ See https://developer.pagerduty.com/docs/events-api-v2/trigger-events/.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 from trainvitals.server.notify.config import Channel
-from trainvitals.server.notify.text import Notice, cut, run_url, summary
+from trainvitals.server.notify.text import JSONValue, Notice, cut, run_url, summary
 
 # PagerDuty's limits: summary 1024 characters, dedup_key 255, the whole event 512 KB.
 _SUMMARY_CHARS = 1024
@@ -22,14 +22,65 @@ _DETAIL_VALUE_CHARS = 4000
 _SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
 
-def event(channel: Channel, notice: Notice, public_url: str | None) -> dict[str, Any]:
+class Details(TypedDict):
+    """The alert as the incident's custom details show it."""
+
+    message: str
+    what_to_do: str
+    rule: str
+    subject: str
+    project: str
+    run: str
+    run_id: str
+    step: int
+    evidence: dict[str, JSONValue]
+
+
+#: What the incident shows (``class`` is no Python name: the functional form).
+Payload = TypedDict(
+    "Payload",
+    {
+        "summary": str,
+        "severity": str,
+        "source": str,
+        "component": NotRequired[str],
+        "group": NotRequired[str],
+        "class": NotRequired[str],
+        "timestamp": NotRequired[str],
+        "custom_details": NotRequired[Details],
+    },
+)
+
+
+class Link(TypedDict):
+    href: str
+    text: str
+
+
+class Event(TypedDict):
+    """One event of the Events API v2: a ``trigger`` carries the payload, a ``resolve`` not."""
+
+    routing_key: str
+    dedup_key: str
+    event_action: Literal["trigger", "resolve"]
+    client: NotRequired[str]
+    payload: NotRequired[Payload]
+    client_url: NotRequired[str]
+    links: NotRequired[list[Link]]
+
+
+def event(channel: Channel, notice: Notice, public_url: str | None) -> Event:
     """The event that tells PagerDuty about one alert change."""
     alert = notice.alert
-    base = {"routing_key": _routing_key(channel), "dedup_key": cut(alert.id, _DEDUP_CHARS)}
+    out: Event = {
+        "routing_key": _routing_key(channel),
+        "dedup_key": cut(alert.id, _DEDUP_CHARS),
+        "event_action": "resolve" if notice.change == "resolved" else "trigger",
+    }
     if notice.change == "resolved":
-        return {**base, "event_action": "resolve"}
+        return out
     url = run_url(public_url, alert.run_id)
-    details: dict[str, Any] = {
+    details: Details = {
         "message": alert.message,
         "what_to_do": alert.hint,
         "rule": alert.rule,
@@ -43,7 +94,8 @@ def event(channel: Channel, notice: Notice, public_url: str | None) -> dict[str,
             for name, value in alert.evidence.items()
         },
     }
-    payload = {
+    out["client"] = "trainvitals"
+    out["payload"] = {
         "summary": cut(summary(notice), _SUMMARY_CHARS),
         "severity": _SEVERITY.get(alert.severity, "warning"),
         "source": f"{alert.project}/{alert.run_name}",
@@ -53,19 +105,13 @@ def event(channel: Channel, notice: Notice, public_url: str | None) -> dict[str,
         "timestamp": datetime.fromtimestamp(alert.time, UTC).isoformat(),
         "custom_details": details,
     }
-    out: dict[str, Any] = {
-        **base,
-        "event_action": "trigger",
-        "client": "trainvitals",
-        "payload": payload,
-    }
     if url:
         out["client_url"] = url
         out["links"] = [{"href": url, "text": "Open the run in trainvitals"}]
     return out
 
 
-def probe(channel: Channel, key: str, text: str) -> dict[str, Any]:
+def probe(channel: Channel, key: str, text: str) -> Event:
     """``notify-test``'s event: an ``info`` trigger with a dedup_key of its own. It opens an
     incident where the service's rules page on info; resolve it there."""
     return {

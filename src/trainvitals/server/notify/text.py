@@ -17,6 +17,8 @@ from urllib.parse import quote
 from trainvitals.detect import Alert
 
 NoticeChange = Literal["fired", "resolved"]
+#: A JSON value, as messages carry an alert's evidence.
+JSONValue = str | int | float | bool | None | list["JSONValue"] | dict[str, "JSONValue"]
 
 #: Rules and projects a digest counts by name; the rest are summed.
 DIGEST_KINDS = 6

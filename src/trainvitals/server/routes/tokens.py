@@ -28,7 +28,7 @@ from trainvitals.server.answers import (
 from trainvitals.server.auth import Admin
 from trainvitals.server.deps import StateDep, StoreDep
 from trainvitals.server.errors import StrictJSONRoute
-from trainvitals.server.routes.api import VISIBLE
+from trainvitals.server.routes.runs import VISIBLE
 from trainvitals.server.schemas import Name
 from trainvitals.server.storage.tokens import (
     ALL_PROJECTS,
