@@ -22,7 +22,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import orjson
 
@@ -349,6 +349,28 @@ def finite_or_none(values: Iterable[float]) -> list[float | None]:
     return [v if math.isfinite(v) else None for v in listed]
 
 
+class LiveClock(TypedDict):
+    step: list[int]
+    time: list[float]
+
+
+class LiveSeries(TypedDict, total=False):
+    """One series of a live ``points`` message: on a shared ``clock`` (its key in
+    ``clocks``), or with its own ``step`` and ``time``."""
+
+    clock: str
+    step: list[int]
+    time: list[float]
+    value: list[float | None]
+
+
+class LivePoints(TypedDict):
+    type: Literal["points"]
+    run_id: str
+    clocks: NotRequired[dict[str, LiveClock]]
+    series: dict[str, LiveSeries]
+
+
 def points_message(run_id: str, points: Mapping[str, SeqColumns]) -> str:
     """The live push of a frame's points, in the layout of the agent's ``points`` frame: a
     clock two or more series are on goes once in ``clocks`` and they name it; a series on
@@ -358,8 +380,8 @@ def points_message(run_id: str, points: Mapping[str, SeqColumns]) -> str:
     points (``benchmarks/encode.py``)."""
     frame = ClockedSeries.of(points)
     sharing = frame.sharing()
-    clocks: dict[str, dict[str, list[Any]]] = {}
-    series: dict[str, dict[str, Any]] = {}
+    clocks: dict[str, LiveClock] = {}
+    series: dict[str, LiveSeries] = {}
     for name, (index, values) in frame.series.items():
         steps, times = frame.clocks[index]
         if sharing[index] < 2:
@@ -370,10 +392,9 @@ def points_message(run_id: str, points: Mapping[str, SeqColumns]) -> str:
         if key not in clocks:
             clocks[key] = {"step": list(steps), "time": list(times)}
         series[name] = {"clock": key, "value": finite_or_none(values)}
-    message: dict[str, Any] = {"type": "points", "run_id": run_id}
+    message: LivePoints = {"type": "points", "run_id": run_id, "series": series}
     if clocks:
         message["clocks"] = clocks
-    message["series"] = series
     return orjson.dumps(message).decode()
 
 
