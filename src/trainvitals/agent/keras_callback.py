@@ -31,10 +31,11 @@ from trainvitals.agent.config import (
     generate_run_name,
     resolve,
 )
+from trainvitals.agent.exit_hooks import signals_caught, take_signal_since, traceback_text
 from trainvitals.agent.fitcall import FitCall
 from trainvitals.agent.packing import Row, StepTime
 from trainvitals.agent.protect import Guard, Protection
-from trainvitals.agent.run import Run, signals_caught, take_signal_since, traceback_text
+from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.tap import TrainStepTap
 from trainvitals.agent.vitals import StepVitals

@@ -15,8 +15,9 @@ from trainvitals.agent.config import (
     DEFAULT_RING_CAPACITY,
     resolve,
 )
+from trainvitals.agent.exit_hooks import traceback_text
 from trainvitals.agent.packing import Measured
-from trainvitals.agent.run import Run, traceback_text
+from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.vitals import StepVitals
 from trainvitals.protocol import EndReason, whole_micros
