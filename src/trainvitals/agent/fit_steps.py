@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -24,9 +24,14 @@ from trainvitals.series import STEP_TIME
 if TYPE_CHECKING:
     from trainvitals.agent.ring import DeviceRing
     from trainvitals.agent.run import Run
-    from trainvitals.agent.tap import TrainStepTap
 
 __all__ = ["FitSteps", "to_unix"]
+
+
+class Tapped(Protocol):
+    """Where the tapped train step writes its rows: a ``TrainStepTap``."""
+
+    ring: DeviceRing | None
 
 
 class FitSteps:
@@ -41,7 +46,7 @@ class FitSteps:
             does not).
     """
 
-    def __init__(self, tap: TrainStepTap, epoch_steps: int = 0) -> None:
+    def __init__(self, tap: Tapped, epoch_steps: int = 0) -> None:
         self._tap = tap
         self._epoch_steps = epoch_steps
         self._epoch_first = 0
