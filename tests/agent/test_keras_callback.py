@@ -326,10 +326,18 @@ class CountingCallback(trainvitals.VitalsCallback):
             self.looks += 1
         super()._look(run)
 
-    def _hand_over(self, ring: Any, measured: Any) -> Any:
-        if threading.current_thread().name == "trainvitals-sender":
-            self.hand_overs += 1
-        return super()._hand_over(ring, measured)
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)
+        recorder = self._recorder
+        assert recorder is not None
+        hand_over = recorder.hand_over
+
+        def counted(ring: Any, measured: Any) -> None:
+            if threading.current_thread().name == "trainvitals-sender":
+                self.hand_overs += 1
+            hand_over(ring, measured)
+
+        recorder.hand_over = counted  # type: ignore[method-assign]
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_train_batch_end(batch, logs)
@@ -727,7 +735,9 @@ def test_a_copy_of_the_callback_has_its_arguments_and_none_of_its_state(
     assert type(copied) is Labelled and copied.run is None and original.run is not None
     assert copied._model is None and copied.params is None  # Keras's, set by the next fit
     assert copied.labels == ["a"] and copied.labels is not original.labels
-    assert copied._gpu is gpu and copied._protect == protect and copied._protect is not protect
+    arguments = copied._arguments
+    assert arguments.gpu is gpu and arguments.protect == protect
+    assert arguments.protect is not protect
     small_model(0.01).fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[copied])
     assert copied.run is not None and copied.run.id != original.run.id
     run = wait_for(lambda: (r := server.get(f"/api/v1/runs/{copied.run.id}"))["ended_at"] and r)
@@ -735,7 +745,7 @@ def test_a_copy_of_the_callback_has_its_arguments_and_none_of_its_state(
     assert run["config"]["lr"] == 0.01 and "lock" in run["config"]["held"]
     shallow = copy.copy(original)
     assert type(shallow) is Labelled and shallow.run is None and shallow.labels is original.labels
-    assert shallow._read_lock is not original._read_lock and shallow._protect is protect
+    assert shallow._read_lock is not original._read_lock and shallow._arguments.protect is protect
 
 
 def ended_runs(server: ServerProcess, project: str, count: int) -> list[dict[str, Any]] | None:

@@ -115,7 +115,7 @@ def test_the_weights_check_is_made_on_the_training_thread_at_the_first_log(
             xb, loss, grads = batch_step(model, x, y, step)
             mon.log(step, loss=loss, grads=grads, inputs=xb)
             assert made == [threading.current_thread().name]
-        check = mon._weights_check
+        check = mon._recorder.weights
         assert check is not None and check._count.experimental_get_tracing_count() == 1
     with trainvitals.Monitor(server=server.url, run_name="no-model", system_metrics=False) as mon:
         mon.log(0, loss=0.5)
@@ -127,15 +127,21 @@ class CountingMonitor(trainvitals.Monitor):
 
     looks = hand_overs = 0
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        hand_over = self._recorder.hand_over
+
+        def counted(ring: Any, measured: Any) -> None:
+            if threading.current_thread().name == "trainvitals-sender":
+                self.hand_overs += 1
+            hand_over(ring, measured)
+
+        self._recorder.hand_over = counted  # type: ignore[method-assign]
+
     def _look(self) -> None:
         if self._writer is not None and self._writer.ring is not None:
             self.looks += 1
         super()._look()
-
-    def _hand_over(self) -> None:
-        if threading.current_thread().name == "trainvitals-sender":
-            self.hand_overs += 1
-        super()._hand_over()
 
 
 def test_monitor_keeps_healthy_rows_until_a_send_and_sends_a_nan_at_the_next_look(

@@ -15,6 +15,9 @@ import threading
 from types import FrameType
 from typing import Any
 
+from trainvitals.agent.exit_hooks import signals_caught, take_signal_since, traceback_text
+from trainvitals.protocol import EndReason
+
 __all__ = ["FitCall"]
 
 
@@ -32,6 +35,8 @@ class FitCall:
         self.thread = thread
         #: The exception the interactive shell kept last (``sys.last_value``) when fit began.
         self._shown_before = getattr(sys, "last_value", None)
+        #: The SIGTERM/SIGINT the agent had caught when the call began.
+        self._signal_mark = signals_caught()
 
     @classmethod
     def find(cls, model: Any) -> FitCall | None:
@@ -80,6 +85,16 @@ class FitCall:
             if isinstance(error, BaseException) and self._passed_through(error):
                 return error
         return None
+
+    def ending(self, error: BaseException | None) -> tuple[str, str | None]:
+        """How the run of a call that ``error`` left ends, and the traceback to end it with:
+        ``signal:SIGINT`` if Ctrl-C (a notebook's interrupt) came during the call, else
+        ``exception``. A notebook's kernel may put its own SIGINT handler back around each
+        cell, past the agent's: a KeyboardInterrupt says Ctrl-C as well."""
+        reason = take_signal_since(self._signal_mark) or (
+            EndReason.SIGINT if isinstance(error, KeyboardInterrupt) else EndReason.EXCEPTION
+        )
+        return reason, traceback_text(error) if error is not None else None
 
     def _passed_through(self, error: BaseException) -> bool:
         caller = self._caller

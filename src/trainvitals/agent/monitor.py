@@ -1,13 +1,17 @@
-"""``Monitor``: the same vitals as ``VitalsCallback``, for custom GradientTape loops."""
+"""``Monitor``: the same vitals as ``VitalsCallback``, for custom GradientTape loops.
+
+``log`` writes the step's vitals into a device ring; what becomes of its rows is the
+recorder's (:mod:`trainvitals.agent.recorder`, the callback's too), told the steps and times
+of the rows by :class:`~trainvitals.agent.loop_steps.LoggedSteps`.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from trainvitals.agent.config import (
     DEFAULT_FLUSH_INTERVAL,
@@ -15,18 +19,27 @@ from trainvitals.agent.config import (
     DEFAULT_RING_CAPACITY,
     resolve,
 )
+from trainvitals.agent.exit_hooks import traceback_text
+from trainvitals.agent.loop_steps import LoggedSteps, ReplayBatches
 from trainvitals.agent.packing import Measured
-from trainvitals.agent.run import Run, traceback_text
+from trainvitals.agent.recorder import Recorder
+from trainvitals.agent.run import Run
 from trainvitals.agent.sampler import Source
 from trainvitals.agent.vitals import StepVitals
 from trainvitals.protocol import EndReason, whole_micros
-from trainvitals.series import NONFINITE_WEIGHTS, STEP_TIME
+from trainvitals.series import STEP_TIME
 
 if TYPE_CHECKING:
-    from trainvitals.agent.tf_vitals import RingWriter, WeightsCheck
+    import tensorflow as tf
+
+    from trainvitals.agent.ring import DeviceRing
+    from trainvitals.agent.tf_vitals import RingWriter
 
 #: Bytes of the latest batches held for the NaN autopsy's replay.
 REPLAY_BYTES = 32 * 2**20
+#: What ``log`` was given: (loss, inputs, gradients, learning rate) or not, and how many
+#: gradients (-1: none); each layout has a ring writer of its own.
+Layout: TypeAlias = tuple[tuple[bool, bool, bool, bool], int]
 
 
 class Monitor:
@@ -101,36 +114,36 @@ class Monitor:
         )
         self._model = model
         self._optimizer = optimizer
-        self._vitals = StepVitals(grad_norms_every)
-        self._names: tuple[str, ...] = ()
-        self._weights_every = int(weights_every)
+        self._capacity = int(ring_capacity)
         self.run = Run(
             settings, system_metrics=system_metrics, gpu=gpu, watchdog=watchdog, notebook=notebook
         )
-        self._last_log: float | None = None
         self._started = False
-        self._autopsied = False
-        self._healthy_norms: dict[str, float] = {}
-        self._weights_check: WeightsCheck | None = None
-        self._weights_checked = not (model is not None and self._weights_every)
-        self._capacity = int(ring_capacity)
-        self._replay_bytes = int(replay_bytes)
-        self._writer: RingWriter | None = None
-        self._measured: Measured | None = None
+        self._last_log: float | None = None
+        self._names: tuple[str, ...] = ()  # the variables' paths, for the per-variable norms
+        # The weights' check is made at the first log (see there), when there is a model.
+        self._weights_due = model is not None and int(weights_every) > 0
+        self._batches = ReplayBatches(int(replay_bytes) if model is not None else 0)
+        self._steps = LoggedSteps()
+        self._recorder = Recorder(
+            self.run,
+            model,
+            StepVitals(grad_norms_every),
+            self._steps,
+            self._batches.evidence,
+            weights_every=int(weights_every),
+        )
         # A writer (its trace, its ring) per layout of log()'s arguments: a loop that passes
         # gradients every few steps only switches between two, and traces each once.
-        self._writers: dict[tuple[tuple[bool, ...], int], tuple[RingWriter, Measured]] = {}
-        self._layout: tuple[tuple[bool, ...], int] | None = None
-        self._written = 0
-        # (step, unix time) of each write not read yet; the first is write number base + 1.
-        self._logged: list[tuple[int, float]] = []
-        self._logged_base = 0
-        # Metrics logged as device values, converted when the ring's rows are handed over.
-        self._deferred: list[tuple[int, float, dict[str, Any]]] = []
-        # The latest batches, for the autopsy's replay (at most replay_bytes of them).
-        self._batches: deque[tuple[int, Any, Any]] = deque()
-        self._batch_bytes: deque[int] = deque()
-        self._lock = threading.Lock()
+        self._writers: dict[Layout, tuple[RingWriter, Measured]] = {}
+        self._layout: Layout | None = None
+        self._writer: RingWriter | None = None
+        self._measured: Measured | None = None
+        # Metrics logged as device values: (step, unix time, {name: value}), converted when
+        # the ring's rows are handed over.
+        self._deferred: list[tuple[int, float, dict[str, tf.Tensor]]] = []
+        self._deferred_lock = threading.Lock()
+        # Held by whoever reads the ring or hands rows over, and while the layout changes.
         self._read_lock = threading.Lock()
 
     def start(self) -> Monitor:
@@ -176,20 +189,20 @@ class Monitor:
         device and read a few times a second (and every ``ring_capacity // 2`` steps) by one
         fetch; metrics given as tensors are converted then too."""
         self.start()
-        if not self._weights_checked:
+        if self._weights_due:
             # Traced and run once here, on the training thread, as VitalsCallback does at
             # train begin: on the sender thread the trace (some 50 ms on a small CNN) and its
             # first run would land in the middle of training.
             from trainvitals.agent.tf_vitals import WeightsCheck
 
-            self._weights_checked = True
-            self._weights_check = WeightsCheck.create(self._model)
+            self._weights_due = False
+            self._recorder.weights = WeightsCheck.create(self._model)
         now = time.perf_counter()
         values: dict[str, float] = {}
         if self._last_log is not None:
             values[STEP_TIME] = now - self._last_log
         self._last_log = now
-        deferred: dict[str, Any] = {}
+        deferred: dict[str, tf.Tensor] = {}
         for name, value in (metrics or {}).items():
             if hasattr(value, "numpy"):
                 from trainvitals.agent import tf_vitals
@@ -201,13 +214,13 @@ class Monitor:
                 values[name] = float(_to_python(value))
         if loss is not None or grads is not None or inputs is not None:
             self._write(step, loss, grads, inputs, targets)
-        with self._lock:
-            if deferred:
+        if deferred:
+            with self._deferred_lock:
                 self._deferred.append((step, whole_micros(time.time()), deferred))
         self.run.log(step, values)
         writer = self._writer
         if writer is not None and writer.ring is not None:
-            if self._written - writer.ring.read_upto >= writer.ring.capacity // 2:
+            if self._steps.written - writer.ring.read_upto >= writer.ring.capacity // 2:
                 self._read()
 
     def _write(self, step: int, loss: Any, grads: Any, inputs: Any, targets: Any) -> None:
@@ -233,105 +246,45 @@ class Monitor:
                     measured,
                 )
             ring = cached[0].ring  # every row of it was read when the loop left this layout
-            written = 0 if ring is None else ring.read_upto
-            with self._read_lock, self._lock:
+            with self._read_lock:
                 self._writer, self._measured = cached
                 self._layout = (layout, count)
-                self._written = written
-                self._logged, self._logged_base = [], written
-        with self._lock:  # before the write: a reader may see its row at once
-            self._logged.append((step, whole_micros(time.time())))
+                self._steps.restart(0 if ring is None else ring.read_upto)
+        self._steps.note(step, time.time())
         try:
             self._writer(loss, inputs, grad_list, lr)
         except Exception:
-            with self._lock:
-                self._logged.pop()
+            self._steps.unnote()
             raise
-        self._written += 1
-        if self._model is not None and self._replay_bytes > 0 and inputs is not None:
-            self._batches.append((step, inputs, targets))
-            self._batch_bytes.append(_nbytes(inputs) + _nbytes(targets))
-            while len(self._batches) > 1 and sum(self._batch_bytes) > self._replay_bytes:
-                self._batches.popleft()
-                self._batch_bytes.popleft()
+        self._batches.keep(step, inputs, targets)
 
     def _look(self) -> None:
-        """The sender's look, every ``read_interval``: as ``VitalsCallback``'s, the rows read
-        wait on the host until a frame leaves, or go at once when they are urgent (every
-        step's clock reached the run when it was logged)."""
-        from trainvitals.agent import packing
-
+        """The sender's look, every ``read_interval`` (:meth:`Recorder.look`); the tensor
+        metrics logged since the last hand-over go with the rows."""
         with self._read_lock:
-            block = self._stage()
-            measured = self._measured
-            head = {} if block is None or measured is None else packing.head_series(block, measured)
-            if measured is None or self.run.rows_due(head):
-                self._hand_over()
+            ring, measured = self._ring()
+            if ring is None or measured is None or self._recorder.look(ring, measured):
+                self._log_deferred()
 
     def _read(self) -> None:
         """Read the ring and hand everything over now (the training thread, when half the
         ring is unread or the layout changes, and at the end)."""
         with self._read_lock:
-            self._stage()
-            self._hand_over()
+            ring, measured = self._ring()
+            if ring is not None and measured is not None:
+                self._recorder.stage(ring)
+                self._recorder.hand_over(ring, measured)
+            self._log_deferred()
 
-    def _stage(self) -> Any:
-        """One fetch of the ring: its new rows wait in it for the next hand-over
-        (``DeviceRing.keep``); returns the values of every row waiting so (None without a
-        ring)."""
+    def _ring(self) -> tuple[DeviceRing | None, Measured | None]:
         writer = self._writer
-        return None if writer is None or writer.ring is None else writer.ring.keep()
+        return (writer.ring if writer is not None else None), self._measured
 
-    def _hand_over(self) -> None:
-        """The rows kept (and the tensor metrics logged with them) become points, and the
-        first NaN/Inf step gets its autopsy."""
-        with self._lock:
+    def _log_deferred(self) -> None:
+        with self._deferred_lock:
             deferred, self._deferred = self._deferred, []
         for step, at, tensors in deferred:
             self.run.log(step, {k: float(_to_python(v)) for k, v in tensors.items()}, at)
-        writer, measured = self._writer, self._measured
-        if writer is None or writer.ring is None or measured is None:
-            return
-        numbers, block = writer.ring.take()
-        if not len(numbers):
-            return
-        with self._lock:  # every number read was logged before it was written
-            logged, base = self._logged, self._logged_base
-            rows = [logged[n - 1 - base] for n in numbers.tolist()]
-            del logged[: int(numbers[-1]) - base]
-            self._logged_base = int(numbers[-1])
-        from trainvitals.agent import packing
-
-        steps = [row[0] for row in rows]
-        times = [row[1] for row in rows]
-        decoded = packing.decode(block, steps, times, measured, self._vitals)
-        self.run.add_columns(decoded.columns)
-        if decoded.healthy_norms is not None:
-            self._healthy_norms = decoded.healthy_norms
-        self._check_weights(steps)
-        if decoded.sick and not self._autopsied:
-            self._autopsy(steps[decoded.sick[0]], decoded.columns)
-
-    def _check_weights(self, steps: list[int]) -> None:
-        if self._weights_check is None:  # no model, weights_every=0, or a model it cannot check
-            return
-        checks = [s for s in steps if s % self._weights_every == 0]
-        if checks and self._weights_check.due():
-            self.run.log(checks[-1], {NONFINITE_WEIGHTS: self._weights_check()})
-
-    def _autopsy(self, step: int, columns: Mapping[str, Any]) -> None:
-        from trainvitals.agent import autopsy, packing
-
-        self._autopsied = True
-        held = [(inputs, targets) for s, inputs, targets in self._batches if s == step]
-        inputs, targets = held[-1] if held else (None, None)
-        values = packing.values_at(dict(columns), step)
-        # The loop may have applied that step's NaN/Inf since: a replay still finds a layer
-        # before the poisoned ones, and else leaves the verdict to the vitals.
-        report = autopsy.of_step(
-            self._model, values, self._healthy_norms, inputs, targets, after_update=True
-        )
-        self.run.report_autopsy(step, report)
 
     def _variable_names(self, count: int) -> tuple[str, ...]:
         if len(self._names) != count:
@@ -344,25 +297,6 @@ class Monitor:
                 else tuple(str(i) for i in range(count))
             )
         return self._names
-
-
-def _nbytes(structure: Any) -> int:
-    """Bytes of the arrays or tensors in a (nested) batch, from their shapes: no copy."""
-    total = 0
-    stack = [structure]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif hasattr(item, "shape") and hasattr(item, "dtype"):
-            size: Any = getattr(item.dtype, "size", None) or getattr(item.dtype, "itemsize", 4)
-            count = 1
-            for dim in item.shape:
-                count *= int(dim or 0)
-            total += count * int(size)
-    return total
 
 
 def _to_python(value: Any) -> Any:

@@ -67,7 +67,7 @@ class DeviceRing:
             )
         self._lock = threading.Lock()
         # Rows read by keep() and not yet taken, as one block: (write numbers, values).
-        self._held = self._empty()
+        self._kept_rows = self._empty()
         #: The highest write number read so far.
         self.read_upto = 0
         #: How many host reads there were (the tests count them per step).
@@ -122,19 +122,19 @@ class DeviceRing:
         unread (a later fit's, run by a train step the tap still wraps)."""
         with self._lock:
             numbers, values = self._fresh(upto)
-            held_numbers, held = self._held
+            kept_numbers, kept = self._kept_rows
             if len(numbers):
-                if len(held_numbers):
-                    numbers = np.concatenate([held_numbers, numbers])
-                    values = np.concatenate([held, values])
-                self._held = numbers, values
-            return self._held[1]
+                if len(kept_numbers):
+                    numbers = np.concatenate([kept_numbers, numbers])
+                    values = np.concatenate([kept, values])
+                self._kept_rows = numbers, values
+            return self._kept_rows[1]
 
     def take(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The rows kept since the last take, oldest first, as :meth:`read` returns them."""
         with self._lock:
-            held, self._held = self._held, self._empty()
-        return held
+            kept, self._kept_rows = self._kept_rows, self._empty()
+        return kept
 
     def _empty(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         return np.empty(0, np.int64), np.empty((0, self.width), np.float64)

@@ -2,27 +2,21 @@
 
 :class:`Run` is what :class:`~trainvitals.VitalsCallback` (and custom loops) record into.
 It owns the point buffer and the sender thread, and makes sure the server hears how the
-run ended, even when the script dies of an uncaught exception.
+run ended, even when the script dies of an uncaught exception (:mod:`.exit_hooks`).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import secrets
-import signal
-import sys
 import threading
 import time
-import traceback
 import uuid
-import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import FrameType, TracebackType
 from typing import Any
 
-from trainvitals.agent import environment
+from trainvitals.agent import environment, exit_hooks
 from trainvitals.agent.buffer import PointBuffer
 from trainvitals.agent.config import AgentConfig
 from trainvitals.agent.console import AlertLog, announce
@@ -44,7 +38,6 @@ from trainvitals.protocol import (
     EndReason,
     HelloFrame,
     SeqColumns,
-    signal_reason,
     whole_micros,
 )
 
@@ -188,15 +181,14 @@ class Run:
         if self._sampler is not None:
             self._sampler.start()
         self._pid = os.getpid()
-        _install_exit_hooks()
-        _open_runs.add(self)
+        exit_hooks.finish_at_exit(self)
         announce(self.config.server, self.id, self.config.run_name, self._notebook)
 
     def log(self, step: int, values: Mapping[str, float], time_: float | None = None) -> None:
         """Record ``values`` at ``step`` (at ``time_``, default now to the microsecond): cheap,
         never blocks on the network."""
         self._buffer.add(step, whole_micros(time.time()) if time_ is None else time_, values)
-        self._hurry(self._urgency.values(values))
+        self._hurry(self._urgency.values_are_urgent(values))
 
     def add_columns(
         self, columns: Mapping[str, SeqColumns], clock: Sequence[tuple[int, float]] = ()
@@ -204,14 +196,14 @@ class Run:
         """Record many steps at once: ``{name: (steps, unix times, values)}``; ``clock`` is
         ``(step, time.monotonic())`` of each step's end, for the hang detector."""
         self._buffer.add_columns(columns, clock)
-        self._hurry(self._urgency.columns(columns))
+        self._hurry(self._urgency.columns_are_urgent(columns))
 
     def rows_due(self, series: Mapping[str, Iterable[float]]) -> bool:
         """Whether rows read but not yet recorded (their head's ``{name: values}``) should
         become points at the sender's look under way: a frame leaves at it anyway (before the
         sender starts: yes), or they hold a point that would be sent at once. They are judged,
         not kept (the gradient norms' history learns them when they are recorded)."""
-        return self._sender is None or self._sender.due() or self._urgency.peek(series)
+        return self._sender is None or self._sender.due() or self._urgency.would_be_urgent(series)
 
     def _hurry(self, urgent: bool) -> None:
         """Send what is held at the sender's next look, not at its next send, if ``urgent``
@@ -258,7 +250,7 @@ class Run:
                 self._keep_undelivered(timeout)
             return delivered
         if timeout > 0:
-            _open_runs.discard(self)
+            exit_hooks.forget(self)
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler.sample_once()  # the last readings before the end
@@ -360,7 +352,9 @@ class Run:
     def _record_system(self, values: Mapping[str, float]) -> None:
         step, now = self._buffer.last_step, whole_micros(time.time())
         self._buffer.add(step, now, values)
-        self._hurry(self._urgency.memory(values, now))  # an OOM kill would take these with it
+        self._hurry(
+            self._urgency.memory_is_urgent(values, now)
+        )  # an OOM kill would take these with it
         if self._on_system is not None:
             try:
                 self._on_system(step, now, values)
@@ -390,136 +384,3 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-# -- runs that the script leaves open -------------------------------------------------------
-# An uncaught exception skips Keras's on_train_end. The interpreter calls sys.excepthook
-# before atexit handlers, so the hook keeps the traceback and the atexit handler reports it.
-# SIGTERM's default action kills the process without running atexit handlers, so the signal
-# handler reports the ending first, then lets the signal do what it would have done.
-#
-# A child forked from the training process (a data loader's worker, a pool's) gets the signals'
-# handlers as they were before trainvitals: its runs are its parent's. That handler is Python's,
-# which runs only between bytecodes, so a worker blocked in C code would outlive a SIGTERM; and
-# CPython drops a signal that reaches a child before its fork is complete (a Process.terminate()
-# right after start() left the worker alive and join() waiting forever). So the forking thread
-# holds the signals whose old handler is the default blocked across the fork; the child puts
-# the old handlers back, then lets them through: one sent meanwhile kills it, as it would have
-# without trainvitals. (A signal with a Python handler of the script's own is left to CPython.)
-
-_open_runs: weakref.WeakSet[Run] = weakref.WeakSet()
-_uncaught: list[str] = []
-_signals: list[str] = []
-#: How many of ``_signals`` the process got over (take_signal_since): not why it exits.
-_signals_forgotten = 0
-_hooks_installed = False
-#: The signals given trainvitals' handler: the handler before it, and trainvitals'.
-_chained: dict[int, tuple[Any, Callable[[int, FrameType | None], None]]] = {}
-
-
-def _install_exit_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    previous = sys.excepthook
-
-    def excepthook(
-        kind: type[BaseException], value: BaseException, tb: TracebackType | None
-    ) -> None:
-        _uncaught.append(traceback_text(value))
-        previous(kind, value, tb)
-
-    sys.excepthook = excepthook
-    atexit.register(_finish_open_runs)
-    if threading.current_thread() is threading.main_thread():  # signals live there only
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            _chain_signal(signum)
-        if _chained and hasattr(os, "register_at_fork"):
-            os.register_at_fork(
-                before=_hold_signals, after_in_parent=_let_signals_in, after_in_child=_unchain
-            )
-
-
-#: The forking thread's signal mask before :func:`_hold_signals`, put back after the fork.
-_masks = threading.local()
-
-
-def _held() -> list[int]:
-    """The signals held across a fork: those whose handler before the agent's was the default
-    (the kernel's, which kills a process at once). One with a Python handler is left to
-    CPython as it would be without the agent: let in inside the child's at-fork hooks, its
-    handler would run there, and its exception (SystemExit, KeyboardInterrupt) be dropped."""
-    return [signum for signum, (previous, _) in _chained.items() if previous == signal.SIG_DFL]
-
-
-def _hold_signals() -> None:
-    _masks.before = signal.pthread_sigmask(signal.SIG_BLOCK, _held())
-
-
-def _let_signals_in() -> None:
-    before = getattr(_masks, "before", None)
-    _masks.before = None
-    if before is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
-def _unchain() -> None:
-    """In a forked child: the handlers from before trainvitals (where the script has not put
-    its own since), then the signals held let in."""
-    try:
-        for signum, (previous, ours) in _chained.items():
-            if signal.getsignal(signum) is ours:
-                signal.signal(signum, previous)
-    finally:
-        _let_signals_in()
-        _chained.clear()
-
-
-def _chain_signal(signum: int) -> None:
-    previous = signal.getsignal(signum)
-    if previous in (signal.SIG_IGN, None):
-        return
-
-    def handler(number: int, frame: FrameType | None) -> None:
-        _signals.append(signal_reason(signal.Signals(number).name))
-        if previous == signal.SIG_DFL:
-            _finish_open_runs()
-            signal.signal(number, signal.SIG_DFL)
-            os.kill(os.getpid(), number)  # end as the signal would have ended it
-        elif callable(previous):
-            previous(number, frame)  # e.g. SIGINT's KeyboardInterrupt: the script may catch it
-
-    signal.signal(signum, handler)
-    _chained[signum] = (previous, handler)
-
-
-def traceback_text(error: BaseException) -> str:
-    """``error``'s traceback as Python prints it: what an ``end`` frame carries."""
-    return "".join(traceback.format_exception(type(error), error, error.__traceback__))
-
-
-def signals_caught() -> int:
-    """How many SIGTERM/SIGINT the agent's handlers have seen in this process: a mark for
-    :func:`take_signal_since`."""
-    return len(_signals)
-
-
-def take_signal_since(mark: int) -> str | None:
-    """The end reason of the last signal seen since :func:`signals_caught` returned ``mark``
-    (``"signal:SIGINT"``: Ctrl-C, or a notebook's interrupt), if any; it and those before it
-    since ``mark`` are forgotten: the process got over them, and they are not the reason it
-    later exits for."""
-    global _signals_forgotten
-    if len(_signals) <= mark:
-        return None
-    _signals_forgotten = len(_signals)
-    return _signals[-1]
-
-
-def _finish_open_runs() -> None:
-    text = _uncaught[-1] if _uncaught else None
-    recent = _signals[-1] if len(_signals) > _signals_forgotten else None
-    reason = recent or (EndReason.EXCEPTION if text else EndReason.EXITED)
-    for run in list(_open_runs):
-        run.finish(reason, text, timeout=5.0)

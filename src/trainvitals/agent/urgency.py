@@ -68,20 +68,20 @@ class Urgency:
         #: Each memory's previous reading: ``{subject: (unix time, bytes used)}``.
         self._memory: dict[str, tuple[float, float]] = {}
 
-    def columns(self, columns: Mapping[str, SeqColumns]) -> bool:
+    def columns_are_urgent(self, columns: Mapping[str, SeqColumns]) -> bool:
         """Whether these columns (``{name: (steps, times, values)}``) hold an urgent point."""
         return self._judge({name: column[2] for name, column in columns.items()})
 
-    def values(self, values: Mapping[str, float]) -> bool:
+    def values_are_urgent(self, values: Mapping[str, float]) -> bool:
         """Whether one step's values (``{name: value}``) hold an urgent point."""
         return self._judge({name: (value,) for name, value in values.items()})
 
-    def peek(self, series: Mapping[str, Iterable[float]]) -> bool:
+    def would_be_urgent(self, series: Mapping[str, Iterable[float]]) -> bool:
         """Whether ``{name: values}`` hold an urgent point, without adding their gradient
         norms to the history (for values looked at before they are recorded)."""
         return self._judge(series, record=False)
 
-    def memory(self, readings: Mapping[str, float], now: float) -> bool:
+    def memory_is_urgent(self, readings: Mapping[str, float], now: float) -> bool:
         """Whether one sample of the system readings (``{name: value}``, taken at ``now``)
         shows a memory about to reach its limit (see :data:`MEMORY_ETA`)."""
         urgent = False
