@@ -282,6 +282,12 @@ def _paths(model: Any) -> list[str]:
     return [re.sub(r"_\d+", "", v.path) for v in model.variables]
 
 
+def _unnumbered(line: str) -> str:
+    """A summary line without the layers' numbers, nor the padding their width changed:
+    dense_9 and dense_10 pad their column differently, whichever test ran first."""
+    return re.sub(r" +", " ", re.sub(r"_\d+", "", line))
+
+
 def test_the_model_keeps_nothing_of_the_agent(module_server: ServerProcess, tmp_path: Path) -> None:
     """Variables, summary, saved file and checkpoints are those of a bare fit."""
     bare_model, _ = seeded_fit(compiled())
@@ -296,9 +302,7 @@ def test_the_model_keeps_nothing_of_the_agent(module_server: ServerProcess, tmp_
     model.summary(print_fn=lines.append)
     bare_lines: list[str] = []
     bare_model.summary(print_fn=bare_lines.append)
-    assert [re.sub(r"_\d+", "", line) for line in lines] == [
-        re.sub(r"_\d+", "", line) for line in bare_lines
-    ]
+    assert [_unnumbered(line) for line in lines] == [_unnumbered(line) for line in bare_lines]
     model.save(tmp_path / "model.keras")
     with zipfile.ZipFile(tmp_path / "model.keras") as archive:
         assert not any(b"trainvitals" in archive.read(n) for n in archive.namelist())
