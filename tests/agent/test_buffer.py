@@ -6,7 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from tests.agent.test_packing import ALL, vector
 from trainvitals.agent import buffer as buffer_module
+from trainvitals.agent import packing
 from trainvitals.agent.buffer import (
     PointBuffer,
     PointsFrame,
@@ -14,6 +16,8 @@ from trainvitals.agent.buffer import (
     points_frames,
     without_clocks,
 )
+from trainvitals.agent.packing import Row
+from trainvitals.agent.vitals import StepVitals
 from trainvitals.protocol import MAX_POINTS_PER_FRAME, ClockedSeries, Columns
 from trainvitals.protocol import Clock as ProtocolClock
 from trainvitals.server.schemas import Points, parse_frame
@@ -189,6 +193,16 @@ def test_the_buffer_keeps_the_clocks_it_is_handed_from_look_to_frame() -> None:
     for name, columns in whole.items():
         joined = [[x for column in columns for x in column[i]] for i in range(3)]
         assert got[name] == Columns(*joined)
+
+
+def test_the_callbacks_rows_without_a_ring_go_on_one_clock_with_their_metrics() -> None:
+    rows: list[Row] = [(s, float(s), vector(loss=1 / s), {"mae": s / 10}) for s in range(1, 9)]
+    buffer = PointBuffer()
+    buffer.add_columns(packing.pivot(rows, [], ALL, StepVitals(4), to_unix=1e9).columns)
+    [frame] = points_frames(buffer.drain(), first_seq=1, clocks=True)
+    assert frame["clocks"]["0"]["step"] == list(range(1, 9))
+    assert frame["series"]["mae"] == {"clock": "0", "value": [s / 10 for s in range(1, 9)]}
+    assert frame["series"]["loss"]["clock"] == "0"
 
 
 def _parting_ways() -> tuple[PointBuffer, dict[str, list[tuple[int, float, float]]]]:
