@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, KeysView, Mapping, Sequence
 from typing import NotRequired, Required, TypeAlias, TypedDict
 
 import orjson
@@ -77,8 +77,8 @@ class PointBuffer:
     def add(self, step: int, time: float, values: Mapping[str, float]) -> None:
         with self._lock:
             if values:
-                held = self._on.get(next(iter(values)))
-                if held is not None and held.values.keys() == values.keys():
+                held = self._clock_of(values.keys())
+                if held is not None:
                     held.steps.append(step)
                     held.times.append(time)
                     for name, value in values.items():
@@ -104,8 +104,8 @@ class PointBuffer:
             for steps, times, values in _by_clock(columns):
                 if not steps:
                     continue
-                held = self._on.get(next(iter(values)))
-                if held is not None and held.values.keys() == values.keys():
+                held = self._clock_of(values.keys())
+                if held is not None:
                     held.steps.extend(steps)
                     held.times.extend(times)
                     for name, column in values.items():
@@ -115,6 +115,11 @@ class PointBuffer:
                 self._count += len(steps) * len(values)
                 last = max(last, steps[-1])
             self._advance(last)
+
+    def _clock_of(self, names: KeysView[str]) -> _Held | None:
+        """The clock that holds just the series ``names`` (not none of them), if one does."""
+        held = self._on.get(next(iter(names)))
+        return held if held is not None and held.values.keys() == names else None
 
     def _regroup(
         self, steps: Sequence[int], times: Sequence[float], values: Mapping[str, Sequence[float]]
