@@ -7,11 +7,18 @@ second of the benchmark MLP's rows (500 steps: the head, six variables' norms, o
 metric; random healthy values, a norm every 10 steps), a fresh ``StepVitals`` each call, in a
 fresh process per side and round.
 
+``--whole`` times the sender's whole way instead, in CPU seconds a second of points: the
+second's rows decoded at five looks of 100 rows (``read_interval`` 0.2 s) and handed to the
+point buffer with their step times (``PointBuffer.add_columns``), a system sample of eight
+series (``add``), then the buffer drained into a frame with clocks and encoded
+(``points_frames``, ``encode_points``), as for a server that reads them; ``--buffer`` the
+point buffer's part of it alone (``add_columns``, ``add``, ``drain``, ``points_frames``).
+
 ``--against REF`` runs the same at git ``REF`` (a temporary worktree, imported ahead of this
 checkout) alternated with this checkout, the order swapped each round, and prints this / REF:
 each round's ratio, their median and range.
 
-    python benchmarks/hand_over.py [--rounds 7] [--calls 400] [--against REF]
+    python benchmarks/hand_over.py [--rounds 7] [--calls 400] [--whole | --buffer] [--against REF]
 """
 
 from __future__ import annotations
@@ -59,9 +66,46 @@ for _ in range(calls):
 print(statistics.median(took) * 1e6)
 """
 
+#: Run in each side's own process: prints the CPU microseconds of the sender's whole way for
+#: a second of points (decode, buffer, frame, encode), over ``calls`` seconds; with a second
+#: argument, of the buffer's part alone (``add_columns``, ``add``, ``drain``, ``points_frames``).
+WHOLE = (
+    CHILD.rsplit("took = []", 1)[0]
+    + """
+from trainvitals.agent.buffer import PointBuffer, encode_points, points_frames
+host = [f"host/{n}" for n in ("rss", "available", "limit", "swap_used", "cpu_percent",
+                               "disk_free", "working_set", "rss_anon")]
+looks = [(block[i:i + 100], steps[i:i + 100], times[i:i + 100]) for i in range(0, rows, 100)]
+vitals = StepVitals(10)
+buffer = PointBuffer()
+clock = time.process_time
+whole, buffered = 0.0, 0.0
+for second in range(calls):
+    started = clock()
+    shift = second * rows
+    for part, at_steps, at_times in looks:
+        at_steps = [s + shift for s in at_steps]
+        at_times = [t + shift * 0.002 for t in at_times]
+        columns = packing.decode(part, at_steps, at_times, measured, vitals).columns
+        columns["step_time"] = packing.step_time_columns(
+            [(s, 0.002, t + 3e-6) for s, t in zip(at_steps, at_times)])
+        handing = clock()
+        buffer.add_columns(columns)
+        buffered += clock() - handing
+    handing = clock()
+    buffer.add(buffer.last_step, at_times[-1], {name: 1e9 + second for name in host})
+    frames = points_frames(buffer.drain(), 1, True)
+    buffered += clock() - handing
+    for frame in frames:
+        encode_points(frame)
+    whole += clock() - started
+print((buffered if len(sys.argv) > 2 else whole) / calls * 1e6)
+"""
+)
 
-def decode_micros(src: str, calls: int) -> float:
-    done = subprocess.run([sys.executable, "-c", CHILD, str(calls)], env=env_for(src),
+
+def decode_micros(src: str, calls: int, child: str = CHILD, *args: str) -> float:
+    done = subprocess.run([sys.executable, "-c", child, str(calls), *args], env=env_for(src),
                           check=True, capture_output=True)  # fmt: skip
     return float(done.stdout.decode().strip())
 
@@ -70,18 +114,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=400, help="decodes timed a round and side")
+    parser.add_argument("--whole", action="store_true", help="decode, buffer, frame, encode")
+    parser.add_argument("--buffer", action="store_true", help="of --whole, the buffer's part")
     parser.add_argument("--against", metavar="REF", help="a git commit to compare with")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         sides = sources(args.against, stack)
+        child = WHOLE if args.whole or args.buffer else CHILD
+        extra = ["buffer"] if args.buffer else []
         took: dict[str, list[float]] = {side: [] for side in sides}
         for round_ in range(args.rounds):
             order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
             for side in order:
-                took[side].append(decode_micros(sides[side], args.calls))
-    print(f"packing.decode of a second of a 2 ms MLP's ring rows (500), {args.rounds} rounds "
+                took[side].append(decode_micros(sides[side], args.calls, child, *extra))
+    what = "packing.decode"
+    if args.whole or args.buffer:
+        what = "the sender's way (CPU) from ring rows to frame text"
+        what += ": the buffer's part" if args.buffer else ""
+    print(f"{what} for a second of a 2 ms MLP's ring rows (500), {args.rounds} rounds "
           f"of {args.calls} calls, a fresh process a side and round "
-          "(median µs a call):")  # fmt: skip
+          "(µs a second of points):")  # fmt: skip
     for side, values in took.items():
         print(f"  {side}: {statistics.median(values):.0f} µs; rounds: "
               + " ".join(f"{v:.0f}" for v in values))  # fmt: skip

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import NotRequired, Required, TypedDict
+from collections.abc import Callable, KeysView, Mapping, Sequence
+from typing import NotRequired, Required, TypeAlias, TypedDict
 
 import orjson
 
@@ -14,10 +14,10 @@ from trainvitals.protocol import (
     MAX_POINTS_PER_FRAME,
     POINTS,
     PROTOCOL_VERSION,
-    Columns,
-    ListColumns,
+    ClockedSeries,
     SeqColumns,
 )
+from trainvitals.protocol import Clock as ProtocolClock
 
 
 class PointsColumn(TypedDict, total=False):
@@ -37,32 +37,31 @@ class Clock(TypedDict):
     time: Sequence[float]
 
 
-class PointsBody(TypedDict):
-    """A ``points`` frame's series, and the clocks they name if any."""
-
-    series: dict[str, PointsColumn]
-    clocks: NotRequired[dict[str, Clock]]
-
-
-class PointsFrame(PointsBody):
-    """A ``points`` frame as the agent packs it."""
+class PointsFrame(TypedDict):
+    """A ``points`` frame as the agent packs it: its series, and the clocks they name if any."""
 
     type: str
     v: int
     seq: int
+    series: dict[str, PointsColumn]
+    clocks: NotRequired[dict[str, Clock]]
 
 
 class PointBuffer:
     """Points recorded by the training thread, waiting for the sender thread.
 
-    Points are kept in the wire's own layout (per series: steps, times, values), so the sender
-    has nothing to regroup. ``add`` records one step's values; ``add_columns`` records many
-    steps of many series at once (what ``VitalsCallback`` does every few dozen steps).
+    Points are kept by clock, as the frame with clocks carries them: series recorded at the
+    same steps and times hold those once, so the sender writes the frame without looking for
+    which series share. ``add`` records one step's values (one clock); ``add_columns`` records
+    many steps of many series at once (what ``VitalsCallback`` does every few dozen steps),
+    series handed over with the very same steps and times lists on one clock.
     """
 
     def __init__(self, on_step: Callable[[int, float | None], None] | None = None) -> None:
         self._lock = threading.Lock()
-        self._series: dict[str, ListColumns] = {}
+        #: Each series' clock, in the order the series first came.
+        self._on: dict[str, _Held] = {}
+        self._clocks: list[_Held] = []
         self._count = 0
         self._on_step = on_step
         #: The highest training step recorded so far; per-second readings are filed under it.
@@ -77,42 +76,80 @@ class PointBuffer:
 
     def add(self, step: int, time: float, values: Mapping[str, float]) -> None:
         with self._lock:
-            series = self._series
-            for name, value in values.items():
-                columns = series.get(name)
-                if columns is None:
-                    columns = series[name] = Columns([], [], [])
-                columns[0].append(step)
-                columns[1].append(time)
-                columns[2].append(value)
-            self._count += len(values)
+            if values:
+                held = self._clock_of(values.keys())
+                if held is not None:
+                    held.steps.append(step)
+                    held.times.append(time)
+                    for name, value in values.items():
+                        held.values[name].append(value)
+                else:
+                    self._regroup([step], [time], {name: [v] for name, v in values.items()})
+                self._count += len(values)
             self._advance(step)
 
     def add_columns(
         self, columns: Mapping[str, SeqColumns], clock: Sequence[tuple[int, float]] = ()
     ) -> None:
         """Record whole columns: ``{name: (steps, times, values)}``, each in step order.
+        Series given the same steps and times objects (as ``packing.decode`` gives them), or on
+        one clock of a :class:`~trainvitals.protocol.ClockedSeries`, keep them once.
 
         ``clock`` says when each step ended, as ``(step, time.monotonic())`` in step order, so
         that the hang detector learns the real step intervals, not the bulk's."""
         with self._lock:
-            series = self._series
             for step, at in clock:
                 self._advance(step, at)
             last = self.last_step
-            for name, (steps, times, values) in columns.items():
+            for steps, times, values in _by_clock(columns):
                 if not steps:
                     continue
-                held = series.get(name)
-                if held is None:
-                    series[name] = Columns(list(steps), list(times), list(values))
+                held = self._clock_of(values.keys())
+                if held is not None:
+                    held.steps.extend(steps)
+                    held.times.extend(times)
+                    for name, column in values.items():
+                        held.values[name].extend(column)
                 else:
-                    held[0].extend(steps)
-                    held[1].extend(times)
-                    held[2].extend(values)
-                self._count += len(steps)
+                    self._regroup(steps, times, values)
+                self._count += len(steps) * len(values)
                 last = max(last, steps[-1])
             self._advance(last)
+
+    def _clock_of(self, names: KeysView[str]) -> _Held | None:
+        """The clock that holds just the series ``names`` (not none of them), if one does."""
+        held = self._on.get(next(iter(names)))
+        return held if held is not None and held.values.keys() == names else None
+
+    def _regroup(
+        self, steps: Sequence[int], times: Sequence[float], values: Mapping[str, Sequence[float]]
+    ) -> None:
+        """Record series that share ``steps`` and ``times`` but are not held on one clock of
+        their own: the new ones go on a new clock together; those held on a clock with series
+        that are not here (a metric that comes and goes) go on a clock apart, a copy of the
+        steps and times they had."""
+        held_on: dict[int, tuple[_Held, list[str]]] = {}
+        new: list[str] = []
+        for name in values:
+            held = self._on.get(name)
+            if held is None:
+                new.append(name)
+            else:
+                held_on.setdefault(id(held), (held, []))[1].append(name)
+        for held, names in held_on.values():
+            if len(names) < len(held.values):
+                moved = {name: held.values.pop(name) for name in names}
+                held = _Held(list(held.steps), list(held.times), moved)
+                self._clocks.append(held)
+                self._on.update(dict.fromkeys(names, held))
+            held.steps.extend(steps)
+            held.times.extend(times)
+            for name in names:
+                held.values[name].extend(values[name])
+        if new:
+            fresh = _Held(list(steps), list(times), {name: list(values[name]) for name in new})
+            self._clocks.append(fresh)
+            self._on.update(dict.fromkeys(new, fresh))
 
     def _advance(self, step: int, at: float | None = None) -> None:
         if step > self.last_step:
@@ -120,76 +157,118 @@ class PointBuffer:
                 self._on_step(step - self.last_step, at)
             self.last_step = step
 
-    def drain(self) -> dict[str, ListColumns]:
+    def drain(self) -> ClockedSeries[list[int], list[float]]:
+        """Everything held, each clock once, and forget it."""
         with self._lock:
-            series, self._series, self._count = self._series, {}, 0
+            on, clocks = self._on, self._clocks
+            self._on, self._clocks, self._count = {}, [], 0
             self.urgent = False
-        return series
+        index = {id(held): i for i, held in enumerate(clocks)}
+        return ClockedSeries(
+            [ProtocolClock(held.steps, held.times) for held in clocks],
+            {name: (index[id(held)], held.values[name]) for name, held in on.items()},
+        )
 
     def __len__(self) -> int:
         return self._count
 
 
+class _Held:
+    """One clock's points waiting to be sent: its steps and times, each series' values."""
+
+    __slots__ = ("steps", "times", "values")
+
+    def __init__(self, steps: list[int], times: list[float], values: dict[str, list[float]]):
+        self.steps = steps
+        self.times = times
+        self.values = values
+
+
+#: Series on one clock: its steps, its times, and each series' values.
+_OnClock: TypeAlias = tuple[Sequence[int], Sequence[float], dict[str, Sequence[float]]]
+
+
+def _by_clock(series: Mapping[str, SeqColumns]) -> list[_OnClock]:
+    """``series`` grouped by clock: a :class:`ClockedSeries`'s clocks, else series that hold
+    the very same steps and times objects (not merely equal numbers: no search)."""
+    if isinstance(series, ClockedSeries):
+        grouped: dict[int, _OnClock] = {}
+        for name, (index, values) in series.series.items():
+            at = grouped.get(index)
+            if at is None:
+                steps, times = series.clocks[index]
+                at = grouped[index] = (steps, times, {})
+            at[2][name] = values
+        return list(grouped.values())
+    by_identity: dict[tuple[int, int], _OnClock] = {}
+    at = None
+    for name, (steps, times, values) in series.items():
+        # The series of a clock mostly come one after another (``packing.decode``'s do).
+        if at is None or steps is not at[0] or times is not at[1]:
+            key = (id(steps), id(times))
+            at = by_identity.get(key)
+            if at is None:
+                at = by_identity[key] = (steps, times, {})
+        at[2][name] = values
+    return list(by_identity.values())
+
+
 def points_frames(
     series: Mapping[str, SeqColumns], first_seq: int, clocks: bool = False
 ) -> list[PointsFrame]:
-    """Pack drained series into ``points`` frames of MAX_POINTS_PER_FRAME points at most;
-    with ``clocks`` (for a server that reads them), series of a frame that share their steps
-    and times send them once (:func:`share_clocks`)."""
+    """Pack drained series into ``points`` frames of MAX_POINTS_PER_FRAME points at most.
+
+    With ``clocks`` (for a server that reads them), the series of a clock that two or more
+    share (a :class:`ClockedSeries`'s, as :meth:`PointBuffer.drain` gives them, or those that
+    hold the very same steps and times lists) name it in the frame's ``clocks`` instead of each
+    sending its steps and times; without, each series carries them, as every server reads. A
+    clock's series are split across frames at the same steps, so they share it in each."""
     frames: list[PointsFrame] = []
     current: dict[str, PointsColumn] = {}
+    shared: dict[str, Clock] = {}
     room = MAX_POINTS_PER_FRAME
-    for name, (steps, times, values) in series.items():
+    for steps, times, values in _fitting(_by_clock(series)):
+        width = len(values)
         start = 0
         while start < len(steps):
-            if room == 0:
-                frames.append(_frame(current, first_seq + len(frames), clocks))
-                current, room = {}, MAX_POINTS_PER_FRAME
-            end = min(len(steps), start + room)
+            if room < width:
+                frames.append(_frame(current, shared, first_seq + len(frames)))
+                current, shared, room = {}, {}, MAX_POINTS_PER_FRAME
+            end = min(len(steps), start + room // width)
             whole = start == 0 and end == len(steps)
-            current[name] = {
-                "step": steps if whole else steps[start:end],
-                "time": times if whole else times[start:end],
-                "value": values if whole else values[start:end],
-            }
-            room -= end - start
+            at_steps = steps if whole else steps[start:end]
+            at_times = times if whole else times[start:end]
+            if clocks and width > 1:
+                key = str(len(shared))
+                shared[key] = {"step": at_steps, "time": at_times}
+                for name, column in values.items():
+                    current[name] = {"clock": key, "value": column if whole else column[start:end]}
+            else:
+                for name, column in values.items():
+                    current[name] = {
+                        "step": at_steps,
+                        "time": at_times,
+                        "value": column if whole else column[start:end],
+                    }
+            room -= (end - start) * width
             start = end
     if current:
-        frames.append(_frame(current, first_seq + len(frames), clocks))
+        frames.append(_frame(current, shared, first_seq + len(frames)))
     return frames
 
 
-def share_clocks(series: dict[str, PointsColumn]) -> PointsBody:
-    """The ``series`` (and ``clocks``) of a frame in which series with equal steps and times
-    name one clock that holds them, instead of each sending them (``FEATURE_CLOCKS``).
-
-    A fit's vitals and its Keras metrics are recorded at the same steps and times, and so
-    are its per-variable gradient norms at theirs: in a second of a small model's points those
-    steps and times, sent once a series, were about half of the frame's text. Series of one
-    point (a system sample) and steps and times no other series shares (the step time's,
-    stamped as the next step begins) stay as they are."""
-    held: list[tuple[Sequence[int], Sequence[float], list[str]]] = []
-    for name, column in series.items():
-        steps, times = column["step"], column["time"]
-        if len(steps) < 2:
-            continue
-        for same_steps, same_times, names in held:
-            if same_steps == steps and same_times == times:
-                names.append(name)
-                break
+def _fitting(on_clocks: list[_OnClock]) -> list[_OnClock]:
+    """``on_clocks`` with a clock of more series than a frame holds points (a step of each
+    could not go in one frame) as a clock a series."""
+    if all(len(values) <= MAX_POINTS_PER_FRAME for _, _, values in on_clocks):
+        return on_clocks
+    fitting: list[_OnClock] = []
+    for steps, times, values in on_clocks:
+        if len(values) <= MAX_POINTS_PER_FRAME:
+            fitting.append((steps, times, values))
         else:
-            held.append((steps, times, [name]))
-    shared = [clock for clock in held if len(clock[2]) > 1]
-    if not shared:
-        return {"series": series}
-    out = dict(series)
-    clocks: dict[str, Clock] = {}
-    for index, (steps, times, names) in enumerate(shared):
-        key = str(index)
-        clocks[key] = {"step": steps, "time": times}
-        for name in names:
-            out[name] = {"clock": key, "value": series[name]["value"]}
-    return {"series": out, "clocks": clocks}
+            fitting += [(steps, times, {name: column}) for name, column in values.items()]
+    return fitting
 
 
 def without_clocks(text: str) -> str:
@@ -228,6 +307,8 @@ def encode_points(frame: PointsFrame) -> str:
     return json.dumps(frame)
 
 
-def _frame(series: dict[str, PointsColumn], seq: int, clocks: bool) -> PointsFrame:
-    body = share_clocks(series) if clocks else {"series": series}
-    return {"type": POINTS, "v": PROTOCOL_VERSION, "seq": seq, **body}
+def _frame(series: dict[str, PointsColumn], clocks: dict[str, Clock], seq: int) -> PointsFrame:
+    frame: PointsFrame = {"type": POINTS, "v": PROTOCOL_VERSION, "seq": seq, "series": series}
+    if clocks:
+        frame["clocks"] = clocks
+    return frame
