@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +445,8 @@ class Judged:
     cause: str | None = None
     replay_differs: list[str] = field(default_factory=list)
     error: str | None = None
+    #: The server's alarms as it raised them live (kept with ``--streams`` to judge again).
+    live: list[dict[str, Any]] = field(default_factory=list)
 
 
 def cause_of(alarm: Mapping[str, Any]) -> str:
@@ -497,6 +499,10 @@ def judge(server: ServerProcess, result: Judged) -> None:
     # detector's on the recorded stream (the same, as the replays below check).
     first = framing.first_alarms(stream, env)
     alarms, seen = [], set()
+    result.live = [
+        {k: a.get(k) for k in ("rule", "severity", "step", "time", "message", "evidence")}
+        for a in done.alarms()
+    ]
     for alert in sorted(done.alarms(), key=lambda a: a["time"]):
         if alert["rule"] in seen:  # fired again after its cooldown: a new alert
             continue
@@ -510,25 +516,87 @@ def judge(server: ServerProcess, result: Judged) -> None:
         source = asdict(again) if again is not None else alert
         alarms.append({k: source[k] for k in ("rule", "severity", "step", "message", "evidence")})
     result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
-    if result.alarms:
-        result.first_alarm = result.alarms[0]["rule"]
     if spec["kind"] != "healthy":
-        truth = CLASSES[spec["kind"]]
-        for how in truth.lost:
+        for how in CLASSES[spec["kind"]].lost:
             found = _stuck(server, run, spec["at"]) if how == "stuck" else LOST[how](server, run)
             if found is not None and found[0] >= spec["at"]:  # noise before it is no loss
                 result.lost_at, result.lost_by = found[0], how
                 break
-        fired = [a for a in result.alarms if a["rule"] in truth.rules]
-        result.detected = bool(fired)
-        if fired:
-            result.cause = cause_of(fired[0])
-            result.diagnosed = result.cause in truth.causes
-            if result.lost_at is not None:
-                result.lead = result.lost_at - fired[0]["step"]
+    verdict(result)
     result.replay_differs += framing.differences(stream, env, spec["seed"])
     if STREAMS is not None:  # kept for the determinism test's fixtures
         framing.save(STREAMS / f"{result.name}.json.gz", stream, env)
+
+
+def verdict(result: Judged) -> None:
+    """The run's alarms against its ground truth: detected, diagnosed, the lead."""
+    result.first_alarm = result.alarms[0]["rule"] if result.alarms else None
+    result.detected, result.diagnosed, result.cause, result.lead = False, False, None, None
+    if result.spec["kind"] == "healthy":
+        return
+    truth = CLASSES[result.spec["kind"]]
+    fired = [a for a in result.alarms if a["rule"] in truth.rules]
+    result.detected = bool(fired)
+    if fired:
+        result.cause = cause_of(fired[0])
+        result.diagnosed = result.cause in truth.causes
+        if result.lost_at is not None:
+            result.lead = result.lost_at - fired[0]["step"]
+
+
+#: Rules raised by the server outside the stream (a silence, the run's end, its hello): a run
+#: judged again keeps them as they were raised live.
+OFF_STREAM = frozenset({"stall", "crash", "env_mismatch"})
+
+
+def rejudge(path: Path) -> Judged:
+    """A run recorded with ``--streams`` (its ``.run.json``), judged again by the detector as
+    it is now: the rules on the stream replayed, the others as the server raised them."""
+    kept = json.loads(path.read_text())
+    names = {f.name for f in fields(Judged)}
+    result = Judged(**{k: v for k, v in kept.items() if k in names})
+    result.replay_differs = []
+    stream_path = path.with_name(path.name.removesuffix(".run.json") + ".json.gz")
+    if result.error is not None or not stream_path.exists():
+        return result
+    stream, env = framing.load(stream_path)
+    alarms = [
+        {k: a[k] for k in ("rule", "severity", "step", "message", "evidence")}
+        for a in _firsts(result.live)
+        if a["rule"] in OFF_STREAM
+    ]
+    alarms += [
+        {
+            k: v
+            for k, v in asdict(f).items()
+            if k in ("rule", "severity", "step", "message", "evidence")
+        }
+        for f in framing.first_alarms(stream, env).values()
+        if f.rule not in OFF_STREAM
+    ]
+    result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
+    verdict(result)
+    result.replay_differs = framing.differences(stream, env, result.spec["seed"])
+    return result
+
+
+def _firsts(alarms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rule's first alarm (by time) of those given."""
+    out: dict[str, dict[str, Any]] = {}
+    for alarm in sorted(alarms, key=lambda a: a["time"] or 0.0):
+        out.setdefault(alarm["rule"], alarm)
+    return list(out.values())
+
+
+def rejudged(directory: Path, workers: int = 1) -> list[Judged]:
+    """Every run recorded in ``directory``, judged again (:func:`rejudge`)."""
+    paths = sorted(directory.glob("*.run.json"))
+    if workers <= 1:
+        return [rejudge(p) for p in paths]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(rejudge, paths))
 
 
 def recorded(server: ServerProcess, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -585,6 +653,9 @@ def run_one(server: ServerProcess, spec: dict[str, Any], zoo_seed: int) -> Judge
         judge(server, result)
     except AssertionError as exc:  # the run never reached the server
         result.error = result.error or str(exc)[:300]
+    if STREAMS is not None:  # what the run was and what the server saw, to judge again
+        kept = json.dumps(asdict(result), default=str)
+        (STREAMS / f"{name}.run.json").write_text(kept)
     return result
 
 
@@ -665,7 +736,10 @@ def report(results: list[Judged], seed: int) -> dict[str, Any]:
         },
         "seconds_per_run": statistics.median(seconds) if seconds else None,
         "runs_detail": [
-            {**asdict(r), "alarms": [(a["rule"], a["severity"], a["step"]) for a in r.alarms]}
+            {
+                **{k: v for k, v in asdict(r).items() if k != "live"},
+                "alarms": [(a["rule"], a["severity"], a["step"]) for a in r.alarms],
+            }
             for r in results
         ],
     }
@@ -715,12 +789,23 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="runs trained at once")
     parser.add_argument("--only", default="", help="comma-separated classes to draw (all)")
     parser.add_argument("--streams", type=Path, help="write each run's stream here (json.gz)")
+    parser.add_argument(
+        "--judge", type=Path, help="judge the runs --streams recorded here again; train none"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--server", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         train(json.loads(args.child), args.server, args.name)
+        return
+    if args.judge:
+        results = rejudged(args.judge, args.workers)
+        seeds = {int(r.name.split("-")[0].removeprefix("zoo")) for r in results}
+        figures = report(results, seeds.pop() if len(seeds) == 1 else args.seed)
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1, default=str))
+        print(summary_line(figures))
         return
     if args.streams:
         global STREAMS
