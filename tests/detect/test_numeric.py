@@ -307,3 +307,16 @@ def test_an_autopsys_verdict_becomes_one_clean_line_with_its_causes_remedy() -> 
     said = cause_said({"cause": "layer", "step": 4, "verdict": "Layer \x1b[31m'x'\u2028forged\n"})
     assert said == ("NaN/Inf at step 4: Layer [31m'x' forged", CAUSE_HINTS["layer"])
     assert cause_said({"cause": "made-up", "verdict": "x"}) is None
+
+
+def test_vanishing_is_judged_on_the_losses_up_to_its_sample_however_framed() -> None:
+    """The loss falls until step 150, then stays flat: the flat-loss test at a per-variable
+    sample reads the losses up to that sample, never the later ones of its frame."""
+    layers = deep_sigmoid_layers()
+    columns = stream(range(1, 600), 0.01, loss=lambda s: 2.3 / min(s, 150) ** 0.5)
+    columns.update(stream(range(10, 600, 10), 0.01, **layers))
+    steps = {
+        framing: [c[3] for c in run_through(Detector(), columns, framing)[1]]
+        for framing in (1, 3, 40, 250, None)
+    }
+    assert len(set(map(tuple, steps.values()))) == 1 and steps[1], steps

@@ -428,14 +428,19 @@ class GradVanishingRule(Rule):
         self._low = 0
         self._recovered = 0
         self._losses: deque[float] = deque(maxlen=settings.window)
+        #: A frame's losses taken in bulk, (step, loss), joining ``_losses`` only once the
+        #: record being judged reaches their step: the flat-loss test reads no later loss.
+        self._pending: deque[tuple[int, float]] = deque()
         #: A record's names -> its per-variable norms in model order (:meth:`_ordered`).
         self._layers: dict[tuple[str, ...], list[str]] = {}
 
     def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         cfg = self.settings
+        self._catch_up(None)
         if LOSS in dense:
-            losses = dense[LOSS][2]
-            self._losses.extend(losses[np.isfinite(losses)].tolist())
+            steps, _, losses = dense[LOSS]
+            keep = np.isfinite(losses)
+            self._pending.extend(zip(steps[keep].tolist(), losses[keep].tolist(), strict=True))
         if GRAD_GLOBAL_NORM not in dense:
             return []
         steps, times, norms = dense[GRAD_GLOBAL_NORM]
@@ -464,9 +469,16 @@ class GradVanishingRule(Rule):
         evidence = {"global_norm": norm, "steps": steps}
         return self.fire("", record, "warning", message, GRAD_VANISHING_HINT, evidence)
 
+    def _catch_up(self, step: int | None) -> None:
+        """The pending losses up to ``step`` (all of them: None) join the window."""
+        pending = self._pending
+        while pending and (step is None or pending[0][0] <= step):
+            self._losses.append(pending.popleft()[1])
+
     def observe(self, record: Record) -> list[Finding]:
         cfg = self.settings
         values = record.values
+        self._catch_up(record.step)
         loss = values.get(LOSS)
         if finite(loss):
             self._losses.append(loss)  # type: ignore[arg-type]
