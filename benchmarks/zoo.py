@@ -459,7 +459,10 @@ def cause_of(alarm: Mapping[str, Any]) -> str:
             return str(autopsy["cause"])
         return str(evidence.get("origin", "nonfinite"))
     if rule in ("grad_explosion", "loss_divergence"):
-        lr, first = evidence.get("lr"), evidence.get("lr_first")
+        # The rate then against the rate training was at its best at (or rose from), else
+        # against the first (a warm-up's first rate is far below the rate it learns at).
+        lr = evidence.get("lr")
+        first = evidence.get("lr_at_minimum", evidence.get("lr_before", evidence.get("lr_first")))
         if isinstance(lr, int | float) and isinstance(first, int | float) and lr >= 2 * first > 0:
             return "learning_rate"
         return "data" if rule == "loss_divergence" else "gradients"

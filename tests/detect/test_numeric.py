@@ -282,7 +282,10 @@ def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(
         restart = 1.3 if s % 500 < 50 and s > 500 else 1.0  # cosine warm restarts
         return warmup * restart * 2.0 / (1 + s / 100) * math.exp(noise.gauss(0, 0.4))
 
-    findings = feed(Detector(), stream(range(1, 2000), 0.01, loss=loss), framing)
+    def rate(s: int) -> float:  # from zero over 30 steps, then cosine warm restarts
+        return 1e-3 * s / 30 if s < 30 else 1e-3 * 0.5 * (1 + math.cos(math.pi * (s % 500) / 500))
+
+    findings = feed(Detector(), stream(range(1, 2000), 0.01, loss=loss, lr=rate), framing)
     assert [f for f in findings if f.severity != "info"] == []
 
 

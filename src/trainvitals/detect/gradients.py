@@ -11,12 +11,13 @@ import numpy as np
 
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import KINDS_KEPT, Context, Rule, finite
+from trainvitals.detect.rate import RateWatch
 from trainvitals.detect.stats import MAD_TO_SIGMA, RollingWindow, median
 from trainvitals.detect.text import number
 from trainvitals.detect.text import ratio as ratio_text
 from trainvitals.detect.types import Finding, Record
 from trainvitals.protocol import ArrayColumns
-from trainvitals.series import GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, LOSS
+from trainvitals.series import GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, LOSS, LR
 
 GRAD_EXPLOSION_HINT = (
     "Clip gradients (e.g. `keras.optimizers.Adam(learning_rate, clipnorm=1.0)`) and lower the "
@@ -40,7 +41,7 @@ class GradExplosionRule(Rule):
     """
 
     id = "grad_explosion"
-    watches = (GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX)
+    watches = (GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX, LR)
 
     def __init__(self, context: Context, settings: s.GradExplosion) -> None:
         super().__init__(context)
@@ -53,13 +54,14 @@ class GradExplosionRule(Rule):
         # over their own median are named when the rule fires (worked out then, not at every
         # step: a run logs them for every layer at every step).
         self._norms: dict[str, deque[float]] = {}
+        self._rate = RateWatch(settings)
 
     def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         column = dense.get(GRAD_GLOBAL_NORM)
-        if column is None:
-            return []
         cfg = self.settings
-        if self.firing or len(self._baseline) < cfg.min_history or self.regime_pending:
+        if column is None:
+            return self._rates(dense)
+        if "" in self.firing or len(self._baseline) < cfg.min_history or self.regime_pending:
             return None  # firing, about to judge for the first time, a new regime: step by step
         values = column[2]
         levels = np.log10(values[np.isfinite(values) & (values > 0)])
@@ -81,9 +83,43 @@ class GradExplosionRule(Rule):
         overflow = len(self._lagging) - cfg.lag
         if overflow > 0:
             self._baseline.extend([self._lagging.popleft() for _ in range(overflow)])
-        return []
+        return self._rates(dense)
+
+    def _rates(self, dense: Mapping[str, ArrayColumns]) -> list[Finding]:
+        """The frame's learning rates, taken in bulk (each step's, in order)."""
+        column = dense.get(LR)
+        if column is None:
+            return []
+        out = []
+        steps, times, rates = column
+        for i, (step, lr) in enumerate(zip(steps.tolist(), rates.tolist(), strict=True)):
+            if self._rate.feed(step, lr):
+                out.append(self._rate_finding(Record(step, float(times[i]), {})))
+        return out
+
+    def _rate_finding(self, record: Record) -> Finding:
+        rise = self._rate.rising
+        if rise is None:
+            return self.resolve("lr", record)
+        message = (
+            f"The learning rate rose to {number(rise.lr)} at step {rise.step}, "
+            f"{ratio_text(rise.ratio)} its highest before ({number(rise.before)}): every "
+            "update is that much larger, and the gradients and the loss blow up soon after"
+        )
+        evidence = {
+            "lr_before": rise.before,
+            "ratio": rise.ratio,
+            **self.context.lr_evidence(record.step),
+            "lr": rise.lr,
+        }
+        return self.fire("lr", record, "warning", message, LR_RISE_HINT, evidence)
 
     def observe(self, record: Record) -> list[Finding]:
+        lr = record.values.get(LR)
+        rate = lr is not None and self._rate.feed(record.step, lr)
+        return ([self._rate_finding(record)] if rate else []) + self._observe_norm(record)
+
+    def _observe_norm(self, record: Record) -> list[Finding]:
         cfg = self.settings
         if self.new_regime(record.step):  # the norms before it are no baseline for after
             self._baseline = RollingWindow(cfg.window)
@@ -120,7 +156,7 @@ class GradExplosionRule(Rule):
             current = self.firing.get("")
             if current is None or (current == "warning" and severity == "critical"):
                 return [self._fire(record, norm, 10**centre, ratio, severity)]
-        elif self.firing and self._calm >= cfg.clear_steps:
+        elif "" in self.firing and self._calm >= cfg.clear_steps:
             return [self.resolve("", record)]
         return []
 
@@ -162,6 +198,12 @@ class GradExplosionRule(Rule):
             message += f"; the largest rise is in {layer} ({ratio_text(rise)})"
         return self.fire("", record, severity, message, GRAD_EXPLOSION_HINT, evidence)
 
+
+LR_RISE_HINT = (
+    "If the schedule was not meant to rise again (a callback or a restart that set the rate, "
+    "a schedule's units in epochs rather than steps), set it back; save a checkpoint now, "
+    "and clip gradients (`clipnorm=1.0`) so that the larger updates cannot blow up."
+)
 
 GRAD_VANISHING_HINT = (
     "Gradients die on their way back through the network: use ReLU/GELU instead of "

@@ -49,6 +49,8 @@ class LossDivergenceRule(Rule):
         self._early: list[float] = []
         self._start: float | None = None
         self._minimum = math.inf
+        #: The learning rate when the level was at its minimum (None: the run records none).
+        self._lr_at_minimum: float | None = None
         self._level: float | None = None
         self._seen = 0
         self._since = 0
@@ -178,7 +180,9 @@ class LossDivergenceRule(Rule):
         start = self._start
         assert start is not None
         if len(self._losses) == self._losses.maxlen:
-            self._minimum = min(self._minimum, slow_level)
+            if slow_level < self._minimum:
+                self._minimum = slow_level
+                self._lr_at_minimum = self.context.lr_at(record.step)
         low = min(self._minimum, slow_level)
         learned = start - low
         if learned > 0.05 * abs(start):
@@ -222,6 +226,10 @@ class LossDivergenceRule(Rule):
                     "steps_rising": self._above,
                     **self.context.lr_evidence(record.step),
                 }
+                if self._lr_at_minimum is not None and "lr" in evidence:
+                    # A rate risen since training was at its best, not since a warm-up's
+                    # first step, tells a rate blow-up from bad data.
+                    evidence["lr_at_minimum"] = self._lr_at_minimum
                 out.append(self.fire("", record, severity, message, LOSS_DIVERGENCE_HINT, evidence))
         elif "" in self.firing and self._calm >= cfg.sustain:
             out.append(self.resolve("", record))
