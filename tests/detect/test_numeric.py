@@ -323,3 +323,15 @@ def test_vanishing_is_judged_on_the_losses_up_to_its_sample_however_framed() -> 
         for framing in (1, 3, 40, 250, None)
     }
     assert len(set(map(tuple, steps.values()))) == 1 and steps[1], steps
+
+
+def test_every_kernel_gradient_exactly_zero_with_a_flat_loss_is_vanishing() -> None:
+    """Dead ReLUs everywhere: no kernel gets a gradient, only the output's bias still moves
+    (so the global norm stays well above zero)."""
+    kernels = {f"grad/norm/relu_{i}/kernel": (lambda s: 0.0 if s >= 100 else 0.5) for i in range(4)}
+    columns = stream(range(1, 600), 0.01, loss=lambda s: 0.7 + 0.01 * math.sin(s))
+    columns.update(stream(range(1, 600), 0.01, **{"grad/global_norm": lambda s: 0.5}))
+    columns.update(stream(range(10, 600, 10), 0.01, **kernels))
+    found = fired(feed(Detector(), columns, 40), "grad_vanishing")
+    assert found and "exactly zero" in found[0].message, found
+    assert found[0].evidence["ratio"] == 0.0 and 290 <= found[0].step <= 300

@@ -294,7 +294,9 @@ class GradVanishingRule(Rule):
         low_name = min(early, key=lambda n: values[n])
         top_name = max(ordered, key=lambda n: values[n])
         top = values[top_name]
-        ratio = values[low_name] / top if top > 0 else 1.0
+        # Every kernel's gradient exactly zero (dead ReLUs everywhere: only the biases after
+        # them still learn) is the vanishing at its worst, not the absence of a ratio.
+        ratio = values[low_name] / top if top > 0 else 0.0
         if ratio < cfg.layer_ratio:
             self._low += 1
             self._recovered = 0
@@ -307,10 +309,14 @@ class GradVanishingRule(Rule):
                 low_name.removeprefix(GRAD_NORM_PREFIX),
                 top_name.removeprefix(GRAD_NORM_PREFIX),
             )
+            said = (
+                f"{low} gets {ratio_text(ratio)} the gradient of {top_short}"
+                if top > 0
+                else "every layer's kernel gets a gradient of exactly zero (dead units?)"
+            )
             message = (
-                f"Gradients vanish in the early layers: {low} gets {ratio_text(ratio)} the "
-                f"gradient of {top_short}, and the loss improved {max(change, 0.0):.1%} over the "
-                f"last {len(self._losses)} steps"
+                f"Gradients vanish in the early layers: {said}, and the loss improved "
+                f"{max(change, 0.0):.1%} over the last {len(self._losses)} steps"
             )
             evidence = {
                 "early_variable": low,
