@@ -6,8 +6,9 @@ Each run is a small real Keras ``fit`` on CPU (seconds), drawn at random from ar
 Adagrad), schedules (constant, warm-up, cosine, step decay), batch sizes (4 to 256), mixed
 precision on some, and data (digits, synthetic classification, regression, sequences,
 tokens). A run is healthy, or has one failure injected at a random step and strength (see
-``CLASSES``). Each runs in its own subprocess (a kill or a hang must not take the zoo down)
-and streams with a ``VitalsCallback`` to one real ``trainvitals serve``.
+``CLASSES``). Each runs in its own process (a kill or a hang must not take the zoo down),
+forked from one that has imported TensorFlow already, and streams with a ``VitalsCallback``
+to one real ``trainvitals serve``.
 
 Each run carries its ground truth: its class, the rules that should fire and the causes they
 should name, and its point of no return, read back from the server as
@@ -30,11 +31,12 @@ another pace (its times stretched); every alert that differs between the two is 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
+import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,7 +55,7 @@ import numpy as np
 
 from harness import framing
 from harness import outcomes as sc
-from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series, wait_for
+from harness.processes import ServerProcess, memory_cgroup, run_series, wait_for
 
 #: Failure classes: the rules that should fire, the causes the first alarm should name, how
 #: the point of no return is found, and whether a precursor can come before it (a kill or an
@@ -621,34 +623,62 @@ def recorded(server: ServerProcess, run_id: str) -> tuple[dict[str, Any], dict[s
 # -- the zoo ---------------------------------------------------------------------------------
 
 
+#: Each run is a process of its own (a kill or a hang must not take the zoo down), forked
+#: from one that has imported TensorFlow and Keras already: a fresh interpreter spends 15-20
+#: s of a 30 s run importing them (2-core VM, loaded), the training itself about 2 s.
+FORKS = multiprocessing.get_context("forkserver")
+FORKS.set_forkserver_preload(["tensorflow", "keras"])
+
+
+def _child(spec: dict[str, Any], server: str, name: str, group: str | None, err: str) -> None:
+    """Train one run in a forked child, ended as an interpreter ends a script: an uncaught
+    exception goes to ``sys.excepthook`` and then the ``atexit`` handlers run (the agent
+    reports how the run ended from there), which a forked child would otherwise skip."""
+    if group is not None:  # into the memory cgroup before it allocates anything of its own
+        Path(group, "cgroup.procs").write_text(str(os.getpid()))
+    with open(err, "w") as errors, open(os.devnull, "w") as devnull:
+        os.dup2(errors.fileno(), 2)
+        os.dup2(devnull.fileno(), 1)
+    os.environ["TRAINVITALS_STALL_FLOOR"] = str(STALL_FLOOR)
+    code = 0
+    try:
+        train(spec, server, name)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    finally:
+        atexit._run_exitfuncs()
+        sys.stderr.flush()
+    os._exit(code)
+
+
 def run_one(server: ServerProcess, spec: dict[str, Any], zoo_seed: int) -> Judged:
     name = f"zoo{zoo_seed}-{spec['index']:03d}-{spec['kind']}"
-    command = [sys.executable, __file__, "--child", json.dumps(spec), "--server", server.url,
-               "--name", name]  # fmt: skip
-    env = {**os.environ, "TRAINVITALS_STALL_FLOOR": str(STALL_FLOOR),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
-                                                       os.environ.get("PYTHONPATH")]))}  # fmt: skip
     started = time.monotonic()
     code: int | None = None
     group: AbstractContextManager[Any] = nullcontext()
     if spec["kind"] == "leak":
         group = memory_cgroup(LEAK_LIMIT)
-    with group as cgroup:
-        prefix = in_cgroup(cgroup) if cgroup is not None else []
-        child = subprocess.Popen([*prefix, *command], env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+    with group as cgroup, tempfile.NamedTemporaryFile(suffix=".err") as err_file:
+        where = None if cgroup is None else str(cgroup)
+        child = FORKS.Process(
+            target=_child, args=(spec, server.url, name, where, err_file.name), name=name
+        )
+        child.start()
         try:
             if spec["kind"] == "hang":  # wait for the stall alert, then end it
                 try:
                     wait_for(lambda: _stalled(server, name), timeout=90, interval=0.5)
                 finally:
                     child.kill()
-            _, err = child.communicate(timeout=RUN_TIMEOUT)
-            code = child.returncode
-        except (subprocess.TimeoutExpired, AssertionError):
-            child.kill()
-            _, err = child.communicate()
+            child.join(RUN_TIMEOUT)
+            code = child.exitcode
+        except AssertionError:
             code = None
+        if child.exitcode is None:  # past its time
+            child.kill()
+            child.join()
+        err = Path(err_file.name).read_text(errors="replace")
     result = Judged(name, spec, time.monotonic() - started, code)
     if code not in (0, None) and spec["kind"] not in ("exception", "kill", "hang", "leak"):
         result.error = (err or "").strip().splitlines()[-1:][0] if err else f"exit {code}"
@@ -766,22 +796,33 @@ def summary_line(figures: dict[str, Any]) -> str:
     )
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def zoo(runs: int, seed: int, workers: int = 1, only: tuple[str, ...] = ()) -> dict[str, Any]:
     """Generate and judge ``runs`` runs drawn with ``seed`` (from the classes ``only``, by
     default all); the report's figures."""
     rng = np.random.default_rng(seed)
     specs = [draw(rng, i, only) for i in range(runs)]
+    # With --streams, a run recorded there already (an earlier, interrupted zoo of the same
+    # seed) is taken as it was recorded, not trained again.
+    done = {s["index"]: _recorded_run(s, seed) for s in specs} if STREAMS is not None else {}
+    todo = [s for s in specs if done.get(s["index"]) is None]
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "zoo.db"))
         try:
             with ThreadPoolExecutor(max(1, workers)) as pool:
-                results = list(pool.map(lambda spec: run_one(server, spec, seed), specs))
+                trained = list(pool.map(lambda spec: run_one(server, spec, seed), todo))
         finally:
             server.stop()
-    return report(results, seed)
+    results = [r for r in done.values() if r is not None] + trained
+    return report(sorted(results, key=lambda r: r.spec["index"]), seed)
+
+
+def _recorded_run(spec: dict[str, Any], seed: int) -> Judged | None:
+    assert STREAMS is not None
+    path = STREAMS / f"zoo{seed}-{spec['index']:03d}-{spec['kind']}.run.json"
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    return Judged(**{f.name: kept[f.name] for f in fields(Judged) if f.name in kept})
 
 
 def main() -> None:
@@ -795,13 +836,7 @@ def main() -> None:
     parser.add_argument(
         "--judge", type=Path, help="judge the runs --streams recorded here again; train none"
     )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--server", help=argparse.SUPPRESS)
-    parser.add_argument("--name", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        train(json.loads(args.child), args.server, args.name)
-        return
     if args.judge:
         results = rejudged(args.judge, args.workers)
         seeds = {int(r.name.split("-")[0].removeprefix("zoo")) for r in results}
