@@ -11,6 +11,7 @@ import numpy as np
 
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite
+from trainvitals.detect.evidence import NonfiniteEvidence
 from trainvitals.detect.text import listing
 from trainvitals.detect.types import Finding, Record
 from trainvitals.protocol import UNSAFE_CHARS, ArrayColumns
@@ -213,7 +214,7 @@ class NonfiniteRule(Rule):
                 n for n, v in values.items() if n.startswith(GRAD_NORM_PREFIX) and not finite(v)
             )
         ]
-        evidence: dict[str, Any] = {
+        evidence: NonfiniteEvidence = {
             "origin": origin,
             "where": ordered,
             "counts": counts,

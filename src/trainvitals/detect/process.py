@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite
+from trainvitals.detect.evidence import CrashEvidence, SlowdownEvidence
 from trainvitals.detect.stats import RollingWindow, median
 from trainvitals.detect.text import duration, number, ratio, size
 from trainvitals.detect.types import Finding, Record, Severity
@@ -198,7 +198,7 @@ class SlowdownRule(Rule):
 
     def _fire(self, record: Record, base: float, now: float) -> Finding:
         latest = self.context.latest
-        evidence: dict[str, Any] = {STEP_TIME: now, "baseline": base, "ratio": now / base}
+        evidence: SlowdownEvidence = {"step_time": now, "baseline": base, "ratio": now / base}
         causes = []
         swap = latest.get(HOST_SWAP_USED)
         if swap:
@@ -282,7 +282,7 @@ class CrashRule(Rule):
     def ended(self, reason: str, time: float, traceback: str | None) -> Finding:
         record = Record(self.context.step, time, {})
         readings = self.context.memory_readings()
-        evidence: dict[str, Any] = {"end_reason": reason, "last_step": self.context.step}
+        evidence: CrashEvidence = {"end_reason": reason, "last_step": self.context.step}
         if readings:
             evidence["last_readings"] = readings
         severity: Severity = "critical"
