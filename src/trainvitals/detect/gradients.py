@@ -225,6 +225,7 @@ class GradVanishingRule(Rule):
         self.settings = settings
         self._tiny = 0
         self._low = 0
+        self._dead = 0
         self._recovered = 0
         self._losses: deque[float] = deque(maxlen=settings.window)
         #: A frame's losses taken in bulk, (step, loss), joining ``_losses`` only once the
@@ -303,7 +304,10 @@ class GradVanishingRule(Rule):
         else:
             self._low = 0
             self._recovered += 1 if ratio >= cfg.layer_ratio * 10 else 0
-        change = self._loss_change() if not self.firing and self._low >= cfg.samples else None
+        self._dead = self._dead + 1 if top <= 0 else 0
+        # Every kernel's gradient exactly zero is no noise to wait out: fewer samples do.
+        starved = self._low >= cfg.samples or self._dead >= cfg.dead_samples
+        change = self._loss_change() if not self.firing and starved else None
         if change is not None and change < cfg.flat_loss:
             low, top_short = (
                 low_name.removeprefix(GRAD_NORM_PREFIX),

@@ -77,6 +77,9 @@ class GradVanishing:
     #: all layers, below this for ``samples`` per-variable samples in a row...
     layer_ratio: float = 1e-4
     samples: int = 20
+    #: Or every kernel's gradient exactly zero (every unit dead) for this many samples in a
+    #: row, with the same flat loss.
+    dead_samples: int = 5
     #: ...while the loss improved by less than this fraction over the last ``window`` steps.
     flat_loss: float = 0.02
 
