@@ -561,6 +561,7 @@ def rejudge(path: Path) -> Judged:
     names = {f.name for f in fields(Judged)}
     result = Judged(**{k: v for k, v in kept.items() if k in names})
     result.replay_differs = []
+    result.error = result.error or _timed_out(result)
     stream_path = path.with_name(path.name.removesuffix(".run.json") + ".json.gz")
     if result.error is not None or not stream_path.exists():
         return result
@@ -583,6 +584,14 @@ def rejudge(path: Path) -> Judged:
     verdict(result)
     result.replay_differs = framing.differences(stream, env, result.spec["seed"])
     return result
+
+
+def _timed_out(result: Judged) -> str | None:
+    """Why a run the zoo killed for running past ``RUN_TIMEOUT`` is not judged: its end (a
+    SIGKILL, seen by the server as a crash) is the zoo's doing, not the run's."""
+    if result.returncode is None and result.spec["kind"] != "hang":
+        return f"still training after {RUN_TIMEOUT:g} s: killed, not judged"
+    return None
 
 
 def _firsts(alarms: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -682,6 +691,7 @@ def run_one(server: ServerProcess, spec: dict[str, Any], zoo_seed: int) -> Judge
     result = Judged(name, spec, time.monotonic() - started, code)
     if code not in (0, None) and spec["kind"] not in ("exception", "kill", "hang", "leak"):
         result.error = (err or "").strip().splitlines()[-1:][0] if err else f"exit {code}"
+    result.error = result.error or _timed_out(result)
     try:
         judge(server, result)
     except AssertionError as exc:  # the run never reached the server
