@@ -6,8 +6,9 @@ Each run is a small real Keras ``fit`` on CPU (seconds), drawn at random from ar
 Adagrad), schedules (constant, warm-up, cosine, step decay), batch sizes (4 to 256), mixed
 precision on some, and data (digits, synthetic classification, regression, sequences,
 tokens). A run is healthy, or has one failure injected at a random step and strength (see
-``CLASSES``). Each runs in its own subprocess (a kill or a hang must not take the zoo down)
-and streams with a ``VitalsCallback`` to one real ``trainvitals serve``.
+``CLASSES``). Each runs in its own process (a kill or a hang must not take the zoo down),
+forked from one that has imported TensorFlow already, and streams with a ``VitalsCallback``
+to one real ``trainvitals serve``.
 
 Each run carries its ground truth: its class, the rules that should fire and the causes they
 should name, and its point of no return, read back from the server as
@@ -30,18 +31,19 @@ another pace (its times stretched); every alert that differs between the two is 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
+import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +56,7 @@ import numpy as np
 from harness import framing
 from harness import outcomes as sc
 from harness.polling import wait_for
-from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series
+from harness.processes import ServerProcess, memory_cgroup, run_series
 
 #: Failure classes: the rules that should fire, the causes the first alarm should name, how
 #: the point of no return is found, and whether a precursor can come before it (a kill or an
@@ -446,6 +448,8 @@ class Judged:
     cause: str | None = None
     replay_differs: list[str] = field(default_factory=list)
     error: str | None = None
+    #: The server's alarms as it raised them live (kept with ``--streams`` to judge again).
+    live: list[dict[str, Any]] = field(default_factory=list)
 
 
 def cause_of(alarm: Mapping[str, Any]) -> str:
@@ -458,7 +462,10 @@ def cause_of(alarm: Mapping[str, Any]) -> str:
             return str(autopsy["cause"])
         return str(evidence.get("origin", "nonfinite"))
     if rule in ("grad_explosion", "loss_divergence"):
-        lr, first = evidence.get("lr"), evidence.get("lr_first")
+        # The rate then against the rate training was at its best at (or rose from), else
+        # against the first (a warm-up's first rate is far below the rate it learns at).
+        lr = evidence.get("lr")
+        first = evidence.get("lr_at_minimum", evidence.get("lr_before", evidence.get("lr_first")))
         if isinstance(lr, int | float) and isinstance(first, int | float) and lr >= 2 * first > 0:
             return "learning_rate"
         return "data" if rule == "loss_divergence" else "gradients"
@@ -498,6 +505,10 @@ def judge(server: ServerProcess, result: Judged) -> None:
     # detector's on the recorded stream (the same, as the replays below check).
     first = framing.first_alarms(stream, env)
     alarms, seen = [], set()
+    result.live = [
+        {k: a.get(k) for k in ("rule", "severity", "step", "time", "message", "evidence")}
+        for a in done.alarms()
+    ]
     for alert in sorted(done.alarms(), key=lambda a: a["time"]):
         if alert["rule"] in seen:  # fired again after its cooldown: a new alert
             continue
@@ -511,25 +522,96 @@ def judge(server: ServerProcess, result: Judged) -> None:
         source = asdict(again) if again is not None else alert
         alarms.append({k: source[k] for k in ("rule", "severity", "step", "message", "evidence")})
     result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
-    if result.alarms:
-        result.first_alarm = result.alarms[0]["rule"]
     if spec["kind"] != "healthy":
-        truth = CLASSES[spec["kind"]]
-        for how in truth.lost:
+        for how in CLASSES[spec["kind"]].lost:
             found = _stuck(server, run, spec["at"]) if how == "stuck" else LOST[how](server, run)
             if found is not None and found[0] >= spec["at"]:  # noise before it is no loss
                 result.lost_at, result.lost_by = found[0], how
                 break
-        fired = [a for a in result.alarms if a["rule"] in truth.rules]
-        result.detected = bool(fired)
-        if fired:
-            result.cause = cause_of(fired[0])
-            result.diagnosed = result.cause in truth.causes
-            if result.lost_at is not None:
-                result.lead = result.lost_at - fired[0]["step"]
+    verdict(result)
     result.replay_differs += framing.differences(stream, env, spec["seed"])
     if STREAMS is not None:  # kept for the determinism test's fixtures
         framing.save(STREAMS / f"{result.name}.json.gz", stream, env)
+
+
+def verdict(result: Judged) -> None:
+    """The run's alarms against its ground truth: detected, diagnosed, the lead."""
+    result.first_alarm = result.alarms[0]["rule"] if result.alarms else None
+    result.detected, result.diagnosed, result.cause, result.lead = False, False, None, None
+    if result.spec["kind"] == "healthy":
+        return
+    truth = CLASSES[result.spec["kind"]]
+    fired = [a for a in result.alarms if a["rule"] in truth.rules]
+    result.detected = bool(fired)
+    if fired:
+        result.cause = cause_of(fired[0])
+        result.diagnosed = result.cause in truth.causes
+        if result.lost_at is not None:
+            result.lead = result.lost_at - fired[0]["step"]
+
+
+#: Rules raised by the server outside the stream (a silence, the run's end, its hello): a run
+#: judged again keeps them as they were raised live.
+OFF_STREAM = frozenset({"stall", "crash", "env_mismatch"})
+
+
+def rejudge(path: Path) -> Judged:
+    """A run recorded with ``--streams`` (its ``.run.json``), judged again by the detector as
+    it is now: the rules on the stream replayed, the others as the server raised them."""
+    kept = json.loads(path.read_text())
+    names = {f.name for f in fields(Judged)}
+    result = Judged(**{k: v for k, v in kept.items() if k in names})
+    result.replay_differs = []
+    result.error = result.error or _timed_out(result)
+    stream_path = path.with_name(path.name.removesuffix(".run.json") + ".json.gz")
+    if result.error is not None or not stream_path.exists():
+        return result
+    stream, env = framing.load(stream_path)
+    alarms = [
+        {k: a[k] for k in ("rule", "severity", "step", "message", "evidence")}
+        for a in _firsts(result.live)
+        if a["rule"] in OFF_STREAM
+    ]
+    alarms += [
+        {
+            k: v
+            for k, v in asdict(f).items()
+            if k in ("rule", "severity", "step", "message", "evidence")
+        }
+        for f in framing.first_alarms(stream, env).values()
+        if f.rule not in OFF_STREAM
+    ]
+    result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
+    verdict(result)
+    result.replay_differs = framing.differences(stream, env, result.spec["seed"])
+    return result
+
+
+def _timed_out(result: Judged) -> str | None:
+    """Why a run the zoo killed for running past ``RUN_TIMEOUT`` is not judged: its end (a
+    SIGKILL, seen by the server as a crash) is the zoo's doing, not the run's."""
+    if result.returncode is None and result.spec["kind"] != "hang":
+        return f"still training after {RUN_TIMEOUT:g} s: killed, not judged"
+    return None
+
+
+def _firsts(alarms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each rule's first alarm (by time) of those given."""
+    out: dict[str, dict[str, Any]] = {}
+    for alarm in sorted(alarms, key=lambda a: a["time"] or 0.0):
+        out.setdefault(alarm["rule"], alarm)
+    return list(out.values())
+
+
+def rejudged(directory: Path, workers: int = 1) -> list[Judged]:
+    """Every run recorded in ``directory``, judged again (:func:`rejudge`)."""
+    paths = sorted(directory.glob("*.run.json"))
+    if workers <= 1:
+        return [rejudge(p) for p in paths]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(rejudge, paths))
 
 
 def recorded(server: ServerProcess, run_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -551,41 +633,73 @@ def recorded(server: ServerProcess, run_id: str) -> tuple[dict[str, Any], dict[s
 # -- the zoo ---------------------------------------------------------------------------------
 
 
+#: Each run is a process of its own (a kill or a hang must not take the zoo down), forked
+#: from one that has imported TensorFlow and Keras already: a fresh interpreter spends 15-20
+#: s of a 30 s run importing them (2-core VM, loaded), the training itself about 2 s.
+FORKS = multiprocessing.get_context("forkserver")
+FORKS.set_forkserver_preload(["tensorflow", "keras"])
+
+
+def _child(spec: dict[str, Any], server: str, name: str, group: str | None, err: str) -> None:
+    """Train one run in a forked child, ended as an interpreter ends a script: an uncaught
+    exception goes to ``sys.excepthook`` and then the ``atexit`` handlers run (the agent
+    reports how the run ended from there), which a forked child would otherwise skip."""
+    if group is not None:  # into the memory cgroup before it allocates anything of its own
+        Path(group, "cgroup.procs").write_text(str(os.getpid()))
+    with open(err, "w") as errors, open(os.devnull, "w") as devnull:
+        os.dup2(errors.fileno(), 2)
+        os.dup2(devnull.fileno(), 1)
+    os.environ["TRAINVITALS_STALL_FLOOR"] = str(STALL_FLOOR)
+    code = 0
+    try:
+        train(spec, server, name)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    finally:
+        atexit._run_exitfuncs()
+        sys.stderr.flush()
+    os._exit(code)
+
+
 def run_one(server: ServerProcess, spec: dict[str, Any], zoo_seed: int) -> Judged:
     name = f"zoo{zoo_seed}-{spec['index']:03d}-{spec['kind']}"
-    command = [sys.executable, __file__, "--child", json.dumps(spec), "--server", server.url,
-               "--name", name]  # fmt: skip
-    env = {**os.environ, "TRAINVITALS_STALL_FLOOR": str(STALL_FLOOR),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"),
-                                                       os.environ.get("PYTHONPATH")]))}  # fmt: skip
     started = time.monotonic()
     code: int | None = None
     group: AbstractContextManager[Any] = nullcontext()
     if spec["kind"] == "leak":
         group = memory_cgroup(LEAK_LIMIT)
-    with group as cgroup:
-        prefix = in_cgroup(cgroup) if cgroup is not None else []
-        child = subprocess.Popen([*prefix, *command], env=env, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
+    with group as cgroup, tempfile.NamedTemporaryFile(suffix=".err") as err_file:
+        where = None if cgroup is None else str(cgroup)
+        child = FORKS.Process(
+            target=_child, args=(spec, server.url, name, where, err_file.name), name=name
+        )
+        child.start()
         try:
             if spec["kind"] == "hang":  # wait for the stall alert, then end it
                 try:
                     wait_for(lambda: _stalled(server, name), timeout=90, interval=0.5)
                 finally:
                     child.kill()
-            _, err = child.communicate(timeout=RUN_TIMEOUT)
-            code = child.returncode
-        except (subprocess.TimeoutExpired, AssertionError):
-            child.kill()
-            _, err = child.communicate()
+            child.join(RUN_TIMEOUT)
+            code = child.exitcode
+        except AssertionError:
             code = None
+        if child.exitcode is None:  # past its time
+            child.kill()
+            child.join()
+        err = Path(err_file.name).read_text(errors="replace")
     result = Judged(name, spec, time.monotonic() - started, code)
     if code not in (0, None) and spec["kind"] not in ("exception", "kill", "hang", "leak"):
         result.error = (err or "").strip().splitlines()[-1:][0] if err else f"exit {code}"
+    result.error = result.error or _timed_out(result)
     try:
         judge(server, result)
     except AssertionError as exc:  # the run never reached the server
         result.error = result.error or str(exc)[:300]
+    if STREAMS is not None:  # what the run was and what the server saw, to judge again
+        kept = json.dumps(asdict(result), default=str)
+        (STREAMS / f"{name}.run.json").write_text(kept)
     return result
 
 
@@ -666,7 +780,10 @@ def report(results: list[Judged], seed: int) -> dict[str, Any]:
         },
         "seconds_per_run": statistics.median(seconds) if seconds else None,
         "runs_detail": [
-            {**asdict(r), "alarms": [(a["rule"], a["severity"], a["step"]) for a in r.alarms]}
+            {
+                **{k: v for k, v in asdict(r).items() if k != "live"},
+                "alarms": [(a["rule"], a["severity"], a["step"]) for a in r.alarms],
+            }
             for r in results
         ],
     }
@@ -690,22 +807,33 @@ def summary_line(figures: dict[str, Any]) -> str:
     )
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def zoo(runs: int, seed: int, workers: int = 1, only: tuple[str, ...] = ()) -> dict[str, Any]:
     """Generate and judge ``runs`` runs drawn with ``seed`` (from the classes ``only``, by
     default all); the report's figures."""
     rng = np.random.default_rng(seed)
     specs = [draw(rng, i, only) for i in range(runs)]
+    # With --streams, a run recorded there already (an earlier, interrupted zoo of the same
+    # seed) is taken as it was recorded, not trained again.
+    done = {s["index"]: _recorded_run(s, seed) for s in specs} if STREAMS is not None else {}
+    todo = [s for s in specs if done.get(s["index"]) is None]
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "zoo.db"))
         try:
             with ThreadPoolExecutor(max(1, workers)) as pool:
-                results = list(pool.map(lambda spec: run_one(server, spec, seed), specs))
+                trained = list(pool.map(lambda spec: run_one(server, spec, seed), todo))
         finally:
             server.stop()
-    return report(results, seed)
+    results = [r for r in done.values() if r is not None] + trained
+    return report(sorted(results, key=lambda r: r.spec["index"]), seed)
+
+
+def _recorded_run(spec: dict[str, Any], seed: int) -> Judged | None:
+    assert STREAMS is not None
+    path = STREAMS / f"zoo{seed}-{spec['index']:03d}-{spec['kind']}.run.json"
+    if not path.exists():
+        return None
+    kept = json.loads(path.read_text())
+    return Judged(**{f.name: kept[f.name] for f in fields(Judged) if f.name in kept})
 
 
 def main() -> None:
@@ -716,12 +844,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="runs trained at once")
     parser.add_argument("--only", default="", help="comma-separated classes to draw (all)")
     parser.add_argument("--streams", type=Path, help="write each run's stream here (json.gz)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--server", help=argparse.SUPPRESS)
-    parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--judge", type=Path, help="judge the runs --streams recorded here again; train none"
+    )
     args = parser.parse_args()
-    if args.child:
-        train(json.loads(args.child), args.server, args.name)
+    if args.judge:
+        results = rejudged(args.judge, args.workers)
+        seeds = {int(r.name.split("-")[0].removeprefix("zoo")) for r in results}
+        figures = report(results, seeds.pop() if len(seeds) == 1 else args.seed)
+        if args.json:
+            args.json.write_text(json.dumps(figures, indent=1, default=str))
+        print(summary_line(figures))
         return
     if args.streams:
         global STREAMS

@@ -24,9 +24,10 @@ from trainvitals.protocol import Columns, ListColumns
 Stream = Mapping[str, ListColumns]
 #: An alert as the determinism check compares it: (rule, subject, severity, step).
 Raised = tuple[str, str, str, int]
-#: Rules about time itself (how long a step or a silence took, when memory runs out) and
-#: about the run's start and end: left out of the comparison.
-TIMING_RULES = frozenset({"stall", "slowdown", "oom_forecast", "crash", "env_mismatch"})
+#: Rules about time itself (how long a silence took, when memory runs out) and about the
+#: run's start and end: left out of the comparison. ``slowdown`` reads the step times the
+#: stream carries, not the clock, and is compared like the rest.
+TIMING_RULES = frozenset({"stall", "oom_forecast", "crash", "env_mismatch"})
 
 
 def frames(stream: Stream, ends: list[int]) -> Iterator[dict[str, ListColumns]]:

@@ -5,9 +5,11 @@ judges its hundreds."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from benchmarks import zoo
 from harness.processes import ServerProcess
@@ -17,7 +19,10 @@ SMALL = {"data": "digits", "arch": "mlp", "optimizer": "sgd", "lr": 0.05,
          "schedule": "constant", "batch": 32, "steps": 300, "mixed": False}  # fmt: skip
 
 
-def test_a_small_zoo_reports_a_planted_learning_rate_blow_up(server: ServerProcess) -> None:
+def test_a_small_zoo_reports_a_planted_learning_rate_blow_up(
+    server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zoo, "STREAMS", tmp_path)
     rng = np.random.default_rng(3)
     blow_up = {**zoo.draw(rng, 0, ("lr_sudden",)), **SMALL, "at": 150, "strength": 1.0}
     healthy = {**zoo.draw(rng, 1, ("healthy",)), **SMALL}
@@ -35,3 +40,14 @@ def test_a_small_zoo_reports_a_planted_learning_rate_blow_up(server: ServerProce
     assert figures["determinism"]["runs_differing"] == 0, figures["determinism"]
     assert figures["seconds_per_run"] > 0
     assert "recall 100%" in zoo.summary_line(figures)
+
+    # Recorded, the runs are judged again offline (``--judge``) to the same verdicts.
+    again = {r.name: r for r in zoo.rejudged(tmp_path)}
+    for result in results:
+        redone = again[result.name]
+        assert (redone.detected, redone.diagnosed, redone.lead, redone.alarms) == (
+            result.detected,
+            result.diagnosed,
+            result.lead,
+            result.alarms,
+        ), result.name

@@ -3,8 +3,10 @@ same alerts at the same steps (rules about time itself aside).
 
 The streams in ``recorded/`` are real runs of the zoo (benchmarks/zoo.py), as the server
 stored them: a learning rate that grows until the loss diverges, a deep sigmoid stack whose
-gradients vanish, a NaN in a batch. The agent cuts a run into a frame a second, so the same
-run on a faster or slower machine reaches the detector in other frames.
+gradients vanish, a NaN in a batch, ReLUs that all die mid-run, steps slowed mid-run (whose
+alert, judged on the step times the stream carries, must not move with the frames either).
+The agent cuts a run into a frame a second, so the same run on a faster or slower machine
+reaches the detector in other frames.
 """
 
 from __future__ import annotations

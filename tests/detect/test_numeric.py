@@ -282,7 +282,10 @@ def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(
         restart = 1.3 if s % 500 < 50 and s > 500 else 1.0  # cosine warm restarts
         return warmup * restart * 2.0 / (1 + s / 100) * math.exp(noise.gauss(0, 0.4))
 
-    findings = feed(Detector(), stream(range(1, 2000), 0.01, loss=loss), framing)
+    def rate(s: int) -> float:  # from zero over 30 steps, then cosine warm restarts
+        return 1e-3 * s / 30 if s < 30 else 1e-3 * 0.5 * (1 + math.cos(math.pi * (s % 500) / 500))
+
+    findings = feed(Detector(), stream(range(1, 2000), 0.01, loss=loss, lr=rate), framing)
     assert [f for f in findings if f.severity != "info"] == []
 
 
@@ -307,3 +310,28 @@ def test_an_autopsys_verdict_becomes_one_clean_line_with_its_causes_remedy() -> 
     said = cause_said({"cause": "layer", "step": 4, "verdict": "Layer \x1b[31m'x'\u2028forged\n"})
     assert said == ("NaN/Inf at step 4: Layer [31m'x' forged", CAUSE_HINTS["layer"])
     assert cause_said({"cause": "made-up", "verdict": "x"}) is None
+
+
+def test_vanishing_is_judged_on_the_losses_up_to_its_sample_however_framed() -> None:
+    """The loss falls until step 150, then stays flat: the flat-loss test at a per-variable
+    sample reads the losses up to that sample, never the later ones of its frame."""
+    layers = deep_sigmoid_layers()
+    columns = stream(range(1, 600), 0.01, loss=lambda s: 2.3 / min(s, 150) ** 0.5)
+    columns.update(stream(range(10, 600, 10), 0.01, **layers))
+    steps = {
+        framing: [c[3] for c in run_through(Detector(), columns, framing)[1]]
+        for framing in (1, 3, 40, 250, None)
+    }
+    assert len(set(map(tuple, steps.values()))) == 1 and steps[1], steps
+
+
+def test_every_kernel_gradient_exactly_zero_with_a_flat_loss_is_vanishing() -> None:
+    """Dead ReLUs everywhere: no kernel gets a gradient, only the output's bias still moves
+    (so the global norm stays well above zero)."""
+    kernels = {f"grad/norm/relu_{i}/kernel": (lambda s: 0.0 if s >= 100 else 0.5) for i in range(4)}
+    columns = stream(range(1, 600), 0.01, loss=lambda s: 0.7 + 0.01 * math.sin(s))
+    columns.update(stream(range(1, 600), 0.01, **{"grad/global_norm": lambda s: 0.5}))
+    columns.update(stream(range(10, 600, 10), 0.01, **kernels))
+    found = fired(feed(Detector(), columns, 40), "grad_vanishing")
+    assert found and "exactly zero" in found[0].message, found
+    assert found[0].evidence["ratio"] == 0.0 and found[0].step == 140  # 5 samples: 100..140

@@ -67,3 +67,14 @@ def test_a_crash_says_what_ended_it_even_without_a_message() -> None:
     assert finding.message.endswith(": KeyboardInterrupt")
     (unseen,) = Detector().ended("exception", T0, None)
     assert "traceback was not seen" in unseen.message
+
+
+def test_slowdown_fires_at_the_same_step_however_framed() -> None:
+    """Judged every ten steps on the step times up to each, in bulk as step by step: where
+    the agent cut the frames does not move the alert."""
+    columns = stream(range(1, 900), 0.01, step_time=lambda s: 0.01 if s < 503 else 0.05)
+    steps = {
+        framing: [c[3] for c in run_through(Detector(), columns, framing)[1]]
+        for framing in (1, 3, 7, 40, 333, None)
+    }
+    assert len(set(map(tuple, steps.values()))) == 1 and steps[1], steps

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trainvitals.agent.vitals import StepVitals
-from trainvitals.detect.numeric import loss_scale_skip
+from trainvitals.detect.nonfinite import loss_scale_skip
 from trainvitals.protocol import Columns, ListColumns
 from trainvitals.series import (
     GRAD_GLOBAL_NORM,

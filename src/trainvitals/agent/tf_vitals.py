@@ -10,17 +10,22 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
-from trainvitals.agent import environment, packing
+from trainvitals.agent import packing
 from trainvitals.agent.ring import DeviceRing
+
+# What the run's hello says about TensorFlow lives in tf_env; importable from here as before.
+from trainvitals.agent.tf_env import TensorflowEnv as TensorflowEnv
+from trainvitals.agent.tf_env import Worker as Worker
+from trainvitals.agent.tf_env import describe as describe
+from trainvitals.agent.tf_env import has_gpu as has_gpu
+from trainvitals.agent.tf_env import input_kinds as input_kinds
 from trainvitals.series import NONFINITE_GRADS, NONFINITE_INPUTS, NONFINITE_LOSS
 
 log = logging.getLogger("trainvitals")
@@ -62,58 +67,6 @@ def _floating(structure: Any) -> list[Any]:
         if tensor.dtype.is_floating:
             tensors.append(tensor)
     return tensors
-
-
-def input_kinds(structure: Any) -> dict[str, list[str]]:
-    """What a ``fit``'s data holds, for the run's environment: ``{"kinds": [...]}`` (ragged,
-    sparse, string, the dtypes) and, when there are some, ``"not_counted"``: the kinds whose
-    NaN/Inf the in-step count cannot read. A ``tf.data.Dataset`` is read from its element
-    spec; a generator or a ``PyDataset`` yields nothing before training, so says nothing."""
-    if isinstance(structure, tf.data.Dataset):
-        leaves = tf.nest.flatten(structure.element_spec)
-    else:
-        leaves = tf.nest.flatten(structure)
-    kinds, not_counted = set(), set()
-    for leaf in leaves:
-        if leaf is None:
-            continue
-        kind = _kind(leaf)
-        if kind is None:
-            not_counted.add(type(leaf).__name__)
-        else:
-            kinds.add(kind)
-    described: dict[str, list[str]] = {"kinds": sorted(kinds)}
-    if not_counted:
-        described["not_counted"] = sorted(not_counted)
-    return described
-
-
-def _kind(leaf: Any) -> str | None:
-    """``leaf``'s kind, as the NaN/Inf count reads it ("ragged float32", "string", ...), or
-    None for a kind it cannot read."""
-    prefix = ""
-    if isinstance(leaf, (tf.RaggedTensor, tf.RaggedTensorSpec)):
-        prefix = "ragged "
-    elif isinstance(leaf, (tf.SparseTensor, tf.SparseTensorSpec)):
-        prefix = "sparse "
-    elif isinstance(leaf, np.ndarray):  # read its dtype, never a copy of the data
-        return "string" if leaf.dtype.kind in "USO" else _dtype_name(leaf.dtype)
-    elif not isinstance(leaf, (tf.Tensor, tf.Variable, tf.TensorSpec)):
-        try:
-            leaf = tf.convert_to_tensor(leaf)
-        except (TypeError, ValueError):
-            return None
-    dtype = getattr(leaf, "dtype", None)
-    if not isinstance(dtype, tf.dtypes.DType):
-        return None
-    return prefix + str(dtype.name)
-
-
-def _dtype_name(dtype: Any) -> str | None:
-    try:
-        return str(tf.as_dtype(dtype).name)
-    except TypeError:
-        return None
 
 
 def nonfinite_count(structure: Any) -> tf.Tensor:
@@ -456,85 +409,3 @@ def loss_scale_of(optimizer: Any) -> Any:
 
 def variable_name(variable: Any, index: int) -> str:
     return str(getattr(variable, "path", None) or getattr(variable, "name", None) or index)
-
-
-class Worker(TypedDict):
-    """This process's task in ``TF_CONFIG``: ``{"type": "worker", "index": 1}``."""
-
-    type: str
-    index: int
-
-
-class TensorflowEnv(TypedDict, total=False):
-    """What :func:`describe` tells the run's ``hello``; a key it cannot learn is left out."""
-
-    tensorflow: str
-    #: ``cuda_version``, ``cudnn_version``, ``is_cuda_build``, as the build reports them.
-    tf_build: dict[str, str | bool]
-    tf_gpus: list[str]
-    #: Each GPU's memory-growth setting (None where TensorFlow would not say).
-    memory_growth: dict[str, bool | None]
-    mixed_precision_policy: str
-    worker: Worker
-    distribution_strategy: str
-    replicas: int
-    #: What the ``fit``'s data holds (:func:`input_kinds`).
-    inputs: dict[str, list[str]]
-    jit_compile: bool
-    #: Why :func:`describe` itself failed, instead of the rest.
-    tensorflow_describe_error: str
-
-
-def describe(model: Any = None, data: Any = None) -> TensorflowEnv:
-    """What TensorFlow says about the build and the devices, and what ``data`` (the ``fit``'s
-    ``x``) holds, for the run's ``hello``; never raises (what failed is said under
-    ``tensorflow_describe_error``)."""
-    try:
-        env = _describe(model)
-        if data is not None:
-            env["inputs"] = input_kinds(data)
-        return env
-    except Exception as exc:  # facts for the dashboard, never a reason to fail
-        return {"tensorflow_describe_error": f"{type(exc).__name__}: {exc}"}
-
-
-def _describe(model: Any) -> TensorflowEnv:
-    env: TensorflowEnv = {"tensorflow": tf.__version__}
-    try:
-        build = tf.sysconfig.get_build_info()
-        env["tf_build"] = {
-            k: build[k] for k in ("cuda_version", "cudnn_version", "is_cuda_build") if k in build
-        }
-    except Exception:  # very old or exotic builds
-        pass
-    gpus = tf.config.list_physical_devices("GPU")
-    env["tf_gpus"] = [gpu.name for gpu in gpus]
-    growth: dict[str, bool | None] = {}
-    for gpu in gpus:
-        try:
-            growth[gpu.name] = bool(tf.config.experimental.get_memory_growth(gpu))
-        except Exception:
-            growth[gpu.name] = None
-    env["memory_growth"] = growth
-    try:
-        import keras
-
-        env["mixed_precision_policy"] = keras.config.dtype_policy().name
-    except Exception:
-        pass
-    _, task = environment.tf_config(os.environ.get("TF_CONFIG"))
-    if task:
-        env["worker"] = {"type": task[0], "index": task[1]}
-    if model is not None:
-        strategy = getattr(model, "distribute_strategy", None)
-        if strategy is not None:
-            env["distribution_strategy"] = type(strategy).__name__
-            env["replicas"] = int(getattr(strategy, "num_replicas_in_sync", 1))
-        env["jit_compile"] = bool(getattr(model, "jit_compile", False))
-    return env
-
-
-@functools.cache
-def has_gpu() -> bool:
-    """Whether TensorFlow sees a GPU (asked once: the answer does not change in a process)."""
-    return bool(tf.config.list_physical_devices("GPU"))

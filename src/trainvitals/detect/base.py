@@ -200,11 +200,19 @@ class Rule:
         severity: Severity,
         message: str,
         hint: str,
-        evidence: dict[str, Any],
+        evidence: Mapping[str, object],
     ) -> Finding:
         self.firing[subject] = severity
         return Finding(
-            self.id, subject, True, record.step, record.time, severity, message, hint, evidence
+            self.id,
+            subject,
+            True,
+            record.step,
+            record.time,
+            severity,
+            message,
+            hint,
+            dict(evidence),
         )
 
     def resolve(self, subject: str, record: Record) -> Finding:

@@ -8,6 +8,7 @@ from typing import Any
 
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite
+from trainvitals.detect.evidence import ThermalEvidence
 from trainvitals.detect.types import Finding, Record, Severity
 from trainvitals.series import GPU_ECC_UNCORRECTED, GPU_XID_ERRORS
 
@@ -79,7 +80,7 @@ class ThermalRule(Rule):
                     message += f" ({temp:.0f} °C)"
                 if reasons:
                     message += " and throttled: " + ", ".join(reasons)
-                evidence: dict[str, Any] = {"temp": temp, "throttle": bits, "reasons": reasons}
+                evidence: ThermalEvidence = {"temp": temp, "throttle": bits, "reasons": reasons}
                 clock = self.context.latest.get(f"{gpu}/clock_sm")
                 if clock is not None:
                     evidence["clock_sm"] = clock

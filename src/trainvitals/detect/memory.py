@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from trainvitals.detect import settings as s
 from trainvitals.detect.alert_book import AlertBook
 from trainvitals.detect.base import Context, Rule, finite
+from trainvitals.detect.evidence import OomEvidence
 from trainvitals.detect.stats import Trend, theil_sen
 from trainvitals.detect.text import duration, size
 from trainvitals.detect.types import Finding, Record, Severity
@@ -167,7 +167,7 @@ class OomForecastRule(Rule):
         track.calm = 0
         severity: Severity = "critical" if eta <= cfg.critical_eta else "warning"
         rate = self.context.steps_per_second
-        evidence: dict[str, Any] = {
+        evidence: OomEvidence = {
             "series": track.series,
             "current": current,
             "limit": limit,

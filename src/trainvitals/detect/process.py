@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from trainvitals.detect import settings as s
-from trainvitals.detect.base import Context, Rule, finite, last_record
+from trainvitals.detect.base import Context, Rule, finite
+from trainvitals.detect.evidence import CrashEvidence, SlowdownEvidence
 from trainvitals.detect.stats import RollingWindow, median
 from trainvitals.detect.text import duration, number, ratio, size
 from trainvitals.detect.types import Finding, Record, Severity
@@ -156,20 +156,28 @@ class SlowdownRule(Rule):
         cfg = self.settings
         if self._seen < cfg.warmup_steps or self.regime_pending:
             return None
-        values = column[2]
-        fresh = values[np.isfinite(values) & (values > 0)].tolist()
-        if not fresh:
-            return []
-        self._seen += len(fresh)
-        pushed_out = len(self._recent) + len(fresh) - cfg.recent
-        if pushed_out > 0:  # what leaves the recent window joins the baseline
-            self._baseline.extend((list(self._recent) + fresh)[:pushed_out])
-        self._recent.extend(fresh)
-        self._since += len(fresh)
-        if self._since < self._EVERY or len(self._baseline) < cfg.recent:
-            return []
-        advanced, self._since = self._since, 0
-        return self._judge(last_record(dense, STEP_TIME), advanced)
+        steps, times, values = column
+        keep = np.isfinite(values) & (values > 0)
+        steps, times, fresh = steps[keep], times[keep], values[keep].tolist()
+        # Judged at the very steps observe() judges (every _EVERY, each on the step times up
+        # to it), so that what fires and when does not depend on where the frames end.
+        out: list[Finding] = []
+        done = 0
+        while done < len(fresh):
+            take = fresh[done : done + max(1, self._EVERY - self._since)]
+            done += len(take)
+            self._seen += len(take)
+            pushed_out = len(self._recent) + len(take) - cfg.recent
+            if pushed_out > 0:  # what leaves the recent window joins the baseline
+                self._baseline.extend((list(self._recent) + take)[:pushed_out])
+            self._recent.extend(take)
+            self._since += len(take)
+            if self._since >= self._EVERY and len(self._baseline) >= cfg.recent:
+                advanced, self._since = self._since, 0
+                out += self._judge(
+                    Record(int(steps[done - 1]), float(times[done - 1]), {}), advanced
+                )
+        return out
 
     def _judge(self, record: Record, advanced: int) -> list[Finding]:
         cfg = self.settings
@@ -190,7 +198,7 @@ class SlowdownRule(Rule):
 
     def _fire(self, record: Record, base: float, now: float) -> Finding:
         latest = self.context.latest
-        evidence: dict[str, Any] = {STEP_TIME: now, "baseline": base, "ratio": now / base}
+        evidence: SlowdownEvidence = {"step_time": now, "baseline": base, "ratio": now / base}
         causes = []
         swap = latest.get(HOST_SWAP_USED)
         if swap:
@@ -274,7 +282,7 @@ class CrashRule(Rule):
     def ended(self, reason: str, time: float, traceback: str | None) -> Finding:
         record = Record(self.context.step, time, {})
         readings = self.context.memory_readings()
-        evidence: dict[str, Any] = {"end_reason": reason, "last_step": self.context.step}
+        evidence: CrashEvidence = {"end_reason": reason, "last_step": self.context.step}
         if readings:
             evidence["last_readings"] = readings
         severity: Severity = "critical"

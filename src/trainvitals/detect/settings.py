@@ -59,6 +59,12 @@ class GradExplosion:
     #: Critical, at once, at this multiple.
     critical_factor: float = 1000.0
     clear_steps: int = 50
+    #: Warn (subject ``lr``) when the recorded learning rate rises to this multiple of its
+    #: highest ``lr_lag`` or more steps before, once it has not risen for ``lr_settle``
+    #: steps in a row (a warm-up is over); 0 turns this off.
+    lr_rise: float = 3.0
+    lr_lag: int = 100
+    lr_settle: int = 50
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,9 @@ class GradVanishing:
     #: all layers, below this for ``samples`` per-variable samples in a row...
     layer_ratio: float = 1e-4
     samples: int = 20
+    #: Or every kernel's gradient exactly zero (every unit dead) for this many samples in a
+    #: row, with the same flat loss.
+    dead_samples: int = 5
     #: ...while the loss improved by less than this fraction over the last ``window`` steps.
     flat_loss: float = 0.02
 

@@ -1,0 +1,236 @@
+"""The ``loss_divergence`` rule: the loss giving back what training had learned."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from itertools import pairwise
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from trainvitals.detect import settings as s
+from trainvitals.detect.base import Context, Rule
+from trainvitals.detect.stats import MAD_TO_SIGMA, median
+from trainvitals.detect.text import number
+from trainvitals.detect.text import ratio as ratio_text
+from trainvitals.detect.types import Finding, Record, Severity
+from trainvitals.protocol import ArrayColumns
+from trainvitals.series import LOSS
+
+LOSS_DIVERGENCE_HINT = (
+    "Lower the learning rate (or decay it, or add warm-up) and clip gradients "
+    "(`clipnorm=1.0`); resume from the checkpoint with the lowest loss. If it began at a "
+    "data or schedule boundary, check that change (a learning-rate step, shuffled labels, a "
+    "new data shard)."
+)
+LOSS_SPIKE_HINT = (
+    "One batch's loss jumped far above the level: often a bad or mislabelled batch, or an "
+    "outlier the model can't fit. Repeated spikes that grow precede a divergence: clip "
+    "gradients and look at the batch."
+)
+
+
+class LossDivergenceRule(Rule):
+    """The batch loss's level (a rolling median) rising well above its running minimum,
+    giving back what training had learned; and single-batch spikes (info)."""
+
+    id = "loss_divergence"
+    watches = (LOSS,)
+    _EVERY = 5  # steps between judgements of the level
+
+    def __init__(self, context: Context, settings: s.LossDivergence) -> None:
+        super().__init__(context)
+        self.settings = settings
+        # The last losses: the newest `smooth` give the level, all of them the minimum's
+        # level and the noise.
+        self._losses: deque[float] = deque(maxlen=max(settings.minimum_window, settings.smooth))
+        self._early: list[float] = []
+        self._start: float | None = None
+        self._minimum = math.inf
+        #: The learning rate when the level was at its minimum (None: the run records none).
+        self._lr_at_minimum: float | None = None
+        self._level: float | None = None
+        self._seen = 0
+        self._since = 0
+        self._above = 0
+        self._calm = 0
+        self._spike_at = -1
+
+    def observe(self, record: Record) -> list[Finding]:
+        loss = record.values.get(LOSS)
+        if loss is None or not math.isfinite(loss):
+            return []
+        cfg = self.settings
+        out: list[Finding] = []
+        self._seen += 1
+        self._losses.append(loss)
+        level, start = self._level, self._start
+        if level is not None and start is not None and level > 0:
+            if loss > cfg.spike_factor * level and loss > start:
+                if "spike" not in self.firing:
+                    message = (
+                        f"Loss spiked to {number(loss)} at step {record.step}, "
+                        f"{ratio_text(loss / level)} its level {number(level)}"
+                    )
+                    evidence = {"loss": loss, "level": level, "start": start}
+                    out.append(
+                        self.fire("spike", record, "info", message, LOSS_SPIKE_HINT, evidence)
+                    )
+                self._spike_at = record.step
+            elif "spike" in self.firing and record.step - self._spike_at >= cfg.smooth:
+                out.append(self.resolve("spike", record))
+        if self._seen <= cfg.warmup_steps:
+            return out
+        if self._start is None:
+            self._early.append(loss)
+            if len(self._early) >= cfg.early_steps:
+                self._start = median(self._early)
+                self._level = self._recent_level()
+            return out
+        self._since += 1
+        if self._since < self._EVERY:
+            return out
+        self._since = 0
+        return out + self._judge(record, self._EVERY)
+
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
+        """The frame's losses in bulk, judged at the very steps :meth:`observe` judges them
+        (every ``_EVERY`` steps, each on the losses up to it), so that what fires and when
+        is a function of the stream, not of where the agent cut it into frames."""
+        column = dense.get(LOSS)
+        if column is None:
+            return []
+        if self._start is None or "spike" in self.firing:
+            return None  # the warm-up and a spike's end are judged step by step
+        cfg = self.settings
+        steps, times, values = column
+        keep = np.isfinite(values)
+        if not keep.all():
+            steps, times, values = steps[keep], times[keep], values[keep]
+        n = len(values)
+        if not n:
+            return []
+        window = self._losses.maxlen or 1
+        history = np.fromiter(self._losses, np.float64, len(self._losses))
+        if len(history) < window:
+            return None  # a window still filling (a long minimum window): step by step
+        losses = np.concatenate([history, values])
+        # The frame's judgements: the steps at which the count since the last one reaches
+        # _EVERY, as indices into the frame and into `losses`.
+        at = np.arange(self._EVERY - self._since - 1, n, self._EVERY)
+        ends = at + window
+        smooth = min(cfg.smooth, window)
+        levels = np.median(sliding_window_view(losses, smooth)[ends - smooth + 1], axis=1)
+        slow = np.median(sliding_window_view(losses, window)[ends - window + 1], axis=1)
+        jumps = np.abs(np.diff(losses))
+        spread = (
+            MAD_TO_SIGMA
+            * np.median(sliding_window_view(jumps, window - 1)[ends - window + 1], axis=1)
+            / math.sqrt(2)
+            if window > 1
+            else np.zeros(len(at))
+        )
+        # A spike is judged against the level of the last judgement before its step.
+        judged = np.concatenate([[np.nan if self._level is None else self._level], levels])
+        level_then = judged[np.searchsorted(at, np.arange(n), side="left")]
+        start = self._start
+        if np.any((level_then > 0) & (values > cfg.spike_factor * level_then) & (values > start)):
+            return None
+        self._seen += n
+        self._losses.extend(values[-window:].tolist())
+        self._since = (self._since + n) % self._EVERY
+        out: list[Finding] = []
+        for i, j in enumerate(at.tolist()):
+            noise = 1.2533 * float(spread[i]) / math.sqrt(min(window, cfg.smooth))
+            record = Record(int(steps[j]), float(times[j]), {})
+            out += self._verdict(record, self._EVERY, float(levels[i]), float(slow[i]), noise)
+        return out
+
+    def _recent_level(self) -> float:
+        smooth = self.settings.smooth
+        return median(list(self._losses)[-smooth:])
+
+    def _judge(self, record: Record, advanced: int) -> list[Finding]:
+        """Compare the level with the minimum and the start; ``advanced`` steps since the
+        last judgement."""
+        cfg = self.settings
+        slow = list(self._losses)
+        # The standard error of the level (a median of `smooth` losses), from the spread of
+        # the recent losses: taken from one loss to the next, so that the rise itself is no
+        # "noise" (a spread around the window's median counts the jump from the old level to
+        # the new as noise, and hides it until the window is all new): 1.4826 x the median
+        # step, over sqrt(2), estimates the losses' standard deviation, and a median's
+        # standard error is 1.2533 x that over the square root of its count.
+        steps = [abs(b - a) for a, b in pairwise(slow)]
+        spread = MAD_TO_SIGMA * median(steps) / math.sqrt(2) if steps else 0.0
+        noise = 1.2533 * spread / math.sqrt(min(len(slow), cfg.smooth))
+        return self._verdict(record, advanced, self._recent_level(), median(slow), noise)
+
+    def _verdict(
+        self, record: Record, advanced: int, level: float, slow_level: float, noise: float
+    ) -> list[Finding]:
+        """One judgement: the level (median of the last ``smooth`` losses) against the
+        minimum and the start, with the slow level (median of the whole window) and the
+        level's noise."""
+        cfg = self.settings
+        out: list[Finding] = []
+        self._level = level
+        start = self._start
+        assert start is not None
+        if len(self._losses) == self._losses.maxlen:
+            if slow_level < self._minimum:
+                self._minimum = slow_level
+                self._lr_at_minimum = self.context.lr_at(record.step)
+        low = min(self._minimum, slow_level)
+        learned = start - low
+        if learned > 0.05 * abs(start):
+            rising = (
+                level - low >= cfg.lost_fraction * learned
+                and (level >= cfg.min_ratio * low if low > 0 else True)
+                and level - low >= cfg.noise_z * noise
+            )
+            severity: Severity = "critical" if level > start else "warning"
+        else:  # nothing learned yet: only a loss far above where it started counts
+            rising = start > 0 and level >= 2 * start
+            severity = "critical" if start > 0 and level >= 3 * start else "warning"
+        if rising:
+            self._above += advanced
+            self._calm = 0
+        else:
+            self._above = 0
+            self._calm += advanced
+        if rising and self._above >= cfg.sustain:
+            current = self.firing.get("")
+            if current is None or (current == "warning" and severity == "critical"):
+                gave_back = (level - low) / learned if learned > 0 else math.inf
+                # A ratio to the minimum means something only above zero (a log-likelihood
+                # loss goes below it): there, how far above the minimum it is.
+                above = (
+                    f"{ratio_text(level / low)} its minimum"
+                    if low > 0
+                    else f"{number(level - low)} above its minimum"
+                )
+                message = (
+                    f"Loss is rising: its level {number(level)} is {above} {number(low)}"
+                    f" (it started at {number(start)})"
+                )
+                if severity == "critical":
+                    message = "Training is diverging: " + message[0].lower() + message[1:]
+                evidence = {
+                    "level": level,
+                    "minimum": low,
+                    "start": start,
+                    "given_back": gave_back,
+                    "steps_rising": self._above,
+                    **self.context.lr_evidence(record.step),
+                }
+                if self._lr_at_minimum is not None and "lr" in evidence:
+                    # A rate risen since training was at its best, not since a warm-up's
+                    # first step, tells a rate blow-up from bad data.
+                    evidence["lr_at_minimum"] = self._lr_at_minimum
+                out.append(self.fire("", record, severity, message, LOSS_DIVERGENCE_HINT, evidence))
+        elif "" in self.firing and self._calm >= cfg.sustain:
+            out.append(self.resolve("", record))
+        return out
