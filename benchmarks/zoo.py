@@ -57,6 +57,7 @@ from harness import framing
 from harness import outcomes as sc
 from harness.polling import wait_for
 from harness.processes import ServerProcess, memory_cgroup, run_series
+from trainvitals.server.storage import RunSummary
 
 #: Failure classes: the rules that should fire, the causes the first alarm should name, how
 #: the point of no return is found, and whether a precursor can come before it (a kill or an
@@ -478,11 +479,11 @@ def cause_of(alarm: Mapping[str, Any]) -> str:
     return named.get(rule, str(rule))
 
 
-def _last_step(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
-    return int(run["last_step"]), float(run["ended_at"] or run["last_seen"])
+def _last_step(server: ServerProcess, run: RunSummary) -> tuple[int, float] | None:
+    return run["last_step"] or 0, run["ended_at"] or run["last_seen"]
 
 
-LOST: dict[str, Callable[[ServerProcess, dict[str, Any]], tuple[int, float] | None]] = {
+LOST: dict[str, Callable[[ServerProcess, RunSummary], tuple[int, float] | None]] = {
     "first_nonfinite": sc.first_nonfinite,
     "loss_back_at_start": sc.loss_back_at_start,
     "killed": sc.killed,
@@ -490,7 +491,7 @@ LOST: dict[str, Callable[[ServerProcess, dict[str, Any]], tuple[int, float] | No
 }
 
 
-def _stuck(server: ServerProcess, run: dict[str, Any], at: int) -> tuple[int, float] | None:
+def _stuck(server: ServerProcess, run: RunSummary, at: int) -> tuple[int, float] | None:
     return int(at - 1), 0.0
 
 

@@ -13,12 +13,23 @@ import functools
 import json
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-_state: dict[str, Any] = {"fits": 0, "warnings": []}
+
+@dataclass
+class _TestState:
+    """What the test running now did: its fits, the warnings they logged, its outcome."""
+
+    fits: int = 0
+    warnings: list[str] = field(default_factory=list)
+    outcome: str = ""
+
+
+_state = _TestState()
 
 
 class _Warnings(logging.Handler):
@@ -27,7 +38,7 @@ class _Warnings(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.WARNING:
-            _state["warnings"].append(record.getMessage()[:300])
+            _state.warnings.append(record.getMessage()[:300])
 
 
 def _attach() -> None:
@@ -41,7 +52,7 @@ def _attach() -> None:
     def fit_with_vitals(self: Any, *args: Any, **kwargs: Any) -> Any:
         callbacks = list(kwargs.pop("callbacks", None) or [])
         callbacks.append(trainvitals.VitalsCallback(project="keras-compat", system_metrics=False))
-        _state["fits"] += 1
+        _state.fits += 1
         return fit(self, *args, callbacks=callbacks, **kwargs)
 
     keras.Model.fit = fit_with_vitals
@@ -55,17 +66,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    _state["fits"] = 0
-    _state["warnings"] = []
-    _state["outcome"] = "passed"
+    _state.fits = 0
+    _state.warnings = []
+    _state.outcome = "passed"
     yield
     out = os.environ.get("TRAINVITALS_COMPAT_OUT")
     if out:
         line = {
             "test": _test_id(item),
-            "outcome": _state["outcome"],
-            "fits": _state["fits"],
-            "warnings": sorted(set(_state["warnings"])),
+            "outcome": _state.outcome,
+            "fits": _state.fits,
+            "warnings": sorted(set(_state.warnings)),
         }
         with Path(out).open("a") as file:
             file.write(json.dumps(line) + "\n")
@@ -86,6 +97,6 @@ def _test_id(item: pytest.Item) -> str:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # A failure in any phase fails the test; a skip in setup or call skips it.
     if report.failed:
-        _state["outcome"] = "failed"
-    elif report.skipped and _state.get("outcome") == "passed":
-        _state["outcome"] = "skipped"
+        _state.outcome = "failed"
+    elif report.skipped and _state.outcome == "passed":
+        _state.outcome = "skipped"

@@ -14,12 +14,14 @@ import os
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from harness.polling import wait_for
 from harness.processes import ServerProcess, demo_command, run_series
+from trainvitals.client.answers import Alert
+from trainvitals.json_types import Json
+from trainvitals.server.storage import RunSummary
 
 ALARMS = ("warning", "critical")
 #: Lines for the end of the test session's report (see conftest.py): each scenario's lead.
@@ -57,15 +59,15 @@ class Outcome:
     """What the server made of one run."""
 
     scenario: str
-    run: dict[str, Any]
-    alerts: list[dict[str, Any]]
+    run: RunSummary
+    alerts: list[Alert]
     #: Where training was lost: (step, time), or None when it never was.
     lost_at: tuple[int, float] | None = None
 
-    def alarms(self) -> list[dict[str, Any]]:
+    def alarms(self) -> list[Alert]:
         return [a for a in self.alerts if a["severity"] in ALARMS]
 
-    def first(self, rule: str) -> dict[str, Any] | None:
+    def first(self, rule: str) -> Alert | None:
         fired = [a for a in self.alarms() if a["rule"] == rule]
         return min(fired, key=lambda a: a["time"]) if fired else None
 
@@ -98,7 +100,7 @@ def outcome(server: ServerProcess, scenario: str, name: str | None = None) -> Ou
     return Outcome(scenario, run, alerts, lost(server, run) if lost else None)
 
 
-def first_nonfinite(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+def first_nonfinite(server: ServerProcess, run: RunSummary) -> tuple[int, float] | None:
     """The first step with a NaN/Inf anywhere (a count, or the loss or gradient norm itself,
     which the API gives as null): after it the weights are poisoned."""
     counts = ("nonfinite/loss", "nonfinite/grads", "nonfinite/inputs")
@@ -112,7 +114,7 @@ def first_nonfinite(server: ServerProcess, run: dict[str, Any]) -> tuple[int, fl
     return min(hits) if hits else None
 
 
-def loss_back_at_start(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+def loss_back_at_start(server: ServerProcess, run: RunSummary) -> tuple[int, float] | None:
     """The first step after the loss's best at which its running median is back within 10% of
     where training started: everything learned is lost."""
     loss = run_series(server, run["id"], "loss")["loss"]
@@ -127,12 +129,24 @@ def loss_back_at_start(server: ServerProcess, run: dict[str, Any]) -> tuple[int,
     return int(steps[i]), float(times[i])
 
 
-def killed(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+def killed(server: ServerProcess, run: RunSummary) -> tuple[int, float] | None:
     """The process's death (the OOM kill): its last step, at its end."""
-    return int(run["last_step"]), float(run["ended_at"])
+    last, ended = run["last_step"], run["ended_at"]
+    assert last is not None and ended is not None, run
+    return last, ended
 
 
-def _stuck(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | None:
+def evidence(alert: Alert, *path: str) -> Json:
+    """The value at ``path`` in an alert's evidence (``"autopsy", "origin"``): each rule's
+    evidence has a shape of its own, so each step is checked to be an object."""
+    value: Json = alert["evidence"]
+    for key in path:
+        assert isinstance(value, dict), (path, alert["evidence"])
+        value = value[key]
+    return value
+
+
+def _stuck(server: ServerProcess, run: RunSummary) -> tuple[int, float] | None:
     """The last step before the generator blocked: the moment the run hung (the lead is then
     negative: the time the stall took to be reported)."""
     times = run_series(server, run["id"], "step_time")["step_time"]
@@ -142,9 +156,7 @@ def _stuck(server: ServerProcess, run: dict[str, Any]) -> tuple[int, float] | No
     return max(before) if before else None
 
 
-_POINT_OF_NO_RETURN: dict[
-    str, Callable[[ServerProcess, dict[str, Any]], tuple[int, float] | None]
-] = {
+_POINT_OF_NO_RETURN: dict[str, Callable[[ServerProcess, RunSummary], tuple[int, float] | None]] = {
     "nan-input": first_nonfinite,
     "explode": first_nonfinite,
     "diverge": loss_back_at_start,
