@@ -202,6 +202,37 @@ def test_vanishing_gradients_in_early_layers_with_a_flat_loss(framing: int | Non
 
 
 @FRAMINGS
+def test_vanishing_judged_alike_on_a_stored_stream_given_the_declared_order(
+    framing: int | None,
+) -> None:
+    """Storage gives the series back alphabetically; the env's ``variable_order`` (the agent
+    sends it in its hello) keeps the model order of a replay the live one. Here the names
+    sort against depth, so the alphabetical order alone would not see the early layers."""
+
+    def layer(depth: int) -> Callable[[int], float]:
+        return lambda s: 10.0 ** (-8 + depth)
+
+    paths = [f"block_{5 - i}/kernel" for i in range(6)]  # block_5 the input's, block_0 last
+    columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3026 + 0.001 * math.sin(s))
+    columns.update(
+        stream(
+            range(10, 400, 10), 0.01, **{f"grad/norm/{p}": layer(i) for i, p in enumerate(paths)}
+        )
+    )
+    stored = dict(sorted(columns.items()))
+    env = {"variable_order": paths}
+
+    def alerts(columns: Stream, env: dict[str, list[str]] | None) -> list[tuple[int, str]]:
+        found = fired(feed(Detector(env=env), columns, framing), "grad_vanishing")
+        return [(f.step, str(f.evidence["early_variable"])) for f in found]
+
+    live = alerts(columns, None)
+    assert live and live[0][1] == "block_5/kernel", live
+    assert alerts(stored, env) == live == alerts(columns, env)
+    assert alerts(stored, None) != live  # the test reads the order: without it, it differs
+
+
+@FRAMINGS
 def test_small_early_gradients_while_the_loss_falls_are_not_vanishing(framing: int | None) -> None:
     layers = deep_sigmoid_layers()
     columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3 / s**0.5)
