@@ -133,6 +133,8 @@ def test_healthy_fit_reports_every_vital(server: ServerProcess) -> None:
     env = server.get(f"/api/v1/runs/{vitals.run.id}")["env"]
     assert env["tensorflow"] == tf.__version__ and env["distribution_strategy"]
     assert "mixed_precision_policy" in env and "tf_build" in env
+    # The model order of the per-variable norms, which storage gives back alphabetically.
+    assert env["variable_order"] == [v.path for v in model.trainable_variables]
 
 
 def nan_batch_run(

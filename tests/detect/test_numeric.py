@@ -202,6 +202,86 @@ def test_vanishing_gradients_in_early_layers_with_a_flat_loss(framing: int | Non
 
 
 @FRAMINGS
+def test_vanishing_judged_alike_on_a_stored_stream_given_the_declared_order(
+    framing: int | None,
+) -> None:
+    """Storage gives the series back alphabetically; the env's ``variable_order`` (the agent
+    sends it in its hello) keeps the model order of a replay the live one. Here the names
+    sort against depth, so the alphabetical order alone would not see the early layers."""
+
+    def layer(depth: int) -> Callable[[int], float]:
+        return lambda s: 10.0 ** (-8 + depth)
+
+    paths = [f"block_{5 - i}/kernel" for i in range(6)]  # block_5 the input's, block_0 last
+    columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3026 + 0.001 * math.sin(s))
+    columns.update(
+        stream(
+            range(10, 400, 10), 0.01, **{f"grad/norm/{p}": layer(i) for i, p in enumerate(paths)}
+        )
+    )
+    stored = dict(sorted(columns.items()))
+    env = {"variable_order": paths}
+
+    def alerts(columns: Stream, env: dict[str, list[str]] | None) -> list[tuple[int, str]]:
+        found = fired(feed(Detector(env=env), columns, framing), "grad_vanishing")
+        return [(f.step, str(f.evidence["early_variable"])) for f in found]
+
+    live = alerts(columns, None)
+    assert live and live[0][1] == "block_5/kernel", live
+    assert alerts(stored, env) == live == alerts(columns, env)
+    assert alerts(stored, None) != live  # the test reads the order: without it, it differs
+
+
+def bert_layers(attention: float) -> dict[str, Callable[[int], float]]:
+    """A one-layer BERT's kernels in model order, as the zoo's tiny ``keras_hub`` backbone
+    has them at initialisation: the query and key kernels get 1e-6 of the pooler's gradient,
+    the rest of the transformer layer ``attention`` of it."""
+    block = "transformer_layer_0/self_attention_layer"
+    norms = {
+        f"{block}/query/kernel": 1e-6,
+        f"{block}/key/kernel": 1e-6,
+        f"{block}/value/kernel": attention,
+        f"{block}/attention_output/kernel": attention,
+        "transformer_layer_0/feedforward_intermediate_dense/kernel": attention,
+        "transformer_layer_0/feedforward_output_dense/kernel": attention,
+        "pooled_dense/kernel": 1.0,
+        "dense/kernel": 0.8,
+    }
+
+    def constant(value: float) -> Callable[[int], float]:
+        return lambda s: value
+
+    return {f"grad/norm/{k}": constant(v) for k, v in norms.items()}
+
+
+@pytest.mark.parametrize(("attention", "fires"), [(1e-2, False), (1e-6, True)])
+def test_an_attention_layer_is_starved_only_with_all_its_kernels(
+    attention: float, fires: bool
+) -> None:
+    """Small query and key gradients at initialisation are how attention starts, not
+    vanishing: the layer's other kernels still learn. The whole layer starved is."""
+    columns = stream(range(1, 400), 0.01, loss=lambda s: 1.0986 + 0.001 * math.sin(s))
+    columns.update(stream(range(10, 400, 10), 0.01, **bert_layers(attention)))
+    found = fired(feed(Detector(), columns, 40), "grad_vanishing")
+    assert bool(found) == fires, found
+    if fires:
+        assert found[0].evidence["early_variable"] == "transformer_layer_0"
+        assert found[0].evidence["top_variable"] == "pooled_dense/kernel"
+
+
+def test_layers_are_told_apart_below_the_models_own_name() -> None:
+    """A subclassed model names its variables ``net/<layer>/kernel``: the layers are what
+    follows the name they share."""
+    layers = {
+        k.replace("grad/norm/", "grad/norm/net/"): f for k, f in deep_sigmoid_layers().items()
+    }
+    columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3026 + 0.001 * math.sin(s))
+    columns.update(stream(range(10, 400, 10), 0.01, **layers))
+    found = fired(feed(Detector(), columns, 40), "grad_vanishing")
+    assert found and found[0].evidence["early_variable"] == "net/dense_0/kernel", found
+
+
+@FRAMINGS
 def test_small_early_gradients_while_the_loss_falls_are_not_vanishing(framing: int | None) -> None:
     layers = deep_sigmoid_layers()
     columns = stream(range(1, 400), 0.01, loss=lambda s: 2.3 / s**0.5)

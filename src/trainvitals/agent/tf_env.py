@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainvitals.agent import environment
+from trainvitals.series import VARIABLE_ORDER
 
 
 def input_kinds(structure: Any) -> dict[str, list[str]]:
@@ -88,6 +89,9 @@ class TensorflowEnv(TypedDict, total=False):
     #: What the ``fit``'s data holds (:func:`input_kinds`).
     inputs: dict[str, list[str]]
     jit_compile: bool
+    #: The model's trainable variables' paths in model order, as the per-variable gradient
+    #: norms (``grad/norm/<path>``) name them: the detector's model order on a replay too.
+    variable_order: list[str]
     #: Why :func:`describe` itself failed, instead of the rest.
     tensorflow_describe_error: str
 
@@ -138,7 +142,15 @@ def _describe(model: Any) -> TensorflowEnv:
             env["distribution_strategy"] = type(strategy).__name__
             env["replicas"] = int(getattr(strategy, "num_replicas_in_sync", 1))
         env["jit_compile"] = bool(getattr(model, "jit_compile", False))
+        variables = list(getattr(model, "trainable_variables", None) or [])
+        if variables:  # an unbuilt model has none yet: the detector falls back to first seen
+            env[VARIABLE_ORDER] = [variable_name(v, i) for i, v in enumerate(variables)]
     return env
+
+
+def variable_name(variable: Any, index: int) -> str:
+    """A variable's name in the per-variable series (``grad/norm/<name>``): its path."""
+    return str(getattr(variable, "path", None) or getattr(variable, "name", None) or index)
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from trainvitals.agent.tf_env import Worker as Worker
 from trainvitals.agent.tf_env import describe as describe
 from trainvitals.agent.tf_env import has_gpu as has_gpu
 from trainvitals.agent.tf_env import input_kinds as input_kinds
+from trainvitals.agent.tf_env import variable_name as variable_name
 from trainvitals.series import NONFINITE_GRADS, NONFINITE_INPUTS, NONFINITE_LOSS
 
 log = logging.getLogger("trainvitals")
@@ -405,7 +406,3 @@ def loss_scale_of(optimizer: Any) -> Any:
     """The dynamic loss scale of a Keras ``LossScaleOptimizer``, else None."""
     scale = getattr(optimizer, "dynamic_scale", None)
     return None if scale is None else tf.convert_to_tensor(scale)
-
-
-def variable_name(variable: Any, index: int) -> str:
-    return str(getattr(variable, "path", None) or getattr(variable, "name", None) or index)

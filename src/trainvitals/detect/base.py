@@ -11,7 +11,7 @@ import numpy as np
 
 from trainvitals.detect.types import Finding, Record, Severity
 from trainvitals.protocol import ArrayColumns
-from trainvitals.series import GRAD_NORM_PREFIX, LR, STEP_TIME, is_system
+from trainvitals.series import GRAD_NORM_PREFIX, LR, STEP_TIME, VARIABLE_ORDER, is_system
 
 #: Kinds of record (sets of names) whose facts are worked out once and kept: a client that
 #: sends ever other names only makes them be worked out again.
@@ -30,10 +30,22 @@ def last_record(dense: Mapping[str, ArrayColumns], name: str) -> Record:
     return Record(int(steps[-1]), float(times[-1]), {})
 
 
+def declared_order(env: Mapping[str, Any]) -> dict[str, int]:
+    """The per-variable norms' series names -> their place in the model, from the env's
+    ``variable_order`` (the trainable variables' paths in model order); empty when absent or
+    not a list of strings."""
+    paths = env.get(VARIABLE_ORDER)
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        return {}
+    order: dict[str, int] = {}
+    for path in paths:
+        order.setdefault(GRAD_NORM_PREFIX + path, len(order))
+    return order
+
+
 class Context:
     """Facts about the run that several rules read: environment, latest system readings,
-    the order variables first appeared in (model order), the step rate and the learning
-    rate."""
+    the model order of the variables, the step rate and the learning rate."""
 
     def __init__(self, env: Mapping[str, Any] | None = None) -> None:
         self.env: Mapping[str, Any] = env or {}
@@ -43,6 +55,10 @@ class Context:
         self.step_time: float | None = None
         self.step = 0
         self._variable_order: dict[str, int] = {}
+        #: Each per-variable norm's place in the model as the agent declared it in the env's
+        #: ``variable_order``: stored streams list their series alphabetically, so the order
+        #: they first appear in is the model's only live.
+        self._declared_order = declared_order(self.env)
         #: A record's names -> (its system series, whether it is a step's): :meth:`note`.
         self._kinds: dict[tuple[str, ...], tuple[tuple[str, ...], bool]] = {}
         #: The step at which variables never trained before last joined mid-run (a backbone
@@ -110,8 +126,10 @@ class Context:
             self.step_time = float(step_time[2][-1])
 
     def in_model_order(self, names: Iterable[str]) -> list[str]:
-        order = self._variable_order
-        return sorted(names, key=lambda n: order.get(n, len(order)))
+        """``names`` in model order: as the env declares it, else (an agent that does not
+        declare it, a name it left out: after those it does) in the order first seen."""
+        declared, seen = self._declared_order, self._variable_order
+        return sorted(names, key=lambda n: (declared.get(n, len(declared)), seen.get(n, len(seen))))
 
     @property
     def steps_per_second(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -213,6 +213,28 @@ GRAD_VANISHING_HINT = (
 )
 
 
+#: A layer: its name, and the per-variable norm series of its kernels, in model order.
+Layer = tuple[str, tuple[str, ...]]
+
+
+def layers_of(kernels: Sequence[str]) -> list[Layer]:
+    """Per-variable norm series of kernels (in model order) grouped by the layer that holds
+    them: the first component of their paths below the components all of them share (a
+    model's own name over its layers), in the order of each layer's first kernel. A layer of
+    one kernel is named by the kernel's path, one of several by the layer's."""
+    paths = [k.removeprefix(GRAD_NORM_PREFIX).split("/") for k in kernels]
+    common = 0
+    while paths and all(len(p) > common + 1 and p[common] == paths[0][common] for p in paths):
+        common += 1
+    layers: dict[str, list[str]] = {}
+    for kernel, parts in zip(kernels, paths, strict=True):
+        layers.setdefault("/".join(parts[: common + 1]), []).append(kernel)
+    return [
+        (name if len(members) > 1 else members[0].removeprefix(GRAD_NORM_PREFIX), tuple(members))
+        for name, members in layers.items()
+    ]
+
+
 class GradVanishingRule(Rule):
     """Early layers' gradients orders of magnitude below the rest while the loss is flat,
     or every gradient near zero, for a sustained window."""
@@ -231,8 +253,8 @@ class GradVanishingRule(Rule):
         #: A frame's losses taken in bulk, (step, loss), joining ``_losses`` only once the
         #: record being judged reaches their step: the flat-loss test reads no later loss.
         self._pending: deque[tuple[int, float]] = deque()
-        #: A record's names -> its per-variable norms in model order (:meth:`_ordered`).
-        self._layers: dict[tuple[str, ...], list[str]] = {}
+        #: A record's names -> the layers of its per-variable norms (:meth:`_layers_in`).
+        self._layers: dict[tuple[str, ...], list[Layer]] = {}
 
     def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         cfg = self.settings
@@ -288,16 +310,19 @@ class GradVanishingRule(Rule):
             self._tiny = self._tiny + 1 if norm < cfg.min_norm else 0  # type: ignore[operator]
             if self._tiny >= cfg.window and not self.firing:
                 out.append(self._all_tiny(record, norm, self._tiny))  # type: ignore[arg-type]
-        ordered = self._ordered(values)
-        if len(ordered) < 3:
+        layers = self._layer_norms(values)
+        if len(layers) < 3:
             return out
-        early = ordered[: max(1, len(ordered) // 3)]
-        low_name = min(early, key=lambda n: values[n])
-        top_name = max(ordered, key=lambda n: values[n])
-        top = values[top_name]
+        # Vanishing through depth starves every early layer, each with all its kernels: an
+        # attention's query and key kernels alone get 1e-6 of the head's gradient at
+        # initialisation in a healthy transformer, its value and output kernels do not. The
+        # early third's middle layer (the lower of two) stands for it, not its least fed.
+        early = sorted(layers[: max(1, len(layers) // 3)], key=lambda layer: layer[1])
+        low_name, low = early[(len(early) - 1) // 2]
+        top_name, top = max(layers, key=lambda layer: layer[1])
         # Every kernel's gradient exactly zero (dead ReLUs everywhere: only the biases after
         # them still learn) is the vanishing at its worst, not the absence of a ratio.
-        ratio = values[low_name] / top if top > 0 else 0.0
+        ratio = low / top if top > 0 else 0.0
         if ratio < cfg.layer_ratio:
             self._low += 1
             self._recovered = 0
@@ -309,12 +334,8 @@ class GradVanishingRule(Rule):
         starved = self._low >= cfg.samples or self._dead >= cfg.dead_samples
         change = self._loss_change() if not self.firing and starved else None
         if change is not None and change < cfg.flat_loss:
-            low, top_short = (
-                low_name.removeprefix(GRAD_NORM_PREFIX),
-                top_name.removeprefix(GRAD_NORM_PREFIX),
-            )
             said = (
-                f"{low} gets {ratio_text(ratio)} the gradient of {top_short}"
+                f"{low_name} gets {ratio_text(ratio)} the gradient of {top_name}"
                 if top > 0
                 else "every layer's kernel gets a gradient of exactly zero (dead units?)"
             )
@@ -323,36 +344,49 @@ class GradVanishingRule(Rule):
                 f"{max(change, 0.0):.1%} over the last {len(self._losses)} steps"
             )
             evidence = {
-                "early_variable": low,
-                "early_norm": values[low_name],
-                "top_variable": top_short,
+                "early_variable": low_name,
+                "early_norm": low,
+                "top_variable": top_name,
                 "top_norm": top,
                 "ratio": ratio,
                 "samples": self._low,
                 "loss_improvement": change,
-                "layers": {n.removeprefix(GRAD_NORM_PREFIX): values[n] for n in ordered},
+                "layers": {
+                    n.removeprefix(GRAD_NORM_PREFIX): values[n]
+                    for _, kernels in self._layers_in(values)
+                    for n in kernels
+                    if finite(values[n])
+                },
             }
             out.append(self.fire("", record, "warning", message, GRAD_VANISHING_HINT, evidence))
         elif self.firing and self._recovered >= cfg.samples:
             out.append(self.resolve("", record))
         return out
 
-    def _ordered(self, values: Mapping[str, float]) -> list[str]:
-        """The per-variable norms of a record that are finite, in model order: kernels only,
+    def _layer_norms(self, values: Mapping[str, float]) -> list[tuple[str, float]]:
+        """Each layer's gradient norm (that of its kernels with a finite norm, together), in
+        model order; layers with none left out."""
+        out = []
+        for name, kernels in self._layers_in(values):
+            squares = [values[k] ** 2 for k in kernels if finite(values[k])]
+            if squares:
+                out.append((name, math.sqrt(sum(squares))))
+        return out
+
+    def _layers_in(self, values: Mapping[str, float]) -> list[Layer]:
+        """The layers of a record's per-variable norms, in model order: of their kernels only,
         where there are any."""
         names = tuple(values)
         layers = self._layers.get(names)
-        if layers is None:  # records of one kind share their names: sorted once per kind
+        if layers is None:  # records of one kind share their names: grouped once per kind
             # (each name's place in the model is fixed once noted, and noted before this)
             kernels = [n for n in names if n.startswith(GRAD_NORM_PREFIX) and "kernel" in n]
             if not kernels:
                 kernels = [n for n in names if n.startswith(GRAD_NORM_PREFIX)]
             if len(self._layers) >= KINDS_KEPT:  # a client sending ever other names
                 self._layers.clear()
-            layers = self._layers[names] = self.context.in_model_order(kernels)
-        if all(finite(values[n]) for n in layers):
-            return layers
-        return [n for n in layers if finite(values[n])]
+            layers = self._layers[names] = layers_of(self.context.in_model_order(kernels))
+        return layers
 
     def _loss_change(self) -> float | None:
         """Relative improvement of the loss from the first to the second half of the window."""

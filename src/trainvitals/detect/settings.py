@@ -73,8 +73,8 @@ class GradVanishing:
     #: A global gradient norm below this for ``window`` steps means nothing learns.
     min_norm: float = 1e-7
     window: int = 200
-    #: The smallest kernel norm among the first third of the layers, over the largest of
-    #: all layers, below this for ``samples`` per-variable samples in a row...
+    #: The gradient norm of the middle layer of the first third (a layer's kernels together),
+    #: over the largest layer's, below this for ``samples`` per-variable samples in a row...
     layer_ratio: float = 1e-4
     samples: int = 20
     #: Or every kernel's gradient exactly zero (every unit dead) for this many samples in a
