@@ -11,6 +11,7 @@ import pytest
 from tests.detect.streams import FRAMINGS, Stream, feed, fired, run_through, stream, unfrozen
 from trainvitals.detect import (
     Detector,
+    Finding,
 )
 
 # -- nonfinite ------------------------------------------------------------------------------
@@ -415,3 +416,26 @@ def test_every_kernel_gradient_exactly_zero_with_a_flat_loss_is_vanishing() -> N
     found = fired(feed(Detector(), columns, 40), "grad_vanishing")
     assert found and "exactly zero" in found[0].message, found
     assert found[0].evidence["ratio"] == 0.0 and found[0].step == 140  # 5 samples: 100..140
+
+
+def test_relus_a_rising_learning_rate_killed_are_not_called_vanishing() -> None:
+    """The same dead kernels after the rate rose tenfold and the loss climbed from its best:
+    the rate's rules name that death, not grad_vanishing with a remedy for deep stacks. A
+    rate that stays put, or a loss that stays near its best, leaves the rule as it was."""
+
+    def dead_network(lr: Callable[[int], float], loss: Callable[[int], float]) -> list[Finding]:
+        dead = {f"grad/norm/relu_{i}/kernel": lambda s: 0.0 if s >= 300 else 0.5 for i in range(4)}
+        columns = stream(range(1, 700), 0.01, loss=loss, lr=lr)
+        columns.update(stream(range(1, 700), 0.01, **{"grad/global_norm": lambda s: 0.5}))
+        columns.update(stream(range(10, 700, 10), 0.01, **dead))
+        return fired(feed(Detector(), columns, 40), "grad_vanishing")
+
+    def rising(s: int) -> float:
+        return 1e-3 * (10 if s >= 250 else 1)
+
+    def climbing(s: int) -> float:
+        return 0.3 if s < 250 else 1.2 + 0.01 * math.sin(s)
+
+    assert not dead_network(rising, climbing)
+    assert dead_network(lambda s: 1e-3, climbing)
+    assert dead_network(rising, lambda s: 0.7 + 0.01 * math.sin(s))

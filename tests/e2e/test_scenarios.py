@@ -4,6 +4,7 @@ shapes raise none. The lead times are printed at the end of the session."""
 
 from __future__ import annotations
 
+import re
 import signal
 import statistics
 from pathlib import Path
@@ -69,7 +70,8 @@ def test_vanishing_gradients_in_a_deep_sigmoid_net(server: ServerProcess) -> Non
     result = ran(server, "vanishing")
     alert = result.first("grad_vanishing")
     assert alert is not None, result.alerts
-    assert str(sc.evidence(alert, "early_variable")).endswith("sigmoid_0/kernel")
+    # The early third of its 13 layers stands for the early layers (grad_vanishing's rule).
+    assert re.search(r"/sigmoid_[0-3]/kernel$", str(sc.evidence(alert, "early_variable")))
     assert alarm_rules(result) == {"grad_vanishing"}
     sc.REPORT.append(
         f"vanishing: grad_vanishing ({alert['severity']}) at step {alert['step']} "

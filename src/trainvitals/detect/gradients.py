@@ -205,6 +205,13 @@ LR_RISE_HINT = (
     "and clip gradients (`clipnorm=1.0`) so that the larger updates cannot blow up."
 )
 
+#: A learning rate this many times what it was at the loss's best makes dead gradients its
+#: own symptom, not vanishing (the same factor as ``grad_explosion``'s ``lr_rise``).
+RATE_RISEN = 3.0
+#: ...with the loss's recent median this many times its best (``loss_divergence``'s
+#: ``min_ratio``).
+LOSS_RISEN = 1.5
+
 GRAD_VANISHING_HINT = (
     "Gradients die on their way back through the network: use ReLU/GELU instead of "
     "sigmoid/tanh in deep stacks, He initialisation (`kernel_initializer='he_normal'`), "
@@ -255,6 +262,9 @@ class GradVanishingRule(Rule):
         self._pending: deque[tuple[int, float]] = deque()
         #: A record's names -> the layers of its per-variable norms (:meth:`_layers_in`).
         self._layers: dict[tuple[str, ...], list[Layer]] = {}
+        #: The lowest loss yet and the learning rate at its step (None: no rate recorded).
+        self._best_loss = math.inf
+        self._lr_at_best: float | None = None
 
     def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         cfg = self.settings
@@ -295,7 +305,26 @@ class GradVanishingRule(Rule):
         """The pending losses up to ``step`` (all of them: None) join the window."""
         pending = self._pending
         while pending and (step is None or pending[0][0] <= step):
-            self._losses.append(pending.popleft()[1])
+            self._add_loss(*pending.popleft())
+
+    def _add_loss(self, step: int, loss: float) -> None:
+        self._losses.append(loss)
+        if loss < self._best_loss:
+            self._best_loss, self._lr_at_best = loss, self.context.lr_at(step)
+
+    def _rate_killed(self, step: int) -> bool:
+        """Whether the learning rate is :data:`RATE_RISEN` times or more what it was when the
+        loss was at its best, and the loss well above that best: gradients that die after
+        such a rise (ReLUs a blow-up killed) are the rate's doing, which ``grad_explosion``
+        and ``loss_divergence`` name."""
+        lr = self.context.lr_at(step)
+        before = self._lr_at_best
+        if lr is None or before is None or not before > 0 or lr < RATE_RISEN * before:
+            return False
+        # A warm-up also raises the rate past the first steps' best loss; only a loss that
+        # climbed well away from its best since (a blow-up) makes the death the rate's.
+        recent = list(self._losses)[len(self._losses) // 2 :]
+        return self._best_loss > 0 and median(recent) >= LOSS_RISEN * self._best_loss
 
     def observe(self, record: Record) -> list[Finding]:
         cfg = self.settings
@@ -303,7 +332,7 @@ class GradVanishingRule(Rule):
         self._catch_up(record.step)
         loss = values.get(LOSS)
         if finite(loss):
-            self._losses.append(loss)  # type: ignore[arg-type]
+            self._add_loss(record.step, loss)  # type: ignore[arg-type]
         out: list[Finding] = []
         norm = values.get(GRAD_GLOBAL_NORM)
         if finite(norm):
@@ -333,7 +362,7 @@ class GradVanishingRule(Rule):
         # Every kernel's gradient exactly zero is no noise to wait out: fewer samples do.
         starved = self._low >= cfg.samples or self._dead >= cfg.dead_samples
         change = self._loss_change() if not self.firing and starved else None
-        if change is not None and change < cfg.flat_loss:
+        if change is not None and change < cfg.flat_loss and not self._rate_killed(record.step):
             said = (
                 f"{low_name} gets {ratio_text(ratio)} the gradient of {top_name}"
                 if top > 0
