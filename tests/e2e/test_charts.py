@@ -52,7 +52,8 @@ def charted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
     try:
         run = Run(resolve(server=server.url, project="charts", run_name="explodes"),
                   system_metrics=False, watchdog=False,
-                  env={"host": {"memory_limit": 25276502016, "cpu_count": 2}})  # fmt: skip
+                  env={"host": {"memory_limit": 25276502016, "cpu_count": 2},
+                       "variable_order": [f"mlp/d_{i}/<kernel>" for i in range(30)]})  # fmt: skip
         run.start()
         for step in range(1, STEPS + 1):
             values = {"loss": loss_at(step), "grad/global_norm": 1.0 + step % 7, "lr": LR,
@@ -141,6 +142,10 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     limit = page.locator("#run-env [data-bytes]")
     expect(limit).to_have_text("23.5 GiB")
     assert limit.get_attribute("title") == "25276502016 bytes"
+    # The model's 30 variable paths fold behind their count, escaped.
+    order = page.locator("#run-env details")
+    expect(order.locator("summary")).to_have_text("30 items")
+    assert "mlp/d_29/<kernel>" in (order.locator("code").text_content() or "")
 
     # The learning rate (a float32 0.001, all along) is a line on a range around it, its ticks
     # its values in full, log or linear: not plotly's ±1 and -0.00100000004749745282.

@@ -21,8 +21,14 @@ function kvCell(key, value) {
   if (typeof value === "number" && SIZE_KEY.test(key)) {
     return `<td data-bytes="${escapeHTML(value)}" title="${escapeHTML(value)} bytes">${escapeHTML(formatBytes(value))}</td>`;
   }
+  // A long list (the model's variable_order: one path a variable) folds behind its count.
+  if (Array.isArray(value) && value.length > LONG_LIST) {
+    return `<td><details><summary>${value.length} items</summary><code class="kv-list">${escapeHTML(value.join("\n"))}</code></details></td>`;
+  }
   return `<td>${escapeHTML(typeof value === "object" ? JSON.stringify(value) : value)}</td>`;
 }
+
+const LONG_LIST = 8;
 
 // The memory and GPU readings last stored before the run ended: the evidence of how it died.
 function reading(name, value) {
