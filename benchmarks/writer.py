@@ -45,7 +45,7 @@ VARIABLES = [
 class PooledWriter(Writer):
     """The writer as it was: a pool checkout per transaction."""
 
-    def _apply(self, batch: list[_Item], retry: bool = True) -> None:
+    def _apply(self, batch: list[_Item]) -> None:
         with self._store.transaction() as work:
             results = [operation(work) for operation, _, _ in batch]
         for (_, future, loop), result in zip(batch, results, strict=True):
@@ -56,7 +56,7 @@ class UnsummarisedWriter(Writer):
     """The writer as it was before series summaries: a frame's steps read for their highest
     (the point there too, a little more than before), and nothing merged at the commit."""
 
-    def _apply(self, batch: list[_Item], retry: bool = True) -> None:
+    def _apply(self, batch: list[_Item]) -> None:
         def highest(values: Any, top: int, at: int) -> Summary:
             return Summary(top, 0.0, None, None)
 
@@ -64,7 +64,7 @@ class UnsummarisedWriter(Writer):
         series_module.summary_at = highest  # type: ignore[assignment]
         unit_of_work._summary_rows = lambda _: []  # type: ignore[assignment]
         try:
-            super()._apply(batch, retry)
+            super()._apply(batch)
         finally:
             series_module.summary_at, unit_of_work._summary_rows = kept
 

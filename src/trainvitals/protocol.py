@@ -208,6 +208,9 @@ MAX_POINTS_PER_FRAME: Final = 50_000
 
 # Agent -> server frame types.
 HELLO: Final = "hello"
+#: The hello env's list of the model's trainable variables' paths, in model order (as the
+#: ``grad/norm/<path>`` series name them): the detector's model order on a replay too.
+VARIABLE_ORDER: Final = "variable_order"
 POINTS: Final = "points"
 END: Final = "end"
 #: No step for far longer than usual: carries every thread's stack. Numbered like points.

@@ -29,9 +29,6 @@ VAL_PREFIX: Final = "val_"
 GRAD_GLOBAL_NORM: Final = "grad/global_norm"
 #: ``grad/norm/<variable path>``: one variable's gradient norm.
 GRAD_NORM_PREFIX: Final = "grad/norm/"
-#: The key of the run's env listing the trainable variables' paths (those ``grad/norm/``
-#: names) in model order: stored series come back alphabetically, so only this says it.
-VARIABLE_ORDER: Final = "variable_order"
 
 #: ``nonfinite/<origin>``: counts of NaN/Inf elements.
 NONFINITE_PREFIX: Final = "nonfinite/"

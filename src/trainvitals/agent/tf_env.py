@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainvitals.agent import environment
-from trainvitals.series import VARIABLE_ORDER
+from trainvitals.protocol import VARIABLE_ORDER
 
 
 def input_kinds(structure: Any) -> dict[str, list[str]]:

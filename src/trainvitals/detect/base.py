@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from trainvitals.detect.types import Finding, Record, Severity
-from trainvitals.protocol import ArrayColumns
-from trainvitals.series import GRAD_NORM_PREFIX, LR, STEP_TIME, VARIABLE_ORDER, is_system
+from trainvitals.protocol import VARIABLE_ORDER, ArrayColumns
+from trainvitals.series import GRAD_NORM_PREFIX, LR, STEP_TIME, is_system
 
 #: Kinds of record (sets of names) whose facts are worked out once and kept: a client that
 #: sends ever other names only makes them be worked out again.
