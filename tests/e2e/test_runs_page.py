@@ -1085,3 +1085,19 @@ def test_a_run_is_renamed_tagged_noted_archived_and_deleted_from_its_page(
     assert server.get_status("/api/v1/runs/seed000001")[0] == 404
     assert server.get("/api/v1/runs?archived=include")["total"] == 0
     assert not page.errors
+
+
+def test_a_page_whose_server_did_not_answer_tries_again_by_itself(
+    server: ServerProcess, browser: Any
+) -> None:
+    """The runs list's first two requests get no answer at all (a server restarting, a
+    network blip): the page says so, then loads by itself, with no reload. An HTTP error is
+    an answer, and stays on the page."""
+    seed_runs(server.db, 1, steps=5)
+    page, errors = erring_page(browser)
+    page.route("**/api/v1/runs?**", lambda route: route.abort("connectionreset"), times=2)
+    page.goto(server.url + "/")
+    expect(page.locator("tr.run-row")).to_have_count(1)
+    page.goto(server.url + "/#/?sort=nonsense")
+    expect(page.locator("p.error")).to_contain_text("422")
+    assert not errors

@@ -19,6 +19,9 @@ let feed;
 let identity; // who the page speaks for (GET /api/v1/session)
 let cleanup = () => {};
 let navigation = 0;
+const RETRY_FIRST_MS = 500;
+const RETRY_MAX_MS = 8000;
+let unreachable = 0; // pages in a row that got no answer
 
 // A page object drawn by load() and stopped by destroy(); its cleanup once it has loaded.
 async function mount(page) {
@@ -59,12 +62,21 @@ async function route() {
   try {
     done = await render(match);
   } catch (error) {
+    if (current !== navigation) return;
     // The message can repeat what was in the address (a 422 quotes the invalid filter): text.
-    if (current === navigation) root.innerHTML = `<p class="error">${escapeHTML(error.message)}</p>`;
+    root.innerHTML = `<p class="error">${escapeHTML(error.message)}</p>`;
+    // No answer at all (the server restarting, a network blip): the page tries again with
+    // backoff, as the live socket does, instead of staying on the error until a reload.
+    if (error instanceof TypeError && error.status === undefined) {
+      const wait = Math.min(RETRY_MAX_MS, RETRY_FIRST_MS * 2 ** unreachable++);
+      setTimeout(() => { if (current === navigation) route(); }, wait);
+    }
     return;
   }
+  unreachable = 0;
   if (current === navigation) cleanup = done; else done();
 }
+
 
 // A server that needs a token asks for one once; the session cookie it sets (HttpOnly) is
 // sent with every later request and the live websocket. The page never keeps the token.
