@@ -407,6 +407,11 @@ def test_the_chart_filter_shows_the_charts_it_names_and_a_link_keeps_it(
         f"1 of {len(every)} charts"
     )
     assert shown_charts(page) == ["grad_norm"]
+    # A chart drawn, then hidden while the window changed size, takes the new width once
+    # shown, though nothing new came for it to draw (the run has ended).
+    page.set_viewport_size({"width": 900, "height": 1000})
+    box.fill("")
+    fits_its_card(page, "loss")
 
     # A link opens with the filter; a chart hidden while the window changed size takes the
     # new width once shown.
@@ -424,11 +429,7 @@ def test_the_chart_filter_shows_the_charts_it_names_and_a_link_keeps_it(
     expect(fresh.locator(".chart-controls output[name=filter-count]")).to_have_text("")
     assert shown_charts(fresh) == every
     drawn(fresh)
-    fresh.wait_for_function(  # plotly resizes after a short wait of its own
-        """() => { const card = document.querySelector('[data-chart="loss"]');
-                   const width = card.querySelector('.plot')._fullLayout.width;
-                   return width > card.clientWidth * 0.9 && width <= card.clientWidth; }"""
-    )
+    fits_its_card(fresh, "loss")
     assert "filter" not in fresh.url
 
     # A series that arrives later can bring its chart into the filter: val_loss is drawn on
@@ -451,6 +452,17 @@ def test_the_chart_filter_shows_the_charts_it_names_and_a_link_keeps_it(
         live.finish()
     assert not errors, errors
     fresh.context.close()
+
+
+def fits_its_card(page: Any, chart: str) -> None:
+    """Wait until a chart's plot is as wide as its card (plotly resizes after a short wait
+    of its own)."""
+    page.wait_for_function(
+        """(chart) => { const card = document.querySelector(`[data-chart="${chart}"]`);
+                        const width = card.querySelector('.plot')._fullLayout.width;
+                        return width > card.clientWidth * 0.9 && width <= card.clientWidth; }""",
+        arg=chart,
+    )
 
 
 def download(page: Any, chart: str, tool: str, folder: Path) -> tuple[str, list[str]]:

@@ -74,6 +74,16 @@ export class Chart {
       if (this.onScreen && "stale" in this.card.dataset) this.schedule();
     });
     this.observer.observe(this.card);
+    // A card shown again by the filter, or resized while it was hidden, takes its new width:
+    // plotly's own window listener skips a plot it cannot measure, and nothing else would
+    // tell it when the card comes back with no new points to draw.
+    this.sized = new ResizeObserver(() => {
+      const width = this.plot.clientWidth;
+      if (width > 0 && this.plot._fullLayout && Math.abs(this.plot._fullLayout.width - width) > 1) {
+        Plotly.Plots.resize(this.plot).catch(() => {}); // hidden again before its turn
+      }
+    });
+    this.sized.observe(this.card);
     // The system switched between light and dark: the plot takes the page's new colours.
     this.scheme = matchMedia("(prefers-color-scheme: dark)");
     this.rethemed = () => this.schedule();
@@ -253,6 +263,7 @@ export class Chart {
     clearTimeout(this.timer);
     this.scheme.removeEventListener("change", this.rethemed);
     this.observer.disconnect();
+    this.sized.disconnect();
     Plotly.purge(this.plot);
     this.card.remove();
   }
