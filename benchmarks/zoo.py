@@ -89,8 +89,17 @@ CLASSES: dict[str, FailureClass] = {
         ("loss_divergence",), ("data",), ("loss_back_at_start", "last_step")
     ),
     "bad_init": FailureClass(
-        ("grad_explosion", "loss_divergence", "nonfinite", "grad_vanishing"),
-        ("weights", "loss", "grads", "gradients", "vanishing", "poisoned_weights", "layer"),
+        ("loss_above_chance", "grad_explosion", "loss_divergence", "nonfinite", "grad_vanishing"),
+        (
+            "initialisation",
+            "weights",
+            "loss",
+            "grads",
+            "gradients",
+            "vanishing",
+            "poisoned_weights",
+            "layer",
+        ),
         ("first_nonfinite", "last_step"),
         False,
     ),
@@ -475,6 +484,7 @@ def cause_of(alarm: Mapping[str, Any]) -> str:
     named = {
         "grad_vanishing": "vanishing", "stall": "hang", "slowdown": "slowdown",
         "oom_forecast": "memory", "memory_pressure": "memory",
+        "loss_above_chance": "initialisation",
     }  # fmt: skip
     return named.get(rule, str(rule))
 

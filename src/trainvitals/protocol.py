@@ -211,6 +211,10 @@ HELLO: Final = "hello"
 #: The hello env's list of the model's trainable variables' paths, in model order (as the
 #: ``grad/norm/<path>`` series name them): the detector's model order on a replay too.
 VARIABLE_ORDER: Final = "variable_order"
+#: The hello env's loss at chance for a classifier: ``{"loss", "classes", "value"}``, the
+#: loss of a model that gives every class the same probability (ln of the classes for a
+#: cross-entropy); absent where the agent cannot tell (a regression, a custom loss).
+LOSS_AT_CHANCE: Final = "loss_at_chance"
 POINTS: Final = "points"
 END: Final = "end"
 #: No step for far longer than usual: carries every thread's stack. Numbered like points.

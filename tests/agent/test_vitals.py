@@ -135,6 +135,7 @@ def test_healthy_fit_reports_every_vital(server: ServerProcess) -> None:
     assert "mixed_precision_policy" in env and "tf_build" in env
     # The model order of the per-variable norms, which storage gives back alphabetically.
     assert env["variable_order"] == [v.path for v in model.trainable_variables]
+    assert "loss_at_chance" not in env  # a regression: no chance level to start near
 
 
 def nan_batch_run(

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from trainvitals.agent import environment
-from trainvitals.protocol import VARIABLE_ORDER
+from trainvitals.protocol import LOSS_AT_CHANCE, VARIABLE_ORDER
 
 
 def input_kinds(structure: Any) -> dict[str, list[str]]:
@@ -73,6 +73,15 @@ class Worker(TypedDict):
     index: int
 
 
+class ChanceLoss(TypedDict):
+    """The loss a classifier gives when every class is as likely: where a fresh model's loss
+    starts, give or take, and what a loss that starts far above it says about the weights."""
+
+    loss: str
+    classes: int
+    value: float
+
+
 class TensorflowEnv(TypedDict, total=False):
     """What :func:`describe` tells the run's ``hello``; a key it cannot learn is left out."""
 
@@ -92,6 +101,8 @@ class TensorflowEnv(TypedDict, total=False):
     #: The model's trainable variables' paths in model order, as the per-variable gradient
     #: norms (``grad/norm/<path>``) name them: the detector's model order on a replay too.
     variable_order: list[str]
+    #: A classifier's loss at chance (:func:`loss_at_chance`).
+    loss_at_chance: ChanceLoss
     #: Why :func:`describe` itself failed, instead of the rest.
     tensorflow_describe_error: str
 
@@ -145,7 +156,48 @@ def _describe(model: Any) -> TensorflowEnv:
         variables = list(getattr(model, "trainable_variables", None) or [])
         if variables:  # an unbuilt model has none yet: the detector falls back to first seen
             env[VARIABLE_ORDER] = [variable_name(v, i) for i, v in enumerate(variables)]
+        chance = loss_at_chance(model)
+        if chance is not None:
+            env[LOSS_AT_CHANCE] = chance
     return env
+
+
+#: Keras's cross-entropies by the names ``compile`` takes (string, class or function), and
+#: whether the loss is a mean over classes of two-way choices (binary) or one K-way choice.
+CROSS_ENTROPIES = {
+    "sparse_categorical_crossentropy": False, "sparsecategoricalcrossentropy": False,
+    "categorical_crossentropy": False, "categoricalcrossentropy": False,
+    "binary_crossentropy": True, "binarycrossentropy": True,
+}  # fmt: skip
+
+
+def loss_at_chance(model: Any) -> ChanceLoss | None:
+    """A single-output classifier's loss when it gives every class the same probability: ln K
+    for a K-way cross-entropy, ln 2 for a binary one; None for any other loss, several outputs
+    or losses, a loss summed rather than averaged, or a model whose output is not known yet."""
+    loss = getattr(model, "loss", None)
+    # Keras 3 keeps compile's loss_weights only on its private CompileLoss; a weight scales
+    # the loss away from the level.
+    weights = getattr(model, "loss_weights", None) or getattr(
+        getattr(model, "_compile_loss", None), "_user_loss_weights", None
+    )
+    if isinstance(loss, (list, tuple, dict)) or weights not in (None, 1, 1.0, [1], [1.0]):
+        return None
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+    binary = CROSS_ENTROPIES.get(str(name).lower())
+    if binary is None:
+        return None
+    reduction = getattr(loss, "reduction", None)
+    if reduction not in (None, "sum_over_batch_size", "mean", "auto"):
+        return None  # a sum grows with the batch: no level to compare with
+    outputs = getattr(model, "outputs", None) or []
+    if len(outputs) != 1:
+        return None
+    units = outputs[0].shape[-1] if len(outputs[0].shape) else None
+    classes = 2 if binary else units
+    if not isinstance(classes, int) or classes < 2:
+        return None
+    return {"loss": str(name), "classes": classes, "value": float(np.log(classes))}
 
 
 def variable_name(variable: Any, index: int) -> str:

@@ -23,7 +23,8 @@ from trainvitals.detect.types import SEVERITIES, Finding, Record, Severity
 from trainvitals.exceptions import RulesError
 
 RULES = (
-    "nonfinite", "grad_explosion", "grad_vanishing", "loss_divergence", "oom_forecast",
+    "nonfinite", "grad_explosion", "grad_vanishing", "loss_divergence", "loss_above_chance",
+    "oom_forecast",
     "memory_pressure", "stall", "slowdown", "thermal", "hardware", "env_mismatch", "crash",
 )  # fmt: skip
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from trainvitals.detect.base import Context, Rule
+from trainvitals.detect.chance import LossAboveChanceRule
 from trainvitals.detect.hardware import EnvMismatchRule, HardwareRule, ThermalRule
 from trainvitals.detect.memory import MemoryPressureRule, OomForecastRule
 from trainvitals.detect.numeric import (
@@ -101,6 +102,10 @@ class Detector:
             (
                 settings.loss_divergence.enabled,
                 LossDivergenceRule(context, settings.loss_divergence),
+            ),
+            (
+                settings.loss_above_chance.enabled,
+                LossAboveChanceRule(context, settings.loss_above_chance),
             ),
             *((True, rule) for rule in memory),
             (settings.stall.enabled, self.stall_rule),

@@ -111,6 +111,17 @@ class LossDivergence:
 
 
 @dataclass(frozen=True)
+class LossAboveChance:
+    enabled: bool = True
+    #: The first this many finite losses of a classifier whose loss at chance the agent
+    #: sent; their median is where the loss started...
+    steps: int = 20
+    #: ...and a warning when that is more than this multiple of the loss at chance (a fresh
+    #: model starts within about 1.2 times it).
+    factor: float = 2.0
+
+
+@dataclass(frozen=True)
 class OomForecast:
     enabled: bool = True
     #: Warn when the trend reaches the limit within this many seconds...
@@ -199,6 +210,7 @@ class RuleSet:
     grad_explosion: GradExplosion = field(default_factory=GradExplosion)
     grad_vanishing: GradVanishing = field(default_factory=GradVanishing)
     loss_divergence: LossDivergence = field(default_factory=LossDivergence)
+    loss_above_chance: LossAboveChance = field(default_factory=LossAboveChance)
     oom_forecast: OomForecast = field(default_factory=OomForecast)
     memory_pressure: MemoryPressure = field(default_factory=MemoryPressure)
     stall: Stall = field(default_factory=Stall)

@@ -1,0 +1,116 @@
+"""The ``loss_above_chance`` rule: a classifier whose loss starts far above what guessing
+gives, the mark of weights drawn far too large or an output layer built wrong."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from trainvitals.detect import settings as s
+from trainvitals.detect.base import Context, Rule
+from trainvitals.detect.stats import median
+from trainvitals.detect.text import number
+from trainvitals.detect.text import ratio as ratio_text
+from trainvitals.detect.types import Finding, Record
+from trainvitals.protocol import LOSS_AT_CHANCE, ArrayColumns
+from trainvitals.series import GRAD_GLOBAL_NORM, LOSS
+
+LOSS_ABOVE_CHANCE_HINT = (
+    "A fresh classifier's loss starts near chance (ln of the classes); far above it, the "
+    "first predictions are confidently wrong. Check the kernel initialisers (Glorot or He, "
+    "not a wide normal), the inputs' scale (normalise them), and that the last layer and "
+    "the loss agree (`from_logits=True` for a layer without softmax, no softmax twice)."
+)
+
+
+def chance_of(env: Mapping[str, object]) -> tuple[float, int] | None:
+    """The loss at chance and the classes, from the env the agent sent; None without them."""
+    chance = env.get(LOSS_AT_CHANCE)
+    if not isinstance(chance, Mapping):
+        return None
+    value, classes = chance.get("value"), chance.get("classes")
+    if not isinstance(value, (int, float)) or not isinstance(classes, int):
+        return None
+    if not math.isfinite(value) or value <= 0:
+        return None
+    return float(value), classes
+
+
+class LossAboveChanceRule(Rule):
+    """The median of a classifier's first losses far above its loss at chance: warns once,
+    at the step the first ``steps`` finite losses are in; resolves when the level of the
+    last ``steps`` losses is back under the bar (a run that learned all the same)."""
+
+    id = "loss_above_chance"
+    watches = (LOSS, GRAD_GLOBAL_NORM)
+
+    def __init__(self, context: Context, settings: s.LossAboveChance) -> None:
+        super().__init__(context)
+        self.settings = settings
+        self._chance = chance_of(context.env)
+        self._losses: list[float] = []
+        self._first_norms: list[float] = []
+        self._judged = self._chance is None
+
+    @property
+    def _bar(self) -> float:
+        assert self._chance is not None
+        return self.settings.factor * self._chance[0]
+
+    def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
+        if GRAD_GLOBAL_NORM in dense and len(self._first_norms) < self.settings.steps:
+            norms = dense[GRAD_GLOBAL_NORM][2]
+            room = self.settings.steps - len(self._first_norms)
+            self._first_norms += [float(v) for v in norms[np.isfinite(norms)][:room]]
+        if LOSS not in dense or (self._judged and not self.firing):
+            return []
+        steps, times, values = dense[LOSS]
+        out: list[Finding] = []
+        for step, time, loss in zip(steps, times, values, strict=True):
+            if math.isfinite(loss):
+                finding = self._take(Record(int(step), float(time), {}), float(loss))
+                if finding is not None:
+                    out.append(finding)
+        return out
+
+    def observe(self, record: Record) -> list[Finding]:
+        norm = record.values.get(GRAD_GLOBAL_NORM)
+        if norm is not None and math.isfinite(norm):
+            if len(self._first_norms) < self.settings.steps:
+                self._first_norms.append(norm)
+        loss = record.values.get(LOSS)
+        if loss is None or not math.isfinite(loss) or (self._judged and not self.firing):
+            return []
+        finding = self._take(record, loss)
+        return [finding] if finding is not None else []
+
+    def _take(self, record: Record, loss: float) -> Finding | None:
+        if self._judged and not self.firing:
+            return None  # judged once; resolved, it stays quiet for the rest of the run
+        self._losses.append(loss)
+        if len(self._losses) > self.settings.steps:
+            del self._losses[0]
+        if len(self._losses) < self.settings.steps:
+            return None
+        level = median(self._losses)
+        if self.firing:
+            return self.resolve("", record) if level <= self._bar else None
+        self._judged = True
+        if level <= self._bar:
+            return None
+        assert self._chance is not None
+        chance, classes = self._chance
+        message = (
+            f"The loss started at {number(level)}, {ratio_text(level / chance)} the "
+            f"{number(chance)} of a model that guesses among {classes} classes: the first "
+            "predictions are confidently wrong"
+        )
+        evidence: dict[str, object] = {
+            "loss_start": level, "loss_at_chance": chance, "classes": classes,
+            "steps": self.settings.steps,
+        }  # fmt: skip
+        if self._first_norms:
+            evidence["grad_norm_start"] = median(self._first_norms)
+        return self.fire("", record, "warning", message, LOSS_ABOVE_CHANCE_HINT, evidence)
