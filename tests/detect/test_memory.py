@@ -28,6 +28,18 @@ def test_a_steady_leak_forecasts_the_oom_with_its_eta() -> None:
     assert "MiB/min" in alert.message
 
 
+def test_a_leak_that_fills_the_limit_in_seconds_is_forecast_before_the_kill() -> None:
+    """The zoo's fast leaks: 1.4 GiB filled within 10-20 s of training, gone before the
+    20 s of samples a forecast otherwise waits for."""
+    noise = random.Random(1)
+    fill = 0.2 * GiB  # a second, from 1 GiB: the 4 GiB limit is reached at t=15
+    stream = host(lambda t: min(4 * GiB, GiB + fill * t + noise.gauss(0, 2**20)))
+    first = fired(Detector().feed(stream), "oom_forecast")[0]
+    assert first.severity == "critical"
+    assert first.time - T0 <= 10.0  # at least 5 s before the kill
+    assert first.evidence["eta_s"] == pytest.approx(15 - (first.time - T0), abs=1.5)
+
+
 def test_a_leak_far_from_its_limit_and_noisy_flat_memory_raise_nothing() -> None:
     noise = random.Random(0)
     slow = Detector().feed(host(lambda t: GiB + 1000 * t, limit=64 * GiB))

@@ -143,8 +143,20 @@ class OomForecastRule(Rule):
         if record.time - track.last_forecast < cfg.every:
             return None
         trends: list[tuple[bool, Trend]] = []  # (between fits, trend)
-        if len(track.times) >= cfg.min_points and track.times[-1] - track.times[0] >= cfg.min_span:
+        span = track.times[-1] - track.times[0]
+        if len(track.times) >= cfg.min_points and span >= cfg.min_span:
             trends.append((False, theil_sen(list(track.times), list(track.values))))
+        elif len(track.times) >= cfg.quick_points and span >= cfg.quick_span:
+            # A leak that fills the limit in seconds would be gone before min_span: its trend
+            # counts only when it reaches the limit within a few times the span it stands on.
+            quick = theil_sen(list(track.times), list(track.values))
+            reach = (
+                (limit - max(quick.at(record.time), current)) / quick.slope
+                if quick.slope > 0
+                else float("inf")
+            )
+            if reach <= cfg.quick_reach * span:
+                trends.append((False, quick))
         if len(track.fits) >= MIN_FITS:
             starts, lows = zip(*track.fits, strict=True)
             trends.append((True, theil_sen(starts, lows)))

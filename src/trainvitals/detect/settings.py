@@ -130,9 +130,15 @@ class OomForecast:
     critical_eta: float = 120.0
     #: Seconds of samples the trend is fitted on.
     window: float = 180.0
-    #: At least this many seconds and samples before any forecast.
+    #: At least this many seconds and samples before any forecast...
     min_span: float = 20.0
     min_points: int = 15
+    #: ...except a fill so fast it could end before that: from ``quick_span`` seconds and
+    #: ``quick_points`` samples on, a trend that reaches the limit within ``quick_reach``
+    #: times the span it was fitted on is forecast at once.
+    quick_span: float = 5.0
+    quick_points: int = 5
+    quick_reach: float = 2.0
     #: Share of sample pairs that must agree the memory grows (see ``theil_sen``).
     min_agreement: float = 0.8
     #: Seconds between forecasts.
