@@ -351,6 +351,44 @@ def test_a_loss_that_jumps_back_to_its_start_warns_within_fifty_steps(framing: i
     assert found and 628 < found[0].step <= 678, [(f.step, f.severity) for f in found]
 
 
+@FRAMINGS
+def test_labels_gone_bad_at_once_warn_within_fifteen_steps(framing: int | None) -> None:
+    """The zoo's label noise on a regression (targets shuffled and scaled from step 400): the
+    loss leaps from its minimum past its start in a few steps, and its 11-step median is back
+    at its start 10-30 steps later. Waiting for the 25-step level and 25 steps of rise would
+    warn after that."""
+    noise = random.Random(7)
+
+    def loss(s: int) -> float:
+        level = 0.12 + 0.3 * math.exp(-s / 60) if s < 400 else 1.1
+        return level * math.exp(noise.gauss(0, 0.25))
+
+    findings = feed(Detector(), stream(range(1, 600), 0.01, loss=loss), framing)
+    found = [f for f in fired(findings, "loss_divergence") if f.subject == ""]
+    assert found and 400 < found[0].step <= 415, [(f.step, f.severity) for f in found]
+    assert found[0].evidence["level"] > found[0].evidence["start"]  # the level that leapt
+
+
+@FRAMINGS
+def test_a_run_that_learned_little_warns_before_its_loss_is_back_at_its_start(
+    framing: int | None,
+) -> None:
+    """A classifier that went from 1.7 to 1.25 (less than min_ratio's 1.5x) and then loses it
+    to labels going wrong: half of what it learned given back is the bar, else only a loss
+    already back at its start could fire."""
+    noise = random.Random(11)
+
+    def loss(s: int) -> float:
+        level = 1.25 + 0.6 * math.exp(-s / 80) if s < 500 else min(2.3, 1.25 + (s - 500) / 400)
+        return level * math.exp(noise.gauss(0, 0.05))
+
+    found = fired(
+        feed(Detector(), stream(range(1, 1000), 0.01, loss=loss), framing), "loss_divergence"
+    )
+    assert found and found[0].severity == "warning", [(f.step, f.severity) for f in found]
+    assert found[0].evidence["level"] < found[0].evidence["start"]  # before it is all lost
+
+
 @pytest.mark.parametrize("seed", range(5))
 @FRAMINGS
 def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(

@@ -55,6 +55,7 @@ class LossDivergenceRule(Rule):
         self._seen = 0
         self._since = 0
         self._above = 0
+        self._leaping = 0
         self._calm = 0
         self._spike_at = -1
 
@@ -123,6 +124,8 @@ class LossDivergenceRule(Rule):
         ends = at + window
         smooth = min(cfg.smooth, window)
         levels = np.median(sliding_window_view(losses, smooth)[ends - smooth + 1], axis=1)
+        fast = min(cfg.fast, window)
+        quick = np.median(sliding_window_view(losses, fast)[ends - fast + 1], axis=1)
         slow = np.median(sliding_window_view(losses, window)[ends - window + 1], axis=1)
         jumps = np.abs(np.diff(losses))
         spread = (
@@ -145,7 +148,9 @@ class LossDivergenceRule(Rule):
         for i, j in enumerate(at.tolist()):
             noise = 1.2533 * float(spread[i]) / math.sqrt(min(window, cfg.smooth))
             record = Record(int(steps[j]), float(times[j]), {})
-            out += self._verdict(record, self._EVERY, float(levels[i]), float(slow[i]), noise)
+            out += self._verdict(
+                record, self._EVERY, float(levels[i]), float(slow[i]), noise, float(quick[i])
+            )
         return out
 
     def _recent_level(self) -> float:
@@ -166,14 +171,21 @@ class LossDivergenceRule(Rule):
         steps = [abs(b - a) for a, b in pairwise(slow)]
         spread = MAD_TO_SIGMA * median(steps) / math.sqrt(2) if steps else 0.0
         noise = 1.2533 * spread / math.sqrt(min(len(slow), cfg.smooth))
-        return self._verdict(record, advanced, self._recent_level(), median(slow), noise)
+        quick = median(slow[-cfg.fast :])
+        return self._verdict(record, advanced, self._recent_level(), median(slow), noise, quick)
 
     def _verdict(
-        self, record: Record, advanced: int, level: float, slow_level: float, noise: float
+        self,
+        record: Record,
+        advanced: int,
+        level: float,
+        slow_level: float,
+        noise: float,
+        quick: float,
     ) -> list[Finding]:
         """One judgement: the level (median of the last ``smooth`` losses) against the
-        minimum and the start, with the slow level (median of the whole window) and the
-        level's noise."""
+        minimum and the start, with the slow level (median of the whole window), the
+        level's noise and the quick level (median of the last ``fast``)."""
         cfg = self.settings
         out: list[Finding] = []
         self._level = level
@@ -186,22 +198,38 @@ class LossDivergenceRule(Rule):
         low = min(self._minimum, slow_level)
         learned = start - low
         if learned > 0.05 * abs(start):
-            rising = (
-                level - low >= cfg.lost_fraction * learned
-                and (level >= cfg.min_ratio * low if low > 0 else True)
-                and level - low >= cfg.noise_z * noise
-            )
+            # The ratio to the minimum keeps a plateau's wobble quiet; for a run that learned
+            # less than that ratio, half of what it learned given back is bar enough (else
+            # only a loss already back at its start could fire).
+            bar = min(cfg.min_ratio * low, low + cfg.half_back * learned) if low > 0 else low
+
+            def given_back(level: float, z: float) -> bool:
+                return (
+                    level - low >= cfg.lost_fraction * learned
+                    and level >= bar
+                    and level - low >= z * noise
+                )
+
+            rising = given_back(level, cfg.noise_z)
+            # A loss that leaps back (labels gone bad at once) is back at its start within a
+            # few smoothing windows: the quick level, at the z its fewer losses call for,
+            # counts the steps without waiting for the level.
+            if given_back(quick, cfg.fast_z * math.sqrt(cfg.smooth / cfg.fast)):
+                self._leaping += advanced
+            else:
+                self._leaping = 0
             severity: Severity = "critical" if level > start else "warning"
         else:  # nothing learned yet: only a loss far above where it started counts
             rising = start > 0 and level >= 2 * start
             severity = "critical" if start > 0 and level >= 3 * start else "warning"
-        if rising:
-            self._above += advanced
-            self._calm = 0
-        else:
-            self._above = 0
-            self._calm += advanced
-        if rising and self._above >= cfg.sustain:
+            self._leaping = 0
+        self._above = self._above + advanced if rising else 0
+        self._calm = 0 if rising or self._leaping else self._calm + advanced
+        leapt = self._leaping >= cfg.fast_sustain
+        if leapt and not (rising and self._above >= cfg.sustain):
+            level = max(level, quick)  # what the alert says is the level that leapt
+            severity = "critical" if level > start else "warning"
+        if (rising and self._above >= cfg.sustain) or leapt:
             current = self.firing.get("")
             if current is None or (current == "warning" and severity == "critical"):
                 gave_back = (level - low) / learned if learned > 0 else math.inf

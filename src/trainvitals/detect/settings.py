@@ -96,6 +96,8 @@ class LossDivergence:
     early_steps: int = 50
     #: Warn when the level is this multiple of its running minimum...
     min_ratio: float = 1.5
+    #: ...(or has given back ``half_back`` of what was learned, where that is lower)...
+    half_back: float = 0.5
     #: ...and has given back this share of what was learned since the start...
     lost_fraction: float = 0.35
     #: ...for this many steps. Critical when the level is above where it started.
@@ -108,6 +110,12 @@ class LossDivergence:
     noise_z: float = 6.0
     #: An info alert for one batch's loss this multiple of the level.
     spike_factor: float = 10.0
+    #: A leap: the median of the last ``fast`` losses past the same bars, its rise this many
+    #: of its own standard errors (the level's times sqrt(smooth / fast)), for
+    #: ``fast_sustain`` steps, fires without waiting for the level.
+    fast: int = 5
+    fast_z: float = 8.0
+    fast_sustain: int = 10
 
 
 @dataclass(frozen=True)
