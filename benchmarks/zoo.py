@@ -460,6 +460,8 @@ class Judged:
     error: str | None = None
     #: The server's alarms as it raised them live (kept with ``--streams`` to judge again).
     live: list[dict[str, Any]] = field(default_factory=list)
+    #: The failure left no mark to find (:func:`without_effect`): not counted among failures.
+    no_effect: bool = False
 
 
 def cause_of(alarm: Mapping[str, Any]) -> str:
@@ -539,10 +541,27 @@ def judge(server: ServerProcess, result: Judged) -> None:
             if found is not None and found[0] >= spec["at"]:  # noise before it is no loss
                 result.lost_at, result.lost_by = found[0], how
                 break
+    result.no_effect = without_effect(spec, stream)
     verdict(result)
     result.replay_differs += framing.differences(stream, env, spec["seed"])
     if STREAMS is not None:  # kept for the determinism test's fixtures
         framing.save(STREAMS / f"{result.name}.json.gz", stream, env)
+
+
+def without_effect(spec: dict[str, Any], stream: Mapping[str, Any]) -> bool:
+    """Whether the injected failure could leave no mark: labels gone wrong in a run whose
+    loss had never left its start (its 11-step median never below 90% of the first 20
+    losses' median before the injection) take nothing away, and the stream is a healthy run
+    that does not learn. Its "point of no return" would be noise."""
+    if spec["kind"] != "label_noise" or "loss" not in stream:
+        return False
+    steps, _, values = (np.asarray(c, dtype=float) for c in stream["loss"])
+    before = np.isfinite(values) & (steps < spec["at"])
+    losses = values[before]
+    if len(losses) < 20:
+        return False
+    smooth = [np.median(losses[max(0, i - 10) : i + 1]) for i in range(len(losses))]
+    return bool(min(smooth) >= 0.9 * float(np.median(losses[:20])))
 
 
 def verdict(result: Judged) -> None:
@@ -593,6 +612,7 @@ def rejudge(path: Path) -> Judged:
         if f.rule not in OFF_STREAM
     ]
     result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
+    result.no_effect = without_effect(result.spec, stream)
     verdict(result)
     result.replay_differs = framing.differences(stream, env, result.spec["seed"])
     return result
@@ -729,7 +749,7 @@ def _quantile(values: list[int], q: float) -> float | None:
 def report(results: list[Judged], seed: int) -> dict[str, Any]:
     """The figures: per class and over all failures, the healthy runs, determinism."""
     ok = [r for r in results if r.error is None]
-    failures = [r for r in ok if r.spec["kind"] != "healthy"]
+    failures = [r for r in ok if r.spec["kind"] != "healthy" and not r.no_effect]
     healthy = [r for r in ok if r.spec["kind"] == "healthy"]
 
     def summary(group: list[Judged]) -> dict[str, Any]:
@@ -762,6 +782,8 @@ def report(results: list[Judged], seed: int) -> dict[str, Any]:
         "seed": seed,
         "runs": len(results),
         "errors": [{"run": r.name, "error": r.error} for r in results if r.error],
+        # Failures injected where they could leave no mark (without_effect): not counted.
+        "without_effect": [r.name for r in ok if r.no_effect],
         "classes_implemented": ["healthy", *CLASSES],
         "failures": {**summary(failures), "per_class": per_class},
         "healthy": {
@@ -808,7 +830,8 @@ def summary_line(figures: dict[str, Any]) -> str:
 
     return (
         f"zoo seed {figures['seed']}: {figures['runs']} runs ({f['runs']} failures, "
-        f"{h['runs']} healthy, {len(figures['errors'])} errors): recall {pct(f['recall'])}, "
+        f"{h['runs']} healthy, {len(figures['errors'])} errors, "
+        f"{len(figures['without_effect'])} without effect): recall {pct(f['recall'])}, "
         f"warned before the point of no return {pct(f['warned_before_point_of_no_return'])}, "
         f"median lead {f['median_lead_steps']} steps (p10 {f['lead_p10_steps']}), "
         f"diagnosis {pct(figures['diagnosis_accuracy'])}, healthy false alarms "

@@ -51,3 +51,22 @@ def test_a_small_zoo_reports_a_planted_learning_rate_blow_up(
             result.lead,
             result.alarms,
         ), result.name
+
+
+def test_labels_gone_wrong_in_a_run_that_never_learned_are_not_counted() -> None:
+    """Label noise can take away only what was learned: on a loss that never left its
+    start, the run is a healthy one that does not learn, and its "point of no return" noise."""
+    steps = list(range(1, 301))
+
+    def stream(loss: Any) -> dict[str, Any]:
+        return {"loss": (steps, [0.01 * s for s in steps], [loss(s) for s in steps])}
+
+    flat = stream(lambda s: 2.3 + 0.05 * np.sin(s))
+    learned = stream(lambda s: 2.3 * np.exp(-s / 60) + 0.2)
+    noise = {"kind": "label_noise", "at": 150}
+    assert zoo.without_effect(noise, flat)
+    assert not zoo.without_effect(noise, learned)
+    assert not zoo.without_effect({"kind": "lr_sudden", "at": 150}, flat)  # it blows up
+    result = zoo.Judged("flat", {**noise, "seed": 0}, 1.0, 0, no_effect=True)
+    figures = zoo.report([result], 0)
+    assert figures["without_effect"] == ["flat"] and figures["failures"]["runs"] == 0
