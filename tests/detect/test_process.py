@@ -20,6 +20,29 @@ def test_slowdown_after_a_steady_baseline(framing: int | None) -> None:
 
 
 @FRAMINGS
+def test_a_few_milliseconds_more_on_millisecond_steps_is_a_slowdown(framing: int | None) -> None:
+    """The zoo's small models: 2 ms steps that a competing load makes 8 ms longer run five
+    times slower, though the steps are still short."""
+    columns = stream(range(1, 800), 0.01, step_time=lambda s: 0.002 if s < 400 else 0.010)
+    _, changes = run_through(Detector(), columns, framing)
+    assert changes[0][:2] == ("fired", "slowdown"), changes
+    assert 600 <= changes[0][3] <= 650  # 2 s of slow steps: 200 of them at 10 ms
+
+
+@FRAMINGS
+def test_a_burst_of_contention_over_in_a_blink_is_no_slowdown(framing: int | None) -> None:
+    """Another process takes the CPU for half a second: 60 steps six times slower, then the
+    run is as fast as before. Many steps, but little time."""
+
+    def step_time(s: int) -> float:
+        return 0.012 if 500 <= s < 560 or 900 <= s < 960 else 0.002
+
+    columns = stream(range(1, 1200), 0.01, step_time=step_time)
+    _, changes = run_through(Detector(), columns, framing)
+    assert changes == []
+
+
+@FRAMINGS
 def test_steps_slower_once_a_backbone_is_unfrozen_are_a_new_baseline(framing: int | None) -> None:
     """Unfrozen at step 500, the backbone's backward pass makes every step four times longer
     (as in the healthy suite's fine-tune): no slowdown; one that comes later is measured

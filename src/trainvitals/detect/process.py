@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Mapping
 
@@ -126,6 +127,7 @@ class SlowdownRule(Rule):
         self._seen = 0
         self._since = 0
         self._above = 0
+        self._above_seconds = 0.0
         self._calm = 0
 
     def observe(self, record: Record) -> list[Finding]:
@@ -137,6 +139,7 @@ class SlowdownRule(Rule):
             self._baseline = RollingWindow(cfg.baseline_window)
             self._recent.clear()
             self._seen = self._since = self._above = 0
+            self._above_seconds = 0.0
         self._seen += 1
         if self._seen <= cfg.warmup_steps:
             return []
@@ -185,12 +188,16 @@ class SlowdownRule(Rule):
         slow = now >= cfg.factor * base and now - base >= cfg.min_increase
         if slow:
             self._above += advanced
+            # The slow steps' own time, summed from the stream: a burst of contention that
+            # is over in a blink is no slowdown, however many fast steps it spans.
+            self._above_seconds += sum(itertools.islice(reversed(self._recent), advanced))
             self._calm = 0
         else:
-            self._above = 0
+            self._above, self._above_seconds = 0, 0.0
             recovered = now < (1 + (cfg.factor - 1) / 2) * base
             self._calm = self._calm + advanced if recovered else 0
-        if slow and self._above >= cfg.sustain and "" not in self.firing:
+        lasted = self._above >= cfg.sustain and self._above_seconds >= cfg.sustain_seconds
+        if slow and lasted and "" not in self.firing:
             return [self._fire(record, base, now)]
         if "" in self.firing and self._calm >= cfg.sustain:
             return [self.resolve("", record)]

@@ -178,9 +178,11 @@ class Slowdown:
     recent: int = 50
     #: Warn when the recent median step time is this multiple of the baseline median...
     factor: float = 3.0
-    #: ...and at least this many seconds longer, for ``sustain`` steps.
-    min_increase: float = 0.02
+    #: ...and at least this many seconds longer, for ``sustain`` steps that take at least
+    #: ``sustain_seconds`` between them.
+    min_increase: float = 0.005
     sustain: int = 50
+    sustain_seconds: float = 2.0
 
 
 @dataclass(frozen=True)
