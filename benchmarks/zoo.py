@@ -358,8 +358,9 @@ def _loss(spec: dict[str, Any], classes: int, shift: Any) -> Any:
     return "mse"
 
 
-def train(spec: dict[str, Any], server: str, name: str) -> None:
-    """Train the run ``spec`` describes, streaming to ``server`` as ``name``."""
+def train(spec: dict[str, Any], server: str, name: str, extra: tuple[Any, ...] = ()) -> None:
+    """Train the run ``spec`` describes, streaming to ``server`` as ``name`` (with the
+    callbacks ``extra`` too: a probe of benchmarks/update_ratio.py)."""
     import keras
     import tensorflow as tf
 
@@ -432,7 +433,7 @@ def train(spec: dict[str, Any], server: str, name: str) -> None:
     )
     model.fit(
         batches(), steps_per_epoch=per_epoch, epochs=math.ceil(spec["steps"] / per_epoch),
-        callbacks=[Inject(), vitals], verbose=0,
+        callbacks=[Inject(), *extra, vitals], verbose=0,
     )  # fmt: skip
 
 
