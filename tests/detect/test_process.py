@@ -30,6 +30,19 @@ def test_a_few_milliseconds_more_on_millisecond_steps_is_a_slowdown(framing: int
 
 
 @FRAMINGS
+def test_a_slowdown_early_in_a_short_run_is_not_absorbed_before_it_is_judged(
+    framing: int | None,
+) -> None:
+    """The zoo's slowdown at step 166 of a 625-step MLP (3.4 ms steps, then 11 ms): the 2 s
+    the slow steps must last take 180 of them, and by then they would have become most of
+    the baseline they are judged against, had they joined it while being judged."""
+    columns = stream(range(1, 625), 0.01, step_time=lambda s: 0.0034 if s < 166 else 0.011)
+    _, changes = run_through(Detector(), columns, framing)
+    assert changes and changes[0][:2] == ("fired", "slowdown"), changes
+    assert 166 + 180 <= changes[0][3] <= 166 + 240
+
+
+@FRAMINGS
 def test_a_burst_of_contention_over_in_a_blink_is_no_slowdown(framing: int | None) -> None:
     """Another process takes the CPU for half a second: 60 steps six times slower, then the
     run is as fast as before. Many steps, but little time."""

@@ -128,6 +128,8 @@ class SlowdownRule(Rule):
         self._since = 0
         self._above = 0
         self._above_seconds = 0.0
+        #: Step times that left the recent window while a slowdown was being judged.
+        self._suspect: list[float] = []
         self._calm = 0
 
     def observe(self, record: Record) -> list[Finding]:
@@ -140,11 +142,12 @@ class SlowdownRule(Rule):
             self._recent.clear()
             self._seen = self._since = self._above = 0
             self._above_seconds = 0.0
+            self._suspect = []
         self._seen += 1
         if self._seen <= cfg.warmup_steps:
             return []
         if len(self._recent) == self._recent.maxlen:
-            self._baseline.add(self._recent[0])
+            self._to_baseline([self._recent[0]])
         self._recent.append(value)
         self._since += 1
         if self._since < self._EVERY or len(self._baseline) < cfg.recent:
@@ -172,7 +175,7 @@ class SlowdownRule(Rule):
             self._seen += len(take)
             pushed_out = len(self._recent) + len(take) - cfg.recent
             if pushed_out > 0:  # what leaves the recent window joins the baseline
-                self._baseline.extend((list(self._recent) + take)[:pushed_out])
+                self._to_baseline((list(self._recent) + take)[:pushed_out])
             self._recent.extend(take)
             self._since += len(take)
             if self._since >= self._EVERY and len(self._baseline) >= cfg.recent:
@@ -181,6 +184,15 @@ class SlowdownRule(Rule):
                     Record(int(steps[done - 1]), float(times[done - 1]), {}), advanced
                 )
         return out
+
+    def _to_baseline(self, values: list[float]) -> None:
+        """Step times leaving the recent window join the baseline, except while a slowdown is
+        being judged: the baseline would absorb the very steps it is judged against (a
+        slowdown early in a run, on a short baseline, would then never last long enough)."""
+        if self._above and "" not in self.firing:
+            self._suspect += values
+        else:
+            self._baseline.extend(values)
 
     def _judge(self, record: Record, advanced: int) -> list[Finding]:
         cfg = self.settings
@@ -196,9 +208,15 @@ class SlowdownRule(Rule):
             self._above, self._above_seconds = 0, 0.0
             recovered = now < (1 + (cfg.factor - 1) / 2) * base
             self._calm = self._calm + advanced if recovered else 0
+        if not self._above and self._suspect:  # a false start: they were normal after all
+            self._baseline.extend(self._suspect)
+            self._suspect = []
         lasted = self._above >= cfg.sustain and self._above_seconds >= cfg.sustain_seconds
         if slow and lasted and "" not in self.firing:
-            return [self._fire(record, base, now)]
+            finding = self._fire(record, base, now)
+            self._baseline.extend(self._suspect)  # fired: a lasting slowdown is the new normal
+            self._suspect = []
+            return [finding]
         if "" in self.firing and self._calm >= cfg.sustain:
             return [self.resolve("", record)]
         return []
