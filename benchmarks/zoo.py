@@ -542,21 +542,35 @@ def judge(server: ServerProcess, result: Judged) -> None:
             if found is not None and found[0] >= spec["at"]:  # noise before it is no loss
                 result.lost_at, result.lost_by = found[0], how
                 break
-    result.no_effect = without_effect(spec, stream)
+    result.no_effect = without_effect(spec, stream, env)
     verdict(result)
     result.replay_differs += framing.differences(stream, env, spec["seed"])
     if STREAMS is not None:  # kept for the determinism test's fixtures
         framing.save(STREAMS / f"{result.name}.json.gz", stream, env)
 
 
-def without_effect(spec: dict[str, Any], stream: Mapping[str, Any]) -> bool:
-    """Whether the injected failure could leave no mark: labels gone wrong in a run whose
-    loss had never left its start (its 11-step median never below 90% of the first 20
-    losses' median before the injection) take nothing away, and the stream is a healthy run
-    that does not learn. Its "point of no return" would be noise."""
-    if spec["kind"] != "label_noise" or "loss" not in stream:
+def without_effect(
+    spec: dict[str, Any], stream: Mapping[str, Any], env: Mapping[str, Any] | None = None
+) -> bool:
+    """Whether the injected failure left no mark: labels gone wrong in a run whose loss had
+    never left its start (its 11-step median never below 90% of the first 20 losses' median
+    before the injection) take nothing away, and the stream is a healthy run that does not
+    learn (its "point of no return" would be noise); weights drawn wide in a classifier that
+    started where a fresh one starts (its first 20 losses' median within 1.2x its loss at
+    chance, as the healthy runs' are) and learned (under half of it, no NaN) were tamed by its
+    normalisation, and the stream is a healthy run's."""
+    if "loss" not in stream:
         return False
     steps, _, values = (np.asarray(c, dtype=float) for c in stream["loss"])
+    if spec["kind"] == "bad_init":
+        chance = (env or {}).get("loss_at_chance")
+        if not isinstance(chance, Mapping) or len(values) < 40 or not np.isfinite(values).all():
+            return False
+        level = float(chance["value"])
+        smooth = np.median(np.lib.stride_tricks.sliding_window_view(values, 11), axis=1)
+        return bool(np.median(values[:20]) <= 1.2 * level and smooth.min() < 0.5 * level)
+    if spec["kind"] != "label_noise":
+        return False
     before = np.isfinite(values) & (steps < spec["at"])
     losses = values[before]
     if len(losses) < 20:
@@ -613,7 +627,7 @@ def rejudge(path: Path) -> Judged:
         if f.rule not in OFF_STREAM
     ]
     result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
-    result.no_effect = without_effect(result.spec, stream)
+    result.no_effect = without_effect(result.spec, stream, env)
     verdict(result)
     result.replay_differs = framing.differences(stream, env, result.spec["seed"])
     return result

@@ -53,7 +53,7 @@ def test_a_small_zoo_reports_a_planted_learning_rate_blow_up(
         ), result.name
 
 
-def test_labels_gone_wrong_in_a_run_that_never_learned_are_not_counted() -> None:
+def test_failures_that_left_no_mark_are_not_counted() -> None:
     """Label noise can take away only what was learned: on a loss that never left its
     start, the run is a healthy one that does not learn, and its "point of no return" noise."""
     steps = list(range(1, 301))
@@ -67,6 +67,11 @@ def test_labels_gone_wrong_in_a_run_that_never_learned_are_not_counted() -> None
     assert zoo.without_effect(noise, flat)
     assert not zoo.without_effect(noise, learned)
     assert not zoo.without_effect({"kind": "lr_sudden", "at": 150}, flat)  # it blows up
+    # Weights drawn wide that a network's normalisation tamed: it starts at chance and learns.
+    bad_init, chance = {"kind": "bad_init", "at": 1}, {"loss_at_chance": {"value": 2.3026}}
+    assert zoo.without_effect(bad_init, learned, chance)
+    assert not zoo.without_effect(bad_init, stream(lambda s: 40.0 * np.exp(-s / 60)), chance)
+    assert not zoo.without_effect(bad_init, learned)  # a regression: no chance to start at
     result = zoo.Judged("flat", {**noise, "seed": 0}, 1.0, 0, no_effect=True)
     figures = zoo.report([result], 0)
     assert figures["without_effect"] == ["flat"] and figures["failures"]["runs"] == 0
