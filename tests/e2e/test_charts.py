@@ -143,7 +143,8 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     expect(limit).to_have_text("23.5 GiB")
     assert limit.get_attribute("title") == "25276502016 bytes"
     # The model's 30 variable paths fold behind their count, escaped.
-    order = page.locator("#run-env details")
+    order = page.locator("#run-env tr", has=page.locator("th", has_text="variable_order"))
+    order = order.locator("details")  # argv folds too when pytest is given many arguments
     expect(order.locator("summary")).to_have_text("30 items")
     assert "mlp/d_29/<kernel>" in (order.locator("code").text_content() or "")
 
@@ -184,6 +185,9 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     # and 5 whose decade nobody can tell. The y-axis dragged alone (plotly keeps that range)
     # takes its ticks along; reset, the data's again.
     def ticks_after(relayout: str, expected: list[str]) -> None:
+        # On screen: a chart out of view redraws only once it comes back (the run's critical
+        # alert above the charts can push this one below the fold).
+        page.locator('[data-chart="grad_norm"]').scroll_into_view_if_needed()
         page.evaluate(
             f"""() => Plotly.relayout(document.querySelector('[data-chart="grad_norm"] .plot'),
                                       {relayout})"""
