@@ -60,8 +60,14 @@ def test_without_a_loss_at_chance_in_the_env_nothing_is_judged() -> None:
     """A regression, a custom loss, a custom loop: the agent sent no level to compare with."""
     columns = stream(range(1, 200), 0.01, loss=lambda s: 1e6)
     assert not fired(feed(Detector(), columns, None), "loss_above_chance")
-    bad = {"loss_at_chance": {"value": "2.3", "classes": 10}}
-    assert not fired(feed(Detector(env=bad), columns, None), "loss_above_chance")
+    for bad in (
+        {"value": "2.3", "classes": 10},
+        {"value": True, "classes": 10},
+        {"value": 2.3, "classes": True},
+        {"value": 2.3, "classes": 1},
+    ):
+        env = {"loss_at_chance": bad}
+        assert not fired(feed(Detector(env=env), columns, None), "loss_above_chance"), bad
 
 
 def test_non_finite_losses_are_not_counted_among_the_first() -> None:

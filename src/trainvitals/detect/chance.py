@@ -4,9 +4,11 @@ gives, the mark of weights drawn far too large or an output layer built wrong.""
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule
@@ -31,7 +33,10 @@ def chance_of(env: Mapping[str, object]) -> tuple[float, int] | None:
     if not isinstance(chance, Mapping):
         return None
     value, classes = chance.get("value"), chance.get("classes")
-    if not isinstance(value, (int, float)) or not isinstance(classes, int):
+    # From the network: a bool is an int to isinstance, and says nothing here.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
         return None
     if not math.isfinite(value) or value <= 0:
         return None
@@ -50,7 +55,7 @@ class LossAboveChanceRule(Rule):
         super().__init__(context)
         self.settings = settings
         self._chance = chance_of(context.env)
-        self._losses: list[float] = []
+        self._losses: deque[float] = deque(maxlen=settings.steps)
         self._first_norms: list[float] = []
         self._judged = self._chance is None
 
@@ -67,13 +72,37 @@ class LossAboveChanceRule(Rule):
         if LOSS not in dense or (self._judged and not self.firing):
             return []
         steps, times, values = dense[LOSS]
+        keep = np.isfinite(values)
+        steps, times, values = steps[keep], times[keep], values[keep]
+        if self.firing:  # every frame until it resolves: the level at each loss, in bulk
+            return self._resolve_in(steps, times, values)
         out: list[Finding] = []
-        for step, time, loss in zip(steps, times, values, strict=True):
-            if math.isfinite(loss):
-                finding = self._take(Record(int(step), float(time), {}), float(loss))
-                if finding is not None:
-                    out.append(finding)
+        for i, (step, time, loss) in enumerate(zip(steps, times, values, strict=True)):
+            finding = self._take(Record(int(step), float(time), {}), float(loss))
+            if finding is not None:
+                out.append(finding)
+            if self._judged:  # the rest of the frame, if it fired, goes in bulk
+                if self.firing:
+                    out += self._resolve_in(steps[i + 1 :], times[i + 1 :], values[i + 1 :])
+                break
         return out
+
+    def _resolve_in(
+        self, steps: np.ndarray, times: np.ndarray, values: np.ndarray
+    ) -> list[Finding]:
+        """The first of these losses at which the median of the last ``steps`` is back under
+        the bar resolves the alert; the window keeps what the next frame needs."""
+        window = self.settings.steps
+        losses = np.concatenate([np.fromiter(self._losses, np.float64), values])
+        self._losses.extend(values[-window:].tolist())
+        if len(losses) < window or not len(values):
+            return []
+        levels = np.median(sliding_window_view(losses, window), axis=1)[-len(values) :]
+        under = np.flatnonzero(levels <= self._bar)
+        if not len(under):
+            return []
+        at = int(under[0])
+        return [self.resolve("", Record(int(steps[at]), float(times[at]), {}))]
 
     def observe(self, record: Record) -> list[Finding]:
         norm = record.values.get(GRAD_GLOBAL_NORM)
@@ -90,11 +119,9 @@ class LossAboveChanceRule(Rule):
         if self._judged and not self.firing:
             return None  # judged once; resolved, it stays quiet for the rest of the run
         self._losses.append(loss)
-        if len(self._losses) > self.settings.steps:
-            del self._losses[0]
         if len(self._losses) < self.settings.steps:
             return None
-        level = median(self._losses)
+        level = median(list(self._losses))
         if self.firing:
             return self.resolve("", record) if level <= self._bar else None
         self._judged = True
