@@ -567,7 +567,7 @@ def without_effect(
         if not isinstance(chance, Mapping) or len(values) < 40 or not np.isfinite(values).all():
             return False
         level = float(chance["value"])
-        smooth = np.median(np.lib.stride_tricks.sliding_window_view(values, 11), axis=1)
+        smooth = sc.trailing_median(values)[10:]  # full windows only
         return bool(np.median(values[:20]) <= 1.2 * level and smooth.min() < 0.5 * level)
     if spec["kind"] != "label_noise":
         return False
@@ -575,8 +575,7 @@ def without_effect(
     losses = values[before]
     if len(losses) < 20:
         return False
-    smooth = [np.median(losses[max(0, i - 10) : i + 1]) for i in range(len(losses))]
-    return bool(min(smooth) >= 0.9 * float(np.median(losses[:20])))
+    return bool(sc.trailing_median(losses).min() >= 0.9 * float(np.median(losses[:20])))
 
 
 def verdict(result: Judged) -> None:

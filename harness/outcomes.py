@@ -114,12 +114,18 @@ def first_nonfinite(server: ServerProcess, run: RunSummary) -> tuple[int, float]
     return min(hits) if hits else None
 
 
+def trailing_median(values: np.ndarray, n: int = 11) -> np.ndarray:
+    """Each value's median with the ``n - 1`` before it (fewer at the start): the loss
+    smoothed as the points of no return read it."""
+    return np.array([np.median(values[max(0, i - n + 1) : i + 1]) for i in range(len(values))])
+
+
 def loss_back_at_start(server: ServerProcess, run: RunSummary) -> tuple[int, float] | None:
     """The first step after the loss's best at which its running median is back within 10% of
     where training started: everything learned is lost."""
     loss = run_series(server, run["id"], "loss")["loss"]
     steps, times, values = (np.asarray(loss[k], dtype=float) for k in ("step", "time", "value"))
-    smooth = np.array([np.median(values[max(0, i - 10) : i + 1]) for i in range(len(values))])
+    smooth = trailing_median(values)
     start = float(np.median(values[:20]))
     best = int(np.argmin(smooth))
     lost = np.flatnonzero(smooth[best:] >= 0.9 * start)
