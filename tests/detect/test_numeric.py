@@ -389,6 +389,65 @@ def test_a_run_that_learned_little_warns_before_its_loss_is_back_at_its_start(
     assert found[0].evidence["level"] < found[0].evidence["start"]  # before it is all lost
 
 
+def labels_going_wrong(seed: int, batch: int, at: int) -> Callable[[int], float]:
+    """A small-batch classifier's loss (the mean of ``batch`` examples' losses): learned to
+    about 0.1 an example, then from ``at`` a share of wrong labels growing to 80% over 400
+    steps, each costing about 3 (the model is sure of the right class)."""
+    noise = random.Random(seed)
+
+    def loss(s: int) -> float:
+        wrong = 0.8 * min(1.0, max(0, s - at) / 400)
+        level = 0.1 + 2.2 * math.exp(-s / 60)
+        return (
+            sum(
+                3.0 * math.exp(noise.gauss(0, 0.3))
+                if noise.random() < wrong
+                else level * math.exp(noise.gauss(0, 1.0))
+                for _ in range(batch)
+            )
+            / batch
+        )
+
+    return loss
+
+
+@FRAMINGS
+def test_labels_going_wrong_a_few_at_a_time_warn_from_the_tail_before_the_median(
+    framing: int | None,
+) -> None:
+    """Batches of 16 whose labels go wrong a few at a time: the batches holding one grow
+    many long before the median batch is much worse, so the losses over the upper quantile
+    of the ones before count first, while the level (a median) has barely moved."""
+    from trainvitals.detect.settings import LossDivergence, RuleSet
+
+    def first(detector: Detector) -> Finding:
+        columns = stream(range(1, 1000), 0.01, loss=labels_going_wrong(5, 16, 500))
+        found = fired(feed(detector, columns, framing), "loss_divergence")
+        alarms = [f for f in found if f.severity != "info"]
+        assert alarms, "nothing fired"
+        return alarms[0]
+
+    tail = first(Detector())
+    median_only = first(Detector(RuleSet(loss_divergence=LossDivergence(tail_p=0.0))))
+    assert "of the last 30 losses were above the 90th percentile" in tail.message
+    assert tail.evidence["tail"] >= 15 and tail.evidence["tail_of"] == 30
+    assert 500 < tail.step <= median_only.step - 30, (tail.step, median_only.step)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_heavy_tailed_small_batch_loss_on_a_long_plateau_raises_nothing(seed: int) -> None:
+    """Losses drawn alike for 4,000 steps, one batch in ten far above the rest: the tail's
+    count is judged against what losses drawn alike give, whatever their distribution."""
+    noise = random.Random(seed)
+
+    def loss(s: int) -> float:
+        level = 0.2 + 2.0 * math.exp(-s / 60)
+        return level * (8.0 if noise.random() < 0.1 else math.exp(noise.gauss(0, 0.5)))
+
+    findings = feed(Detector(), stream(range(1, 4000), 0.01, loss=loss), 40)
+    assert [f.message for f in findings if f.firing and f.severity != "info"] == []
+
+
 @pytest.mark.parametrize("seed", range(5))
 @FRAMINGS
 def test_a_noisy_falling_loss_with_warmup_and_restarts_raises_nothing(

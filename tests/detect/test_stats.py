@@ -1,12 +1,14 @@
-"""Robust statistics: the Theil-Sen trend and the rolling median and MAD."""
+"""Robust statistics: the Theil-Sen trend, the rolling median and MAD, and the exceedance
+test."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
-from trainvitals.detect.stats import RollingWindow, theil_sen
+from trainvitals.detect.stats import RollingWindow, exceedance_p, theil_sen
 
 # -- statistics ----------------------------------------------------------------------------
 
@@ -33,3 +35,20 @@ def test_rolling_window_median_and_mad() -> None:
     for value in (10, 10, 10, 10, 10):
         window.add(value)
     assert (window.median, window.mad) == (10, 0)
+
+
+@pytest.mark.parametrize(("recent", "base", "above"), [(3, 4, 1), (2, 5, 0), (4, 3, 2)])
+def test_the_exceedance_p_value_is_the_share_of_orderings_giving_as_many(
+    recent: int, base: int, above: int
+) -> None:
+    """Every ordering of distinct exchangeable values is equally likely: the p-value is the
+    share of them in which at least so many new values beat the bar that ``above`` of the
+    earlier values beat (the bar just under the base's ``above + 1``-th largest)."""
+    for over in range(recent + 2):
+        hits = total = 0
+        for ranks in itertools.permutations(range(recent + base)):
+            earlier, new = sorted(ranks[:base], reverse=True), ranks[base:]
+            bar = earlier[above] + 0.5 if above < base else -1
+            hits += sum(r > bar for r in new) >= over
+            total += 1
+        assert exceedance_p(over, recent, above, base) == pytest.approx(hits / total), over

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
@@ -12,7 +13,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule
-from trainvitals.detect.stats import MAD_TO_SIGMA, median
+from trainvitals.detect.stats import MAD_TO_SIGMA, exceedance_p, median
 from trainvitals.detect.text import number
 from trainvitals.detect.text import ratio as ratio_text
 from trainvitals.detect.types import Finding, Record, Severity
@@ -32,6 +33,22 @@ LOSS_SPIKE_HINT = (
 )
 
 
+@dataclass(frozen=True)
+class Tail:
+    """The newest ``tail_recent`` losses and their mean; and the upper quantile, mean and
+    standard deviation of the ``minimum_window`` losses that end ``tail_lag`` steps before
+    them (the base they are measured against).
+    """
+
+    recent: np.ndarray
+    mean: float
+    bar: float
+    #: How many of the base are above the bar.
+    above: int
+    base_mean: float
+    base_sd: float
+
+
 class LossDivergenceRule(Rule):
     """The batch loss's level (a rolling median) rising well above its running minimum,
     giving back what training had learned; and single-batch spikes (info)."""
@@ -45,9 +62,22 @@ class LossDivergenceRule(Rule):
         self.settings = settings
         # The last losses: the newest `smooth` give the level, all of them the minimum's
         # level and the noise.
-        self._losses: deque[float] = deque(maxlen=max(settings.minimum_window, settings.smooth))
+        self._window = max(settings.minimum_window, settings.smooth)
+        self._tail_on = (
+            settings.tail_p > 0
+            and 1 <= settings.tail_recent <= self._window
+            and 0 < settings.tail_quantile < 1
+        )
+        self._kept = self._window + (
+            settings.tail_lag + settings.tail_recent if self._tail_on else 0
+        )
+        self._losses: deque[float] = deque(maxlen=self._kept)
         self._early: list[float] = []
         self._start: float | None = None
+        self._first: list[float] = []
+        #: Where training started, warm-up included: what it has learned is measured from
+        #: here where that is higher than the start.
+        self._origin: float | None = None
         self._minimum = math.inf
         #: The learning rate when the level was at its minimum (None: the run records none).
         self._lr_at_minimum: float | None = None
@@ -56,6 +86,7 @@ class LossDivergenceRule(Rule):
         self._since = 0
         self._above = 0
         self._leaping = 0
+        self._tailing = 0
         self._calm = 0
         self._spike_at = -1
 
@@ -83,11 +114,14 @@ class LossDivergenceRule(Rule):
             elif "spike" in self.firing and record.step - self._spike_at >= cfg.smooth:
                 out.append(self.resolve("spike", record))
         if self._seen <= cfg.warmup_steps:
+            if self._seen <= cfg.first_steps:
+                self._first.append(loss)
             return out
         if self._start is None:
             self._early.append(loss)
             if len(self._early) >= cfg.early_steps:
                 self._start = median(self._early)
+                self._origin = max(self._start, median(self._first)) if self._first else None
                 self._level = self._recent_level()
             return out
         self._since += 1
@@ -113,15 +147,15 @@ class LossDivergenceRule(Rule):
         n = len(values)
         if not n:
             return []
-        window = self._losses.maxlen or 1
+        window, kept = self._window, self._kept
         history = np.fromiter(self._losses, np.float64, len(self._losses))
-        if len(history) < window:
-            return None  # a window still filling (a long minimum window): step by step
+        if len(history) < kept:
+            return None  # the windows still filling: step by step
         losses = np.concatenate([history, values])
         # The frame's judgements: the steps at which the count since the last one reaches
         # _EVERY, as indices into the frame and into `losses`.
         at = np.arange(self._EVERY - self._since - 1, n, self._EVERY)
-        ends = at + window
+        ends = at + kept
         smooth = min(cfg.smooth, window)
         levels = np.median(sliding_window_view(losses, smooth)[ends - smooth + 1], axis=1)
         fast = min(cfg.fast, window)
@@ -135,6 +169,7 @@ class LossDivergenceRule(Rule):
             if window > 1
             else np.zeros(len(at))
         )
+        tails = self._tails(losses, ends)
         # A spike is judged against the level of the last judgement before its step.
         judged = np.concatenate([[np.nan if self._level is None else self._level], levels])
         level_then = judged[np.searchsorted(at, np.arange(n), side="left")]
@@ -142,16 +177,39 @@ class LossDivergenceRule(Rule):
         if np.any((level_then > 0) & (values > cfg.spike_factor * level_then) & (values > start)):
             return None
         self._seen += n
-        self._losses.extend(values[-window:].tolist())
+        self._losses.extend(values[-kept:].tolist())
         self._since = (self._since + n) % self._EVERY
         out: list[Finding] = []
         for i, j in enumerate(at.tolist()):
             noise = 1.2533 * float(spread[i]) / math.sqrt(min(window, cfg.smooth))
             record = Record(int(steps[j]), float(times[j]), {})
             out += self._verdict(
-                record, self._EVERY, float(levels[i]), float(slow[i]), noise, float(quick[i])
+                record,
+                self._EVERY,
+                float(levels[i]),
+                float(slow[i]),
+                noise,
+                float(quick[i]),
+                tails[i],
             )
         return out
+
+    def _tails(self, losses: np.ndarray, ends: np.ndarray) -> list[Tail | None]:
+        """The tail at each judgement, the losses up to ``losses[end]`` (one code path for
+        the bulk and the step by step, so that both give the very same numbers)."""
+        if not self._tail_on:
+            return [None] * len(ends)
+        cfg, window = self.settings, self._window
+        recent = sliding_window_view(losses, cfg.tail_recent)[ends - cfg.tail_recent + 1]
+        means = recent.mean(axis=1)
+        bases = sliding_window_view(losses, window)[ends - self._kept + 1]
+        bars = np.quantile(bases, cfg.tail_quantile, axis=1)
+        above = (bases > bars[:, None]).sum(axis=1)
+        base_means, base_sds = bases.mean(axis=1), bases.std(axis=1)
+        return [
+            Tail(recent[i], float(means[i]), float(bars[i]), int(above[i]), float(m), float(sd))
+            for i, (m, sd) in enumerate(zip(base_means, base_sds, strict=True))
+        ]
 
     def _recent_level(self) -> float:
         smooth = self.settings.smooth
@@ -161,7 +219,8 @@ class LossDivergenceRule(Rule):
         """Compare the level with the minimum and the start; ``advanced`` steps since the
         last judgement."""
         cfg = self.settings
-        slow = list(self._losses)
+        losses = list(self._losses)
+        slow = losses[-self._window :]
         # The standard error of the level (a median of `smooth` losses), from the spread of
         # the recent losses: taken from one loss to the next, so that the rise itself is no
         # "noise" (a spread around the window's median counts the jump from the old level to
@@ -172,7 +231,11 @@ class LossDivergenceRule(Rule):
         spread = MAD_TO_SIGMA * median(steps) / math.sqrt(2) if steps else 0.0
         noise = 1.2533 * spread / math.sqrt(min(len(slow), cfg.smooth))
         quick = median(slow[-cfg.fast :])
-        return self._verdict(record, advanced, self._recent_level(), median(slow), noise, quick)
+        tail = None
+        if self._tail_on and len(losses) == self._kept:
+            tail = self._tails(np.asarray(losses), np.array([self._kept - 1]))[0]
+        level = self._recent_level()
+        return self._verdict(record, advanced, level, median(slow), noise, quick, tail)
 
     def _verdict(
         self,
@@ -182,21 +245,27 @@ class LossDivergenceRule(Rule):
         slow_level: float,
         noise: float,
         quick: float,
+        tail: Tail | None,
     ) -> list[Finding]:
         """One judgement: the level (median of the last ``smooth`` losses) against the
         minimum and the start, with the slow level (median of the whole window), the
-        level's noise and the quick level (median of the last ``fast``)."""
+        level's noise, the quick level (median of the last ``fast``) and the tail (None
+        while the window fills)."""
         cfg = self.settings
         out: list[Finding] = []
         self._level = level
         start = self._start
         assert start is not None
-        if len(self._losses) == self._losses.maxlen:
+        if len(self._losses) >= self._window:
             if slow_level < self._minimum:
                 self._minimum = slow_level
                 self._lr_at_minimum = self.context.lr_at(record.step)
         low = min(self._minimum, slow_level)
         learned = start - low
+        if learned <= 0.05 * abs(start) and self._origin is not None:
+            # Learned within the warm-up and nothing since: measured from the first losses.
+            learned = self._origin - low
+        over = 0  # the tail's losses over its bar
         if learned > 0.05 * abs(start):
             # The ratio to the minimum keeps a plateau's wobble quiet; for a run that learned
             # less than that ratio, half of what it learned given back is bar enough (else
@@ -218,18 +287,44 @@ class LossDivergenceRule(Rule):
                 self._leaping += advanced
             else:
                 self._leaping = 0
+            # So many recent losses over the base's upper quantile that losses drawn alike
+            # would hardly ever give as many, with their mean past the base's by the bars
+            # the level has (and by its noise), is a tail that grows: a few labels wrong in
+            # each small batch raise its mean long before its median. The base ends
+            # `tail_lag` steps back, so that a rise has not reached it when it is found.
+            if tail is not None:
+                over = int((tail.recent > tail.bar).sum())
+            if (
+                tail is not None
+                and exceedance_p(over, cfg.tail_recent, tail.above, self._window) <= cfg.tail_p
+                and tail.mean - tail.base_mean
+                >= max(
+                    cfg.lost_fraction * learned,
+                    cfg.tail_mean_z * tail.base_sd / math.sqrt(cfg.tail_recent),
+                )
+                and tail.mean
+                >= min(cfg.min_ratio * tail.base_mean, tail.base_mean + cfg.half_back * learned)
+            ):
+                self._tailing += advanced
+            else:
+                self._tailing = 0
             severity: Severity = "critical" if level > start else "warning"
         else:  # nothing learned yet: only a loss far above where it started counts
             rising = start > 0 and level >= 2 * start
             severity = "critical" if start > 0 and level >= 3 * start else "warning"
-            self._leaping = 0
+            self._leaping = self._tailing = 0
         self._above = self._above + advanced if rising else 0
-        self._calm = 0 if rising or self._leaping else self._calm + advanced
+        self._calm = 0 if rising or self._leaping or self._tailing else self._calm + advanced
         leapt = self._leaping >= cfg.fast_sustain
-        if leapt and not (rising and self._above >= cfg.sustain):
+        tailed = self._tailing >= cfg.tail_sustain and tail is not None
+        sustained = rising and self._above >= cfg.sustain
+        if leapt and not sustained:
             level = max(level, quick)  # what the alert says is the level that leapt
             severity = "critical" if level > start else "warning"
-        if (rising and self._above >= cfg.sustain) or leapt:
+        elif tailed and not sustained and tail is not None:
+            level = max(level, tail.mean)  # what the tail's losses cost now
+            severity = "critical" if level > start else "warning"
+        if sustained or leapt or tailed:
             current = self.firing.get("")
             if current is None or (current == "warning" and severity == "critical"):
                 gave_back = (level - low) / learned if learned > 0 else math.inf
@@ -244,6 +339,13 @@ class LossDivergenceRule(Rule):
                     f"Loss is rising: its level {number(level)} is {above} {number(low)}"
                     f" (it started at {number(start)})"
                 )
+                if tailed and not sustained and not leapt and tail is not None:
+                    message = (
+                        f"Loss is rising: {over} of the last {cfg.tail_recent} losses were "
+                        f"above the {round(100 * cfg.tail_quantile)}th percentile of the "
+                        f"{self._window} before them, and their mean {number(level)} is "
+                        f"{above} {number(low)} (it started at {number(start)})"
+                    )
                 if severity == "critical":
                     message = "Training is diverging: " + message[0].lower() + message[1:]
                 evidence = {
@@ -252,6 +354,7 @@ class LossDivergenceRule(Rule):
                     "start": start,
                     "given_back": gave_back,
                     "steps_rising": self._above,
+                    **({"tail": over, "tail_of": cfg.tail_recent} if tailed else {}),
                     **self.context.lr_evidence(record.step),
                 }
                 if self._lr_at_minimum is not None and "lr" in evidence:

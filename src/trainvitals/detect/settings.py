@@ -94,6 +94,9 @@ class LossDivergence:
     smooth: int = 25
     #: Steps after the warm-up whose median is "where the loss started".
     early_steps: int = 50
+    #: The first this many losses (of the warm-up): their median is where training
+    #: started, what it learned is measured from, where higher than after the warm-up.
+    first_steps: int = 20
     #: Warn when the level is this multiple of its running minimum...
     min_ratio: float = 1.5
     #: ...(or has given back ``half_back`` of what was learned, where that is lower)...
@@ -116,6 +119,18 @@ class LossDivergence:
     fast: int = 5
     fast_z: float = 8.0
     fast_sustain: int = 10
+    #: A tail that grows: of the last ``tail_recent`` losses, so many above the
+    #: ``tail_quantile`` of the ``minimum_window`` losses that end ``tail_lag`` steps
+    #: before them that losses drawn alike would give as many with a chance of at most
+    #: ``tail_p``, their mean past the base's by the level's bars and by ``tail_mean_z``
+    #: of its standard errors, for ``tail_sustain`` steps. Labels going wrong a few at a
+    #: time raise a small batch's mean loss long before its median.
+    tail_recent: int = 30
+    tail_quantile: float = 0.9
+    tail_p: float = 1e-5
+    tail_sustain: int = 5
+    tail_mean_z: float = 3.0
+    tail_lag: int = 40
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ on every point the server ingests.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -138,3 +139,22 @@ def theil_sen(times: Sequence[float], values: Sequence[float], max_points: int =
     else:
         agreeing = 0
     return Trend(slope, level, origin, agreeing / len(slopes))
+
+
+def exceedance_p(over: int, recent: int, above: int, base: int) -> float:
+    """How likely ``over`` or more of ``recent`` new values exceed a bar that ``above`` of
+    ``base`` earlier values exceed, were all of them exchangeable (drawn alike, in any
+    order): the new values count at least ``over`` among the top ``over + above`` of all.
+    Exact for any distribution, so that a heavy tail is no more alarming than a light one.
+    """
+    if over <= 0:
+        return 1.0
+    drawn = over + above
+    total = recent + base
+    if drawn > total:
+        return 0.0
+    tail = sum(
+        math.comb(recent, x) * math.comb(base, drawn - x)
+        for x in range(over, min(drawn, recent) + 1)
+    )
+    return tail / math.comb(total, drawn)
