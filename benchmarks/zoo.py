@@ -8,7 +8,8 @@ precision on some, and data (digits, synthetic classification, regression, seque
 tokens). A run is healthy, or has one failure injected at a random step and strength (see
 ``CLASSES``). Each runs in its own process (a kill or a hang must not take the zoo down),
 forked from one that has imported TensorFlow already, and streams with a ``VitalsCallback``
-to one real ``trainvitals serve``.
+to one real ``trainvitals serve``. A loop of short fits (``leak_fits``) makes a run a fit,
+judged together as the server judges the runs of one process.
 
 Each run carries its ground truth: its class, the rules that should fire and the causes they
 should name, and its point of no return, read back from the server as
@@ -32,20 +33,25 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import bisect
+import itertools
 import json
 import math
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -57,6 +63,9 @@ from harness import framing
 from harness import outcomes as sc
 from harness.polling import wait_for
 from harness.processes import ServerProcess, memory_cgroup, run_series
+from trainvitals.detect import AlertBook, Detector, Finding, RuleSet
+from trainvitals.detect.memory import PROCESS_RULES, ProcessMemory
+from trainvitals.protocol import Columns
 from trainvitals.server.storage import RunSummary
 
 #: Failure classes: the rules that should fire, the causes the first alarm should name, how
@@ -114,11 +123,21 @@ CLASSES: dict[str, FailureClass] = {
     "leak": FailureClass(
         ("oom_forecast", "memory_pressure", "crash"), ("memory", "oom_killed"), ("killed",)
     ),
+    # A loop of short fits that keeps something of every one: flat within each, growing
+    # between them (the process's runs share the memory rules).
+    "leak_fits": FailureClass(
+        ("oom_forecast", "memory_pressure", "crash"), ("memory", "oom_killed"), ("killed",)
+    ),
+    # Busy processes on the run's one CPU: the steps slow down for real, not by a sleep.
+    "contention": FailureClass(("slowdown",), ("slowdown",), ("last_step",)),
 }
 #: Drawn at these odds; a quarter of the runs healthy.
 ODDS = {"healthy": 6, **dict.fromkeys(CLASSES, 1), "lr_sudden": 2, "lr_growing": 2}
 #: The memory the leaking runs may use (their cgroup's limit).
 LEAK_LIMIT = 1400 * 2**20
+#: Seconds the competing load of a contention run lasts at least: the run trains on past its
+#: steps until then (a slowdown is one that lasts; the small models' steps take a millisecond).
+CONTENTION_SECONDS = 5.0
 #: Seconds a run may take before it is killed; a hung run waits for its stall alert.
 RUN_TIMEOUT = 240.0
 STALL_FLOOR = 3.0
@@ -180,10 +199,14 @@ def draw(rng: np.random.Generator, index: int, only: tuple[str, ...] = ()) -> di
         spec.update(arch="deep_relu", data=str(rng.choice(["digits", "blobs", "regression"])))
     elif kind == "bad_init":
         spec["at"] = 1
-    elif kind in ("exception", "kill", "hang", "slowdown", "leak"):
+    elif kind in ("exception", "kill", "hang", "slowdown", "leak", "leak_fits", "contention"):
         spec["mixed"] = False
     if kind == "leak":  # a leak needs the time for a trend: a slow, long run
         spec.update(arch="mlp", batch=int(rng.choice([4, 8])), steps=100_000)
+    elif kind == "leak_fits":  # fits of 20-60 steps until the limit, kept from the 4th-12th
+        fit = int(rng.integers(20, 61))
+        at = fit * int(rng.integers(4, 13))
+        spec.update(arch="mlp", batch=int(rng.choice([4, 8])), steps=100_000, fit=fit, at=at)
     return spec
 
 
@@ -377,6 +400,7 @@ def train(spec: dict[str, Any], server: str, name: str, extra: tuple[Any, ...] =
     model.compile(_optimizer(spec), _loss(spec, classes, shift))
     per_epoch = max(1, len(x) // batch)
     leaked: list[bytes] = []
+    hogs: list[subprocess.Popen[bytes]] = []
 
     def batches() -> Iterator[tuple[Any, Any]]:
         step = 0
@@ -405,6 +429,7 @@ def train(spec: dict[str, Any], server: str, name: str, extra: tuple[Any, ...] =
         def __init__(self) -> None:
             super().__init__()
             self.step = 0
+            self.contended = math.inf  # when the competing load began
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             self.step += 1
@@ -418,6 +443,9 @@ def train(spec: dict[str, Any], server: str, name: str, extra: tuple[Any, ...] =
                 raise RuntimeError(f"a bug in the training code at step {at}")
             if kind == "kill":
                 os.kill(os.getpid(), 9)
+            if kind == "contention":  # 2 to 5 busy processes on the run's CPU from now on
+                hogs.extend(competing(2 + int(4 * strength)))
+                self.contended = time.monotonic()
             if kind == "dying_relu":  # a bad update sends every unit below zero
                 for layer in self.model.layers:
                     if layer.name.startswith("relu_"):
@@ -428,13 +456,64 @@ def train(spec: dict[str, Any], server: str, name: str, extra: tuple[Any, ...] =
                     if layer.name == "domain":
                         layer.shift.assign(-2.0)
 
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            lasted = time.monotonic() - self.contended >= CONTENTION_SECONDS
+            if kind == "contention" and self.step >= spec["steps"] and lasted:
+                self.model.stop_training = True
+
     vitals = trainvitals.VitalsCallback(
         server=server, project="zoo", run_name=name, config={"zoo": spec}
     )
-    model.fit(
-        batches(), steps_per_epoch=per_epoch, epochs=math.ceil(spec["steps"] / per_epoch),
-        callbacks=[Inject(), *extra, vitals], verbose=0,
-    )  # fmt: skip
+    callbacks = [Inject(), *extra, vitals]
+    epochs = math.ceil(spec["steps"] / per_epoch)
+    if kind == "contention":  # on until the load has lasted (Inject), at most 20 times as long
+        epochs *= 20
+    try:
+        if kind == "leak_fits":
+            _fits(model, batches(), spec, callbacks)
+        else:
+            model.fit(
+                batches(), steps_per_epoch=per_epoch, epochs=epochs, callbacks=callbacks,
+                verbose=0,
+            )  # fmt: skip
+    finally:
+        ended = [hog.poll() for hog in hogs]  # None: still competing, as it should be
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    if any(code is not None for code in ended):
+        raise RuntimeError(f"competing processes ended before the run did (exit codes {ended})")
+
+
+def _fits(model: Any, data: Iterator[Any], spec: dict[str, Any], callbacks: list[Any]) -> None:
+    """A loop of short fits with the same callbacks (a run each), as folds or curriculum
+    stages are trained: from the fit that reaches step ``at`` on, the loop keeps 8 to 64 MiB
+    of every fit, written so that it is resident."""
+    kept: list[Any] = []
+    size = int((8 + 56 * spec["strength"]) * 2**20)
+    for fit in range(1, math.ceil(spec["steps"] / spec["fit"]) + 1):
+        model.fit(data, steps_per_epoch=spec["fit"], epochs=1, callbacks=callbacks, verbose=0)
+        if fit * spec["fit"] >= spec["at"]:
+            kept.append(np.full(size // 8, fit, dtype=np.int64))
+
+
+#: A busy loop on one CPU (``argv[1]``) for as long as the process ``argv[2]`` lives: once
+#: that has died the loop is orphaned, and its parent changes.
+HOG = """import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+parent = int(sys.argv[2])
+while os.getppid() == parent:
+    pass
+"""
+
+
+def competing(n: int) -> list[subprocess.Popen[bytes]]:
+    """``n`` processes that compete for this process's CPU (``_child`` pins a run to one)."""
+    cpus, me = os.sched_getaffinity(0), os.getpid()
+    if len(cpus) != 1:
+        raise RuntimeError(f"a contention run competes on its one CPU, but may run on {cpus}")
+    (cpu,) = cpus
+    return [subprocess.Popen([sys.executable, "-c", HOG, str(cpu), str(me)]) for _ in range(n)]
 
 
 # -- the judge -----------------------------------------------------------------------------
@@ -463,6 +542,9 @@ class Judged:
     live: list[dict[str, Any]] = field(default_factory=list)
     #: The failure left no mark to find (:func:`without_effect`): not counted among failures.
     no_effect: bool = False
+    #: A loop of fits (a run each): the steps before each fit. Steps are counted across the
+    #: fits (the process's), alarms and the point of no return included. Empty: one fit.
+    fits: list[int] = field(default_factory=list)
 
 
 def cause_of(alarm: Mapping[str, Any]) -> str:
@@ -509,21 +591,23 @@ def _stuck(server: ServerProcess, run: RunSummary, at: int) -> tuple[int, float]
 
 
 def judge(server: ServerProcess, result: Judged) -> None:
-    """What the server made of the run, against its ground truth."""
+    """What the server made of the run (of each of its fits, for a loop of them), against
+    its ground truth."""
     spec = result.spec
     done = sc.outcome(server, "zoo", result.name)
-    run = done.run
-    result.steps = int(run["last_step"] or 0)
-    stream, env = recorded(server, run["id"])
+    runs = _fits_of(server, done.run) if "fit" in spec else [done.run]
+    run = runs[-1]  # a loop's last fit: the one its end came in
+    starts = list(itertools.accumulate((int(r["last_step"] or 0) for r in runs[:-1]), initial=0))
+    result.fits = starts if "fit" in spec else []
+    result.steps = starts[-1] + int(run["last_step"] or 0)
+    kept = [recorded(server, r["id"]) for r in runs]
+    fits, env = [stream for stream, _ in kept], kept[0][1]
     # An alert shows its last firing: each rule's first, with its evidence then, is the
     # detector's on the recorded stream (the same, as the replays below check).
-    first = framing.first_alarms(stream, env)
+    first = first_alarms(fits, result.fits, env)
     alarms, seen = [], set()
-    result.live = [
-        {k: a.get(k) for k in ("rule", "severity", "step", "time", "message", "evidence")}
-        for a in done.alarms()
-    ]
-    for alert in sorted(done.alarms(), key=lambda a: a["time"]):
+    result.live = _live(server, runs, starts)
+    for alert in sorted(result.live, key=lambda a: a["time"]):
         if alert["rule"] in seen:  # fired again after its cooldown: a new alert
             continue
         seen.add(alert["rule"])
@@ -539,14 +623,120 @@ def judge(server: ServerProcess, result: Judged) -> None:
     if spec["kind"] != "healthy":
         for how in CLASSES[spec["kind"]].lost:
             found = _stuck(server, run, spec["at"]) if how == "stuck" else LOST[how](server, run)
+            found = None if found is None else (starts[-1] + found[0], found[1])
             if found is not None and found[0] >= spec["at"]:  # noise before it is no loss
                 result.lost_at, result.lost_by = found[0], how
                 break
-    result.no_effect = without_effect(spec, stream, env)
+    result.no_effect = without_effect(spec, {} if result.fits else fits[0], env)
     verdict(result)
-    result.replay_differs += framing.differences(stream, env, spec["seed"])
-    if STREAMS is not None:  # kept for the determinism test's fixtures
-        framing.save(STREAMS / f"{result.name}.json.gz", stream, env)
+    result.replay_differs += differences(fits, result.fits, env, spec["seed"])
+    if STREAMS is None:
+        return
+    if result.fits:  # a stream a fit, in order
+        (STREAMS / f"{result.name}.fits").mkdir(exist_ok=True)
+        for i, stream in enumerate(fits):
+            framing.save(STREAMS / f"{result.name}.fits" / f"{i:04d}.json.gz", stream, env)
+    else:  # kept for the determinism test's fixtures
+        framing.save(STREAMS / f"{result.name}.json.gz", fits[0], env)
+
+
+def _live(server: ServerProcess, runs: list[RunSummary], starts: list[int]) -> list[dict[str, Any]]:
+    """The alarms the server raised on the runs, each once (a loop's memory alerts move from
+    fit to fit), at the process's steps: those of the fit that was running when it fired."""
+    began = [float(r["started_at"]) for r in runs]
+    out: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        for a in server.get(f"/api/v1/runs/{run['id']}/alerts")["alerts"]:
+            if a["severity"] not in sc.ALARMS:
+                continue
+            fit = max(0, bisect.bisect_right(began, a["time"]) - 1)
+            out[a["id"]] = {
+                **{k: a.get(k) for k in ("rule", "severity", "time", "message", "evidence")},
+                "step": starts[fit] + a["step"],
+            }
+    return list(out.values())
+
+
+# -- a loop of fits: a run each, judged as the server judges the process ----------------------
+
+
+def _fits_of(server: ServerProcess, first: RunSummary) -> list[RunSummary]:
+    """The runs the process that made ``first`` made (a fit each), in order, once all ended."""
+    if not first["process_key"]:  # an agent that does not name its process
+        return [first]
+    process = quote(first["process_key"], safe="")
+    path = f"/api/v1/runs?project=zoo&process={process}&sort=started_at&order=asc&limit=10000"
+
+    def ended() -> list[RunSummary] | None:
+        runs: list[RunSummary] = server.get(path)["runs"]
+        return runs if all(r["status"] not in ("running", "stalled") for r in runs) else None
+
+    # A fit killed before its watchdog could tell ends when the server has heard nothing of it
+    # for its ``lost_after`` (30 s).
+    return wait_for(ended, timeout=45, what=f"the fits of {first['name']} to end")
+
+
+def judged(
+    fits: Sequence[framing.Stream],
+    starts: list[int],
+    cuts: list[list[int]],
+    env: Mapping[str, Any] | None = None,
+) -> Iterator[Finding]:
+    """The findings that raise an alert, of a loop's fits judged as the server judges the
+    runs of one process: a detector a fit, the memory rules the process's (shared from fit
+    to fit), each fit fed in the frames of its cut; at the process's steps (``starts``: the
+    steps before each fit)."""
+    memory = ProcessMemory(RuleSet())
+    for i, (stream, start, ends) in enumerate(zip(fits, starts, cuts, strict=True)):
+        detector, book = Detector(env=env, memory=memory.rules), AlertBook()
+        memory.join(str(i), str(i), detector.context)
+        for frame in framing.frames(stream, ends):
+            for finding in detector.feed(frame):
+                change = (memory.book if finding.rule in PROCESS_RULES else book).apply(finding)
+                if change and change[0] != "resolved":
+                    yield replace(finding, step=start + finding.step)
+
+
+def first_alarms(
+    fits: Sequence[framing.Stream], starts: list[int], env: Mapping[str, Any] | None = None
+) -> dict[str, Finding]:
+    """Each rule's first warning or critical finding, in the agent's frames: on the run's
+    stream (:func:`framing.first_alarms`), or on a loop's fits (``starts``) as one process."""
+    if not starts:
+        return framing.first_alarms(fits[0], env)
+    out: dict[str, Finding] = {}
+    for finding in judged(fits, starts, [framing.by_seconds(s) for s in fits], env):
+        if finding.severity != "info":
+            out.setdefault(finding.rule, finding)
+    return out
+
+
+def differences(
+    fits: Sequence[framing.Stream], starts: list[int], env: Mapping[str, Any] | None, seed: int
+) -> list[str]:
+    """Every alert that differs between the agent's frames and random frames at half the pace
+    (:func:`framing.differences`), of the run, or of a loop's fits as one process."""
+    if not starts:
+        return framing.differences(fits[0], env, seed)
+    t0 = min((t[0] for stream in fits for _, t, _ in stream.values() if len(t)), default=0.0)
+    slower = [  # stretched from the process's start, so that the fits stay in their order
+        {n: Columns(s, [t0 + (x - t0) * 2.0 for x in t], v) for n, (s, t, v) in stream.items()}
+        for stream in fits
+    ]
+
+    def raised(streams: Sequence[framing.Stream], cuts: list[list[int]]) -> set[framing.Raised]:
+        return {
+            (f.rule, f.subject, f.severity, f.step)
+            for f in judged(streams, starts, cuts, env)
+            if f.rule not in framing.TIMING_RULES
+        }
+
+    first = raised(fits, [framing.by_seconds(s) for s in fits])
+    second = raised(slower, [framing.at_random(s, seed + i) for i, s in enumerate(fits)])
+    return [
+        f"{'only as recorded' if alert in first else 'only recut'}: {alert}"
+        for alert in sorted(first ^ second, key=lambda a: (a[3], a[0]))
+    ]
 
 
 def without_effect(
@@ -607,10 +797,16 @@ def rejudge(path: Path) -> Judged:
     result = Judged(**{k: v for k, v in kept.items() if k in names})
     result.replay_differs = []
     result.error = result.error or _timed_out(result)
-    stream_path = path.with_name(path.name.removesuffix(".run.json") + ".json.gz")
-    if result.error is not None or not stream_path.exists():
+    stem = path.name.removesuffix(".run.json")
+    paths = (
+        sorted(path.with_name(f"{stem}.fits").glob("*.json.gz"))
+        if result.fits
+        else [path.with_name(f"{stem}.json.gz")]
+    )
+    if result.error is not None or not paths or not all(p.exists() for p in paths):
         return result
-    stream, env = framing.load(stream_path)
+    kept = [framing.load(p) for p in paths]
+    fits, env = [stream for stream, _ in kept], kept[0][1]
     alarms = [
         {k: a[k] for k in ("rule", "severity", "step", "message", "evidence")}
         for a in _firsts(result.live)
@@ -622,13 +818,13 @@ def rejudge(path: Path) -> Judged:
             for k, v in asdict(f).items()
             if k in ("rule", "severity", "step", "message", "evidence")
         }
-        for f in framing.first_alarms(stream, env).values()
+        for f in first_alarms(fits, result.fits, env).values()
         if f.rule not in OFF_STREAM
     ]
     result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
-    result.no_effect = without_effect(result.spec, stream, env)
+    result.no_effect = without_effect(result.spec, {} if result.fits else fits[0], env)
     verdict(result)
-    result.replay_differs = framing.differences(stream, env, result.spec["seed"])
+    result.replay_differs = differences(fits, result.fits, env, result.spec["seed"])
     return result
 
 
@@ -663,7 +859,6 @@ def recorded(server: ServerProcess, run_id: str) -> tuple[dict[str, Any], dict[s
     """The run's watched series as the server stored them (NaN/Inf back as NaN), and its
     environment."""
     from trainvitals.detect import watched
-    from trainvitals.protocol import Columns
 
     detail = server.get(f"/api/v1/runs/{run_id}")
     names = [n for n in detail.get("series", []) if watched(n)]
@@ -685,10 +880,14 @@ FORKS = multiprocessing.get_context("forkserver")
 FORKS.set_forkserver_preload(["tensorflow", "keras"])
 
 
-def _child(spec: dict[str, Any], server: str, name: str, group: str | None, err: str) -> None:
+def _child(
+    spec: dict[str, Any], server: str, name: str, group: str | None, err: str, cpu: int | None
+) -> None:
     """Train one run in a forked child, ended as an interpreter ends a script: an uncaught
     exception goes to ``sys.excepthook`` and then the ``atexit`` handlers run (the agent
     reports how the run ended from there), which a forked child would otherwise skip."""
+    if cpu is not None:  # before TensorFlow starts its threads: they all inherit it
+        os.sched_setaffinity(0, {cpu})
     if group is not None:  # into the memory cgroup before it allocates anything of its own
         Path(group, "cgroup.procs").write_text(str(os.getpid()))
     with open(err, "w") as errors, open(os.devnull, "w") as devnull:
@@ -707,17 +906,40 @@ def _child(spec: dict[str, Any], server: str, name: str, group: str | None, err:
     os._exit(code)
 
 
+#: The classes whose runs end by a signal or an exception, by design.
+KILLED = ("exception", "kill", "hang", "leak", "leak_fits")
+#: The runs pinned to each CPU this zoo may use: a contention run takes the least taken, so
+#: that two at once compete on CPUs of their own where there are two.
+_PINNED = dict.fromkeys(sorted(os.sched_getaffinity(0)), 0)
+_PINNING = threading.Lock()
+
+
+@contextmanager
+def _a_cpu() -> Iterator[int]:
+    with _PINNING:
+        cpu = min(_PINNED, key=_PINNED.__getitem__)
+        _PINNED[cpu] += 1
+    try:
+        yield cpu
+    finally:
+        with _PINNING:
+            _PINNED[cpu] -= 1
+
+
 def run_one(server: ServerProcess, spec: dict[str, Any], zoo_seed: int) -> Judged:
     name = f"zoo{zoo_seed}-{spec['index']:03d}-{spec['kind']}"
     started = time.monotonic()
     code: int | None = None
     group: AbstractContextManager[Any] = nullcontext()
-    if spec["kind"] == "leak":
+    if spec["kind"] in ("leak", "leak_fits"):
         group = memory_cgroup(LEAK_LIMIT)
-    with group as cgroup, tempfile.NamedTemporaryFile(suffix=".err") as err_file:
+    pin: AbstractContextManager[int | None] = nullcontext()
+    if spec["kind"] == "contention":
+        pin = _a_cpu()
+    with group as cgroup, pin as cpu, tempfile.NamedTemporaryFile(suffix=".err") as err_file:
         where = None if cgroup is None else str(cgroup)
         child = FORKS.Process(
-            target=_child, args=(spec, server.url, name, where, err_file.name), name=name
+            target=_child, args=(spec, server.url, name, where, err_file.name, cpu), name=name
         )
         child.start()
         try:
@@ -735,7 +957,7 @@ def run_one(server: ServerProcess, spec: dict[str, Any], zoo_seed: int) -> Judge
             child.join()
         err = Path(err_file.name).read_text(errors="replace")
     result = Judged(name, spec, time.monotonic() - started, code)
-    if code not in (0, None) and spec["kind"] not in ("exception", "kill", "hang", "leak"):
+    if code not in (0, None) and spec["kind"] not in KILLED:
         result.error = (err or "").strip().splitlines()[-1:][0] if err else f"exit {code}"
     result.error = result.error or _timed_out(result)
     try:

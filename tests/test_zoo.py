@@ -4,6 +4,9 @@ judges its hundreds."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,12 @@ import numpy as np
 import pytest
 
 from benchmarks import zoo
+from harness.polling import wait_for
 from harness.processes import ServerProcess
+from trainvitals.protocol import Columns
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 2**20
 
 #: A small MLP on the digits under plain SGD, 300 steps: the cheapest recipe the zoo draws.
 SMALL = {"data": "digits", "arch": "mlp", "optimizer": "sgd", "lr": 0.05,
@@ -75,3 +83,58 @@ def test_failures_that_left_no_mark_are_not_counted() -> None:
     result = zoo.Judged("flat", {**noise, "seed": 0}, 1.0, 0, no_effect=True)
     figures = zoo.report([result], 0)
     assert figures["without_effect"] == ["flat"] and figures["failures"]["runs"] == 0
+
+
+def test_a_loop_of_fits_is_judged_as_the_server_judges_its_process() -> None:
+    """Memory kept between fits and flat within each: the fits, judged as one process's runs,
+    forecast the limit from the growth between them, at the process's steps."""
+    fits, starts = [], []
+    for fit in range(8):
+        at, steps, samples = 1000.0 + 10 * fit, list(range(1, 41)), [0, 20, 40]
+        level = float(300 * MiB + max(0, fit - 2) * 64 * MiB)  # from the fourth fit on, 64 MiB kept
+        fits.append(
+            {
+                "loss": Columns(steps, [at + 0.2 * s for s in steps], [1.0] * 40),
+                "host/limit": Columns(samples, [at + 0.2 * s for s in samples], [float(2**30)] * 3),
+                "host/working_set": Columns(samples, [at + 0.2 * s for s in samples], [level] * 3),
+            }
+        )
+        starts.append(40 * fit)
+
+    forecast = zoo.first_alarms(fits, starts)["oom_forecast"]
+    assert forecast.evidence["trend"] == "between_fits", forecast
+    assert "more kept after each of the last" in forecast.message
+    assert forecast.step > 3 * 40  # the process's steps, in a fit after the leak began
+    assert zoo.differences(fits, starts, None, 0) == []
+
+
+def test_the_competing_load_shares_the_runs_cpu_and_ends_with_it() -> None:
+    """Contention's busy processes run on the CPU of the process that started them, and end
+    when it does, however it ends (here ``os._exit``: nothing of its own stops them)."""
+    cpu = min(os.sched_getaffinity(0))
+    code = (
+        f"import os, sys; sys.path.insert(0, {str(ROOT)!r}); os.sched_setaffinity(0, {{{cpu}}})\n"
+        "from benchmarks import zoo\n"
+        "print(*[hog.pid for hog in zoo.competing(2)], flush=True)\n"
+        "sys.stdin.read()\n"
+        "os._exit(0)\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert run.stdout is not None and run.stdin is not None
+    hogs = [int(pid) for pid in run.stdout.readline().split()]
+    try:
+        assert len(hogs) == 2
+        wait_for(lambda: all(os.sched_getaffinity(p) == {cpu} for p in hogs), timeout=10)
+    finally:
+        run.stdin.close()
+        run.wait(timeout=30)
+
+    def running(pid: int) -> bool:
+        try:  # a zombie (the state after the name's parentheses: Z) has ended
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    wait_for(lambda: not any(running(p) for p in hogs), timeout=10, what="the load to end")
