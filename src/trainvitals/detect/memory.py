@@ -31,8 +31,10 @@ from trainvitals.series import (
 PROCESS_RULES = ("oom_forecast", "memory_pressure")
 #: Fits whose floors the trend between fits is drawn through: the last this many.
 FITS_KEPT = 30
-#: At least this many fits before a trend between them.
-MIN_FITS = 3
+#: At least this many fits before a trend between them, the first fit of the process not
+#: counted: its floor is its first reading, taken before it built its graph, its optimizer's
+#: slots and its data pipeline, which the second fit finds in place (start-up, not a leak).
+MIN_FITS = 4
 
 HOST_LEAK_HINT = (
     "Something keeps a reference that grows every step: a list of tensors, losses or "
@@ -86,9 +88,11 @@ class _Track:
     values: deque[float] = field(default_factory=deque)
     last_forecast: float = float("-inf")
     calm: int = 0
-    #: Each fit's (first reading's time, least reading): the floors growth between fits lifts.
+    #: Each fit's (first reading's time, least reading): the floors growth between fits lifts
+    #: (the first fit's left out).
     fits: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=FITS_KEPT))
     new_fit: bool = True
+    fits_seen: int = 0
 
 
 class OomForecastRule(Rule):
@@ -123,10 +127,12 @@ class OomForecastRule(Rule):
                 track = self._tracks[subject] = _Track(used)
             track.times.append(record.time)
             track.values.append(value)
-            if track.new_fit or not track.fits:
-                track.fits.append((record.time, value))
+            if track.new_fit:
+                track.fits_seen += 1
                 track.new_fit = False
-            elif value < track.fits[-1][1]:
+                if track.fits_seen > 1:
+                    track.fits.append((record.time, value))
+            elif track.fits and value < track.fits[-1][1]:
                 track.fits[-1] = (track.fits[-1][0], value)
             while track.times and track.times[0] < record.time - self.settings.window:
                 track.times.popleft()
