@@ -56,6 +56,52 @@ def test_a_burst_of_contention_over_in_a_blink_is_no_slowdown(framing: int | Non
 
 
 @FRAMINGS
+def test_a_process_sharing_the_cpu_slows_the_mean_step_not_the_median(
+    framing: int | None,
+) -> None:
+    """Busy processes on the run's CPU: in each of its turns it runs three 1 ms steps, and
+    the fourth waits out the others' turns (12 ms). The median step is as fast as before;
+    the steps per second fell four times."""
+    columns = stream(range(1, 2000), 0.01, step_time=lambda s: 0.001 if s < 600 or s % 4 else 0.013)
+    _, changes = run_through(Detector(), columns, framing)
+    assert changes and changes[0][:2] == ("fired", "slowdown"), changes
+    assert 1000 <= changes[0][3] <= 1200  # 2 s of steps at 4 ms on average: 500 of them
+
+
+@FRAMINGS
+def test_sub_millisecond_steps_six_times_slower_are_a_slowdown(framing: int | None) -> None:
+    """The zoo's MLP with five busy processes on its CPU: 0.72 ms steps became 4.3 ms,
+    3.6 ms more: no milliseconds' floor hides that."""
+    columns = stream(range(1, 1600), 0.01, step_time=lambda s: 0.00072 if s < 600 else 0.0043)
+    _, changes = run_through(Detector(), columns, framing)
+    assert changes and changes[0][:2] == ("fired", "slowdown"), changes
+    assert changes[0][3] <= 600 + 500
+
+
+@FRAMINGS
+def test_a_checkpoint_saved_every_few_dozen_steps_is_no_slowdown(framing: int | None) -> None:
+    """A step in 25 takes a second (a checkpoint, a validation): the pace of the run, which
+    the longest steps left out of each mean do not move."""
+    columns = stream(range(1, 1500), 0.01, step_time=lambda s: 1.0 if s % 25 == 0 else 0.002)
+    assert run_through(Detector(), columns, framing)[1] == []
+
+
+@FRAMINGS
+def test_a_slowdown_back_at_the_pace_for_a_while_is_judged_against_the_pace(
+    framing: int | None,
+) -> None:
+    """3 ms steps, 12 ms from step 500, but 30 steps at 3 ms again from step 640: 140 slow
+    steps, not yet 2 s, must not become the baseline the rest of the slowdown is judged by
+    (with them in the baseline, it never fired)."""
+
+    def step_time(s: int) -> float:
+        return 0.003 if s < 500 or 640 <= s < 670 else 0.012
+
+    _, changes = run_through(Detector(), stream(range(1, 1500), 0.01, step_time=step_time), framing)
+    assert changes and changes[0][:2] == ("fired", "slowdown") and changes[0][3] <= 900, changes
+
+
+@FRAMINGS
 def test_steps_slower_once_a_backbone_is_unfrozen_are_a_new_baseline(framing: int | None) -> None:
     """Unfrozen at step 500, the backbone's backward pass makes every step four times longer
     (as in the healthy suite's fine-tune): no slowdown; one that comes later is measured

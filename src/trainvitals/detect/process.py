@@ -11,7 +11,7 @@ import numpy as np
 from trainvitals.detect import settings as s
 from trainvitals.detect.base import Context, Rule, finite
 from trainvitals.detect.evidence import CrashEvidence, SlowdownEvidence
-from trainvitals.detect.stats import RollingWindow, median
+from trainvitals.detect.stats import RollingWindow, trimmed_mean
 from trainvitals.detect.text import duration, number, ratio, size
 from trainvitals.detect.types import Finding, Record, Severity
 from trainvitals.protocol import ArrayColumns, EndReason
@@ -110,7 +110,12 @@ class StallRule(Rule):
 
 
 class SlowdownRule(Rule):
-    """The recent median step time far above its baseline median.
+    """The recent step time far above its baseline, each a mean without the longest steps.
+
+    A process that shares its CPU runs a few short steps in each of its turns and waits out
+    the others' turns in one of them: its median step keeps its speed while its steps per
+    second fall N+1 times. A mean shows that; leaving out the longest tenth keeps a rare long
+    step (an epoch's end, a collection) from moving it.
 
     Variables that join the training mid-run (a backbone unfrozen) make every step do more
     work: the baseline starts again from there, warm-up included."""
@@ -122,12 +127,13 @@ class SlowdownRule(Rule):
     def __init__(self, context: Context, settings: s.Slowdown) -> None:
         super().__init__(context)
         self.settings = settings
-        self._baseline = RollingWindow(settings.baseline_window)
+        self._baseline = RollingWindow(settings.baseline_window, trim=settings.trim)
         self._recent: deque[float] = deque(maxlen=settings.recent)
         self._seen = 0
         self._since = 0
         self._above = 0
         self._above_seconds = 0.0
+        self._paused = 0  # steps back at the pace since the last slow judgement
         #: Step times that left the recent window while a slowdown was being judged.
         self._suspect: list[float] = []
         self._calm = 0
@@ -138,9 +144,9 @@ class SlowdownRule(Rule):
             return []
         cfg = self.settings
         if self.new_regime(record.step):
-            self._baseline = RollingWindow(cfg.baseline_window)
+            self._baseline = RollingWindow(cfg.baseline_window, trim=cfg.trim)
             self._recent.clear()
-            self._seen = self._since = self._above = 0
+            self._seen = self._since = self._above = self._paused = 0
             self._above_seconds = 0.0
             self._suspect = []
         self._seen += 1
@@ -196,21 +202,30 @@ class SlowdownRule(Rule):
 
     def _judge(self, record: Record, advanced: int) -> list[Finding]:
         cfg = self.settings
-        base, now = self._baseline.median, median(self._recent)
+        base, now = self._baseline.trimmed, trimmed_mean(self._recent, cfg.trim)
         slow = now >= cfg.factor * base and now - base >= cfg.min_increase
         if slow:
             self._above += advanced
+            self._paused = 0
             # The slow steps' own time, summed from the stream: a burst of contention that
             # is over in a blink is no slowdown, however many fast steps it spans.
             self._above_seconds += sum(itertools.islice(reversed(self._recent), advanced))
             self._calm = 0
         else:
-            self._above, self._above_seconds = 0, 0.0
+            # Contention comes in bursts: up to `grace` steps back at the pace pause the
+            # count, more end it.
+            self._paused += advanced if self._above else 0
+            if self._paused > cfg.grace or not self._above:
+                if self._suspect:
+                    # Slow for less than `sustain` steps: a false start, the pace after all.
+                    # Slow for longer, they were a slowdown not yet 2 s long: they must not
+                    # become the baseline that the rest of it is judged against.
+                    if self._above < cfg.sustain:
+                        self._baseline.extend(self._suspect)
+                    self._suspect = []
+                self._above, self._above_seconds, self._paused = 0, 0.0, 0
             recovered = now < (1 + (cfg.factor - 1) / 2) * base
             self._calm = self._calm + advanced if recovered else 0
-        if not self._above and self._suspect:  # a false start: they were normal after all
-            self._baseline.extend(self._suspect)
-            self._suspect = []
         lasted = self._above >= cfg.sustain and self._above_seconds >= cfg.sustain_seconds
         if slow and lasted and "" not in self.firing:
             finding = self._fire(record, base, now)

@@ -191,13 +191,18 @@ class Slowdown:
     warmup_steps: int = 20
     baseline_window: int = 500
     recent: int = 50
-    #: Warn when the recent median step time is this multiple of the baseline median...
+    #: Warn when the recent step time is this multiple of the baseline's, each the mean of
+    #: its steps without the longest ``trim`` share of them (a steady share of long steps is
+    #: the pace; a rare one is not)...
     factor: float = 3.0
+    trim: float = 0.05
     #: ...and at least this many seconds longer, for ``sustain`` steps that take at least
-    #: ``sustain_seconds`` between them.
-    min_increase: float = 0.005
+    #: ``sustain_seconds`` between them, where up to ``grace`` steps back at the pace
+    #: pause the count rather than end it.
+    min_increase: float = 0.001
     sustain: int = 50
     sustain_seconds: float = 2.0
+    grace: int = 10
 
 
 @dataclass(frozen=True)

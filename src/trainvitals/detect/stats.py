@@ -30,7 +30,8 @@ def median(values: Sequence[float]) -> float:
 
 
 class RollingWindow:
-    """The last ``size`` values, with their median and MAD.
+    """The last ``size`` values, with their median and MAD (and, with ``trim``, their mean
+    without the largest ``trim`` share of them).
 
     Sorting on every value would cost more than everything else a rule does, so the median
     and MAD are recomputed only every ``refresh`` additions (default: an eighth of the
@@ -38,12 +39,14 @@ class RollingWindow:
     baseline tolerates.
     """
 
-    def __init__(self, size: int, refresh: int | None = None) -> None:
+    def __init__(self, size: int, refresh: int | None = None, trim: float | None = None) -> None:
         self.values: deque[float] = deque(maxlen=size)
         self._refresh = max(1, refresh if refresh is not None else size // 8)
         self._since = 0
         self._median = 0.0
         self._mad = 0.0
+        self._trim = trim
+        self._trimmed = 0.0
 
     def add(self, value: float) -> None:
         self.values.append(value)
@@ -82,11 +85,26 @@ class RollingWindow:
     def mad(self) -> float:
         return self._mad
 
+    @property
+    def trimmed(self) -> float:
+        """The mean without the largest ``trim`` share (0 unless made with ``trim``)."""
+        return self._trimmed
+
     def _recompute(self) -> None:
         self._since = 0
         centre = median(self.values)
         self._median = centre
         self._mad = median([abs(v - centre) for v in self.values])
+        if self._trim is not None:
+            self._trimmed = trimmed_mean(self.values, self._trim)
+
+
+def trimmed_mean(values: Sequence[float], trim: float) -> float:
+    """The mean of a non-empty sequence without its largest ``trim`` share (at least one
+    value kept): what a share of long values moves, and a few rare ones do not."""
+    ordered = sorted(values)
+    kept = ordered[: max(1, len(ordered) - int(trim * len(ordered)))]
+    return math.fsum(kept) / len(kept)
 
 
 @dataclass(frozen=True)
