@@ -982,6 +982,40 @@ def _quantile(values: list[int], q: float) -> float | None:
     return float(np.quantile(values, q)) if values else None
 
 
+#: The issue's goals over a seed: (figure, the classes it is taken over (all: None), at
+#: least (True) or at most, the bar).
+GOALS: dict[str, tuple[str, tuple[str, ...] | None, bool, float]] = {
+    "recall": ("recall", None, True, 0.98),
+    "warned_before_point_of_no_return": ("warned_before_point_of_no_return", None, True, 0.90),
+    "diagnosis": ("diagnosis_accuracy", None, True, 0.95),
+    "lead_learning_rate_blow_ups": ("median_lead_steps", ("lr_sudden", "lr_growing"), True, 50),
+    "lead_gradual_divergences": ("median_lead_steps", ("label_noise",), True, 30),
+    "healthy_false_alarms": ("false_alarm_rate", None, False, 0.01),
+}
+
+
+def goals(failures: list[Judged], healthy_rate: float | None, summary: Any) -> dict[str, Any]:
+    """Each goal: its figure, whether it is met, and the classes that miss it (those whose
+    own figure is on the wrong side of the bar)."""
+    out: dict[str, Any] = {}
+    for name, (figure, kinds, at_least, bar) in GOALS.items():
+        if figure == "false_alarm_rate":
+            value, missing = healthy_rate, []
+        else:
+            group = [r for r in failures if kinds is None or r.spec["kind"] in kinds]
+            value = summary(group)[figure]
+            missing = [
+                kind
+                for kind in (kinds or CLASSES)
+                if (own := summary([r for r in group if r.spec["kind"] == kind])[figure])
+                is not None
+                and (own < bar if at_least else own > bar)
+            ]
+        met = None if value is None else (value >= bar if at_least else value <= bar)
+        out[name] = {"value": value, "goal": bar, "met": met, "classes_missing": missing}
+    return out
+
+
 def report(results: list[Judged], seed: int) -> dict[str, Any]:
     """The figures: per class and over all failures, the healthy runs, determinism."""
     ok = [r for r in results if r.error is None]
@@ -1031,6 +1065,7 @@ def report(results: list[Judged], seed: int) -> dict[str, Any]:
             ],
         },
         "diagnosis_accuracy": summary(failures)["diagnosis_accuracy"],
+        "goals": goals(failures, len(false_alarms) / len(healthy) if healthy else None, summary),
         "misses": [
             {
                 "run": r.name,
@@ -1073,7 +1108,15 @@ def summary_line(figures: dict[str, Any]) -> str:
         f"diagnosis {pct(figures['diagnosis_accuracy'])}, healthy false alarms "
         f"{pct(h['false_alarm_rate'])}, replays differing "
         f"{figures['determinism']['runs_differing']}, "
-        f"{figures['seconds_per_run']:.1f} s a run"
+        f"{figures['seconds_per_run']:.1f} s a run; goals missed: "
+        + (
+            "; ".join(
+                f"{name} ({', '.join(goal['classes_missing']) or 'over all'})"
+                for name, goal in figures["goals"].items()
+                if goal["met"] is False
+            )
+            or "none"
+        )
     )
 
 

@@ -85,6 +85,26 @@ def test_failures_that_left_no_mark_are_not_counted() -> None:
     assert figures["without_effect"] == ["flat"] and figures["failures"]["runs"] == 0
 
 
+def test_the_report_says_which_goals_are_missed_and_by_which_classes() -> None:
+    """The issue: where a goal is not met, the report says which classes miss it."""
+
+    def run(kind: str, lead: int | None, detected: bool = True) -> zoo.Judged:
+        spec = {"kind": kind, "seed": 0}
+        return zoo.Judged(kind, spec, 1.0, 0, lead=lead, detected=detected, diagnosed=detected)
+
+    results = [run("lr_sudden", 80), run("lr_growing", 120), run("label_noise", 10)]
+    results += [run("label_noise", None, detected=False), run("healthy", None, detected=False)]
+    figures = zoo.report(results, 0)
+    goals = figures["goals"]
+    assert goals["lead_learning_rate_blow_ups"] == {
+        "value": 100.0, "goal": 50, "met": True, "classes_missing": []
+    }  # fmt: skip
+    assert goals["lead_gradual_divergences"]["met"] is False
+    assert goals["recall"]["classes_missing"] == ["label_noise"]
+    assert goals["healthy_false_alarms"]["met"] is True
+    assert "goals missed: recall (label_noise)" in zoo.summary_line(figures)
+
+
 def test_a_loop_of_fits_is_judged_as_the_server_judges_its_process() -> None:
     """Memory kept between fits and flat within each: the fits, judged as one process's runs,
     forecast the limit from the growth between them, at the process's steps."""
