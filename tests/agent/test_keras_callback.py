@@ -38,9 +38,11 @@ def regression_data() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def small_model(learning_rate: float, steps_per_execution: int = 1) -> Any:
+def small_model(
+    learning_rate: float, steps_per_execution: int = 1, kind: type[Any] = keras.Sequential
+) -> Any:
     keras.utils.set_random_seed(3)
-    model = keras.Sequential(
+    model = kind(
         [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
     )
     model.compile(

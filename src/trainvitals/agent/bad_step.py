@@ -93,6 +93,11 @@ class BadStep:
             tf.cond(tf.math.is_finite(checksum), lambda: tf.constant(0, tf.int32), copy)
         )
 
+    def rewind(self) -> None:
+        """Forget the kept step: the next fit keeps its own first bad one."""
+        with self._lock:
+            self._kept = None
+
     def take(self) -> Kept | None:
         """The kept step: the first bad one (None if no step was bad, or it could not be kept)."""
         with self._lock:

@@ -99,6 +99,13 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         notebook: in a notebook, show each run inline, its link and its page (default: yes,
             unless ``TRAINVITALS_NOTEBOOK=0``). Elsewhere each run's start prints its link.
 
+    Used for several fits of a model (folds, stages, a little more training at each turn of a
+    loop), the callback traces its train step once: each fit with it takes back the step the
+    previous one traced, unless a recompile or a new ``steps_per_execution``, ``jit_compile``
+    or ``run_eagerly`` calls for a new one (each trace costs a fraction of a second, and
+    memory TensorFlow never gives back). Between fits, and in any fit without it, the model
+    runs its own train step.
+
     The first step with a NaN/Inf also gets an autopsy (:mod:`trainvitals.agent.autopsy`): its
     batch and the weights of before its update are kept on that step only, and replayed to
     name the first cause (the data, a layer, the loss, the backward pass, poisoned weights, a
@@ -202,7 +209,44 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
     # the logs it is given and appends to a locked list; the pivot sorts what it takes.
     async_safe = True
 
+    def set_model(self, model: Any) -> None:
+        """Keras's hook, called as ``fit`` builds its callbacks, before it asks for the train
+        function: where this callback's previous fit of ``model`` tapped a train step that
+        still serves, that step is put back (:meth:`TrainStepTap.resume`), so that a loop of
+        fits traces it once (each trace costs TensorFlow memory it never gives back)."""
+        super().set_model(model)
+        tap = self._tap
+        if tap is None or tap.model is not model:
+            return
+        if self._fit is not None and self._fit.running():
+            return  # set during this callback's own fit (an evaluate given it, say)
+        try:
+            fit = FitCall.find(model)
+            if fit is None:
+                return
+            callbacks = fit.argument("callbacks")
+            # This very fit's callbacks, as it builds them (not a fit of another callback
+            # that hands this one to evaluate or predict).
+            ours = isinstance(callbacks, (list, tuple)) and any(c is self for c in callbacks)
+            if not (ours and tap.resume(fit, *self._tap_settings(model))):
+                fit.forget()
+        except Exception as exc:  # the fit traces a tapped step of its own
+            log.warning(
+                "trainvitals: the tapped train step is traced again (%s: %s)",
+                type(exc).__name__,
+                exc,
+            )
+
+    def _tap_settings(self, model: Any) -> tuple[int, bool, bool]:
+        """The ring's capacity, whether a step raises the NaN/Inf flag, whether it keeps a bad
+        step: what the tapped step of a fit of ``model`` is traced with."""
+        # Room for two executions at least: the hook reads between executions only.
+        per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+        capacity = max(int(self._arguments.ring_capacity), 2 * per_execution)
+        return capacity, self._arguments.protect is not None, BadStep.possible(model)
+
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        previous = self._tap
         with self._read_lock:  # this callback's previous fit, left by an exception just now
             self._end_left_fit()
             # No look reads while this fit is set up.
@@ -226,15 +270,19 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         run.on_tick(functools.partial(self._look_for, run))  # a hung run's steps too
         weights_every = int(arguments.weights_every)
         weights = tf_vitals.WeightsCheck.create(self.model) if weights_every else None
-        # Room for two executions at least: the hook reads between executions only.
-        per_execution = int(getattr(self.model, "steps_per_execution", 1) or 1)
-        tap = TrainStepTap(
-            self.model,
-            max(int(arguments.ring_capacity), 2 * per_execution),
-            flag_nonfinite=guard is not None,
-            fit=fit,
-            bad_step=BadStep() if BadStep.possible(self.model) else None,
-        )
+        if previous is not None and previous.resumed():
+            tap = previous  # put back by set_model: its step was traced by an earlier fit
+        else:
+            if previous is not None and previous.model is self.model:
+                previous.remove()  # resumed, and its function replaced since: not to be wrapped
+            capacity, flag_nonfinite, keep_bad_step = self._tap_settings(self.model)
+            tap = TrainStepTap(
+                self.model,
+                capacity,
+                flag_nonfinite=flag_nonfinite,
+                fit=fit,
+                bad_step=BadStep() if keep_bad_step else None,
+            )
         steps = FitSteps(tap, int(params.get("steps") or 0))  # 0: Keras does not know
         # Whether the weights were already NaN/Inf as fit began (a restored checkpoint, an
         # earlier fit): the autopsy tells that from weights an update poisoned.
@@ -249,7 +297,10 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         )
         read_interval = self._settings.read_interval
         fallback = LogsFallback(steps, self._vitals, read_interval, guard is not None)
-        tap.install()
+        if tap is previous:
+            tap.rewind(fit)
+        else:
+            tap.install()
         with self._read_lock:  # the looks read its ring from now on
             self._tap, self._steps, self._fallback, self._recorder = tap, steps, fallback, recorder
 
@@ -356,7 +407,8 @@ class VitalsCallback(keras.callbacks.Callback):  # type: ignore[misc]
         if Ctrl-C (a notebook's interrupt) came during it, else ``exception``, with the
         traceback where it can still be seen (a notebook shows it). Without this the process,
         which lives on, kept the run ``running``. The model keeps the tap until the next fit
-        (or ``train_on_batch``) takes it off (``TrainStepTap``). Called with the read lock held."""
+        (or ``train_on_batch``) takes it off, or, a fit with this callback, resumes it
+        (``TrainStepTap``). Called with the read lock held."""
         fit, run = self._fit, self.run
         if fit is None or run is None:
             return

@@ -98,6 +98,16 @@ class DeviceRing:
         )
         return number
 
+    def rewind(self) -> None:
+        """Empty the ring and count from 1 again: a train step traced for an earlier fit writes
+        the next fit's steps into the same variables. Between fits only: no step running, no
+        reader of the earlier rows left."""
+        with self._lock:
+            self._rows.assign(tf.fill([self.capacity, NUMBER_COLUMNS + self.width], -1.0))
+            self._written.assign(0)
+            self._kept_rows = self._empty()
+            self.read_upto = self.reads = self.lost = 0
+
     def written(self) -> int:
         """How many rows the step has written so far (a read of one counter)."""
         return int(self._written.numpy())

@@ -9,8 +9,15 @@ the learning rate) and ``train_step`` (to compute the packed vector of
 can be no ring (a strategy with several replicas), the vector rides in the logs instead, as
 one more output. :meth:`TrainStepTap.remove` puts the model back as it was; a tap whose
 ``fit`` an exception left (Keras then skips ``on_train_end``) is removed when the next ``fit``
-asks for its train function, with a callback or without, or by the next tap installed on the
+asks for its train function, unless that fit resumes it, or by the next tap installed on the
 model.
+
+TensorFlow keeps some memory of every trace for good, and a trace takes a good part of a
+second: a loop of fits (folds, stages, a little more training at each turn of a loop) must not
+trace the tapped step again at each fit. So the tap keeps its traced function when it is
+removed, and :meth:`TrainStepTap.resume` puts it back for a later fit with the same callback,
+when nothing the trace captured has changed; :meth:`TrainStepTap.rewind` then empties the ring
+and the bad step's copy, so that the fit counts its own steps from 1.
 
 Imports TensorFlow (through ``tf_vitals``): load it lazily.
 """
@@ -75,6 +82,9 @@ class TrainStepTap:
         ...                                # each step writes its row of tap.ring
         numbers, rows = tap.ring.read()    # now and then, on any thread
         tap.remove()                       # at the end of fit
+        ...                                # the next fit, as it builds its callbacks:
+        tap.resume(fit, capacity, flag_nonfinite=False, bad_step=True)
+        tap.rewind(fit)                    # as it begins: its steps from 1
         ```
     """
 
@@ -99,7 +109,15 @@ class TrainStepTap:
         self.bad_step = bad_step
         #: Where the traced step keeps each step's vector (None: it rides in the logs).
         self.ring: DeviceRing | None = None
-        self._undo: list[Callable[[], None]] = []
+        # The wrappers, made once (install) and put back as they are (resume): a step traced
+        # again, for a batch of a new shape, calls the ones the first trace captured.
+        self._wrappers: list[tuple[object, str, Callable[..., Any]]] = []
+        self._attached = False
+        #: The tapped train function, and the model's own that it replaced (given back by
+        #: remove, as Keras's cache holds it: Keras makes it again after a recompile).
+        self._function: Any = None
+        self._plain: Any = None
+        self._traced_with: tuple[Any, ...] = ()
 
     def install(self) -> None:
         """Wrap the methods and rebuild the train function. A model the tap cannot wrap
@@ -110,6 +128,10 @@ class TrainStepTap:
             # The tap of a fit that an exception left (on_train_end never came): the model's
             # own methods first, then this fit's wrappers, not wrappers around wrappers.
             left.remove()
+        # The model's own train function, given back by remove() (not another tap's, of a
+        # callback of the same fit: that one gives back its own).
+        self._plain = model.train_function if _INSTALLED not in vars(model) else None
+        self._traced_with = _traced_with(model)
         optimizer = getattr(model, "optimizer", None)
         captured = _Captured()
         try:
@@ -162,9 +184,9 @@ class TrainStepTap:
                         logs = {**logs, NONFINITE_KEY: flag}
                 return logs
 
-            undo = [
-                _wrap(model, "compute_loss", capturing_compute_loss),
-                _wrap(model, "train_step", reporting_train_step),
+            wrappers: list[tuple[object, str, Callable[..., Any]]] = [
+                (model, "compute_loss", capturing_compute_loss),
+                (model, "train_step", reporting_train_step),
             ]
             if optimizer is not None:
                 apply = optimizer.apply
@@ -188,28 +210,30 @@ class TrainStepTap:
                         self._watch(captured, model)
                     return apply(grads, trainable_variables)
 
-                undo.append(_wrap(optimizer, "apply", measuring_apply))
+                wrappers.append((optimizer, "apply", measuring_apply))
             if self.fit is not None:
                 make_train_function = model.make_train_function
 
                 @functools.wraps(make_train_function)
                 def untapping_make_train_function(force: bool = False) -> Any:
                     # Keras asks for the train function at the start of every fit (and of
-                    # each train_on_batch), on the training thread, before any callback runs.
+                    # each train_on_batch), on the training thread, before on_train_begin.
                     # A fit that an exception left never came to on_train_end: a later fit
-                    # without a VitalsCallback would run the tapped step, writing rows into a
-                    # ring no one reads. The training thread takes the tap off here, where no
-                    # step can be running (the sender's thread could pull the function from
-                    # under a fit that had just begun).
+                    # without this tap's callback would run the tapped step, writing rows into
+                    # a ring no one reads. The training thread takes the tap off here, where
+                    # no step can be running (the sender's thread could pull the function from
+                    # under a fit that had just begun). A fit with the callback has resumed
+                    # the tap (set_model comes first): its fit is the one running.
                     if self.fit is not None and not self.fit.running():
                         self.remove()
-                        return model.make_train_function(force=True)
+                        return model.make_train_function(force)
                     return make_train_function(force)
 
-                undo.append(_wrap(model, "make_train_function", untapping_make_train_function))
-            self._undo = undo
-            object.__setattr__(model, _INSTALLED, self)
+                wrappers.append((model, "make_train_function", untapping_make_train_function))
+            self._wrappers = wrappers
+            self._attach()
             model.make_train_function(force=True)
+            self._function = model.train_function
         except Exception as exc:  # an unusual model must still train
             log.warning(
                 "trainvitals: in-step vitals unavailable for this model (%s: %s)",
@@ -256,16 +280,89 @@ class TrainStepTap:
         self.measured = replace(self.measured, metrics=names)
         return True
 
+    def resume(self, fit: FitCall, capacity: int, flag_nonfinite: bool, bad_step: bool) -> bool:
+        """Put the wrappers and the tapped train function back on the model for ``fit``, a
+        later fit of the same callback, if they still serve it: the same ring capacity, the
+        same NaN/Inf flag, a bad step kept or not as before, and what the trace captured
+        unchanged (the optimizer, ``steps_per_execution``, ``jit_compile``, ``run_eagerly``,
+        the strategy, and the model's own train function, which Keras drops at a recompile).
+        Call it before Keras asks for the train function (``set_model``); False, and nothing
+        done, when a new tap must be traced."""
+        model = self.model
+        installed = vars(model).get(_INSTALLED)
+        current = model.train_function
+        if self._attached:
+            # Left on by a fit that an exception left: resumed if nothing replaced it since.
+            usable = installed is self and current is self._function
+        else:
+            usable = installed is None and self._plain is not None and current is self._plain
+        if not (
+            usable
+            and self._function is not None
+            and self.capacity == capacity
+            and self.flag_nonfinite == flag_nonfinite
+            and (self.bad_step is not None) == bad_step
+            and _same(self._traced_with, _traced_with(model))
+        ):
+            return False
+        self.fit = fit
+        if not self._attached:
+            self._attach()
+            model.train_function = self._function
+        return True
+
+    def resumed(self) -> bool:
+        """Whether :meth:`resume` put the tap back for the fit that runs now, and Keras took
+        its train function."""
+        return (
+            self._attached
+            and self.model.train_function is self._function
+            and self.fit is not None
+            and self.fit.running()
+        )
+
+    def rewind(self, fit: FitCall | None) -> None:
+        """Ready the resumed tap for ``fit``'s steps (the call :meth:`resume` was given, as
+        the callback found it again): an empty ring counting from 1, and no bad step kept. On
+        the training thread, before the fit's first step, once no one reads the previous
+        fit's rows."""
+        if fit is not None and fit is not self.fit:
+            if self.fit is not None:
+                self.fit.forget()
+            self.fit = fit
+        if self.ring is not None:
+            self.ring.rewind()
+        if self.bad_step is not None:
+            self.bad_step.rewind()
+
     def remove(self) -> None:
-        """Put the model's own methods back (harmless when nothing is wrapped)."""
-        undo, self._undo = self._undo, []
-        for step in undo:
-            step()
-        if vars(self.model).get(_INSTALLED) is self:
-            vars(self.model).pop(_INSTALLED)
-        if undo:
-            # A later fit without the tap must not run the instrumented step.
-            self.model.train_function = None
+        """Put the model's own methods and train function back (harmless when nothing is
+        wrapped). The tap keeps its traced function, for :meth:`resume`."""
+        model = self.model
+        if vars(model).get(_INSTALLED) is self:
+            vars(model).pop(_INSTALLED)
+        if not self._attached:
+            return
+        self._attached = False
+        for owner, name, function in self._wrappers:
+            # Only this tap's own: another callback's tap of the same fit wrapped these.
+            if vars(owner).get(name) is function:
+                vars(owner).pop(name)
+        # A later fit without the tap must not run the instrumented step: the model's own
+        # function back, unless something has replaced the tapped one since (a recompile
+        # dropped it, another tap wrapped it); then Keras makes one anew.
+        current = model.train_function
+        if current is self._function and current is not None:
+            model.train_function = self._plain
+        elif current is not self._plain:
+            model.train_function = None
+
+    def _attach(self) -> None:
+        for owner, name, function in self._wrappers:
+            # Bypass Keras's attribute tracking: plain functions, not layers or variables.
+            object.__setattr__(owner, name, function)
+        self._attached = True
+        object.__setattr__(self.model, _INSTALLED, self)
 
     @staticmethod
     def take(logs: MutableMapping[str, Any] | None) -> Any:
@@ -282,7 +379,21 @@ class TrainStepTap:
         return bool(logs and logs.pop(NONFINITE_KEY, 0))
 
 
-def _wrap(obj: object, name: str, function: Callable[..., Any]) -> Callable[[], None]:
-    # Bypass Keras's attribute tracking: these are plain functions, not layers or variables.
-    object.__setattr__(obj, name, function)
-    return lambda: vars(obj).pop(name, None)
+def _traced_with(model: Any) -> tuple[Any, ...]:
+    """What a trace of ``model``'s train step captured that a fit may change without a
+    recompile."""
+    return (
+        getattr(model, "optimizer", None),
+        getattr(model, "distribute_strategy", None),
+        getattr(model, "steps_per_execution", 1),
+        getattr(model, "jit_compile", False),
+        getattr(model, "run_eagerly", False),
+    )
+
+
+def _same(traced: tuple[Any, ...], now: tuple[Any, ...]) -> bool:
+    # Objects by identity (a new optimizer of equal settings has variables of its own).
+    return len(traced) == len(now) and all(
+        a is b or (isinstance(a, (bool, int, str)) and a == b)
+        for a, b in zip(traced, now, strict=True)
+    )
