@@ -775,13 +775,22 @@ def verdict(result: Judged) -> None:
     if result.spec["kind"] == "healthy":
         return
     truth = CLASSES[result.spec["kind"]]
-    fired = [a for a in result.alarms if a["rule"] in truth.rules]
+    # Before its injection a run is a healthy one: an alarm there (a false alarm on its
+    # healthy start, or a real trouble of its own) is not the injected failure found.
+    fired = [a for a in result.alarms if a["rule"] in truth.rules and not _before(result, a)]
     result.detected = bool(fired)
     if fired:
         result.cause = cause_of(fired[0])
         result.diagnosed = result.cause in truth.causes
         if result.lost_at is not None:
             result.lead = result.lost_at - fired[0]["step"]
+
+
+def _before(result: Judged, alarm: Mapping[str, Any]) -> bool:
+    """Whether ``alarm`` came before the run's failure was injected (a failure injected at
+    step 1, bad initialisation or vanishing gradients, has no such steps)."""
+    at = int(result.spec.get("at", 1))
+    return at > 1 and int(alarm["step"]) < at
 
 
 #: Rules raised by the server outside the stream (a silence, the run's end, its hello): a run
@@ -1046,6 +1055,7 @@ def report(results: list[Judged], seed: int) -> dict[str, Any]:
         if any(r.spec["kind"] == kind for r in failures)
     }
     false_alarms = [r for r in healthy if r.alarms]
+    early = [r for r in failures if any(_before(r, a) for a in r.alarms)]
     differs = [r for r in ok if r.replay_differs]
     seconds = [r.seconds for r in results]
     return {
@@ -1065,6 +1075,19 @@ def report(results: list[Judged], seed: int) -> dict[str, Any]:
             ],
         },
         "diagnosis_accuracy": summary(failures)["diagnosis_accuracy"],
+        # Failure runs with an alarm before their failure was injected, on their healthy start.
+        "alarms_before_injection": {
+            "runs": len(early),
+            "rate": len(early) / len(failures) if failures else None,
+            "alarms": [
+                {
+                    "run": r.name,
+                    "at": r.spec.get("at"),
+                    "alarms": [(a["rule"], a["step"]) for a in r.alarms if _before(r, a)],
+                }
+                for r in early
+            ],
+        },
         "goals": goals(failures, len(false_alarms) / len(healthy) if healthy else None, summary),
         "misses": [
             {
@@ -1106,7 +1129,8 @@ def summary_line(figures: dict[str, Any]) -> str:
         f"warned before the point of no return {pct(f['warned_before_point_of_no_return'])}, "
         f"median lead {f['median_lead_steps']} steps (p10 {f['lead_p10_steps']}), "
         f"diagnosis {pct(figures['diagnosis_accuracy'])}, healthy false alarms "
-        f"{pct(h['false_alarm_rate'])}, replays differing "
+        f"{pct(h['false_alarm_rate'])}, failures with an alarm before their injection "
+        f"{pct(figures['alarms_before_injection']['rate'])}, replays differing "
         f"{figures['determinism']['runs_differing']}, "
         f"{figures['seconds_per_run']:.1f} s a run; goals missed: "
         + (

@@ -105,6 +105,26 @@ def test_the_report_says_which_goals_are_missed_and_by_which_classes() -> None:
     assert "goals missed: recall (label_noise)" in zoo.summary_line(figures)
 
 
+def test_an_alarm_before_the_injection_is_not_the_failure_found() -> None:
+    """Before its injection a failure run is a healthy one: the right rule firing there is
+    no detection (and no lead); the report lists it."""
+    spec = {"kind": "lr_sudden", "seed": 0, "at": 200}
+    early = zoo.Judged("early", spec, 1.0, 0, lost_at=400)
+    early.alarms = [{"rule": "loss_divergence", "step": 150, "severity": "warning"}]
+    late = zoo.Judged("late", spec, 1.0, 0, lost_at=400)
+    late.alarms = [{"rule": "grad_explosion", "step": 250, "severity": "warning"}]
+    for result in (early, late):
+        result.alarms[0]["evidence"] = {"lr": 1.0, "lr_first": 0.01}
+        zoo.verdict(result)
+    assert (early.detected, early.lead) == (False, None) and (late.detected, late.lead) == (
+        True,
+        150,
+    )
+    figures = zoo.report([early, late], 0)
+    assert figures["alarms_before_injection"]["runs"] == 1
+    assert figures["alarms_before_injection"]["alarms"][0]["alarms"] == [("loss_divergence", 150)]
+
+
 def test_a_loop_of_fits_is_judged_as_the_server_judges_its_process() -> None:
     """Memory kept between fits and flat within each: the fits, judged as one process's runs,
     forecast the limit from the growth between them, at the process's steps."""
