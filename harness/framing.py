@@ -50,7 +50,10 @@ def last_step(stream: Stream) -> int:
 
 
 def by_seconds(stream: Stream, seconds: float = 1.0) -> list[int]:
-    """Frame ends as the agent cuts a stream: a frame every ``seconds`` of the run."""
+    """Frame ends as the agent cuts a stream: a frame every ``seconds`` of the run (none for
+    a stream with nothing in it: a fit killed before its first point)."""
+    if not stream:
+        return []
     steps = np.concatenate([np.asarray(s, dtype=np.int64) for s, _, _ in stream.values()])
     times = np.concatenate([np.asarray(t, dtype=np.float64) for _, t, _ in stream.values()])
     if not len(steps):

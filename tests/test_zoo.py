@@ -141,6 +141,8 @@ def test_a_loop_of_fits_is_judged_as_the_server_judges_its_process() -> None:
         )
         starts.append(40 * fit)
 
+    fits.append({})  # the process killed as its next fit began, before its first point
+    starts.append(40 * 8)
     forecast = zoo.first_alarms(fits, starts)["oom_forecast"]
     assert forecast.evidence["trend"] == "between_fits", forecast
     assert "more kept after each of the last" in forecast.message
