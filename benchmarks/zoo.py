@@ -788,9 +788,11 @@ def verdict(result: Judged) -> None:
 
 def _before(result: Judged, alarm: Mapping[str, Any]) -> bool:
     """Whether ``alarm`` came before the run's failure was injected (a failure injected at
-    step 1, bad initialisation or vanishing gradients, has no such steps)."""
+    step 1, bad initialisation or vanishing gradients, has no such steps). The rules raised
+    outside the stream (a silence, the run's end) come after it by their nature, whatever
+    step the server gives them (the last one stored, or none)."""
     at = int(result.spec.get("at", 1))
-    return at > 1 and int(alarm["step"]) < at
+    return at > 1 and alarm["rule"] not in OFF_STREAM and int(alarm["step"]) < at
 
 
 #: Rules raised by the server outside the stream (a silence, the run's end, its hello): a run

@@ -120,7 +120,12 @@ def test_an_alarm_before_the_injection_is_not_the_failure_found() -> None:
         True,
         150,
     )
-    figures = zoo.report([early, late], 0)
+    # A crash is raised at the process's end, whatever step the server gives it (none: 0).
+    killed = zoo.Judged("killed", {"kind": "kill", "seed": 0, "at": 200}, 1.0, None, lost_at=199)
+    killed.alarms = [{"rule": "crash", "step": 0, "severity": "critical", "evidence": {}}]
+    zoo.verdict(killed)
+    assert killed.detected
+    figures = zoo.report([early, late, killed], 0)
     assert figures["alarms_before_injection"]["runs"] == 1
     assert figures["alarms_before_injection"]["alarms"][0]["alarms"] == [("loss_divergence", 150)]
 
