@@ -136,10 +136,12 @@ def loss_back_at_start(server: ServerProcess, run: RunSummary) -> tuple[int, flo
 
 
 def killed(server: ServerProcess, run: RunSummary) -> tuple[int, float] | None:
-    """The process's death (the OOM kill): its last step, at its end."""
+    """The process's death (the OOM kill): its last step, at its end (step 0 for a run
+    killed before its first step: a loop's fit killed as it began, whose process's last
+    step is the fit before's)."""
     last, ended = run["last_step"], run["ended_at"]
-    assert last is not None and ended is not None, run
-    return last, ended
+    assert ended is not None, run
+    return last or 0, ended
 
 
 def evidence(alert: Alert, *path: str) -> Json:
