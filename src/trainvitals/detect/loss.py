@@ -60,8 +60,9 @@ class LossDivergenceRule(Rule):
     def __init__(self, context: Context, settings: s.LossDivergence) -> None:
         super().__init__(context)
         self.settings = settings
-        # The last losses: the newest `smooth` give the level, all of them the minimum's
-        # level and the noise.
+        # The last losses: the newest `smooth` give the level, the newest `_window` the
+        # minimum's level and the noise; with the tail on, `tail_lag + tail_recent` more
+        # before those make the tail's base.
         self._window = max(settings.minimum_window, settings.smooth)
         self._tail_on = (
             settings.tail_p > 0
@@ -294,9 +295,8 @@ class LossDivergenceRule(Rule):
             # `tail_lag` steps back, so that a rise has not reached it when it is found.
             if tail is not None:
                 over = int((tail.recent > tail.bar).sum())
-            if (
+            if (  # the exact count last: it is the dearest to compute
                 tail is not None
-                and exceedance_p(over, cfg.tail_recent, tail.above, self._window) <= cfg.tail_p
                 and tail.mean - tail.base_mean
                 >= max(
                     cfg.lost_fraction * learned,
@@ -304,6 +304,7 @@ class LossDivergenceRule(Rule):
                 )
                 and tail.mean
                 >= min(cfg.min_ratio * tail.base_mean, tail.base_mean + cfg.half_back * learned)
+                and exceedance_p(over, cfg.tail_recent, tail.above, self._window) <= cfg.tail_p
             ):
                 self._tailing += advanced
             else:
