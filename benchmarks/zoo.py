@@ -704,11 +704,7 @@ def first_alarms(
     stream (:func:`framing.first_alarms`), or on a loop's fits (``starts``) as one process."""
     if not starts:
         return framing.first_alarms(fits[0], env)
-    out: dict[str, Finding] = {}
-    for finding in judged(fits, starts, [framing.by_seconds(s) for s in fits], env):
-        if finding.severity != "info":
-            out.setdefault(finding.rule, finding)
-    return out
+    return framing.firsts(judged(fits, starts, [framing.by_seconds(s) for s in fits], env))
 
 
 def differences(
@@ -719,24 +715,12 @@ def differences(
     if not starts:
         return framing.differences(fits[0], env, seed)
     t0 = min((t[0] for stream in fits for _, t, _ in stream.values() if len(t)), default=0.0)
-    slower = [  # stretched from the process's start, so that the fits stay in their order
-        {n: Columns(s, [t0 + (x - t0) * 2.0 for x in t], v) for n, (s, t, v) in stream.items()}
-        for stream in fits
-    ]
-
-    def raised(streams: Sequence[framing.Stream], cuts: list[list[int]]) -> set[framing.Raised]:
-        return {
-            (f.rule, f.subject, f.severity, f.step)
-            for f in judged(streams, starts, cuts, env)
-            if f.rule not in framing.TIMING_RULES
-        }
-
-    first = raised(fits, [framing.by_seconds(s) for s in fits])
-    second = raised(slower, [framing.at_random(s, seed + i) for i, s in enumerate(fits)])
-    return [
-        f"{'only as recorded' if alert in first else 'only recut'}: {alert}"
-        for alert in sorted(first ^ second, key=lambda a: (a[3], a[0]))
-    ]
+    slower = [framing.stretched(stream, 2.0, t0) for stream in fits]  # the fits in order
+    first = judged(fits, starts, [framing.by_seconds(s) for s in fits], env)
+    second = judged(
+        slower, starts, [framing.at_random(s, seed + i) for i, s in enumerate(fits)], env
+    )
+    return framing.differing(framing.raised_by(first), framing.raised_by(second))
 
 
 def without_effect(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +80,11 @@ def every(stream: Stream, steps: int) -> list[int]:
     return list(range(steps, last_step(stream) + steps + 1, steps))
 
 
-def stretched(stream: Stream, factor: float) -> dict[str, ListColumns]:
-    """The same stream at another pace: every time ``factor`` times as far from the first."""
-    t0 = min((t[0] for _, t, _ in stream.values() if len(t)), default=0.0)
+def stretched(stream: Stream, factor: float, t0: float | None = None) -> dict[str, ListColumns]:
+    """The same stream at another pace: every time ``factor`` times as far from ``t0`` (by
+    default its first; a loop's fits share their process's, so that they stay in order)."""
+    if t0 is None:
+        t0 = min((t[0] for _, t, _ in stream.values() if len(t)), default=0.0)
     return {
         name: Columns(steps, [t0 + (t - t0) * factor for t in times], values)
         for name, (steps, times, values) in stream.items()
@@ -102,25 +104,39 @@ def judged(
                 yield finding
 
 
+def raised_by(findings: Iterable[Finding]) -> set[Raised]:
+    """The alerts the findings raise, rules about time aside."""
+    return {(f.rule, f.subject, f.severity, f.step) for f in findings if f.rule not in TIMING_RULES}
+
+
 def raised(stream: Stream, ends: list[int], env: Mapping[str, Any] | None = None) -> set[Raised]:
     """The alerts raised on the stream fed in the frames ``ends`` gives, rules about time
     aside."""
-    return {
-        (f.rule, f.subject, f.severity, f.step)
-        for f in judged(stream, ends, env)
-        if f.rule not in TIMING_RULES
-    }
+    return raised_by(judged(stream, ends, env))
 
 
-def first_alarms(stream: Stream, env: Mapping[str, Any] | None = None) -> dict[str, Finding]:
-    """Each rule's first warning or critical finding on the stream in the agent's frames.
-    An alert shows its last firing (a NaN that clears and comes back fires its alert again,
-    with the new step and evidence): this is its first, with the evidence it had then."""
+def firsts(findings: Iterable[Finding]) -> dict[str, Finding]:
+    """Each rule's first warning or critical finding. An alert shows its last firing (a NaN
+    that clears and comes back fires its alert again, with the new step and evidence): this
+    is its first, with the evidence it had then."""
     out: dict[str, Finding] = {}
-    for finding in judged(stream, by_seconds(stream), env):
+    for finding in findings:
         if finding.severity != "info":
             out.setdefault(finding.rule, finding)
     return out
+
+
+def first_alarms(stream: Stream, env: Mapping[str, Any] | None = None) -> dict[str, Finding]:
+    """Each rule's first warning or critical finding on the stream in the agent's frames."""
+    return firsts(judged(stream, by_seconds(stream), env))
+
+
+def differing(first: set[Raised], second: set[Raised]) -> list[str]:
+    """The alerts raised one way and not the other, in step order, saying which way."""
+    return [
+        f"{'only as recorded' if alert in first else 'only recut'}: {alert}"
+        for alert in sorted(first ^ second, key=lambda a: (a[3], a[0]))
+    ]
 
 
 def differences(stream: Stream, env: Mapping[str, Any] | None, seed: int) -> list[str]:
@@ -130,10 +146,7 @@ def differences(stream: Stream, env: Mapping[str, Any] | None, seed: int) -> lis
         return []
     first = raised(stream, by_seconds(stream), env)
     second = raised(stretched(stream, 2.0), at_random(stream, seed), env)
-    return [
-        f"{'only as recorded' if alert in first else 'only recut'}: {alert}"
-        for alert in sorted(first ^ second, key=lambda a: (a[3], a[0]))
-    ]
+    return differing(first, second)
 
 
 def save(path: Path, stream: Stream, env: Mapping[str, Any]) -> None:

@@ -21,7 +21,11 @@ MAD_TO_SIGMA = 1.4826
 
 def median(values: Sequence[float]) -> float:
     """The median of a non-empty sequence."""
-    ordered = sorted(values)
+    return _middle(sorted(values))
+
+
+def _middle(ordered: Sequence[float]) -> float:
+    """The median of a non-empty sequence already in order."""
     n = len(ordered)
     middle = n // 2
     if n % 2:
@@ -92,17 +96,21 @@ class RollingWindow:
 
     def _recompute(self) -> None:
         self._since = 0
-        centre = median(self.values)
+        ordered = sorted(self.values)  # once, for the median and the trimmed mean
+        centre = _middle(ordered)
         self._median = centre
         self._mad = median([abs(v - centre) for v in self.values])
         if self._trim is not None:
-            self._trimmed = trimmed_mean(self.values, self._trim)
+            self._trimmed = _trimmed(ordered, self._trim)
 
 
 def trimmed_mean(values: Sequence[float], trim: float) -> float:
     """The mean of a non-empty sequence without its largest ``trim`` share (at least one
     value kept): what a share of long values moves, and a few rare ones do not."""
-    ordered = sorted(values)
+    return _trimmed(sorted(values), trim)
+
+
+def _trimmed(ordered: Sequence[float], trim: float) -> float:
     kept = ordered[: max(1, len(ordered) - int(trim * len(ordered)))]
     return math.fsum(kept) / len(kept)
 
