@@ -114,8 +114,8 @@ class SlowdownRule(Rule):
 
     A process that shares its CPU runs a few short steps in each of its turns and waits out
     the others' turns in one of them: its median step keeps its speed while its steps per
-    second fall N+1 times. A mean shows that; leaving out the longest tenth keeps a rare long
-    step (an epoch's end, a collection) from moving it.
+    second fall N+1 times. A mean shows that; leaving out the longest ``trim`` share of the
+    steps keeps a rare long one (an epoch's end, a collection) from moving it.
 
     Variables that join the training mid-run (a backbone unfrozen) make every step do more
     work: the baseline starts again from there, warm-up included."""
