@@ -15,6 +15,7 @@ from harness import healthy_runs
 from harness import outcomes as sc
 from harness.processes import ServerProcess, in_cgroup, memory_cgroup, run_series
 from trainvitals.cli import SCENARIO_NAMES
+from trainvitals.client.answers import Alert
 from trainvitals.demo.scenarios import HANG_STEP, NAN_STEP, SCENARIOS
 
 
@@ -108,10 +109,20 @@ def test_a_leak_is_forecast_before_the_oom_killer_ends_it(server: ServerProcess)
     sc.REPORT.append(sc.describe(outcome, "oom_forecast") + " (the OOM kill)")
 
 
+#: Rules about the machine the run shares, not the training: the suite's other workers share
+#: these two CPUs, and a run they slow down has slowed down for real. The zoo measures these
+#: rules' false alarms on healthy runs that compete only as drawn.
+MACHINE_RULES = frozenset({"slowdown"})
+
+
+def training_alarms(result: sc.Outcome) -> list[Alert]:
+    return [a for a in result.alarms() if a["rule"] not in MACHINE_RULES]
+
+
 def test_the_healthy_demo_raises_nothing(server: ServerProcess) -> None:
     result = ran(server, "healthy", "--epochs", "20")
     assert result.run["status"] == "finished"
-    assert result.alarms() == []
+    assert training_alarms(result) == []
 
 
 def _skipped_steps(server: ServerProcess, run_id: str) -> None:
@@ -151,7 +162,8 @@ def test_healthy_training_raises_no_warning(
     outcomes = healthy_runs.run_healthy(server, shape, tmp_path)
     for result in outcomes:
         assert result.run["status"] == "finished"
-        assert result.alarms() == [], [(a["rule"], a["message"]) for a in result.alarms()]
+        alarms = training_alarms(result)
+        assert alarms == [], [(a["rule"], a["message"]) for a in alarms]
     shown = SHOWN.get(shape)
     if shown is not None:  # what makes the shape hard was there: the silence means something
         shown(server, outcomes[-1].run["id"])

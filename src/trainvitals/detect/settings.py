@@ -194,7 +194,7 @@ class Slowdown:
     #: Warn when the recent step time is this multiple of the baseline's, each the mean of
     #: its steps without the longest ``trim`` share of them (a steady share of long steps is
     #: the pace; a rare one is not)...
-    factor: float = 3.0
+    factor: float = 2.0
     trim: float = 0.05
     #: ...and at least this many seconds longer, for ``sustain`` steps that take at least
     #: ``sustain_seconds`` between them, where up to ``grace`` steps back at the pace
