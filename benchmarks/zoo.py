@@ -823,10 +823,28 @@ def rejudge(path: Path) -> Judged:
         if f.rule not in OFF_STREAM
     ]
     result.alarms = sorted(alarms, key=lambda a: int(a["step"]))
+    if not result.fits:
+        lost_again(result, fits[0])
     result.no_effect = without_effect(result.spec, {} if result.fits else fits[0], env)
     verdict(result)
     result.replay_differs = differences(fits, result.fits, env, result.spec["seed"])
     return result
+
+
+def lost_again(result: Judged, stream: Mapping[str, Any]) -> None:
+    """The point of no return read again from the recorded loss, where the loss gives it (a
+    stream recorded before :func:`harness.outcomes.loss_lost` changed is judged as it reads
+    now); one a NaN or the kill gave stands."""
+    truth = CLASSES.get(result.spec["kind"])
+    if truth is None or "loss_back_at_start" not in truth.lost or "loss" not in stream:
+        return
+    if result.lost_by not in ("loss_back_at_start", "last_step"):
+        return
+    found = sc.loss_lost(*stream["loss"])
+    if found is not None and found[0] >= result.spec["at"]:
+        result.lost_at, result.lost_by = found[0], "loss_back_at_start"
+    elif result.lost_by == "loss_back_at_start":  # the loss never gave it back: the last step
+        result.lost_at, result.lost_by = result.steps, "last_step"
 
 
 def _timed_out(result: Judged) -> str | None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import zoo
+from harness import outcomes as sc
 from harness.polling import wait_for
 from harness.processes import ServerProcess
 from trainvitals.protocol import Columns
@@ -83,6 +84,25 @@ def test_failures_that_left_no_mark_are_not_counted() -> None:
     result = zoo.Judged("flat", {**noise, "seed": 0}, 1.0, 0, no_effect=True)
     figures = zoo.report([result], 0)
     assert figures["without_effect"] == ["flat"] and figures["failures"]["runs"] == 0
+
+
+def test_the_loss_is_lost_when_what_it_learned_is_given_back() -> None:
+    """A run that learned an eighth of its start loss (2.29, its first 20 losses' median, to
+    2.0), then gives it back a thousandth a step: its point of no return is where 90% of
+    that is back (2.26), not where the loss is within 10% of its start (2.06), a fifth of it
+    back."""
+    steps = list(range(1, 701))
+    loss = [2.3 - 0.3 * min(s, 300) / 300 + 0.001 * max(0, s - 300) for s in steps]
+    found = sc.loss_lost(steps, [0.5 * s for s in steps], loss)
+    assert found is not None and found[0] == 566, found  # 261 steps on, and 5 of the median's lag
+    assert sc.loss_lost(steps, steps, [2.3 - 0.3 * s / 700 for s in steps]) is None
+    # A recorded run judged again reads its point of no return as the harness reads it now.
+    result = zoo.Judged("slow", {"kind": "label_noise", "at": 300}, 1.0, 0, steps=700)
+    result.lost_at, result.lost_by = 307, "loss_back_at_start"
+    zoo.lost_again(result, {"loss": (steps, steps, loss)})
+    assert (result.lost_at, result.lost_by) == (566, "loss_back_at_start")
+    zoo.lost_again(result, {"loss": (steps, steps, loss[:500])})
+    assert (result.lost_at, result.lost_by) == (700, "last_step")
 
 
 def test_the_report_says_which_goals_are_missed_and_by_which_classes() -> None:
