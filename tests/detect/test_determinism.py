@@ -4,7 +4,9 @@ same alerts at the same steps (rules about time itself aside).
 The streams in ``recorded/`` are real runs of the zoo (benchmarks/zoo.py), as the server
 stored them: a learning rate that grows until the loss diverges, a deep sigmoid stack whose
 gradients vanish, a NaN in a batch, ReLUs that all die mid-run, steps slowed mid-run (whose
-alert, judged on the step times the stream carries, must not move with the frames either).
+alert, judged on the step times the stream carries, must not move with the frames either),
+and a NaN in a batch with a step soon after it that the agent stamped late, after the steps
+that follow it (judged step by step while the spike lasts, it is still judged in its place).
 The agent cuts a run into a frame a second, so the same run on a faster or slower machine
 reaches the detector in other frames.
 """

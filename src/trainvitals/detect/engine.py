@@ -243,7 +243,10 @@ def _thinned(times: Sequence[float]) -> list[int] | None:
 def records(points: Mapping[str, SeqColumns]) -> Iterable[Record]:
     """Regroup a frame's columns into the records the agent logged: the values that share
     a step and a time were recorded together (one step's vitals, or one system sample).
-    The rules read them one record at a time; each clock's moments are listed once."""
+    The rules read them one record at a time, in step order (then time): a step stamped
+    after the steps that follow it (one the agent held back to look at closer) is judged in
+    its place, as the bulk path judges it, however the frames fall. Each clock's moments
+    are listed once."""
     frame = ClockedSeries.of(points)
     moments: dict[int, list[tuple[int, float]]] = {}
     grouped: dict[tuple[int, float], dict[str, float]] = {}
@@ -259,5 +262,5 @@ def records(points: Mapping[str, SeqColumns]) -> Iterable[Record]:
             if group is None:
                 group = grouped[key] = {}
             group[name] = value
-    for (step, time), group in sorted(grouped.items(), key=lambda item: (item[0][1], item[0][0])):
+    for (step, time), group in sorted(grouped.items()):
         yield Record(step, time, group)
