@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 
 import numpy as np
@@ -171,6 +172,7 @@ class LossDivergenceRule(Rule):
             else np.zeros(len(at))
         )
         tails = self._tails(losses, ends)
+        windows = sliding_window_view(losses, window)  # a view: nothing copied
         # A spike is judged against the level of the last judgement before its step.
         judged = np.concatenate([[np.nan if self._level is None else self._level], levels])
         level_then = judged[np.searchsorted(at, np.arange(n), side="left")]
@@ -190,6 +192,7 @@ class LossDivergenceRule(Rule):
                 float(levels[i]),
                 float(slow[i]),
                 noise,
+                partial(self._leap_noise, noise, windows[ends[i] - window + 1]),
                 float(quick[i]),
                 tails[i],
             )
@@ -236,7 +239,18 @@ class LossDivergenceRule(Rule):
         if self._tail_on and len(losses) == self._kept:
             tail = self._tails(np.asarray(losses), np.array([self._kept - 1]))[0]
         level = self._recent_level()
-        return self._verdict(record, advanced, level, median(slow), noise, quick, tail)
+        leap_noise = partial(self._leap_noise, noise, np.asarray(slow, dtype=np.float64))
+        return self._verdict(record, advanced, level, median(slow), noise, leap_noise, quick, tail)
+
+    def _leap_noise(self, noise: float, window: np.ndarray) -> float:
+        """The level's noise as the leap judges it: from the window's interquartile range too
+        (over 1.349: a standard deviation), where that is the larger. Small batches of a few
+        classes give losses of two kinds, near zero and one wrong answer's: most steps go
+        from one near zero to another, and the spread taken from step to step misses how
+        often a median of five lands on the other kind."""
+        upper, lower = np.percentile(window, [75, 25])
+        quartiles = float(upper - lower)
+        return max(noise, 1.2533 * quartiles / 1.349 / math.sqrt(self.settings.smooth))
 
     def _verdict(
         self,
@@ -245,6 +259,7 @@ class LossDivergenceRule(Rule):
         level: float,
         slow_level: float,
         noise: float,
+        leap_noise: Callable[[], float],
         quick: float,
         tail: Tail | None,
     ) -> list[Finding]:
@@ -273,7 +288,7 @@ class LossDivergenceRule(Rule):
             # only a loss already back at its start could fire).
             bar = min(cfg.min_ratio * low, low + cfg.half_back * learned) if low > 0 else low
 
-            def given_back(level: float, z: float) -> bool:
+            def given_back(level: float, z: float, noise: float = noise) -> bool:
                 return (
                     level - low >= cfg.lost_fraction * learned
                     and level >= bar
@@ -284,7 +299,9 @@ class LossDivergenceRule(Rule):
             # A loss that leaps back (labels gone bad at once) is back at its start within a
             # few smoothing windows: the quick level, at the z its fewer losses call for,
             # counts the steps without waiting for the level.
-            if given_back(quick, cfg.fast_z * math.sqrt(cfg.smooth / cfg.fast)):
+            leap_z = cfg.fast_z * math.sqrt(cfg.smooth / cfg.fast)
+            # The quartiles only ever raise the bar: taken only where it is passed without.
+            if given_back(quick, leap_z) and given_back(quick, leap_z, leap_noise()):
                 self._leaping += advanced
             else:
                 self._leaping = 0
