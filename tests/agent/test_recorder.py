@@ -88,6 +88,34 @@ def test_fit_steps_number_executions_past_an_epoch_at_its_last_step() -> None:
     assert steps.last == 4 and steps.step_of(0) == 5 and steps.reached() == 0
 
 
+@dataclass
+class ReadRing:
+    """A ring whose rows up to ``read_upto`` a read has seen (their values aside)."""
+
+    read_upto: int
+
+    def keep(self, upto: int | None) -> None:
+        return None
+
+
+def test_a_row_timed_at_its_read_is_never_after_the_rows_that_follow_it() -> None:
+    """A read finds row 3 written before its execution's end is noted, and times it at the
+    read; the read ran long, and rows 4 and 5 ended (their ends noted) before it returned.
+    They are timed no earlier than row 3: the stream's times keep the steps' order."""
+    steps = FitSteps(NoRing())
+    run = Recorded(resolve(server="http://127.0.0.1:9", run_name="timed"))
+    start = time.monotonic()
+    steps.ended(2, start - 2.0)
+    steps.keep(ReadRing(3), None, run)  # type: ignore[arg-type]
+    first = steps.place(np.array([1, 2, 3], np.int64))
+    steps.ended(3, start - 1.5)
+    steps.ended(5, start - 1.0)
+    steps.keep(ReadRing(5), None, run)  # type: ignore[arg-type]
+    second = steps.place(np.array([4, 5], np.int64))
+    times = first.times + second.times
+    assert times == sorted(times) and times[2] >= start + to_unix() - 0.001, times
+
+
 def test_the_recorder_times_the_rows_between_execution_ends_and_autopsies_the_first_nan() -> None:
     """A real ring, as the tapped step writes it: rows 1-4 of two executions of two steps.
     Nobody sends (the run is not started), so every look hands its rows over."""

@@ -9,6 +9,7 @@ execution ended and how long a step took, and from those times the rows a read b
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -63,6 +64,7 @@ class FitSteps:
         self._staged_clock: list[tuple[int, float]] = []
         self._staged_step_times: list[StepTime] = []
         self._last_end: tuple[int, float] = (0, time.monotonic())
+        self._placed_until = -math.inf  # the time of the last row placed (time.monotonic())
 
     def epoch_began(self) -> None:
         self._epoch_first = self.last
@@ -144,6 +146,10 @@ class FitSteps:
             if steps[-1] > known[-1][0]:
                 known.append((steps[-1], time.monotonic()))
             at = np.interp(numbers, [k[0] for k in known], [k[1] for k in known])
+            # A row timed at a read that ran long is later than the ends noted meanwhile for
+            # the rows after it: those are timed no earlier, so that times keep step order.
+            at = np.maximum.accumulate(np.concatenate([[self._placed_until], at]))[1:]
+            self._placed_until = float(at[-1])
             times = packing.micros(at + to_unix())
         if clock:
             self._last_end = clock[-1]
