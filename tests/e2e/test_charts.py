@@ -186,17 +186,20 @@ def test_charts_smooth_switch_axes_clip_outliers_and_zoom_together(
     # takes its ticks along; reset, the data's again.
     def ticks_after(relayout: str, expected: list[str]) -> None:
         # On screen: a chart out of view redraws only once it comes back (the run's critical
-        # alert above the charts can push this one below the fold).
+        # alert above the charts can push this one below the fold). A redraw still pending
+        # then (the chart back on screen, an alert marker, the clip just toggled) puts the
+        # data's range back after the drag: the drag is made again until its ticks show.
         page.locator('[data-chart="grad_norm"]').scroll_into_view_if_needed()
-        page.evaluate(
-            f"""() => Plotly.relayout(document.querySelector('[data-chart="grad_norm"] .plot'),
-                                      {relayout})"""
-        )
         page.wait_for_function(
-            """(expected) => JSON.stringify([...document.querySelectorAll(
-                   '[data-chart="grad_norm"] .ytick text')].map((t) => t.textContent))
-                 === JSON.stringify(expected)""",
+            f"""(expected) => {{
+                const plot = document.querySelector('[data-chart="grad_norm"] .plot');
+                const ticks = [...plot.querySelectorAll('.ytick text')].map((t) => t.textContent);
+                if (JSON.stringify(ticks) === JSON.stringify(expected)) return true;
+                Plotly.relayout(plot, {relayout});
+                return false;
+            }}""",
             arg=expected,
+            polling=200,
         )
 
     drawn(page, "grad_norm")
