@@ -288,7 +288,7 @@ class LossDivergenceRule(Rule):
             # only a loss already back at its start could fire).
             bar = min(cfg.min_ratio * low, low + cfg.half_back * learned) if low > 0 else low
 
-            def given_back(level: float, z: float, noise: float = noise) -> bool:
+            def given_back(level: float, z: float) -> bool:
                 return (
                     level - low >= cfg.lost_fraction * learned
                     and level >= bar
@@ -300,8 +300,8 @@ class LossDivergenceRule(Rule):
             # few smoothing windows: the quick level, at the z its fewer losses call for,
             # counts the steps without waiting for the level.
             leap_z = cfg.fast_z * math.sqrt(cfg.smooth / cfg.fast)
-            # The quartiles only ever raise the bar: taken only where it is passed without.
-            if given_back(quick, leap_z) and given_back(quick, leap_z, leap_noise()):
+            # The quartiles only ever raise the noise: read only once the rest is passed.
+            if given_back(quick, leap_z) and quick - low >= leap_z * leap_noise():
                 self._leaping += advanced
             else:
                 self._leaping = 0
