@@ -62,6 +62,21 @@ def test_a_small_zoo_reports_a_planted_learning_rate_blow_up(
         ), result.name
 
 
+def test_a_regression_drawn_too_wide_is_found_at_its_first_steps(
+    server: ServerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Wide weights put a regression's loss at 10^8 or more from its first step, and there it
+    stays: only its level at chance, measured in the step on the batch's targets, tells."""
+    monkeypatch.setattr(zoo, "STREAMS", tmp_path)
+    spec = {**zoo.draw(np.random.default_rng(3), 0, ("bad_init",)), **SMALL}
+    spec.update(data="regression", optimizer="rmsprop", lr=2.5e-4, strength=0.05)
+    result = zoo.run_one(server, spec, 3)
+    assert result.error is None and result.detected and result.diagnosed, result.alarms
+    first = result.alarms[0]
+    assert (first["rule"], first["step"]) == ("loss_above_chance", 20), result.alarms
+    assert first["evidence"]["loss_start"] > 1e6 * first["evidence"]["loss_at_chance"]
+
+
 def test_failures_that_left_no_mark_are_not_counted() -> None:
     """Label noise can take away only what was learned: on a loss that never left its
     start, the run is a healthy one that does not learn, and its "point of no return" noise."""

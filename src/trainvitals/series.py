@@ -14,6 +14,11 @@ from typing import Final
 
 #: The loss of that very batch, taken inside the train step (not Keras's running mean).
 LOSS: Final = "loss"
+#: A regression's loss at chance on the batch of each of a run's first steps (the
+#: ``loss_above_chance`` rule's level; a classifier's comes in the run's ``hello``).
+CHANCE_LOSS: Final = "loss_at_chance"
+#: How many of a run's first steps record :data:`CHANCE_LOSS`.
+CHANCE_STEPS: Final = 100
 #: Seconds per training step.
 STEP_TIME: Final = "step_time"
 #: The optimizer's learning rate, when it exposes one.

@@ -13,6 +13,7 @@ from trainvitals.agent import packing
 from trainvitals.agent.packing import Measured, Row
 from trainvitals.agent.vitals import StepVitals
 from trainvitals.protocol import Columns, whole_micros
+from trainvitals.series import CHANCE_LOSS, CHANCE_STEPS
 
 NAMES = ("dense/kernel", "dense/bias")
 ALL = Measured(loss=True, inputs=True, grads=True, names=NAMES)
@@ -174,3 +175,18 @@ def test_times_in_bulk_are_rounded_as_one_at_a_time() -> None:
     times = 1795317434.0 + rng.random(20_000) * 1e6
     times[:4] = [1795317434.1234567, 1795317434.0000005, 1e9 + 0.5e-6, 0.0]
     assert packing.micros(times) == [whole_micros(t) for t in times.tolist()]
+
+
+def test_a_regression_loss_at_chance_is_kept_for_the_first_steps_only() -> None:
+    """It is the level the loss starts at: read on the first steps, not stored for ever."""
+    measured = Measured(loss=True, grads=True, names=NAMES, metrics=("mae", CHANCE_LOSS))
+    steps = list(range(CHANCE_STEPS - 2, CHANCE_STEPS + 3))
+    rows = [np.append(vector(), [0.1 * s, 1.5 + s]) for s in steps]
+    block = np.stack(rows).astype(np.float64)
+    times = [float(s) for s in steps]
+    columns = packing.decode(block, steps, times, measured, StepVitals(10)).columns
+    assert columns["mae"].steps == steps
+    assert columns[CHANCE_LOSS] == Columns(steps[:3], times[:3], [1.5 + s for s in steps[:3]])
+    later = [s + 10 for s in steps]
+    columns = packing.decode(block, later, times, measured, StepVitals(10)).columns
+    assert CHANCE_LOSS not in columns and columns["mae"].steps == later

@@ -135,7 +135,12 @@ def test_healthy_fit_reports_every_vital(server: ServerProcess) -> None:
     assert "mixed_precision_policy" in env and "tf_build" in env
     # The model order of the per-variable norms, which storage gives back alphabetically.
     assert env["variable_order"] == [v.path for v in model.trainable_variables]
-    assert "loss_at_chance" not in env  # a regression: no chance level to start near
+    assert "loss_at_chance" not in env  # a regression: its level comes step by step...
+    # ...measured on each batch's targets: an epoch's batches hold every sample once, so
+    # their mean is the whole data's mean square, plus the one of guessing 1 and -1.
+    chance = series["loss_at_chance"]
+    assert chance["step"] == steps
+    assert np.mean(chance["value"][:6]) == pytest.approx(float(np.mean(y**2)) + 1, rel=1e-5)
 
 
 def nan_batch_run(

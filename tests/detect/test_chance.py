@@ -1,4 +1,5 @@
-"""``loss_above_chance``: a classifier whose loss starts far above what guessing gives."""
+"""``loss_above_chance``: a model whose loss starts far above what guessing gives (a
+classifier's level in its hello, a regression's measured batch by batch)."""
 
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def falling(start: float, step: int) -> float:
     return start * (1 - step / 400)
 
 
-def test_without_a_loss_at_chance_in_the_env_nothing_is_judged() -> None:
-    """A regression, a custom loss, a custom loop: the agent sent no level to compare with."""
+def test_without_a_loss_at_chance_nothing_is_judged() -> None:
+    """A custom loss, a custom loop: the agent sent no level to compare with."""
     columns = stream(range(1, 200), 0.01, loss=lambda s: 1e6)
     assert not fired(feed(Detector(), columns, None), "loss_above_chance")
     for bad in (
@@ -74,3 +75,63 @@ def test_non_finite_losses_are_not_counted_among_the_first() -> None:
     columns = stream(range(1, 60), 0.01, loss=lambda s: math.nan if s < 30 else 1e3)
     found = fired(feed(Detector(env=TEN_CLASSES), columns, None), "loss_above_chance")
     assert [f.step for f in found] == [49]
+
+
+def regression_chance(step: int) -> float:
+    """A regression's level as the agent measures it: each batch's own, about 1.5."""
+    return 1.5 + 0.3 * math.sin(step)
+
+
+@FRAMINGS
+def test_a_regression_whose_loss_starts_far_above_its_level_warns(framing: int | None) -> None:
+    """Weights drawn far too wide put a regression's loss at 1e11 from the first step: no
+    rule comparing the run with itself sees anything but a steady run."""
+    columns = stream(
+        range(1, 301),
+        0.01,
+        loss=lambda s: 1.2e11 * (1 + 0.1 * math.cos(s)),
+        loss_at_chance=regression_chance,
+    )
+    book, changes = run_through(Detector(), columns, framing)
+    assert ("fired", "loss_above_chance", "warning", 20) in changes, changes
+    alert = book.alerts[("loss_above_chance", "")]
+    level = sorted(regression_chance(s) for s in range(1, 21))
+    assert alert.evidence["loss_at_chance"] == pytest.approx((level[9] + level[10]) / 2)
+    assert "classes" not in alert.evidence
+    assert "guessing 1 or -1" in alert.message and "far too large" in alert.message
+    assert "normalise" in alert.hint
+
+
+@FRAMINGS
+def test_a_regression_within_its_factor_of_its_level_says_nothing(framing: int | None) -> None:
+    for start in (1.5, 9.9 * 1.5, 0.01):
+        columns = stream(
+            range(1, 200),
+            0.01,
+            loss=functools.partial(falling, start),
+            loss_at_chance=lambda s: 1.5,
+        )
+        found = fired(feed(Detector(), columns, framing), "loss_above_chance")
+        assert not found, start
+    # Ten times the level, the regression's own factor, is where it starts to warn.
+    columns = stream(range(1, 200), 0.01, loss=lambda s: 15.5, loss_at_chance=lambda s: 1.5)
+    assert fired(feed(Detector(), columns, None), "loss_above_chance")
+
+
+def test_a_regressions_level_is_read_on_the_steps_judged_and_no_later() -> None:
+    """The first 20 finite losses span steps 1-40 here; a level measured after them (its
+    first values were NaN: a batch of NaN targets) must not count, however the frames cut
+    the stream, or whether the verdict comes from a frame judged whole or step by step."""
+    columns = stream(
+        range(1, 120),
+        0.01,
+        loss=lambda s: math.nan if s % 2 else 100.0,
+        loss_at_chance=lambda s: math.nan if s < 35 else (1.0 if s <= 40 else 1e6),
+    )
+    outcomes = set()
+    for framing in (None, 1, 7, 50):
+        book, changes = run_through(Detector(), columns, framing)
+        outcomes.add(tuple(c for c in changes if c[1] == "loss_above_chance"))
+        assert ("fired", "loss_above_chance", "warning", 40) in changes, (framing, changes)
+        assert book.alerts[("loss_above_chance", "")].evidence["loss_at_chance"] == 1.0
+    assert len(outcomes) == 1

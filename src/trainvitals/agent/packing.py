@@ -10,6 +10,7 @@ layout), ``Monitor`` one step (:func:`decode_one`). No TensorFlow here: numpy on
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from trainvitals.agent.vitals import StepVitals
 from trainvitals.detect.nonfinite import loss_scale_skip
 from trainvitals.protocol import Columns, ListColumns
 from trainvitals.series import (
+    CHANCE_LOSS,
+    CHANCE_STEPS,
     GRAD_GLOBAL_NORM,
     GRAD_NORM_PREFIX,
     LOSS,
@@ -180,6 +183,12 @@ def decode(
     }
     width = len(HEAD) + len(measured.names)
     for j, name in enumerate(measured.metrics):
+        if name == CHANCE_LOSS:  # a level read at the start: kept for the first steps only
+            first = bisect.bisect_right(steps, CHANCE_STEPS)  # steps come in order
+            if first:
+                chances = block[:first, width + j].tolist()
+                columns[name] = Columns(steps[:first], times[:first], chances)
+            continue
         columns[name] = Columns(steps, times, block[:, width + j].tolist())
     if not measured.grads:
         return Decoded(columns, sick_rows, None)

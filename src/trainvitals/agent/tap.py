@@ -32,13 +32,13 @@ from typing import Any, TypeAlias
 
 import tensorflow as tf
 
-from trainvitals.agent import packing, tf_vitals
+from trainvitals.agent import packing, tf_env, tf_vitals
 from trainvitals.agent.bad_step import BadStep
 from trainvitals.agent.config import DEFAULT_RING_CAPACITY
 from trainvitals.agent.fitcall import FitCall
 from trainvitals.agent.packing import Measured
 from trainvitals.agent.ring import DeviceRing
-from trainvitals.series import LOSS
+from trainvitals.series import CHANCE_LOSS, LOSS
 
 log = logging.getLogger("trainvitals")
 
@@ -177,7 +177,7 @@ class TrainStepTap:
                         )
                         self.measured = Measured()
                         return logs
-                    if not self._into_ring(vitals, logs):
+                    if not self._into_ring(vitals, logs, _chance(model, data)):
                         logs = {**logs, VITALS_KEY: vitals}
                     elif self.flag_nonfinite:
                         flag = tf_vitals.nonfinite_flag(vitals, packing.suspect(self.measured))
@@ -257,14 +257,16 @@ class TrainStepTap:
         except Exception as exc:  # the autopsy then works from the vitals
             log.info("trainvitals: the bad step's batch cannot be kept (%s)", exc)
 
-    def _into_ring(self, vitals: tf.Tensor, logs: StepLogs) -> bool:
-        """Write the step's vector and Keras's scalar metrics into the device ring (made at
-        the first trace); False where there can be no ring: then the vector rides in the
-        logs, and only the last step of each execution is seen."""
+    def _into_ring(self, vitals: tf.Tensor, logs: StepLogs, chance: Any = None) -> bool:
+        """Write the step's vector and Keras's scalar metrics (and a regression's loss at
+        ``chance``) into the device ring (made at the first trace); False where there can be
+        no ring: then the vector rides in the logs, and only the last step of each execution
+        is seen."""
         if tf_vitals.distributed():
             return False  # a replica's write to one plain variable: not under a strategy
         try:
-            names, row = tf_vitals.with_metrics(vitals, logs, skip=LOSS)
+            named = logs if chance is None else {**logs, CHANCE_LOSS: chance}
+            names, row = tf_vitals.with_metrics(vitals, named, skip=LOSS)
             width = int(row.shape[0])
             if self.ring is None or self.ring.width != width:
                 self.ring = DeviceRing(width, self.capacity)
@@ -377,6 +379,20 @@ class TrainStepTap:
     def take_flag(logs: MutableMapping[str, Any] | None) -> bool:
         """Remove the step's NaN/Inf flag from Keras's logs: whether it was raised."""
         return bool(logs and logs.pop(NONFINITE_KEY, 0))
+
+
+def _chance(model: Any, data: Any) -> Any:
+    """A regression's loss at chance on this step's batch (:func:`tf_env.chance_of_regression
+    <trainvitals.agent.tf_env.chance_of_regression>`), or None: another kind of model, or a
+    batch it cannot be read from (the step itself goes on as ever)."""
+    loss = tf_env.regression_loss(model)
+    if loss is None:
+        return None
+    try:
+        return tf_env.chance_of_regression(loss, data)
+    except Exception as exc:  # a level for one rule, never a reason to fail the step
+        log.info("trainvitals: no loss at chance for this regression (%s)", exc)
+        return None
 
 
 def _traced_with(model: Any) -> tuple[Any, ...]:

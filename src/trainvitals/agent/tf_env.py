@@ -171,33 +171,89 @@ CROSS_ENTROPIES = {
 }  # fmt: skip
 
 
-def loss_at_chance(model: Any) -> ChanceLoss | None:
-    """A single-output classifier's loss when it gives every class the same probability: ln K
-    for a K-way cross-entropy, ln 2 for a binary one; None for any other loss, several outputs
-    or losses, a loss summed rather than averaged, or a model whose output is not known yet."""
+#: Keras's regression losses by the names ``compile`` takes: those whose loss at chance
+#: (:func:`chance_of_regression`) the train step measures on each batch's targets.
+REGRESSION_LOSSES = frozenset(
+    ("mse", "mean_squared_error", "meansquarederror", "mae", "mean_absolute_error",
+     "meanabsoluteerror", "huber", "log_cosh", "logcosh")
+)  # fmt: skip
+
+
+def _single_loss(model: Any, unknown_outputs: bool = False) -> tuple[str, Any] | None:
+    """``(name, loss)`` of a model with one output and one loss, averaged over the batch and
+    not weighted; None otherwise, or while its outputs are not known (unless
+    ``unknown_outputs``: a subclassed model never says them)."""
     loss = getattr(model, "loss", None)
     # Keras 3 keeps compile's loss_weights only on its private CompileLoss; a weight scales
     # the loss away from the level.
     weights = getattr(model, "loss_weights", None) or getattr(
         getattr(model, "_compile_loss", None), "_user_loss_weights", None
     )
-    if isinstance(loss, (list, tuple, dict)) or weights not in (None, 1, 1.0, [1], [1.0]):
+    if loss is None or isinstance(loss, (list, tuple, dict)):
         return None
-    name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
-    binary = CROSS_ENTROPIES.get(str(name).lower())
-    if binary is None:
+    if weights not in (None, 1, 1.0, [1], [1.0]):
         return None
     reduction = getattr(loss, "reduction", None)
     if reduction not in (None, "sum_over_batch_size", "mean", "auto"):
         return None  # a sum grows with the batch: no level to compare with
-    outputs = getattr(model, "outputs", None) or []
-    if len(outputs) != 1:
+    outputs = getattr(model, "outputs", None)
+    if len(outputs or []) != 1 and not (unknown_outputs and outputs is None):
         return None
-    units = outputs[0].shape[-1] if len(outputs[0].shape) else None
+    name = loss if isinstance(loss, str) else getattr(loss, "__name__", type(loss).__name__)
+    return str(name), loss
+
+
+def loss_at_chance(model: Any) -> ChanceLoss | None:
+    """A single-output classifier's loss when it gives every class the same probability: ln K
+    for a K-way cross-entropy, ln 2 for a binary one; None for any other loss, several outputs
+    or losses, a loss summed rather than averaged, or a model whose output is not known yet."""
+    single = _single_loss(model)
+    binary = CROSS_ENTROPIES.get(single[0].lower()) if single else None
+    if single is None or binary is None:
+        return None
+    units = model.outputs[0].shape[-1] if len(model.outputs[0].shape) else None
     classes = 2 if binary else units
     if not isinstance(classes, int) or classes < 2:
         return None
-    return {"loss": str(name), "classes": classes, "value": float(np.log(classes))}
+    return {"loss": single[0], "classes": classes, "value": float(np.log(classes))}
+
+
+def regression_loss(model: Any) -> Any:
+    """The loss of a single-output model compiled with one of Keras's regression losses
+    (:data:`REGRESSION_LOSSES`), as a callable of ``(y_true, y_pred)`` that returns the
+    batch's mean; None for any other model or loss."""
+    # Several targets, should a subclassed model have several outputs, are told by the batch.
+    single = _single_loss(model, unknown_outputs=True)
+    if single is None or single[0].lower() not in REGRESSION_LOSSES:
+        return None
+    import keras
+
+    loss = single[1]
+    if isinstance(loss, keras.losses.Loss):
+        return loss  # its own settings (Huber's delta), averaged as checked above
+    function = keras.losses.get(loss)
+    return None if function is None else lambda y, p: tf.reduce_mean(function(y, p))
+
+
+def chance_of_regression(loss: Any, data: Any) -> tf.Tensor | None:
+    """A regression's loss at chance on one batch (``data`` as the train step gets it): the
+    loss of predictions of a fresh model's scale, 1 and -1 in turn, around zero; for the mean
+    squared error, the targets' mean square plus one. A fresh model on inputs of unit scale
+    starts near it; one whose weights were drawn far too wide starts orders of magnitude
+    above. None where the batch has no single dense target."""
+    import keras
+
+    _, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+    targets = tf.nest.flatten(y)
+    if len(targets) != 1 or not isinstance(targets[0], tf.Tensor):
+        return None  # no target, several, or a ragged or sparse one
+    target = targets[0]
+    if not (target.dtype.is_floating or target.dtype.is_integer):
+        return None
+    target = tf.cast(target, tf.float32)
+    one = tf.ones_like(target)
+    both = [tf.cast(loss(target, sign * one), tf.float32) for sign in (1.0, -1.0)]
+    return (both[0] + both[1]) / 2
 
 
 def variable_name(variable: Any, index: int) -> str:

@@ -1,5 +1,7 @@
-"""The ``loss_above_chance`` rule: a classifier whose loss starts far above what guessing
-gives, the mark of weights drawn far too large or an output layer built wrong."""
+"""The ``loss_above_chance`` rule: a model whose loss starts far above what guessing gives,
+the mark of weights drawn far too large or an output layer built wrong. A classifier's loss
+at chance comes in the run's ``hello``; a regression's is measured on each batch's targets,
+and comes with the first steps (``loss_at_chance``)."""
 
 from __future__ import annotations
 
@@ -17,13 +19,19 @@ from trainvitals.detect.text import number
 from trainvitals.detect.text import ratio as ratio_text
 from trainvitals.detect.types import Finding, Record
 from trainvitals.protocol import LOSS_AT_CHANCE, ArrayColumns
-from trainvitals.series import GRAD_GLOBAL_NORM, LOSS
+from trainvitals.series import CHANCE_LOSS, GRAD_GLOBAL_NORM, LOSS
 
 LOSS_ABOVE_CHANCE_HINT = (
     "A fresh classifier's loss starts near chance (ln of the classes); far above it, the "
     "first predictions are confidently wrong. Check the kernel initialisers (Glorot or He, "
     "not a wide normal), the inputs' scale (normalise them), and that the last layer and "
     "the loss agree (`from_logits=True` for a layer without softmax, no softmax twice)."
+)
+REGRESSION_HINT = (
+    "A fresh regression model's predictions start near zero at about the inputs' scale, so "
+    "its loss starts near that of guessing 1 or -1; far above it, the first predictions are "
+    "far too large. Check the kernel initialisers (Glorot or He, not a wide normal) and the "
+    "inputs' scale (normalise them), and scale the targets if they span thousands."
 )
 
 
@@ -44,31 +52,41 @@ def chance_of(env: Mapping[str, object]) -> tuple[float, int] | None:
 
 
 class LossAboveChanceRule(Rule):
-    """The median of a classifier's first losses far above its loss at chance: warns once,
-    at the step the first ``steps`` finite losses are in; resolves when the level of the
-    last ``steps`` losses is back under the bar (a run that learned all the same)."""
+    """The median of a model's first losses far above its loss at chance: warns once, at the
+    step the first ``steps`` finite losses are in; resolves when the level of the last
+    ``steps`` losses is back under the bar (a run that learned all the same). A classifier's
+    level is the one its ``hello`` gave; a regression's, the median of the levels measured on
+    the same first steps' batches, with its own factor."""
 
     id = "loss_above_chance"
-    watches = (LOSS, GRAD_GLOBAL_NORM)
+    watches = (LOSS, GRAD_GLOBAL_NORM, CHANCE_LOSS)
 
     def __init__(self, context: Context, settings: s.LossAboveChance) -> None:
         super().__init__(context)
         self.settings = settings
         self._chance = chance_of(context.env)
+        self._factor = settings.factor
+        self._chances: list[tuple[int, float]] = []  # a regression's, (step, level)
         self._losses: deque[float] = deque(maxlen=settings.steps)
         self._first_norms: list[float] = []
-        self._judged = self._chance is None
+        self._judged = False
 
     @property
     def _bar(self) -> float:
         assert self._chance is not None
-        return self.settings.factor * self._chance[0]
+        return self._factor * self._chance[0]
 
     def skim(self, dense: Mapping[str, ArrayColumns]) -> list[Finding] | None:
         if GRAD_GLOBAL_NORM in dense and len(self._first_norms) < self.settings.steps:
             norms = dense[GRAD_GLOBAL_NORM][2]
             room = self.settings.steps - len(self._first_norms)
             self._first_norms += [float(v) for v in norms[np.isfinite(norms)][:room]]
+        if CHANCE_LOSS in dense and len(self._chances) < self.settings.steps:
+            at, _, chances = dense[CHANCE_LOSS]
+            good = np.isfinite(chances) & (chances > 0)
+            room = self.settings.steps - len(self._chances)
+            kept = at[good][:room].tolist(), chances[good][:room].tolist()
+            self._chances += zip(*kept, strict=True)
         if LOSS not in dense or (self._judged and not self.firing):
             return []
         steps, times, values = dense[LOSS]
@@ -109,6 +127,10 @@ class LossAboveChanceRule(Rule):
         if norm is not None and math.isfinite(norm):
             if len(self._first_norms) < self.settings.steps:
                 self._first_norms.append(norm)
+        chance = record.values.get(CHANCE_LOSS)
+        if chance is not None and math.isfinite(chance) and chance > 0:
+            if len(self._chances) < self.settings.steps:
+                self._chances.append((record.step, chance))
         loss = record.values.get(LOSS)
         if loss is None or not math.isfinite(loss) or (self._judged and not self.firing):
             return []
@@ -125,19 +147,30 @@ class LossAboveChanceRule(Rule):
         if self.firing:
             return self.resolve("", record) if level <= self._bar else None
         self._judged = True
+        if self._chance is None:  # no classifier: a regression's level, if it sent one
+            # Only the steps judged so far: a frame judged whole may hold later ones.
+            chances = [chance for step, chance in self._chances if step <= record.step]
+            if not chances:
+                return None
+            self._chance = (median(chances), 0)
+            self._factor = self.settings.regression_factor
         if level <= self._bar:
             return None
-        assert self._chance is not None
         chance, classes = self._chance
+        evidence: dict[str, object] = {
+            "loss_start": level, "loss_at_chance": chance, "steps": self.settings.steps,
+        }  # fmt: skip
+        if classes:
+            evidence["classes"] = classes
+            guess = f"a model that guesses among {classes} classes"
+            message_end, hint = "confidently wrong", LOSS_ABOVE_CHANCE_HINT
+        else:
+            guess = "guessing 1 or -1 for every target"
+            message_end, hint = "far too large", REGRESSION_HINT
         message = (
             f"The loss started at {number(level)}, {ratio_text(level / chance)} the "
-            f"{number(chance)} of a model that guesses among {classes} classes: the first "
-            "predictions are confidently wrong"
+            f"{number(chance)} of {guess}: the first predictions are {message_end}"
         )
-        evidence: dict[str, object] = {
-            "loss_start": level, "loss_at_chance": chance, "classes": classes,
-            "steps": self.settings.steps,
-        }  # fmt: skip
         if self._first_norms:
             evidence["grad_norm_start"] = median(self._first_norms)
-        return self.fire("", record, "warning", message, LOSS_ABOVE_CHANCE_HINT, evidence)
+        return self.fire("", record, "warning", message, hint, evidence)

@@ -29,6 +29,7 @@ from trainvitals.protocol import (
     SeqColumns,
 )
 from trainvitals.series import (
+    CHANCE_LOSS,
     GPU_PREFIX,
     GRAD_GLOBAL_NORM,
     HOST_PREFIX,
@@ -42,8 +43,10 @@ from trainvitals.series import (
 
 #: Series the rules read; the rest of a frame (accuracy, epoch values...) is skipped unseen.
 _PREFIXES = ("grad/", NONFINITE_PREFIX, HOST_PREFIX, GPU_PREFIX)
-_NAMES = frozenset((LOSS, STEP_TIME, LR, LOSS_SCALE))
-_PER_STEP = frozenset((LOSS, STEP_TIME, GRAD_GLOBAL_NORM, LR, LOSS_SCALE))
+_NAMES = frozenset((LOSS, STEP_TIME, LR, LOSS_SCALE, CHANCE_LOSS))
+# A regression's loss at chance is recorded at each of the first steps only: judged with the
+# losses of those steps, in bulk.
+_PER_STEP = frozenset((LOSS, STEP_TIME, GRAD_GLOBAL_NORM, LR, LOSS_SCALE, CHANCE_LOSS))
 
 
 def watched(name: str) -> bool:

@@ -136,12 +136,16 @@ class LossDivergence:
 @dataclass(frozen=True)
 class LossAboveChance:
     enabled: bool = True
-    #: The first this many finite losses of a classifier whose loss at chance the agent
-    #: sent; their median is where the loss started...
+    #: The first this many finite losses of a model whose loss at chance the agent sent
+    #: (a classifier's in its hello, a regression's step by step); their median is where
+    #: the loss started...
     steps: int = 20
     #: ...and a warning when that is more than this multiple of the loss at chance (a fresh
     #: model starts within about 1.2 times it).
     factor: float = 2.0
+    #: ...or this multiple of a regression's (the loss of predicting 1 and -1: a fresh
+    #: model's outputs spread about as its inputs do, so it starts within a few times it).
+    regression_factor: float = 10.0
 
 
 @dataclass(frozen=True)

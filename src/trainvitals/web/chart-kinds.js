@@ -6,7 +6,7 @@ import {
   EPOCH, EPOCH_PREFIX, GPU_CLOCK_SM, GPU_ECC_UNCORRECTED, GPU_MEM_TOTAL, GPU_MEM_USED, GPU_POWER, GPU_TEMP,
   GPU_TF_CURRENT, GPU_TF_PEAK, GPU_THROTTLE, GPU_UTIL, GPU_XID_ERRORS, GRAD_GLOBAL_NORM, GRAD_NORM_PREFIX,
   HOST_AVAILABLE, HOST_CPU_PERCENT, HOST_CPU_TEMP, HOST_DISK_FREE, HOST_LIMIT, HOST_RSS, HOST_RSS_ANON, HOST_RSS_FILE,
-  HOST_SWAP_USED, HOST_WORKING_SET, LOSS,
+  HOST_SWAP_USED, HOST_WORKING_SET, CHANCE_LOSS, LOSS,
   LOSS_SCALE, LR, NONFINITE_PREFIX, STEP_TIME, VAL_PREFIX, gpuParts, isGpuDevice,
 } from "./series.js";
 
@@ -66,7 +66,8 @@ export function chartOf(name) {
   if (base.startsWith(VAL_PREFIX)) base = base.slice(VAL_PREFIX.length);
   else if (base.startsWith(EPOCH_PREFIX)) base = base.slice(EPOCH_PREFIX.length);
   if (base === STEP_TIME) return { id: STEP_TIME, title: "step time (s)", rank: RANK.stepTime, log: true };
-  if (base === LOSS) return { id: base, title: base, rank: RANK.loss };
+  // A regression's loss at chance is the loss's reference: drawn on its chart.
+  if (base === LOSS || name === CHANCE_LOSS) return { id: LOSS, title: LOSS, rank: RANK.loss };
   // Keras reports its metrics at each batch as the running mean since the epoch began.
   return { id: base, title: base, rank: RANK.metric, note: "per step: Keras's running mean over the epoch" };
 }
@@ -114,6 +115,7 @@ export function colourOf(name) {
 export function traceStyle(name) {
   if (name.startsWith(VAL_PREFIX)) return { mode: "lines+markers", line: { width: 2, color: "#ea580c" }, marker: { size: 6 } };
   if (name.startsWith(EPOCH_PREFIX)) return { mode: "lines+markers", line: { width: 2, dash: "dot", color: "#6b7280" }, marker: { size: 5 } };
+  if (name === CHANCE_LOSS) return { mode: "lines", line: { width: 1.5, dash: "dash", color: "#b45309" } };
   if (name === HOST_LIMIT || gpuParts(name)?.field === GPU_MEM_TOTAL) {
     return { mode: "lines", line: { width: 2, dash: "dash", color: "#d64545" } };
   }

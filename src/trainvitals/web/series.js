@@ -5,6 +5,8 @@
 
 // The loss of that very batch, taken inside the train step (not Keras's running mean).
 export const LOSS = "loss";
+// A regression's loss at chance on the batch of each of a run's first steps.
+export const CHANCE_LOSS = "loss_at_chance";
 // Seconds per training step.
 export const STEP_TIME = "step_time";
 // The optimizer's learning rate, when it exposes one.
