@@ -203,8 +203,12 @@ class SlowdownRule(Rule):
     def _judge(self, record: Record, advanced: int) -> list[Finding]:
         cfg = self.settings
         base, now = self._baseline.trimmed, trimmed_mean(self._recent, cfg.trim)
+        half = (1 + (cfg.factor - 1) / 2) * base  # where a slowdown resolves
         slow = now >= cfg.factor * base and now - base >= cfg.min_increase
-        if slow:
+        # Once counting, a window that dips under the factor but stays above the level a
+        # slowdown resolves at goes on counting: contention's turns come in bursts.
+        holding = bool(self._above) and now >= half and now - base >= cfg.min_increase
+        if slow or holding:
             self._above += advanced
             self._paused = 0
             # The slow steps' own time, summed from the stream: a burst of contention that
@@ -224,7 +228,7 @@ class SlowdownRule(Rule):
                         self._baseline.extend(self._suspect)
                     self._suspect = []
                 self._above, self._above_seconds, self._paused = 0, 0.0, 0
-            recovered = now < (1 + (cfg.factor - 1) / 2) * base
+            recovered = now < half
             self._calm = self._calm + advanced if recovered else 0
         lasted = self._above >= cfg.sustain and self._above_seconds >= cfg.sustain_seconds
         if slow and lasted and "" not in self.firing:
