@@ -107,12 +107,20 @@ def test_a_regression_loss_at_chance_is_its_loss_for_guesses_of_one_and_minus_on
         )
 
 
+def log_cosh(y_true: Any, y_pred: Any) -> Any:
+    """The zoo's own log-cosh, which reads a classifier's labels as indices: called with the
+    targets and a guess of 1 or -1, it would fail, and the train step with it."""
+    picked = keras.ops.take_along_axis(y_pred, keras.ops.cast(y_true, "int32"), axis=1)
+    return keras.ops.mean(keras.ops.log(keras.ops.cosh(picked)))
+
+
 @pytest.mark.parametrize(
     ("units", "loss", "compile"),
     [
         (10, "sparse_categorical_crossentropy", {}),  # a classifier: its level is ln K
         (1, "mape", {}),  # a percentage: no level near zero
         (1, lambda y, p: keras.ops.mean(p - y), {}),  # a custom loss: never called twice
+        (1, log_cosh, {}),  # ... even under the name of one of Keras's
         (1, keras.losses.MeanSquaredError(reduction="sum"), {}),  # grows with the batch
         (1, "mse", {"loss_weights": [3.0]}),  # scaled
     ],

@@ -174,9 +174,8 @@ CROSS_ENTROPIES = {
 #: Keras's regression losses by the names ``compile`` takes: those whose loss at chance
 #: (:func:`chance_of_regression`) the train step measures on each batch's targets.
 REGRESSION_LOSSES = frozenset(
-    ("mse", "mean_squared_error", "meansquarederror", "mae", "mean_absolute_error",
-     "meanabsoluteerror", "huber", "log_cosh", "logcosh")
-)  # fmt: skip
+    ("mse", "mean_squared_error", "mae", "mean_absolute_error", "huber", "log_cosh")
+)
 
 
 def _single_loss(model: Any, unknown_outputs: bool = False) -> tuple[str, Any] | None:
@@ -219,19 +218,27 @@ def loss_at_chance(model: Any) -> ChanceLoss | None:
 
 
 def regression_loss(model: Any) -> Any:
-    """The loss of a single-output model compiled with one of Keras's regression losses
-    (:data:`REGRESSION_LOSSES`), as a callable of ``(y_true, y_pred)`` that returns the
-    batch's mean; None for any other model or loss."""
+    """The loss of a single-output model compiled with one of Keras's own regression losses
+    (:data:`REGRESSION_LOSSES`, by name, function or class), as a callable of ``(y_true,
+    y_pred)`` that returns the batch's mean; None for any other model or loss. Keras's own
+    only, by identity: the train step calls it, and a custom loss of the same name may do
+    anything (read labels as indices, fail at run time)."""
     # Several targets, should a subclassed model have several outputs, are told by the batch.
     single = _single_loss(model, unknown_outputs=True)
-    if single is None or single[0].lower() not in REGRESSION_LOSSES:
+    if single is None:
         return None
     import keras
 
     loss = single[1]
-    if isinstance(loss, keras.losses.Loss):
+    classes = (keras.losses.MeanSquaredError, keras.losses.MeanAbsoluteError,
+               keras.losses.Huber, keras.losses.LogCosh)  # fmt: skip
+    if type(loss) in classes:
         return loss  # its own settings (Huber's delta), averaged as checked above
-    function = keras.losses.get(loss)
+    functions = {name: keras.losses.get(name) for name in REGRESSION_LOSSES}
+    if isinstance(loss, str):
+        function = functions.get(loss.lower())
+    else:
+        function = loss if any(loss is f for f in functions.values()) else None
     return None if function is None else lambda y, p: tf.reduce_mean(function(y, p))
 
 
