@@ -171,6 +171,14 @@ def cnn() -> tuple[Any, np.ndarray, np.ndarray]:
     return model, x, y
 
 
+def regression() -> Any:
+    """A compiled one-output regression, for the loss its level at chance is measured with."""
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
 #: The benchmark's two models, by the name the command line and the output use.
 MODELS: dict[str, Callable[[], tuple[Any, np.ndarray, np.ndarray]]] = {"MLP": mlp, "CNN": cnn}
 
@@ -213,7 +221,7 @@ def in_step_cost(
     figures (``each``, seconds added)."""
     import tensorflow as tf
 
-    from trainvitals.agent import tf_vitals
+    from trainvitals.agent import tf_env, tf_vitals
     from trainvitals.agent.ring import DeviceRing
 
     model, x_all, y_all = build()
@@ -223,11 +231,16 @@ def in_step_cost(
     x, y = tf.constant(x_all[:batch]), tf.constant(y_all[:batch])
     variables = model.trainable_variables
 
-    def into_ring() -> Callable[[Any, Any], Any]:
+    mse = tf_env.regression_loss(regression())
+
+    def into_ring(chance: bool = False) -> Callable[[Any, Any], Any]:
         rings: list[DeviceRing] = []  # one per instance, made at its trace
 
         def output(loss: Any, grads: Any) -> Any:
             vector = tf_vitals.step_vitals(loss, (x, y), grads)
+            if chance:  # a regression's level on the batch's targets, one more in the row
+                level = tf_env.chance_of_regression(mse, (x, y))
+                vector = tf.concat([vector, tf.reshape(level, [1])], 0)
             if not rings:
                 rings.append(DeviceRing(int(vector.shape[0])))
             rings[0].write(vector)
@@ -251,6 +264,9 @@ def in_step_cost(
         # What the callback's step adds: the vitals written into the device ring, nothing
         # more fetched than the bare step's loss.
         "ring": into_ring,
+        # The same, and a regression's loss at chance on the batch's targets (the labels here,
+        # read as numbers: the same two loss evaluations on a batch of that size).
+        "chance": lambda: into_ring(chance=True),
         # The same vitals fetched as a vector instead.
         "vitals": lambda: lambda loss, grads: tf_vitals.step_vitals(loss, (x, y), grads),
         # Only what no design that reports every step's gradient norms can leave out: each
@@ -309,6 +325,10 @@ def in_step_summary(processes: list[dict[str, Any]], pairs: int) -> tuple[str, f
 
     bare = statistics.median(found["bare"] for found in processes) * 1e6
     ring, ring_se = interval("ring")
+    # The level's own cost: against the ring variant of the same process.
+    on_top = [c - r for c, r in zip(per_process("chance"), per_process("ring"), strict=True)]
+    chance = statistics.fmean(on_top)
+    chance_se = 2 * statistics.stdev(on_top) / len(on_top) ** 0.5 if len(on_top) > 1 else math.inf
     instances = len(processes[0]["each"]["bare"])
     floor = statistics.fmean(statistics.stdev(found["each"]["bare"]) for found in processes)
     text = (
@@ -317,8 +337,9 @@ def in_step_summary(processes: list[dict[str, Any]], pairs: int) -> tuple[str, f
         f"{len(processes)} processes, {instances} traces of each variant, {pairs} rounds; "
         f"by process {' '.join(f'{m * 1e6:+.0f}' for m in per_process('ring'))}; "
         f"{interval('vitals')[0] * 1e6:+.0f} µs fetched as a vector instead), of which every "
-        f"gradient's sum of squares alone {interval('squares')[0] * 1e6:+.0f} µs; one trace "
-        f"of the bare step from another: {floor * 1e6:.0f} µs (standard deviation)"
+        f"gradient's sum of squares alone {interval('squares')[0] * 1e6:+.0f} µs; a "
+        f"regression's loss at chance on top {chance * 1e6:+.0f} ± {chance_se * 1e6:.0f} µs; "
+        f"one trace of the bare step from another: {floor * 1e6:.0f} µs (standard deviation)"
     )
     return text, ring, ring_se
 
@@ -617,6 +638,9 @@ def main() -> None:
     parser.add_argument(
         "--in-step-processes", type=int, default=3, help="of the in-step measurement"
     )
+    parser.add_argument(
+        "--in-step-only", action="store_true", help="measure the in-step vitals, nothing else"
+    )
     parser.add_argument("--hook-steps", type=int, default=5000, help="of the hooks' measurement")
     parser.add_argument(
         "--windowed-seconds",
@@ -673,6 +697,8 @@ def main() -> None:
         text, in_step[name], in_step_se[name] = in_step_summary(found, args.pairs)
         print(f"  {name} (batch {batch}): {text}", flush=True)
     print()
+    if args.in_step_only:
+        return
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(str(Path(tmp) / "bench.db"))
         try:
