@@ -36,9 +36,13 @@ def ran(server: ServerProcess, scenario: str, *extra: str) -> sc.Outcome:
 MACHINE_RULES = frozenset({"slowdown", "stall"})
 
 
+def training_alarms(result: sc.Outcome) -> list[Alert]:
+    return [a for a in result.alarms() if a["rule"] not in MACHINE_RULES]
+
+
 def alarm_rules(result: sc.Outcome) -> set[str]:
     """The rules that raised a warning or critical alert, the machine's aside."""
-    return {a["rule"] for a in result.alarms()} - MACHINE_RULES
+    return {a["rule"] for a in training_alarms(result)}
 
 
 def test_nan_input_is_named_in_the_step_it_appears(server: ServerProcess) -> None:
@@ -115,10 +119,6 @@ def test_a_leak_is_forecast_before_the_oom_killer_ends_it(server: ServerProcess)
     assert alert is not None and alert["subject"] == "host"
     assert alarm_rules(outcome) <= {"oom_forecast", "memory_pressure", "crash"}
     sc.REPORT.append(sc.describe(outcome, "oom_forecast") + " (the OOM kill)")
-
-
-def training_alarms(result: sc.Outcome) -> list[Alert]:
-    return [a for a in result.alarms() if a["rule"] not in MACHINE_RULES]
 
 
 def test_the_healthy_demo_raises_nothing(server: ServerProcess) -> None:

@@ -177,7 +177,7 @@ class TrainStepTap:
                         )
                         self.measured = Measured()
                         return logs
-                    if not self._into_ring(vitals, logs, _chance(model, data)):
+                    if not self._into_ring(vitals, logs, data):
                         logs = {**logs, VITALS_KEY: vitals}
                     elif self.flag_nonfinite:
                         flag = tf_vitals.nonfinite_flag(vitals, packing.suspect(self.measured))
@@ -257,14 +257,15 @@ class TrainStepTap:
         except Exception as exc:  # the autopsy then works from the vitals
             log.info("trainvitals: the bad step's batch cannot be kept (%s)", exc)
 
-    def _into_ring(self, vitals: tf.Tensor, logs: StepLogs, chance: Any = None) -> bool:
+    def _into_ring(self, vitals: tf.Tensor, logs: StepLogs, data: Any) -> bool:
         """Write the step's vector and Keras's scalar metrics (and a regression's loss at
-        ``chance``) into the device ring (made at the first trace); False where there can be
-        no ring: then the vector rides in the logs, and only the last step of each execution
-        is seen."""
+        chance on the batch ``data``) into the device ring (made at the first trace); False
+        where there can be no ring: then the vector rides in the logs, and only the last step
+        of each execution is seen."""
         if tf_vitals.distributed():
             return False  # a replica's write to one plain variable: not under a strategy
         try:
+            chance = _chance(self.model, data)
             named = logs if chance is None else {**logs, CHANCE_LOSS: chance}
             names, row = tf_vitals.with_metrics(vitals, named, skip=LOSS)
             width = int(row.shape[0])
